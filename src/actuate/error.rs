@@ -1,0 +1,136 @@
+//! Errors of the write path. Mapped to gRPC codes in `server::error`, nowhere else.
+
+use thiserror::Error;
+
+/// Why a scaling request was refused or failed.
+#[derive(Debug, Error)]
+pub enum ActuateError {
+    /// IncreaseSize with delta <= 0.
+    #[error("size increase must be positive, got delta {0}")]
+    NonPositiveIncrease(i32),
+    /// DecreaseTargetSize with delta >= 0.
+    #[error("size decrease must be negative, got delta {0}")]
+    NonNegativeDecrease(i32),
+    /// New size above max.
+    #[error("node group {group}: size increase too large - desired:{desired} max:{max}")]
+    AboveMax {
+        /// Group id.
+        group: String,
+        /// Requested size.
+        desired: i64,
+        /// Max size.
+        max: i32,
+    },
+    /// New size below min.
+    #[error("node group {group}: size decrease too large - desired:{desired} min:{min}")]
+    BelowMin {
+        /// Group id.
+        group: String,
+        /// Requested size.
+        desired: i64,
+        /// Min size.
+        min: i32,
+    },
+    /// DecreaseTargetSize would remove registered nodes.
+    #[error(
+        "node group {group}: attempt to delete existing nodes currentReplicas:{current} delta:{delta} existingNodes: {existing}"
+    )]
+    WouldDeleteExisting {
+        /// Group id.
+        group: String,
+        /// Live replicas.
+        current: i32,
+        /// Requested delta.
+        delta: i32,
+        /// Instances with real provider IDs.
+        existing: usize,
+    },
+    /// DeleteNodes would go below min.
+    #[error(
+        "unable to delete {count} machines in {group}, machine replicas are {replicas}, minSize is {min}"
+    )]
+    DeleteBelowMin {
+        /// Group id.
+        group: String,
+        /// Nodes to delete.
+        count: usize,
+        /// Live replicas.
+        replicas: i32,
+        /// Min size.
+        min: i32,
+    },
+    /// A node of another group.
+    #[error("node {node:?} doesn't belong to node group {group} (it belongs to {actual})")]
+    NotMember {
+        /// Node provider ID or name.
+        node: String,
+        /// Requested group.
+        group: String,
+        /// Its actual group.
+        actual: String,
+    },
+    /// A node no served group owns.
+    #[error("no node group found for node {node:?}")]
+    UnknownNode {
+        /// Node provider ID or name.
+        node: String,
+    },
+    /// Several machines share the normalized provider ID.
+    #[error("node {node:?}: {count} machines share its provider ID; refusing to guess")]
+    AmbiguousNode {
+        /// Node provider ID.
+        node: String,
+        /// How many machines.
+        count: usize,
+    },
+    /// MachinePool node not in the providerIDList.
+    #[error("node {node:?} is not present in MachinePool providerIDList for node group {group}")]
+    NotInPool {
+        /// Node provider ID.
+        node: String,
+        /// Group id.
+        group: String,
+    },
+    /// Replicas of the group were changed by someone else on every attempt.
+    #[error(
+        "node group {group}: replicas changed concurrently {attempts} times in a row; giving up"
+    )]
+    ConflictRetriesExhausted {
+        /// Group id.
+        group: String,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// The scale subresource has no replicas.
+    #[error("node group {group}: the scale subresource reports no replicas")]
+    NoReplicas {
+        /// Group id.
+        group: String,
+    },
+    /// An API call failed.
+    #[error("{action}: {source}")]
+    Api {
+        /// What was being done.
+        action: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl ActuateError {
+    pub(crate) fn api(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
+        let action = action.into();
+        move |source| ActuateError::Api { action, source }
+    }
+
+    /// True for refusals caused by the request (not by the API server).
+    pub fn is_rejection(&self) -> bool {
+        !matches!(
+            self,
+            ActuateError::Api { .. }
+                | ActuateError::ConflictRetriesExhausted { .. }
+                | ActuateError::NoReplicas { .. }
+        )
+    }
+}

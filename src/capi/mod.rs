@@ -1,0 +1,14 @@
+//! Cluster API facts: annotation keys, object views, annotation parsing and auto-discovery.
+//!
+//! Everything here is pure: it reads `serde_json` values and strings and never talks to the
+//! API server. Discovery of the served group/version lives in `runtime`.
+
+pub mod annotations;
+pub mod autodiscovery;
+pub mod keys;
+pub mod objects;
+pub mod providerid;
+pub mod resources;
+
+pub use keys::CapiKeys;
+pub use objects::{InfraRef, Machine, ScalableKind, ScalableResource};

@@ -1,0 +1,584 @@
+//! Typed, read-only views of the Cluster API objects we use, extracted from dynamic objects.
+//!
+//! Works for v1beta1 and v1beta2 shapes: where a field moved between versions both places are
+//! read (see each field's doc).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use super::keys::CapiKeys;
+
+/// The Cluster API kinds that can be node groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ScalableKind {
+    /// `MachineDeployment`.
+    MachineDeployment,
+    /// `MachineSet` (only when not owned by a MachineDeployment).
+    MachineSet,
+    /// `MachinePool`.
+    MachinePool,
+}
+
+impl ScalableKind {
+    /// All kinds, in listing order.
+    pub const ALL: [ScalableKind; 3] = [
+        ScalableKind::MachineDeployment,
+        ScalableKind::MachineSet,
+        ScalableKind::MachinePool,
+    ];
+
+    /// The Kind string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScalableKind::MachineDeployment => "MachineDeployment",
+            ScalableKind::MachineSet => "MachineSet",
+            ScalableKind::MachinePool => "MachinePool",
+        }
+    }
+
+    /// The plural resource name.
+    pub fn plural(self) -> &'static str {
+        match self {
+            ScalableKind::MachineDeployment => "machinedeployments",
+            ScalableKind::MachineSet => "machinesets",
+            ScalableKind::MachinePool => "machinepools",
+        }
+    }
+}
+
+impl fmt::Display for ScalableKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ScalableKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ScalableKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| format!("unknown scalable kind {s:?}"))
+    }
+}
+
+/// Reference to an infrastructure machine template.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InfraRef {
+    /// API group (v1beta2 `apiGroup`, or the group part of v1beta1 `apiVersion`).
+    pub group: String,
+    /// Version when the reference names one (v1beta1 `apiVersion`); `None` means "preferred".
+    pub version: Option<String>,
+    /// Kind, e.g. `DockerMachineTemplate`.
+    pub kind: String,
+    /// Object name, in the scalable resource's namespace.
+    pub name: String,
+}
+
+/// A label selector (`matchLabels` + `matchExpressions`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Selector {
+    match_labels: BTreeMap<String, String>,
+    expressions: Vec<(String, String, Vec<String>)>,
+}
+
+impl Selector {
+    /// Parses `{matchLabels, matchExpressions}`; `None` for a missing selector.
+    pub fn from_value(v: Option<&Value>) -> Option<Self> {
+        let v = v?.as_object()?;
+        let match_labels = string_map(v.get("matchLabels"));
+        let expressions = v
+            .get("matchExpressions")
+            .and_then(Value::as_array)
+            .map(|exprs| {
+                exprs
+                    .iter()
+                    .map(|e| {
+                        let key = str_at(e, &["key"]).unwrap_or_default().to_string();
+                        let op = str_at(e, &["operator"]).unwrap_or_default().to_string();
+                        let values = e
+                            .get("values")
+                            .and_then(Value::as_array)
+                            .map(|vs| {
+                                vs.iter()
+                                    .filter_map(|v| v.as_str().map(String::from))
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        (key, op, values)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(Self {
+            match_labels,
+            expressions,
+        })
+    }
+
+    /// A selector from plain equality requirements.
+    pub fn from_labels(match_labels: BTreeMap<String, String>) -> Self {
+        Self {
+            match_labels,
+            expressions: Vec::new(),
+        }
+    }
+
+    /// True when `labels` satisfy every requirement. Unknown operators never match.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && self.expressions.iter().all(|(key, op, values)| {
+                let actual = labels.get(key);
+                match op.as_str() {
+                    "In" => actual.is_some_and(|a| values.contains(a)),
+                    "NotIn" => actual.is_none_or(|a| !values.contains(a)),
+                    "Exists" => actual.is_some(),
+                    "DoesNotExist" => actual.is_none(),
+                    _ => false,
+                }
+            })
+    }
+
+    /// True when the selector has no requirement at all (matches everything).
+    pub fn is_empty(&self) -> bool {
+        self.match_labels.is_empty() && self.expressions.is_empty()
+    }
+}
+
+/// A taint as written in `spec.template.spec.taints` or the taints annotation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Taint {
+    /// Taint key.
+    pub key: String,
+    /// Taint value ("" when absent).
+    pub value: String,
+    /// `NoSchedule`, `PreferNoSchedule`, `NoExecute`, or "" when unspecified.
+    pub effect: String,
+}
+
+/// A MachineDeployment, MachineSet or MachinePool as the index needs it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScalableResource {
+    /// Which kind.
+    pub kind: ScalableKind,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Object UID.
+    pub uid: String,
+    /// Creation time (RFC 3339), used to order policies and for display.
+    pub creation_timestamp: Option<String>,
+    /// Own labels.
+    pub labels: BTreeMap<String, String>,
+    /// Own annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// `spec.replicas`; `None` when unset.
+    pub replicas: Option<i32>,
+    /// `status.replicas`.
+    pub status_replicas: Option<i32>,
+    /// `status.readyReplicas` (v1beta1) or `status.readyReplicas` (v1beta2 keeps the name).
+    pub status_ready_replicas: Option<i32>,
+    /// `spec.selector` (MachineDeployment, MachineSet).
+    pub selector: Option<Selector>,
+    /// `spec.clusterName`, or the cluster-name label when the field is absent.
+    pub cluster_name: String,
+    /// For a MachineSet: the name of its owning MachineDeployment, if any.
+    pub owner_machine_deployment: Option<String>,
+    /// `spec.template.spec.infrastructureRef`.
+    pub infra_ref: Option<InfraRef>,
+    /// Labels of the machine template (`spec.template.metadata.labels`).
+    pub template_labels: BTreeMap<String, String>,
+    /// `spec.template.spec.taints` (Cluster API >= 1.12).
+    pub template_taints: Vec<Taint>,
+    /// `spec.providerIDList` (MachinePool only).
+    pub provider_id_list: Option<Vec<String>>,
+    /// True when the object is being deleted.
+    pub deleting: bool,
+}
+
+impl ScalableResource {
+    /// Extracts the view from a dynamic object of the given kind.
+    pub fn from_dynamic(kind: ScalableKind, obj: &DynamicObject, keys: &CapiKeys) -> Self {
+        let meta = &obj.metadata;
+        let data = &obj.data;
+        let labels = meta.labels.clone().unwrap_or_default();
+        let cluster_name = match value_at(data, &["spec", "clusterName"]).and_then(Value::as_str) {
+            Some(name) => name.to_string(),
+            None => labels
+                .get(&keys.cluster_name_label)
+                .cloned()
+                .unwrap_or_default(),
+        };
+        let owner_machine_deployment = if kind == ScalableKind::MachineSet {
+            owner_named(obj, "MachineDeployment")
+        } else {
+            None
+        };
+        Self {
+            kind,
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            creation_timestamp: meta.creation_timestamp.as_ref().map(|t| t.0.to_string()),
+            annotations: meta.annotations.clone().unwrap_or_default(),
+            labels,
+            replicas: int_at(data, &["spec", "replicas"]),
+            status_replicas: int_at(data, &["status", "replicas"]),
+            status_ready_replicas: int_at(data, &["status", "readyReplicas"]),
+            selector: Selector::from_value(value_at(data, &["spec", "selector"])),
+            cluster_name,
+            owner_machine_deployment,
+            infra_ref: infra_ref(value_at(
+                data,
+                &["spec", "template", "spec", "infrastructureRef"],
+            )),
+            template_labels: string_map(value_at(
+                data,
+                &["spec", "template", "metadata", "labels"],
+            )),
+            template_taints: taints(value_at(data, &["spec", "template", "spec", "taints"])),
+            provider_id_list: value_at(data, &["spec", "providerIDList"])
+                .and_then(Value::as_array)
+                .map(|ids| {
+                    ids.iter()
+                        .filter_map(|v| v.as_str().map(String::from))
+                        .collect()
+                }),
+            deleting: meta.deletion_timestamp.is_some(),
+        }
+    }
+
+    /// `<Kind>/<namespace>/<name>`, the node-group id.
+    pub fn group_id(&self) -> String {
+        format!("{}/{}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// A Machine as the index needs it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Machine {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Own labels.
+    pub labels: BTreeMap<String, String>,
+    /// Own annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// `spec.clusterName`.
+    pub cluster_name: String,
+    /// Name of the owning MachineSet, if any.
+    pub owner_machine_set: Option<String>,
+    /// Name of the owning MachinePool, if any (MachinePool Machines).
+    pub owner_machine_pool: Option<String>,
+    /// `spec.providerID`, when set and non-empty.
+    pub provider_id: Option<String>,
+    /// `status.nodeRef.name`.
+    pub node_ref_name: Option<String>,
+    /// `status.nodeRef.kind` (v1beta1; v1beta2 refs are always Nodes).
+    pub node_ref_kind: Option<String>,
+    /// `status.phase`.
+    pub phase: Option<String>,
+    /// `status.failureMessage` (v1beta1) or `status.deprecated.v1beta1.failureMessage` (v1beta2).
+    /// Upstream reads only the first, so it reports failed v1beta2 machines as pending (trap 18).
+    pub failure_message: Option<String>,
+    /// True when the object has a deletion timestamp.
+    pub deleting: bool,
+}
+
+impl Machine {
+    /// Extracts the view from a dynamic Machine.
+    pub fn from_dynamic(obj: &DynamicObject) -> Self {
+        let meta = &obj.metadata;
+        let data = &obj.data;
+        let failure_message = str_at(data, &["status", "failureMessage"])
+            .or_else(|| str_at(data, &["status", "deprecated", "v1beta1", "failureMessage"]))
+            .filter(|m| !m.is_empty())
+            .map(String::from);
+        Self {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            labels: meta.labels.clone().unwrap_or_default(),
+            annotations: meta.annotations.clone().unwrap_or_default(),
+            cluster_name: str_at(data, &["spec", "clusterName"])
+                .unwrap_or_default()
+                .to_string(),
+            owner_machine_set: owner_named(obj, "MachineSet"),
+            owner_machine_pool: owner_named(obj, "MachinePool"),
+            provider_id: str_at(data, &["spec", "providerID"])
+                .filter(|p| !p.is_empty())
+                .map(String::from),
+            node_ref_name: str_at(data, &["status", "nodeRef", "name"])
+                .filter(|n| !n.is_empty())
+                .map(String::from),
+            node_ref_kind: str_at(data, &["status", "nodeRef", "kind"]).map(String::from),
+            phase: str_at(data, &["status", "phase"]).map(String::from),
+            failure_message,
+            deleting: meta.deletion_timestamp.is_some(),
+        }
+    }
+
+    /// `<namespace>/<name>`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Failed: a failure message and phase `Failed`, as upstream.
+    pub fn is_failed(&self) -> bool {
+        self.failure_message.is_some() && self.phase.as_deref() == Some("Failed")
+    }
+}
+
+/// An infrastructure machine template's scale-from-zero hints.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InfraTemplate {
+    /// `status.capacity` (unparsed quantity strings).
+    pub capacity: BTreeMap<String, String>,
+    /// `status.nodeInfo.architecture`.
+    pub architecture: Option<String>,
+    /// `status.nodeInfo.operatingSystem`.
+    pub operating_system: Option<String>,
+}
+
+impl InfraTemplate {
+    /// Extracts the hints from a dynamic template object.
+    pub fn from_dynamic(obj: &DynamicObject) -> Self {
+        let data = &obj.data;
+        Self {
+            capacity: value_at(data, &["status", "capacity"])
+                .and_then(Value::as_object)
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, v)| {
+                            let s = match v {
+                                Value::String(s) => s.clone(),
+                                Value::Number(n) => n.to_string(),
+                                _ => return None,
+                            };
+                            Some((k.clone(), s))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            architecture: str_at(data, &["status", "nodeInfo", "architecture"]).map(String::from),
+            operating_system: str_at(data, &["status", "nodeInfo", "operatingSystem"])
+                .map(String::from),
+        }
+    }
+}
+
+fn owner_named(obj: &DynamicObject, kind: &str) -> Option<String> {
+    obj.metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.kind == kind && !o.name.is_empty())
+        .map(|o| o.name.clone())
+}
+
+fn infra_ref(v: Option<&Value>) -> Option<InfraRef> {
+    let v = v?;
+    let kind = str_at(v, &["kind"]).filter(|k| !k.is_empty())?.to_string();
+    let name = str_at(v, &["name"]).filter(|n| !n.is_empty())?.to_string();
+    let (group, version) = if let Some(group) = str_at(v, &["apiGroup"]) {
+        (group.to_string(), None)
+    } else {
+        let api_version = str_at(v, &["apiVersion"])?;
+        match api_version.split_once('/') {
+            Some((g, ver)) => (g.to_string(), Some(ver.to_string())),
+            None => (String::new(), Some(api_version.to_string())),
+        }
+    };
+    Some(InfraRef {
+        group,
+        version,
+        kind,
+        name,
+    })
+}
+
+fn taints(v: Option<&Value>) -> Vec<Taint> {
+    v.and_then(Value::as_array)
+        .map(|ts| {
+            ts.iter()
+                .filter_map(|t| {
+                    Some(Taint {
+                        key: str_at(t, &["key"])?.to_string(),
+                        value: str_at(t, &["value"]).unwrap_or_default().to_string(),
+                        effect: str_at(t, &["effect"]).unwrap_or_default().to_string(),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The value at a path of object keys.
+pub fn value_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(v, |v, key| v.get(key))
+}
+
+fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
+    value_at(v, path).and_then(Value::as_str)
+}
+
+fn int_at(v: &Value, path: &[&str]) -> Option<i32> {
+    value_at(v, path)
+        .and_then(Value::as_i64)
+        .and_then(|n| i32::try_from(n).ok())
+}
+
+fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
+    v.and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn dynamic(v: Value) -> DynamicObject {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn machine_deployment_v1beta2_fields_are_read() {
+        let obj = dynamic(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+            "metadata": {"name": "md", "namespace": "ns", "uid": "u1", "annotations": {"a": "b"}},
+            "spec": {
+                "clusterName": "c1", "replicas": 3,
+                "selector": {"matchLabels": {"x": "y"}},
+                "template": {
+                    "metadata": {"labels": {"node-role.kubernetes.io/worker": ""}},
+                    "spec": {
+                        "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "TestMachineTemplate", "name": "t"},
+                        "taints": [{"key": "k", "value": "v", "effect": "NoSchedule"}]
+                    }
+                }
+            }
+        }));
+        let r = ScalableResource::from_dynamic(
+            ScalableKind::MachineDeployment,
+            &obj,
+            &CapiKeys::default(),
+        );
+        assert_eq!(r.group_id(), "MachineDeployment/ns/md");
+        assert_eq!(r.replicas, Some(3));
+        assert_eq!(r.cluster_name, "c1");
+        let infra = r.infra_ref.unwrap();
+        assert_eq!(infra.group, "infrastructure.cluster.x-k8s.io");
+        assert_eq!(infra.version, None);
+        assert_eq!(infra.kind, "TestMachineTemplate");
+        assert_eq!(r.template_taints[0].effect, "NoSchedule");
+        assert!(
+            r.selector
+                .unwrap()
+                .matches(&[("x".to_string(), "y".to_string())].into())
+        );
+    }
+
+    #[test]
+    fn machine_set_v1beta1_infra_ref_and_owner_are_read() {
+        let obj = dynamic(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineSet",
+            "metadata": {"name": "ms", "namespace": "ns", "labels": {"cluster.x-k8s.io/cluster-name": "c2"},
+                "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineDeployment", "name": "md", "uid": "x"}]},
+            "spec": {"template": {"spec": {"infrastructureRef": {"apiVersion": "infra.example.com/v1alpha1", "kind": "T", "name": "t"}}}}
+        }));
+        let r =
+            ScalableResource::from_dynamic(ScalableKind::MachineSet, &obj, &CapiKeys::default());
+        assert_eq!(r.owner_machine_deployment.as_deref(), Some("md"));
+        assert_eq!(
+            r.cluster_name, "c2",
+            "label fallback when spec.clusterName is absent"
+        );
+        assert_eq!(r.replicas, None);
+        let infra = r.infra_ref.unwrap();
+        assert_eq!(
+            (infra.group.as_str(), infra.version.as_deref()),
+            ("infra.example.com", Some("v1alpha1"))
+        );
+    }
+
+    #[test]
+    fn machine_failure_is_read_from_both_api_versions() {
+        let v1beta1 = Machine::from_dynamic(&dynamic(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine",
+            "metadata": {"name": "m", "namespace": "ns"},
+            "spec": {"clusterName": "c", "providerID": ""},
+            "status": {"phase": "Failed", "failureMessage": "boom"}
+        })));
+        assert!(v1beta1.is_failed());
+        assert_eq!(
+            v1beta1.provider_id, None,
+            "empty providerID is no providerID"
+        );
+        let v1beta2 = Machine::from_dynamic(&dynamic(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": "m", "namespace": "ns"},
+            "spec": {"clusterName": "c"},
+            "status": {"phase": "Failed", "deprecated": {"v1beta1": {"failureMessage": "boom"}}}
+        })));
+        assert!(v1beta2.is_failed());
+        let running = Machine::from_dynamic(&dynamic(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": "m", "namespace": "ns"},
+            "spec": {"clusterName": "c"},
+            "status": {"phase": "Running", "deprecated": {"v1beta1": {"failureMessage": "old"}}}
+        })));
+        assert!(
+            !running.is_failed(),
+            "a failure message alone is not a failed machine"
+        );
+    }
+
+    #[test]
+    fn selector_expressions_match_like_kubernetes() {
+        let sel = Selector::from_value(Some(&json!({
+            "matchExpressions": [
+                {"key": "a", "operator": "In", "values": ["1", "2"]},
+                {"key": "b", "operator": "NotIn", "values": ["x"]},
+                {"key": "c", "operator": "Exists"},
+                {"key": "d", "operator": "DoesNotExist"}
+            ]
+        })))
+        .unwrap();
+        let l = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(sel.matches(&l(&[("a", "1"), ("c", "")])));
+        assert!(!sel.matches(&l(&[("a", "3"), ("c", "")])));
+        assert!(!sel.matches(&l(&[("a", "1"), ("b", "x"), ("c", "")])));
+        assert!(!sel.matches(&l(&[("a", "1")])));
+        assert!(!sel.matches(&l(&[("a", "1"), ("c", ""), ("d", "")])));
+    }
+
+    #[test]
+    fn infra_template_capacity_and_node_info_are_read() {
+        let t = InfraTemplate::from_dynamic(&dynamic(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "T",
+            "metadata": {"name": "t", "namespace": "ns"},
+            "status": {"capacity": {"cpu": "4", "memory": "16Gi", "pods": 50}, "nodeInfo": {"architecture": "arm64", "operatingSystem": "linux"}}
+        })));
+        assert_eq!(t.capacity.get("cpu").unwrap(), "4");
+        assert_eq!(t.capacity.get("pods").unwrap(), "50");
+        assert_eq!(t.architecture.as_deref(), Some("arm64"));
+    }
+}

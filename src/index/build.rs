@@ -1,0 +1,427 @@
+//! Builds a [`Snapshot`] from plain views of the cached objects. Pure and deterministic.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use super::model::{
+    Exclusion, ExclusionReason, IndexCounts, Instance, InstanceError, InstanceState, MachineEntry,
+    NodeGroup, ProviderIdOwner, Snapshot, Source, TemplateInputs,
+};
+use crate::capi::CapiKeys;
+use crate::capi::annotations::{self, CapacityHints};
+use crate::capi::autodiscovery::{DiscoveryFilter, DiscoveryTarget};
+use crate::capi::keys::PAUSED_ANNOTATION;
+use crate::capi::objects::{InfraTemplate, Machine, ScalableKind, ScalableResource};
+use crate::capi::providerid::{self, SyntheticKind};
+use crate::template;
+
+/// The parts of a Node the index uses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeView {
+    /// Node name.
+    pub name: String,
+    /// `spec.providerID`, when set.
+    pub provider_id: Option<String>,
+    /// Annotations (the machine and cluster-namespace ones matter).
+    pub annotations: BTreeMap<String, String>,
+    /// Labels (copied into templates).
+    pub labels: BTreeMap<String, String>,
+    /// Ready condition is True.
+    pub ready: bool,
+}
+
+/// Identifies an infrastructure template independent of its API version.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TemplateKey {
+    /// API group.
+    pub group: String,
+    /// Kind.
+    pub kind: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+/// Everything a snapshot is built from.
+#[derive(Clone, Debug, Default)]
+pub struct IndexInputs {
+    /// Annotation keys for the Cluster API group in use.
+    pub keys: CapiKeys,
+    /// Auto-discovery filter.
+    pub filter: DiscoveryFilter,
+    /// Architecture for templates when nothing else says.
+    pub default_arch: String,
+    /// MachineDeployments, MachineSets and MachinePools.
+    pub resources: Vec<ScalableResource>,
+    /// Machines.
+    pub machines: Vec<Machine>,
+    /// Nodes.
+    pub nodes: Vec<NodeView>,
+    /// Cached infrastructure templates.
+    pub templates: HashMap<TemplateKey, InfraTemplate>,
+}
+
+/// Builds the snapshot. One bad resource only excludes itself.
+pub fn build_snapshot(inputs: &IndexInputs) -> Snapshot {
+    let nodes_by_name: HashMap<&str, &NodeView> =
+        inputs.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let nodes_by_pid: HashMap<&str, &NodeView> = inputs
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            n.provider_id
+                .as_deref()
+                .filter(|p| !p.is_empty())
+                .map(|p| (providerid::normalize(p), n))
+        })
+        .collect();
+    let resources: HashMap<(ScalableKind, &str, &str), &ScalableResource> = inputs
+        .resources
+        .iter()
+        .map(|r| ((r.kind, r.namespace.as_str(), r.name.as_str()), r))
+        .collect();
+
+    let mut groups: BTreeMap<String, NodeGroup> = BTreeMap::new();
+    let mut exclusions = Vec::new();
+    for resource in &inputs.resources {
+        if resource.owner_machine_deployment.is_some() || !allowed(inputs, resource) {
+            continue;
+        }
+        match assess(inputs, resource) {
+            Ok(Some(group)) => {
+                groups.insert(group.id.clone(), group);
+            }
+            Ok(None) => {}
+            Err(reason) => exclusions.push(Exclusion {
+                kind: resource.kind,
+                namespace: resource.namespace.clone(),
+                name: resource.name.clone(),
+                uid: resource.uid.clone(),
+                reason,
+            }),
+        }
+    }
+
+    // Machines: owning group through the owner chain (Machine -> MachineSet -> MachineDeployment).
+    let mut machines = HashMap::with_capacity(inputs.machines.len());
+    let mut sorted: Vec<&Machine> = inputs.machines.iter().collect();
+    sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    for machine in sorted {
+        let group = owning_group(inputs, &resources, machine);
+        if let Some(id) = &group
+            && let Some(g) = groups.get_mut(id)
+            && g.kind != ScalableKind::MachinePool
+            && let Some(instance) = instance_for(machine, &nodes_by_name, &nodes_by_pid)
+        {
+            g.instances.push(instance);
+        }
+        machines.insert(
+            machine.key(),
+            MachineEntry {
+                namespace: machine.namespace.clone(),
+                name: machine.name.clone(),
+                group,
+                deleting: machine.deleting,
+                marked_for_deletion: machine
+                    .annotations
+                    .contains_key(&inputs.keys.delete_machine),
+            },
+        );
+    }
+
+    // MachinePools report their providerIDList verbatim.
+    for g in groups
+        .values_mut()
+        .filter(|g| g.kind == ScalableKind::MachinePool)
+    {
+        g.instances = g
+            .provider_id_list
+            .iter()
+            .flatten()
+            .map(|id| Instance {
+                id: id.clone(),
+                state: InstanceState::Running,
+                error: None,
+                machine: None,
+            })
+            .collect();
+    }
+
+    let by_provider_id = provider_id_index(inputs, &machines, &groups);
+
+    for g in groups.values_mut() {
+        let mut first_node_labels = None;
+        for instance in g.instances.iter().filter(|i| i.is_real()) {
+            if let Some(node) = nodes_by_pid.get(providerid::normalize(&instance.id)) {
+                g.registered += 1;
+                g.ready += usize::from(node.ready);
+                first_node_labels.get_or_insert(&node.labels);
+            }
+        }
+        if let (Some(t), Some(labels)) = (g.template.as_mut(), first_node_labels) {
+            t.node_labels = template::copied_node_labels(labels);
+        }
+    }
+
+    Snapshot {
+        groups: groups
+            .into_iter()
+            .map(|(id, g)| (id, Arc::new(g)))
+            .collect(),
+        exclusions,
+        machines,
+        by_provider_id,
+        counts: IndexCounts {
+            resources: inputs.resources.len(),
+            machines: inputs.machines.len(),
+            nodes: inputs.nodes.len(),
+        },
+    }
+}
+
+fn allowed(inputs: &IndexInputs, r: &ScalableResource) -> bool {
+    inputs.filter.allows(&DiscoveryTarget {
+        namespace: &r.namespace,
+        cluster_name: &r.cluster_name,
+        labels: &r.labels,
+    })
+}
+
+/// Decides whether a resource is a served group. `Ok(None)`: not autoscaler-configured at all.
+fn assess(
+    inputs: &IndexInputs,
+    r: &ScalableResource,
+) -> Result<Option<NodeGroup>, ExclusionReason> {
+    let keys = &inputs.keys;
+    let configured =
+        r.annotations.contains_key(&keys.min_size) || r.annotations.contains_key(&keys.max_size);
+    if !configured {
+        return Ok(None);
+    }
+    if r.annotations.contains_key(PAUSED_ANNOTATION) {
+        return Err(ExclusionReason::Paused);
+    }
+    let invalid = |e: annotations::AnnotationError| ExclusionReason::Invalid(e.to_string());
+    let bounds = annotations::parse_bounds(&r.annotations, keys).map_err(invalid)?;
+    let max = match bounds.max {
+        Some(max) if max > 0 => max,
+        _ => return Err(ExclusionReason::NotAutoscaled),
+    };
+    let min = bounds.min.unwrap_or(0);
+    let options = annotations::parse_options(&r.annotations, keys).map_err(invalid)?;
+    let hints = annotations::parse_capacity(&r.annotations).map_err(invalid)?;
+    let template = template_inputs(inputs, r, hints);
+    let target = r.replicas.ok_or(ExclusionReason::ReplicasUnset)?;
+    if target == 0 && template.is_none() {
+        return Err(ExclusionReason::ZeroWithoutTemplate);
+    }
+    Ok(Some(NodeGroup {
+        id: r.group_id(),
+        kind: r.kind,
+        namespace: r.namespace.clone(),
+        name: r.name.clone(),
+        uid: r.uid.clone(),
+        min,
+        max,
+        min_source: if bounds.min.is_some() {
+            Source::Annotation
+        } else {
+            Source::Default
+        },
+        max_source: Source::Annotation,
+        target,
+        instances: Vec::new(),
+        registered: 0,
+        ready: 0,
+        options,
+        template,
+        provider_id_list: r.provider_id_list.clone(),
+        node_price_per_hour: None,
+    }))
+}
+
+fn template_inputs(
+    inputs: &IndexInputs,
+    r: &ScalableResource,
+    hints: CapacityHints,
+) -> Option<TemplateInputs> {
+    let infra = r.infra_ref.as_ref().and_then(|ir| {
+        inputs
+            .templates
+            .get(&TemplateKey {
+                group: ir.group.clone(),
+                kind: ir.kind.clone(),
+                namespace: r.namespace.clone(),
+                name: ir.name.clone(),
+            })
+            .cloned()
+    });
+    let t = TemplateInputs {
+        hints,
+        infra,
+        managed_labels: template::managed_labels(&r.template_labels),
+        spec_taints: r.template_taints.clone(),
+        node_labels: BTreeMap::new(),
+        default_arch: inputs.default_arch.clone(),
+    };
+    template::can_scale_from_zero(&t).then_some(t)
+}
+
+fn owning_group(
+    inputs: &IndexInputs,
+    resources: &HashMap<(ScalableKind, &str, &str), &ScalableResource>,
+    m: &Machine,
+) -> Option<String> {
+    let ns = m.namespace.as_str();
+    if let Some(pool) = &m.owner_machine_pool {
+        return Some(format!("{}/{ns}/{pool}", ScalableKind::MachinePool));
+    }
+    let ms = resources.get(&(
+        ScalableKind::MachineSet,
+        ns,
+        m.owner_machine_set.as_deref()?,
+    ))?;
+    match &ms.owner_machine_deployment {
+        // The MachineDeployment is the group; if it is not visible (deleted, filtered), the
+        // machine belongs to no group. Upstream falls back to the MachineSet, which NodeGroups
+        // never lists (trap 12).
+        Some(md) => {
+            let md = resources.get(&(ScalableKind::MachineDeployment, ns, md.as_str()))?;
+            allowed(inputs, md).then(|| md.group_id())
+        }
+        None => Some(ms.group_id()),
+    }
+}
+
+/// The instance for a machine, in upstream's order of precedence; `None` drops the machine.
+fn instance_for(
+    m: &Machine,
+    nodes_by_name: &HashMap<&str, &NodeView>,
+    nodes_by_pid: &HashMap<&str, &NodeView>,
+) -> Option<Instance> {
+    let synthetic = |kind| providerid::synthetic_id(kind, &m.namespace, &m.name);
+    let machine = Some(m.key());
+    let with = |id, state, error| {
+        Some(Instance {
+            id,
+            state,
+            error,
+            machine: machine.clone(),
+        })
+    };
+    if m.is_failed() {
+        let (state, error) = if m.deleting {
+            (
+                InstanceState::Deleting,
+                Some(("DeletingFailed", "Machine deletion failed")),
+            )
+        } else if m.node_ref_name.is_none() {
+            (
+                InstanceState::Creating,
+                Some(("ProvisioningFailed", "Machine provisioning failed")),
+            )
+        } else {
+            (InstanceState::Unspecified, None)
+        };
+        let error = error.map(|(code, message)| InstanceError {
+            code: code.into(),
+            message: match &m.failure_message {
+                Some(detail) => format!("{message}: {detail}"),
+                None => message.into(),
+            },
+            class: 99,
+        });
+        return with(synthetic(SyntheticKind::Failed), state, error);
+    }
+    if m.deleting {
+        return with(
+            synthetic(SyntheticKind::Deleting),
+            InstanceState::Deleting,
+            None,
+        );
+    }
+    // A machine whose Node already registered under its provider ID is running even if Cluster
+    // API has not set nodeRef yet; otherwise it is still being created.
+    let registered = m
+        .provider_id
+        .as_deref()
+        .is_some_and(|p| nodes_by_pid.contains_key(providerid::normalize(p)));
+    if m.node_ref_name.is_none() && !registered {
+        return with(
+            synthetic(SyntheticKind::Pending),
+            InstanceState::Creating,
+            None,
+        );
+    }
+    if let Some(pid) = &m.provider_id {
+        return with(pid.clone(), InstanceState::Running, None);
+    }
+    if m.node_ref_kind
+        .as_deref()
+        .is_some_and(|k| !k.is_empty() && k != "Node")
+    {
+        return None;
+    }
+    let node = nodes_by_name.get(m.node_ref_name.as_deref()?)?;
+    with(
+        node.provider_id.clone().unwrap_or_default(),
+        InstanceState::Running,
+        None,
+    )
+}
+
+fn provider_id_index(
+    inputs: &IndexInputs,
+    machines: &HashMap<String, MachineEntry>,
+    groups: &BTreeMap<String, NodeGroup>,
+) -> HashMap<String, ProviderIdOwner> {
+    let mut index: HashMap<String, ProviderIdOwner> = HashMap::new();
+    for m in &inputs.machines {
+        let Some(pid) = m.provider_id.as_deref() else {
+            continue;
+        };
+        let key = providerid::normalize(pid).to_string();
+        let entry = index.entry(key);
+        entry
+            .and_modify(|owner| {
+                *owner = match owner {
+                    ProviderIdOwner::Ambiguous(n) => ProviderIdOwner::Ambiguous(*n + 1),
+                    _ => ProviderIdOwner::Ambiguous(2),
+                }
+            })
+            .or_insert_with(|| ProviderIdOwner::Machine(m.key()));
+    }
+    for g in groups
+        .values()
+        .filter(|g| g.kind == ScalableKind::MachinePool)
+    {
+        for pid in g.provider_id_list.iter().flatten() {
+            index
+                .entry(providerid::normalize(pid).to_string())
+                .or_insert_with(|| ProviderIdOwner::Pool(g.id.clone()));
+        }
+    }
+    // Providers that never set Machine.spec.providerID: the Node's annotations name its Machine.
+    for node in &inputs.nodes {
+        let Some(pid) = node.provider_id.as_deref().filter(|p| !p.is_empty()) else {
+            continue;
+        };
+        let (Some(ns), Some(name)) = (
+            node.annotations.get(&inputs.keys.node_cluster_namespace),
+            node.annotations.get(&inputs.keys.node_machine),
+        ) else {
+            continue;
+        };
+        let key = format!("{ns}/{name}");
+        if machines.contains_key(&key) {
+            index
+                .entry(providerid::normalize(pid).to_string())
+                .or_insert(ProviderIdOwner::Machine(key));
+        }
+    }
+    index
+}
+
+#[cfg(test)]
+mod tests;

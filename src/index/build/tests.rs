@@ -1,0 +1,549 @@
+//! Scenario tests for the snapshot builder (mirrors upstream's provider checklist).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::capi::objects::{Machine, ScalableKind, ScalableResource};
+use crate::index::{ExclusionReason, InstanceState, NodeGroupLookup};
+
+const MIN: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";
+const MAX: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size";
+
+fn dynamic(v: Value) -> kube::api::DynamicObject {
+    serde_json::from_value(v).unwrap()
+}
+
+fn resource(
+    kind: ScalableKind,
+    name: &str,
+    annotations: Value,
+    replicas: Option<i32>,
+    owner_md: Option<&str>,
+) -> ScalableResource {
+    let mut meta = json!({"name": name, "namespace": "ns", "uid": format!("uid-{name}"), "annotations": annotations});
+    if let Some(md) = owner_md {
+        meta["ownerReferences"] = json!([{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment", "name": md, "uid": "x"}]);
+    }
+    let mut spec = json!({"clusterName": "c1", "selector": {"matchLabels": {"set": name}}});
+    if let Some(r) = replicas {
+        spec["replicas"] = json!(r);
+    }
+    let obj = dynamic(
+        json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": kind.as_str(), "metadata": meta, "spec": spec}),
+    );
+    ScalableResource::from_dynamic(kind, &obj, &CapiKeys::default())
+}
+
+fn bounds(min: &str, max: &str) -> Value {
+    json!({MIN: min, MAX: max})
+}
+
+fn machine(
+    name: &str,
+    owner_ms: &str,
+    provider_id: Option<&str>,
+    node_ref: Option<&str>,
+    status_extra: Value,
+    deleting: bool,
+) -> Machine {
+    let mut meta = json!({"name": name, "namespace": "ns",
+        "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet", "name": owner_ms, "uid": "y"}]});
+    if deleting {
+        meta["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        meta["finalizers"] = json!(["x"]);
+    }
+    let mut status = status_extra;
+    if let Some(n) = node_ref {
+        status["nodeRef"] = json!({"name": n});
+    }
+    let mut spec = json!({"clusterName": "c1"});
+    if let Some(p) = provider_id {
+        spec["providerID"] = json!(p);
+    }
+    Machine::from_dynamic(&dynamic(
+        json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "metadata": meta, "spec": spec, "status": status}),
+    ))
+}
+
+fn node(name: &str, provider_id: &str, ready: bool) -> NodeView {
+    NodeView {
+        name: name.into(),
+        provider_id: Some(provider_id.into()),
+        ready,
+        ..Default::default()
+    }
+}
+
+fn inputs(
+    resources: Vec<ScalableResource>,
+    machines: Vec<Machine>,
+    nodes: Vec<NodeView>,
+) -> IndexInputs {
+    IndexInputs {
+        default_arch: "amd64".into(),
+        resources,
+        machines,
+        nodes,
+        ..Default::default()
+    }
+}
+
+/// A MachineDeployment `md` with MachineSet `md-ms` and `n` running machines with nodes.
+fn deployment(n: usize, annotations: Value, replicas: i32) -> IndexInputs {
+    let md = resource(
+        ScalableKind::MachineDeployment,
+        "md",
+        annotations,
+        Some(replicas),
+        None,
+    );
+    let ms = resource(
+        ScalableKind::MachineSet,
+        "md-ms",
+        json!({}),
+        Some(replicas),
+        Some("md"),
+    );
+    let machines = (0..n)
+        .map(|i| {
+            machine(
+                &format!("m{i}"),
+                "md-ms",
+                Some(&format!("test:////node-{i}")),
+                Some(&format!("node-{i}")),
+                json!({}),
+                false,
+            )
+        })
+        .collect();
+    let nodes = (0..n)
+        .map(|i| node(&format!("node-{i}"), &format!("test:////node-{i}"), true))
+        .collect();
+    inputs(vec![md, ms], machines, nodes)
+}
+
+#[test]
+fn machine_deployment_with_bounds_is_a_group_and_its_machine_set_is_not() {
+    let snap = build_snapshot(&deployment(3, bounds("1", "5"), 3));
+    assert_eq!(
+        snap.groups.keys().collect::<Vec<_>>(),
+        vec!["MachineDeployment/ns/md"]
+    );
+    let g = &snap.groups["MachineDeployment/ns/md"];
+    assert_eq!((g.min, g.max, g.target), (1, 5, 3));
+    assert_eq!(
+        g.debug(),
+        "MachineDeployment/ns/md (min: 1, max: 5, replicas: 3)"
+    );
+    assert_eq!(g.instances.len(), 3);
+    assert!(
+        g.instances
+            .iter()
+            .all(|i| i.state == InstanceState::Running)
+    );
+    assert_eq!(
+        g.instances[0].id, "test:////node-0",
+        "raw provider IDs are reported"
+    );
+    assert_eq!((g.registered, g.ready), (3, 3));
+}
+
+#[test]
+fn resources_without_max_or_with_max_zero_are_not_groups() {
+    let snap = build_snapshot(&deployment(1, json!({}), 1));
+    assert!(snap.groups.is_empty());
+    assert!(
+        snap.exclusions.is_empty(),
+        "unannotated resources are not reported"
+    );
+    let snap = build_snapshot(&deployment(1, bounds("0", "0"), 1));
+    assert!(snap.groups.is_empty());
+    assert_eq!(snap.exclusions[0].reason, ExclusionReason::NotAutoscaled);
+    let snap = build_snapshot(&deployment(1, json!({MAX: "4"}), 1));
+    assert_eq!(
+        snap.groups["MachineDeployment/ns/md"].min, 0,
+        "missing min means 0"
+    );
+}
+
+#[test]
+fn one_invalid_annotation_excludes_only_its_own_resource() {
+    let good = resource(
+        ScalableKind::MachineSet,
+        "good",
+        bounds("1", "3"),
+        Some(1),
+        None,
+    );
+    let bad = resource(
+        ScalableKind::MachineSet,
+        "bad",
+        bounds("1", "three"),
+        Some(1),
+        None,
+    );
+    let inverted = resource(
+        ScalableKind::MachineSet,
+        "inverted",
+        bounds("4", "2"),
+        Some(1),
+        None,
+    );
+    let snap = build_snapshot(&inputs(vec![good, bad, inverted], vec![], vec![]));
+    assert_eq!(
+        snap.groups.keys().collect::<Vec<_>>(),
+        vec!["MachineSet/ns/good"]
+    );
+    assert_eq!(snap.exclusions.len(), 2);
+    for e in &snap.exclusions {
+        let ExclusionReason::Invalid(message) = &e.reason else {
+            panic!("{e:?}")
+        };
+        assert!(message.contains(MAX), "{message}");
+    }
+}
+
+#[test]
+fn paused_resources_are_excluded_and_their_nodes_have_no_group() {
+    let mut i = deployment(
+        1,
+        json!({MIN: "1", MAX: "3", "cluster.x-k8s.io/paused": ""}),
+        1,
+    );
+    let snap = build_snapshot(&i);
+    assert!(snap.groups.is_empty());
+    assert_eq!(snap.exclusions[0].reason, ExclusionReason::Paused);
+    assert_eq!(
+        snap.group_for_provider_id("test:////node-0"),
+        NodeGroupLookup::None
+    );
+    i.resources[0].annotations.remove("cluster.x-k8s.io/paused");
+    assert!(matches!(
+        build_snapshot(&i).group_for_provider_id("test:////node-0"),
+        NodeGroupLookup::Group(_)
+    ));
+}
+
+#[test]
+fn replicas_zero_is_served_only_with_scale_from_zero_capacity() {
+    let snap = build_snapshot(&deployment(0, bounds("0", "3"), 0));
+    assert_eq!(
+        snap.exclusions[0].reason,
+        ExclusionReason::ZeroWithoutTemplate
+    );
+    let mut annotations = bounds("0", "3");
+    annotations["capacity.cluster-autoscaler.kubernetes.io/cpu"] = json!("2");
+    annotations["capacity.cluster-autoscaler.kubernetes.io/memory"] = json!("4Gi");
+    let snap = build_snapshot(&deployment(0, annotations, 0));
+    let g = &snap.groups["MachineDeployment/ns/md"];
+    assert!(g.template.is_some());
+    assert_eq!(g.target, 0);
+}
+
+#[test]
+fn replicas_unset_is_excluded_with_a_reason() {
+    let ms = resource(ScalableKind::MachineSet, "ms", bounds("1", "3"), None, None);
+    let snap = build_snapshot(&inputs(vec![ms], vec![], vec![]));
+    assert!(snap.groups.is_empty());
+    assert_eq!(snap.exclusions[0].reason, ExclusionReason::ReplicasUnset);
+}
+
+#[test]
+fn node_group_for_node_follows_the_owner_chain() {
+    let snap = build_snapshot(&deployment(2, bounds("1", "5"), 2));
+    let NodeGroupLookup::Group(g) = snap.group_for_provider_id("test:////node-1") else {
+        panic!()
+    };
+    assert_eq!(g.id, "MachineDeployment/ns/md");
+    assert_eq!(
+        snap.group_for_provider_id("test:///node-1").clone(),
+        NodeGroupLookup::Group(g.clone()),
+        "matched on the normalized tail"
+    );
+    assert_eq!(
+        snap.group_for_provider_id("test:////unknown"),
+        NodeGroupLookup::None
+    );
+    assert_eq!(snap.group_for_provider_id(""), NodeGroupLookup::None);
+}
+
+#[test]
+fn machine_set_of_an_invisible_deployment_is_not_a_fallback_group() {
+    let mut i = deployment(1, bounds("1", "5"), 1);
+    i.resources
+        .retain(|r| r.kind != ScalableKind::MachineDeployment);
+    let snap = build_snapshot(&i);
+    assert!(snap.groups.is_empty());
+    assert_eq!(
+        snap.group_for_provider_id("test:////node-0"),
+        NodeGroupLookup::None
+    );
+}
+
+#[test]
+fn auto_discovery_filters_groups_and_their_nodes() {
+    let mut i = deployment(1, bounds("1", "5"), 1);
+    i.filter =
+        crate::capi::autodiscovery::DiscoveryFilter::parse(&["clusterapi:clusterName=other"])
+            .unwrap();
+    let snap = build_snapshot(&i);
+    assert!(snap.groups.is_empty());
+    assert_eq!(
+        snap.group_for_provider_id("test:////node-0"),
+        NodeGroupLookup::None
+    );
+    i.filter = crate::capi::autodiscovery::DiscoveryFilter::parse(&[
+        "clusterapi:clusterName=c1,namespace=ns",
+    ])
+    .unwrap();
+    assert_eq!(build_snapshot(&i).groups.len(), 1);
+}
+
+#[test]
+fn pending_failed_and_deleting_machines_get_synthetic_ids_and_states() {
+    let md = resource(
+        ScalableKind::MachineDeployment,
+        "md",
+        bounds("0", "9"),
+        Some(5),
+        None,
+    );
+    let ms = resource(
+        ScalableKind::MachineSet,
+        "md-ms",
+        json!({}),
+        Some(5),
+        Some("md"),
+    );
+    let failed_status = json!({"phase": "Failed", "failureMessage": "quota exceeded"});
+    let machines = vec![
+        machine("pending", "md-ms", None, None, json!({}), false),
+        machine("failed", "md-ms", None, None, failed_status.clone(), false),
+        machine(
+            "failed-deleting",
+            "md-ms",
+            None,
+            None,
+            failed_status.clone(),
+            true,
+        ),
+        machine(
+            "failed-with-node",
+            "md-ms",
+            Some("test:////n9"),
+            Some("n9"),
+            failed_status,
+            false,
+        ),
+        machine(
+            "deleting",
+            "md-ms",
+            Some("test:////n1"),
+            Some("n1"),
+            json!({}),
+            true,
+        ),
+        machine(
+            "pending-with-pid",
+            "md-ms",
+            Some("test:////n2"),
+            None,
+            json!({}),
+            false,
+        ),
+        machine(
+            "registered-early",
+            "md-ms",
+            Some("test:////n3"),
+            None,
+            json!({}),
+            false,
+        ),
+    ];
+    let nodes = vec![node("n3", "test:////n3", false)];
+    let snap = build_snapshot(&inputs(vec![md, ms], machines, nodes));
+    let g = &snap.groups["MachineDeployment/ns/md"];
+    let by_id: BTreeMap<&str, _> = g.instances.iter().map(|i| (i.id.as_str(), i)).collect();
+    assert_eq!(
+        by_id["pending-machine-ns_pending"].state,
+        InstanceState::Creating
+    );
+    assert!(by_id["pending-machine-ns_pending"].error.is_none());
+    let failed = by_id["failed-machine-ns_failed"];
+    assert_eq!(failed.state, InstanceState::Creating);
+    let err = failed.error.as_ref().unwrap();
+    assert_eq!((err.code.as_str(), err.class), ("ProvisioningFailed", 99));
+    assert!(err.message.contains("quota exceeded"));
+    let fd = by_id["failed-machine-ns_failed-deleting"];
+    assert_eq!(
+        (fd.state, fd.error.as_ref().unwrap().code.as_str()),
+        (InstanceState::Deleting, "DeletingFailed")
+    );
+    assert_eq!(
+        by_id["failed-machine-ns_failed-with-node"].state,
+        InstanceState::Unspecified
+    );
+    assert_eq!(
+        by_id["deleting-machine-ns_deleting"].state,
+        InstanceState::Deleting
+    );
+    assert_eq!(
+        by_id["pending-machine-ns_pending-with-pid"].state,
+        InstanceState::Creating
+    );
+    assert_eq!(
+        by_id["test:////n3"].state,
+        InstanceState::Running,
+        "a registered node counts even before nodeRef"
+    );
+    assert_eq!((g.registered, g.ready), (1, 0));
+    // Synthetic ids resolve back to the group and the machine.
+    let NodeGroupLookup::Group(found) = snap.group_for_provider_id("pending-machine-ns_pending")
+    else {
+        panic!()
+    };
+    assert_eq!(found.id, g.id);
+    assert_eq!(
+        snap.machine_for_provider_id("failed-machine-ns_failed")
+            .unwrap()
+            .name,
+        "failed"
+    );
+}
+
+#[test]
+fn machines_without_provider_id_resolve_through_node_ref_and_node_annotations() {
+    let md = resource(
+        ScalableKind::MachineDeployment,
+        "md",
+        bounds("0", "9"),
+        Some(1),
+        None,
+    );
+    let ms = resource(
+        ScalableKind::MachineSet,
+        "md-ms",
+        json!({}),
+        Some(1),
+        Some("md"),
+    );
+    let m = machine("m0", "md-ms", None, Some("node-a"), json!({}), false);
+    let mut n = node("node-a", "cloud:///zone/vm-a", true);
+    n.annotations
+        .insert("cluster.x-k8s.io/machine".into(), "m0".into());
+    n.annotations
+        .insert("cluster.x-k8s.io/cluster-namespace".into(), "ns".into());
+    let snap = build_snapshot(&inputs(vec![md, ms], vec![m], vec![n]));
+    let g = &snap.groups["MachineDeployment/ns/md"];
+    assert_eq!(g.instances[0].id, "cloud:///zone/vm-a");
+    let NodeGroupLookup::Group(found) = snap.group_for_provider_id("cloud:///zone/vm-a") else {
+        panic!()
+    };
+    assert_eq!(found.id, g.id);
+}
+
+#[test]
+fn provider_id_collisions_are_reported_as_ambiguous() {
+    let ms = resource(
+        ScalableKind::MachineSet,
+        "ms",
+        bounds("0", "9"),
+        Some(2),
+        None,
+    );
+    let machines = vec![
+        machine(
+            "a",
+            "ms",
+            Some("aws:///zone-a/i-1"),
+            Some("n1"),
+            json!({}),
+            false,
+        ),
+        machine(
+            "b",
+            "ms",
+            Some("aws:///zone-b/i-1"),
+            Some("n2"),
+            json!({}),
+            false,
+        ),
+    ];
+    let snap = build_snapshot(&inputs(vec![ms], machines, vec![]));
+    assert_eq!(
+        snap.group_for_provider_id("aws:///zone-a/i-1"),
+        NodeGroupLookup::Ambiguous(2)
+    );
+}
+
+#[test]
+fn machine_pool_reports_its_provider_id_list_verbatim() {
+    let obj = dynamic(
+        json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
+        "metadata": {"name": "mp", "namespace": "ns", "annotations": bounds("1", "4")},
+        "spec": {"clusterName": "c1", "replicas": 2, "providerIDList": ["kwok:////a", "kwok:////b"]}}),
+    );
+    let mp = ScalableResource::from_dynamic(ScalableKind::MachinePool, &obj, &CapiKeys::default());
+    let snap = build_snapshot(&inputs(
+        vec![mp],
+        vec![],
+        vec![node("a", "kwok:////a", true)],
+    ));
+    let g = &snap.groups["MachinePool/ns/mp"];
+    assert_eq!(
+        g.instances
+            .iter()
+            .map(|i| i.id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["kwok:////a", "kwok:////b"]
+    );
+    assert_eq!(g.registered, 1);
+    let NodeGroupLookup::Group(found) = snap.group_for_provider_id("kwok:////b") else {
+        panic!()
+    };
+    assert_eq!(found.id, "MachinePool/ns/mp");
+}
+
+#[test]
+fn invalid_options_or_capacity_exclude_the_group_with_the_annotation_named() {
+    let mut a = bounds("1", "3");
+    a["cluster.x-k8s.io/autoscaling-options-scaledownunneededtime"] = json!("later");
+    let snap = build_snapshot(&deployment(1, a, 1));
+    let ExclusionReason::Invalid(m) = &snap.exclusions[0].reason else {
+        panic!()
+    };
+    assert!(
+        m.contains("autoscaling-options-scaledownunneededtime"),
+        "{m}"
+    );
+    let mut a = bounds("1", "3");
+    a["capacity.cluster-autoscaler.kubernetes.io/memory"] = json!("lots");
+    let snap = build_snapshot(&deployment(1, a, 1));
+    assert!(snap.groups.is_empty());
+}
+
+#[test]
+fn live_node_labels_are_copied_into_the_template() {
+    let mut a = bounds("1", "3");
+    a["capacity.cluster-autoscaler.kubernetes.io/cpu"] = json!("2");
+    a["capacity.cluster-autoscaler.kubernetes.io/memory"] = json!("4Gi");
+    let mut i = deployment(1, a, 1);
+    i.nodes[0]
+        .labels
+        .insert("node.kubernetes.io/instance-type".into(), "m5.large".into());
+    i.nodes[0].labels.insert("unrelated".into(), "x".into());
+    let snap = build_snapshot(&i);
+    let t = snap.groups["MachineDeployment/ns/md"]
+        .template
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        t.node_labels
+            .get("node.kubernetes.io/instance-type")
+            .map(String::as_str),
+        Some("m5.large")
+    );
+    assert!(!t.node_labels.contains_key("unrelated"));
+}

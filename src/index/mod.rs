@@ -1,0 +1,13 @@
+//! The node-group model: an immutable [`Snapshot`] built from informer caches by a pure
+//! function ([`build::build_snapshot`]), so every read RPC answers from memory with O(1) lookups.
+
+pub mod build;
+mod handle;
+mod model;
+
+pub use build::{IndexInputs, NodeView, TemplateKey, build_snapshot};
+pub use handle::{SnapshotHandle, SnapshotPublisher, channel};
+pub use model::{
+    Exclusion, ExclusionReason, Instance, InstanceError, InstanceState, MachineEntry, NodeGroup,
+    NodeGroupLookup, Snapshot, Source, TemplateInputs,
+};

@@ -1,0 +1,273 @@
+//! Types of the node-group model. Plain data; no Kubernetes client types.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::capi::annotations::{CapacityHints, OptionOverrides};
+use crate::capi::objects::{InfraTemplate, ScalableKind, Taint};
+use crate::capi::providerid;
+
+/// Where an effective value comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// An annotation on the scalable resource.
+    Annotation,
+    /// A NodeGroupPolicy.
+    Policy,
+    /// The built-in default.
+    Default,
+}
+
+/// State of one instance as reported to cluster-autoscaler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstanceState {
+    /// No state known; reported as `unspecified` (CA: nil status).
+    Unspecified,
+    /// Running.
+    Running,
+    /// Being created.
+    Creating,
+    /// Being deleted.
+    Deleting,
+}
+
+/// Error information for an instance (CA treats Creating + error as a failed scale-up).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceError {
+    /// Provider error code, e.g. `ProvisioningFailed`.
+    pub code: String,
+    /// Human-readable message.
+    pub message: String,
+    /// 1 = out of resources, 99 = other.
+    pub class: i32,
+}
+
+/// One instance of a node group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Instance {
+    /// Raw provider ID, or a synthetic `pending-/failed-/deleting-machine-<ns>_<name>` id.
+    pub id: String,
+    /// State.
+    pub state: InstanceState,
+    /// Error, if any.
+    pub error: Option<InstanceError>,
+    /// `<namespace>/<name>` of the Machine behind the instance, if any.
+    pub machine: Option<String>,
+}
+
+impl Instance {
+    /// True for instances reported under a real provider ID.
+    pub fn is_real(&self) -> bool {
+        !providerid::has_synthetic_prefix(&self.id)
+    }
+}
+
+/// What the template builder needs for a group that may scale from zero.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TemplateInputs {
+    /// Parsed capacity annotations (and policy template, when one applies).
+    pub hints: CapacityHints,
+    /// The infrastructure template's status hints, when a template exists and is cached.
+    pub infra: Option<InfraTemplate>,
+    /// CAPI-managed labels from the machine template.
+    pub managed_labels: BTreeMap<String, String>,
+    /// Taints from `spec.template.spec.taints`.
+    pub spec_taints: Vec<Taint>,
+    /// Labels copied from a live node of the group (arch, os, instance type, region, zone).
+    pub node_labels: BTreeMap<String, String>,
+    /// Architecture used when nothing else says (`CAPI_SCALE_ZERO_DEFAULT_ARCH`).
+    pub default_arch: String,
+}
+
+/// A served node group.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeGroup {
+    /// `<Kind>/<namespace>/<name>`.
+    pub id: String,
+    /// Kind of the scalable resource.
+    pub kind: ScalableKind,
+    /// Namespace of the scalable resource.
+    pub namespace: String,
+    /// Name of the scalable resource.
+    pub name: String,
+    /// UID of the scalable resource (for Events).
+    pub uid: String,
+    /// Effective min size.
+    pub min: i32,
+    /// Effective max size.
+    pub max: i32,
+    /// Where min comes from.
+    pub min_source: Source,
+    /// Where max comes from.
+    pub max_source: Source,
+    /// `spec.replicas` from the cache.
+    pub target: i32,
+    /// Instances, in a stable order.
+    pub instances: Vec<Instance>,
+    /// Instances whose node is registered (a Node with the provider ID exists).
+    pub registered: usize,
+    /// Registered instances whose Node is Ready.
+    pub ready: usize,
+    /// Per-group option overrides (empty = CA defaults).
+    pub options: OptionOverrides,
+    /// Template inputs; `None` when the group cannot scale from zero (no cpu+memory).
+    pub template: Option<TemplateInputs>,
+    /// `spec.providerIDList` for MachinePools.
+    pub provider_id_list: Option<Vec<String>>,
+    /// Price per node-hour, when a policy sets one.
+    pub node_price_per_hour: Option<f64>,
+}
+
+impl NodeGroup {
+    /// The string CA shows as the group's debug info.
+    pub fn debug(&self) -> String {
+        format!(
+            "{} (min: {}, max: {}, replicas: {})",
+            self.id, self.min, self.max, self.target
+        )
+    }
+}
+
+/// Why a scalable resource is not served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExclusionReason {
+    /// Invalid annotation or policy value: an error to surface.
+    Invalid(String),
+    /// `cluster.x-k8s.io/paused` is set.
+    Paused,
+    /// No max size (or max 0): not a node group.
+    NotAutoscaled,
+    /// `spec.replicas` is 0 and there is no cpu+memory capacity for scale from zero.
+    ZeroWithoutTemplate,
+    /// `spec.replicas` is unset.
+    ReplicasUnset,
+}
+
+/// A scalable resource that carries autoscaler configuration but is not served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exclusion {
+    /// Kind.
+    pub kind: ScalableKind,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID (for Events).
+    pub uid: String,
+    /// Why.
+    pub reason: ExclusionReason,
+}
+
+/// A machine the write path may act on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineEntry {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Group it belongs to, if any.
+    pub group: Option<String>,
+    /// Has a deletion timestamp.
+    pub deleting: bool,
+    /// Carries the delete-machine annotation.
+    pub marked_for_deletion: bool,
+}
+
+/// What NodeGroupForNode found for a provider ID.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NodeGroupLookup {
+    /// Belongs to this group.
+    Group(Arc<NodeGroup>),
+    /// Not in any served group.
+    None,
+    /// Several machines share the normalized provider ID (trap 9).
+    Ambiguous(usize),
+}
+
+/// An immutable view of every node group and the lookup tables the RPCs need.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Served groups by id (sorted, so NodeGroups answers in a stable order).
+    pub groups: BTreeMap<String, Arc<NodeGroup>>,
+    /// Resources with autoscaler configuration that are not served, and why.
+    pub exclusions: Vec<Exclusion>,
+    /// Machines by `<namespace>/<name>`.
+    pub machines: HashMap<String, MachineEntry>,
+    /// Normalized provider ID -> machine key(s) or MachinePool group.
+    pub(crate) by_provider_id: HashMap<String, ProviderIdOwner>,
+    /// Objects indexed, for metrics.
+    pub counts: IndexCounts,
+}
+
+/// Sizes of the inputs a snapshot was built from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexCounts {
+    /// Scalable resources seen.
+    pub resources: usize,
+    /// Machines seen.
+    pub machines: usize,
+    /// Nodes seen.
+    pub nodes: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ProviderIdOwner {
+    Machine(String),
+    Pool(String),
+    Ambiguous(usize),
+}
+
+impl Snapshot {
+    /// The group with this id.
+    pub fn group(&self, id: &str) -> Option<&Arc<NodeGroup>> {
+        self.groups.get(id)
+    }
+
+    /// The group a node belongs to, from its provider ID (raw or synthetic).
+    pub fn group_for_provider_id(&self, provider_id: &str) -> NodeGroupLookup {
+        if let Some(synthetic) = providerid::parse_synthetic(provider_id) {
+            let key = format!("{}/{}", synthetic.namespace, synthetic.name);
+            return self.group_of_machine(&key);
+        }
+        if provider_id.is_empty() {
+            return NodeGroupLookup::None;
+        }
+        match self.by_provider_id.get(providerid::normalize(provider_id)) {
+            None => NodeGroupLookup::None,
+            Some(ProviderIdOwner::Ambiguous(n)) => NodeGroupLookup::Ambiguous(*n),
+            Some(ProviderIdOwner::Pool(group)) => self.lookup(group),
+            Some(ProviderIdOwner::Machine(key)) => self.group_of_machine(key),
+        }
+    }
+
+    /// The machine behind a provider ID (raw or synthetic), if any.
+    pub fn machine_for_provider_id(&self, provider_id: &str) -> Option<&MachineEntry> {
+        if let Some(synthetic) = providerid::parse_synthetic(provider_id) {
+            return self
+                .machines
+                .get(&format!("{}/{}", synthetic.namespace, synthetic.name));
+        }
+        match self
+            .by_provider_id
+            .get(providerid::normalize(provider_id))?
+        {
+            ProviderIdOwner::Machine(key) => self.machines.get(key),
+            _ => None,
+        }
+    }
+
+    /// The group of a machine key, if it is served.
+    pub fn group_of_machine(&self, key: &str) -> NodeGroupLookup {
+        match self.machines.get(key).and_then(|m| m.group.as_deref()) {
+            Some(group) => self.lookup(group),
+            None => NodeGroupLookup::None,
+        }
+    }
+
+    fn lookup(&self, group: &str) -> NodeGroupLookup {
+        match self.groups.get(group) {
+            Some(g) => NodeGroupLookup::Group(g.clone()),
+            None => NodeGroupLookup::None,
+        }
+    }
+}

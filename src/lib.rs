@@ -1,0 +1,19 @@
+//! nodegroup-operator: a cluster-autoscaler `externalgrpc` cloud provider for Cluster API
+//! scalable resources, run as a Kubernetes operator.
+//!
+//! Data flows one way: watches feed reflector stores ([`runtime`]), a pure builder turns them
+//! into an immutable [`index::Snapshot`], the gRPC service ([`server`]) answers from that
+//! snapshot, and only mutating RPCs reach out to the API server through [`actuate`].
+
+pub mod actuate;
+pub mod capi;
+pub mod duration;
+pub mod events;
+pub mod index;
+pub mod metrics;
+pub mod proto;
+pub mod quantity;
+pub mod runtime;
+pub mod sandbox;
+pub mod server;
+pub mod template;

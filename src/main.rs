@@ -1,0 +1,143 @@
+//! `nodegroup-operator`: `run` (default) serves cluster-autoscaler's externalgrpc protocol.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use nodegroup_operator::capi::keys::DEFAULT_GROUP;
+use nodegroup_operator::runtime::{self, Config};
+use nodegroup_operator::server::tls::TlsFiles;
+use nodegroup_operator::template::KNOWN_ARCHITECTURES;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "nodegroup-operator",
+    version,
+    about = "cluster-autoscaler externalgrpc provider for Cluster API node groups"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve the externalgrpc endpoint (the default).
+    Run(RunArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+struct RunArgs {
+    /// gRPC listen address.
+    #[arg(long, default_value = "0.0.0.0:8086", env = "NGO_GRPC_ADDRESS")]
+    grpc_address: SocketAddr,
+    /// Admin listen address (/livez, /readyz, /metrics).
+    #[arg(long, default_value = "0.0.0.0:8080", env = "NGO_ADMIN_ADDRESS")]
+    admin_address: SocketAddr,
+    /// Server certificate (PEM).
+    #[arg(long, env = "NGO_TLS_CERT", required_unless_present = "insecure")]
+    tls_cert: Option<PathBuf>,
+    /// Server private key (PEM).
+    #[arg(long, env = "NGO_TLS_KEY", required_unless_present = "insecure")]
+    tls_key: Option<PathBuf>,
+    /// CA bundle that client certificates must chain to (PEM).
+    #[arg(long, env = "NGO_TLS_CLIENT_CA", required_unless_present = "insecure")]
+    tls_client_ca: Option<PathBuf>,
+    /// Serve gRPC without TLS. Anyone who can reach the port can scale node groups.
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key", "tls_client_ca"])]
+    insecure: bool,
+    /// Restrict node groups, as cluster-autoscaler's flag: clusterapi:namespace=..,clusterName=..,<label>=..
+    /// (repeatable; a resource is served when any spec allows it).
+    #[arg(long = "node-group-auto-discovery")]
+    auto_discovery: Vec<String>,
+    /// Cluster API group.
+    #[arg(long, env = "CAPI_GROUP", default_value = DEFAULT_GROUP)]
+    capi_group: String,
+    /// Cluster API version (default: the server's preferred version).
+    #[arg(long, env = "CAPI_VERSION")]
+    capi_version: Option<String>,
+    /// Architecture of scale-from-zero templates that do not say.
+    #[arg(long, env = "CAPI_SCALE_ZERO_DEFAULT_ARCH", default_value = "amd64", value_parser = clap::builder::PossibleValuesParser::new(KNOWN_ARCHITECTURES))]
+    scale_zero_default_arch: String,
+    /// Kubeconfig (default: KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, env = "KUBECONFIG_PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// Milliseconds to coalesce watch events before rebuilding the index.
+    #[arg(long, default_value_t = 20)]
+    rebuild_delay_ms: u64,
+    /// Log as JSON.
+    #[arg(long, env = "NGO_LOG_JSON")]
+    log_json: bool,
+}
+
+impl RunArgs {
+    fn config(&self) -> Config {
+        let tls = match (&self.tls_cert, &self.tls_key, &self.tls_client_ca) {
+            (Some(cert), Some(key), Some(client_ca)) if !self.insecure => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: client_ca.clone(),
+            }),
+            _ => None,
+        };
+        Config {
+            grpc_address: self.grpc_address,
+            admin_address: self.admin_address,
+            tls,
+            capi_group: self.capi_group.clone(),
+            capi_version: self.capi_version.clone().filter(|v| !v.is_empty()),
+            auto_discovery: self.auto_discovery.clone(),
+            default_arch: self.scale_zero_default_arch.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            rebuild_delay: Duration::from_millis(self.rebuild_delay_ms),
+            pod_name: std::env::var("POD_NAME").ok(),
+        }
+    }
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let args = match cli.command {
+        Some(Command::Run(args)) => args,
+        None => cli.run,
+    };
+    init_logging(args.log_json);
+    let running = runtime::start(args.config())
+        .await
+        .context("starting nodegroup-operator")?;
+    running.run_until(shutdown_signal()).await
+}

@@ -1,0 +1,151 @@
+//! Prometheus metrics: RPC latency and codes, node-group sizes, actuation outcomes, index size.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::index::Snapshot;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcLabels {
+    method: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GroupLabels {
+    node_group: String,
+    size: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+/// All metrics of the process.
+pub struct Metrics {
+    rpc_duration: Family<RpcLabels, Histogram>,
+    group_size: Family<GroupLabels, Gauge>,
+    index_objects: Family<KindLabels, Gauge>,
+    excluded: Gauge,
+    snapshot_build: Histogram,
+    registry: Registry,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("nodegroup");
+        let rpc_duration = Family::<RpcLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([
+                0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0,
+            ])
+        });
+        registry.register(
+            "grpc_request_duration_seconds",
+            "Latency of externalgrpc RPCs by method and gRPC code",
+            rpc_duration.clone(),
+        );
+        let group_size = Family::<GroupLabels, Gauge>::default();
+        registry.register(
+            "node_group_size",
+            "Node-group sizes (min, max, target, registered, ready)",
+            group_size.clone(),
+        );
+        let index_objects = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "index_objects",
+            "Objects in the index by kind",
+            index_objects.clone(),
+        );
+        let excluded = Gauge::default();
+        registry.register(
+            "excluded_resources",
+            "Scalable resources with autoscaler annotations that are not served (invalid, paused, ...)",
+            excluded.clone(),
+        );
+        let snapshot_build =
+            Histogram::new([0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0]);
+        registry.register(
+            "snapshot_build_seconds",
+            "Time to rebuild the node-group index from the caches",
+            snapshot_build.clone(),
+        );
+        Self {
+            rpc_duration,
+            group_size,
+            index_objects,
+            excluded,
+            snapshot_build,
+            registry,
+        }
+    }
+
+    /// Records one RPC.
+    pub fn observe_rpc(&self, method: &str, code: tonic::Code, elapsed: Duration) {
+        self.rpc_duration
+            .get_or_create(&RpcLabels {
+                method: method.into(),
+                code: format!("{code:?}"),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records a snapshot rebuild and refreshes the per-group gauges.
+    pub fn observe_snapshot(&self, snapshot: &Snapshot, elapsed: Duration) {
+        self.snapshot_build.observe(elapsed.as_secs_f64());
+        self.group_size.clear();
+        for g in snapshot.groups.values() {
+            for (size, value) in [
+                ("min", i64::from(g.min)),
+                ("max", i64::from(g.max)),
+                ("target", i64::from(g.target)),
+                ("registered", g.registered as i64),
+                ("ready", g.ready as i64),
+            ] {
+                self.group_size
+                    .get_or_create(&GroupLabels {
+                        node_group: g.id.clone(),
+                        size: size.into(),
+                    })
+                    .set(value);
+            }
+        }
+        for (kind, n) in [
+            ("node_groups", snapshot.groups.len()),
+            ("scalable_resources", snapshot.counts.resources),
+            ("machines", snapshot.counts.machines),
+            ("nodes", snapshot.counts.nodes),
+        ] {
+            self.index_objects
+                .get_or_create(&KindLabels { kind: kind.into() })
+                .set(n as i64);
+        }
+        self.excluded.set(snapshot.exclusions.len() as i64);
+    }
+
+    /// The text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(error) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(%error, "encoding metrics");
+        }
+        out
+    }
+}
+
+/// Counter type used for actuation outcomes.
+pub type OutcomeCounter = Counter<u64, AtomicU64>;

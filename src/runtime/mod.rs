@@ -1,0 +1,207 @@
+//! Wiring: client, discovery, reflectors, the snapshot builder loop, the gRPC server, the admin
+//! server (`/livez`, `/readyz`, `/metrics`) and graceful shutdown. Domain code stays free of
+//! these concerns.
+
+mod admin;
+mod exclusions;
+mod watches;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kube::Client;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::actuate::CapiActuator;
+use crate::capi::CapiKeys;
+use crate::capi::autodiscovery::DiscoveryFilter;
+use crate::capi::resources::CapiResources;
+use crate::events::EventPublisher;
+use crate::index;
+use crate::metrics::Metrics;
+use crate::proto::cloud_provider_server::CloudProviderServer;
+use crate::server::CloudProviderService;
+use crate::server::tls::TlsFiles;
+
+pub use watches::Watches;
+
+/// Everything `run` needs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// gRPC listen address (port 0 picks a free port).
+    pub grpc_address: SocketAddr,
+    /// Admin (health, metrics) listen address.
+    pub admin_address: SocketAddr,
+    /// mTLS files; `None` only with `--insecure`.
+    pub tls: Option<TlsFiles>,
+    /// Cluster API group (`CAPI_GROUP`).
+    pub capi_group: String,
+    /// Cluster API version (`CAPI_VERSION`), else discovery's preferred version.
+    pub capi_version: Option<String>,
+    /// `clusterapi:` auto-discovery specs.
+    pub auto_discovery: Vec<String>,
+    /// Architecture for scale-from-zero templates without one.
+    pub default_arch: String,
+    /// Kubeconfig path; `None` infers (KUBECONFIG, ~/.kube/config, in-cluster).
+    pub kubeconfig: Option<PathBuf>,
+    /// How long watch events are coalesced before the index is rebuilt.
+    pub rebuild_delay: Duration,
+    /// Pod name, for Events.
+    pub pod_name: Option<String>,
+}
+
+/// A started operator.
+pub struct Running {
+    /// The bound gRPC address.
+    pub grpc_address: SocketAddr,
+    /// The bound admin address.
+    pub admin_address: SocketAddr,
+    /// Snapshot handle (tests and tools read it).
+    pub snapshots: index::SnapshotHandle,
+    shutdown: CancellationToken,
+    tasks: JoinSet<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Stops serving (draining in-flight RPCs) and waits for every task.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        while let Some(joined) = self.tasks.join_next().await {
+            joined.context("operator task panicked")??;
+        }
+        Ok(())
+    }
+
+    /// Waits until a task fails or `stop` resolves, then shuts down.
+    pub async fn run_until(mut self, stop: impl Future<Output = ()>) -> anyhow::Result<()> {
+        tokio::select! {
+            _ = stop => {}
+            Some(joined) = self.tasks.join_next() => {
+                joined.context("operator task panicked")??;
+                anyhow::bail!("an operator task stopped unexpectedly");
+            }
+        }
+        tracing::info!("shutting down");
+        self.shutdown().await
+    }
+}
+
+/// Builds a client from the config.
+pub async fn client(config: &Config) -> anyhow::Result<Client> {
+    let kube_config = match &config.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("inferring Kubernetes client configuration")?,
+    };
+    Client::try_from(kube_config).context("building Kubernetes client")
+}
+
+/// Starts everything and returns once the listeners are bound.
+pub async fn start(config: Config) -> anyhow::Result<Running> {
+    let client = client(&config).await?;
+    let keys = CapiKeys::new(&config.capi_group);
+    let filter = DiscoveryFilter::parse(&config.auto_discovery)
+        .context("parsing --node-group-auto-discovery")?;
+    let resources =
+        CapiResources::discover(&client, &config.capi_group, config.capi_version.as_deref())
+            .await?;
+    tracing::info!(group = %resources.group, version = %resources.version,
+        machine_deployments = resources.machine_deployments.is_some(),
+        machine_pools = resources.machine_pools.is_some(), "Cluster API resources discovered");
+
+    let metrics = Arc::new(Metrics::new());
+    let events = EventPublisher::new(client.clone(), config.pod_name.clone());
+    let (publisher, snapshots) = index::channel();
+    let shutdown = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+
+    let watches = Watches::start(
+        client.clone(),
+        resources.clone(),
+        keys.clone(),
+        filter,
+        config.default_arch.clone(),
+        &mut tasks,
+        shutdown.clone(),
+    );
+    tasks.spawn(watches.clone().rebuild_loop(
+        publisher,
+        metrics.clone(),
+        config.rebuild_delay,
+        shutdown.clone(),
+    ));
+    tasks.spawn(exclusions::report(
+        snapshots.clone(),
+        resources.clone(),
+        events.clone(),
+        shutdown.clone(),
+    ));
+
+    let actuator = Arc::new(CapiActuator::new(
+        client.clone(),
+        resources,
+        keys,
+        Some(events),
+    ));
+    let service = CloudProviderService::new(snapshots.clone(), actuator, metrics.clone());
+
+    let grpc_listener = TcpListener::bind(config.grpc_address)
+        .await
+        .with_context(|| format!("binding gRPC address {}", config.grpc_address))?;
+    let grpc_address = grpc_listener.local_addr()?;
+    let mut builder = tonic::transport::Server::builder();
+    match &config.tls {
+        Some(files) => {
+            builder = builder
+                .tls_config(files.load()?)
+                .context("configuring gRPC TLS")?;
+            tracing::info!(address = %grpc_address, "serving externalgrpc with mTLS (client certificates required)");
+        }
+        None => tracing::warn!(address = %grpc_address,
+            "serving externalgrpc WITHOUT TLS (--insecure): any local process can scale node groups"),
+    }
+    let router = builder.add_service(CloudProviderServer::new(service));
+    let grpc_shutdown = shutdown.clone();
+    tasks.spawn(async move {
+        router
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(grpc_listener),
+                grpc_shutdown.cancelled_owned(),
+            )
+            .await
+            .context("gRPC server")
+    });
+
+    let admin_listener = TcpListener::bind(config.admin_address)
+        .await
+        .with_context(|| format!("binding admin address {}", config.admin_address))?;
+    let admin_address = admin_listener.local_addr()?;
+    tasks.spawn(admin::serve(
+        admin_listener,
+        snapshots.clone(),
+        metrics,
+        shutdown.clone(),
+    ));
+    tracing::info!(address = %admin_address, "admin server (/livez, /readyz, /metrics)");
+
+    Ok(Running {
+        grpc_address,
+        admin_address,
+        snapshots,
+        shutdown,
+        tasks,
+    })
+}

@@ -1,0 +1,355 @@
+//! Reflectors over Cluster API resources, Machines, Nodes and infrastructure templates, and
+//! the loop that rebuilds the snapshot when any of them changes.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DynamicObject};
+use kube::discovery::{ApiResource, Discovery};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::capi::CapiKeys;
+use crate::capi::autodiscovery::DiscoveryFilter;
+use crate::capi::objects::{InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource};
+use crate::capi::resources::CapiResources;
+use crate::index::{self, IndexInputs, NodeView, SnapshotPublisher, TemplateKey};
+use crate::metrics::Metrics;
+
+/// How long to wait before retrying an infrastructure template kind that could not be watched.
+const TEMPLATE_RETRY: Duration = Duration::from_secs(60);
+
+/// The caches the index is built from. Cheap to clone.
+#[derive(Clone)]
+pub struct Watches {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    namespace: Option<String>,
+    keys: CapiKeys,
+    filter: DiscoveryFilter,
+    default_arch: String,
+    scalables: Vec<(ScalableKind, Store<DynamicObject>)>,
+    machines: Store<DynamicObject>,
+    nodes: Store<Node>,
+    templates: Mutex<HashMap<(String, String), TemplateWatch>>,
+    changed: Arc<Notify>,
+    shutdown: CancellationToken,
+}
+
+enum TemplateWatch {
+    Starting,
+    Watching(Store<DynamicObject>),
+    Failed(Instant),
+}
+
+impl Watches {
+    /// Starts a reflector per resource kind; their tasks join `tasks`.
+    pub fn start(
+        client: Client,
+        resources: CapiResources,
+        keys: CapiKeys,
+        filter: DiscoveryFilter,
+        default_arch: String,
+        tasks: &mut JoinSet<anyhow::Result<()>>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let changed = Arc::new(Notify::new());
+        let namespace = filter.single_namespace().map(String::from);
+        let dynamic_api = |ar: &ApiResource| match &namespace {
+            Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, ar),
+            None => Api::<DynamicObject>::all_with(client.clone(), ar),
+        };
+        let mut scalables = Vec::new();
+        for kind in ScalableKind::ALL {
+            if let Some(ar) = resources.scalable(kind) {
+                let store = spawn_reflector(
+                    tasks,
+                    dynamic_api(ar),
+                    ar.clone(),
+                    changed.clone(),
+                    shutdown.clone(),
+                    |_| {},
+                );
+                scalables.push((kind, store));
+            }
+        }
+        let machines = spawn_reflector(
+            tasks,
+            dynamic_api(&resources.machines),
+            resources.machines.clone(),
+            changed.clone(),
+            shutdown.clone(),
+            |_| {},
+        );
+        let nodes = spawn_reflector(
+            tasks,
+            Api::<Node>::all(client.clone()),
+            (),
+            changed.clone(),
+            shutdown.clone(),
+            |node: &mut Node| {
+                // Only metadata, providerID and the Ready condition are used; drop the bulk.
+                node.managed_fields_mut().clear();
+                if let Some(status) = node.status.as_mut() {
+                    status.images = None;
+                    status.volumes_attached = None;
+                    status.volumes_in_use = None;
+                }
+            },
+        );
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                namespace,
+                keys,
+                filter,
+                default_arch,
+                scalables,
+                machines,
+                nodes,
+                templates: Mutex::default(),
+                changed,
+                shutdown,
+            }),
+        }
+    }
+
+    /// Rebuilds the snapshot after the initial sync and on every change, coalescing bursts of
+    /// events for `delay`.
+    pub async fn rebuild_loop(
+        self,
+        publisher: SnapshotPublisher,
+        metrics: Arc<Metrics>,
+        delay: Duration,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            synced = self.wait_synced() => synced?,
+        }
+        tracing::info!("informer caches synced; serving");
+        loop {
+            let start = Instant::now();
+            let inputs = self.inputs();
+            let snapshot = index::build_snapshot(&inputs);
+            self.ensure_template_watches(&inputs.resources);
+            metrics.observe_snapshot(&snapshot, start.elapsed());
+            tracing::debug!(groups = snapshot.groups.len(), elapsed = ?start.elapsed(), "index rebuilt");
+            publisher.publish(snapshot);
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = self.inner.changed.notified() => {}
+            }
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    async fn wait_synced(&self) -> anyhow::Result<()> {
+        for (_, store) in &self.inner.scalables {
+            store.wait_until_ready().await?;
+        }
+        self.inner.machines.wait_until_ready().await?;
+        self.inner.nodes.wait_until_ready().await?;
+        Ok(())
+    }
+
+    /// Plain views of everything cached.
+    pub fn inputs(&self) -> IndexInputs {
+        let inner = &self.inner;
+        let resources = inner
+            .scalables
+            .iter()
+            .flat_map(|(kind, store)| {
+                store
+                    .state()
+                    .into_iter()
+                    .map(|o| ScalableResource::from_dynamic(*kind, &o, &inner.keys))
+            })
+            .collect();
+        let machines = inner
+            .machines
+            .state()
+            .iter()
+            .map(|m| Machine::from_dynamic(m))
+            .collect();
+        let nodes = inner.nodes.state().iter().map(|n| node_view(n)).collect();
+        let mut templates = HashMap::new();
+        let watches = inner.templates.lock().unwrap_or_else(|p| p.into_inner());
+        for ((group, kind), watch) in watches.iter() {
+            let TemplateWatch::Watching(store) = watch else {
+                continue;
+            };
+            for obj in store.state() {
+                let key = TemplateKey {
+                    group: group.clone(),
+                    kind: kind.clone(),
+                    namespace: obj.namespace().unwrap_or_default(),
+                    name: obj.name_any(),
+                };
+                templates.insert(key, InfraTemplate::from_dynamic(&obj));
+            }
+        }
+        IndexInputs {
+            keys: inner.keys.clone(),
+            filter: inner.filter.clone(),
+            default_arch: inner.default_arch.clone(),
+            resources,
+            machines,
+            nodes,
+            templates,
+        }
+    }
+
+    /// Starts reflectors for infrastructure template kinds referenced by served resources.
+    fn ensure_template_watches(&self, resources: &[ScalableResource]) {
+        let mut watches = self
+            .inner
+            .templates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for infra in resources.iter().filter_map(|r| r.infra_ref.as_ref()) {
+            let key = (infra.group.clone(), infra.kind.clone());
+            match watches.get(&key) {
+                Some(TemplateWatch::Starting | TemplateWatch::Watching(_)) => continue,
+                Some(TemplateWatch::Failed(at)) if at.elapsed() < TEMPLATE_RETRY => continue,
+                _ => {}
+            }
+            watches.insert(key, TemplateWatch::Starting);
+            tokio::spawn(self.clone().watch_template(infra.clone()));
+        }
+    }
+
+    async fn watch_template(self, infra: InfraRef) {
+        let inner = &self.inner;
+        let key = (infra.group.clone(), infra.kind.clone());
+        let state = match resolve_kind(&inner.client, &infra).await {
+            Ok(ar) => {
+                let api = match &inner.namespace {
+                    Some(ns) => {
+                        Api::<DynamicObject>::namespaced_with(inner.client.clone(), ns, &ar)
+                    }
+                    None => Api::<DynamicObject>::all_with(inner.client.clone(), &ar),
+                };
+                let mut tasks = JoinSet::new();
+                let store = spawn_reflector(
+                    &mut tasks,
+                    api,
+                    ar.clone(),
+                    inner.changed.clone(),
+                    inner.shutdown.clone(),
+                    |_| {},
+                );
+                tasks.detach_all();
+                if store.wait_until_ready().await.is_err() {
+                    return;
+                }
+                tracing::info!(kind = %ar.kind, version = %ar.version, "watching infrastructure templates");
+                TemplateWatch::Watching(store)
+            }
+            Err(reason) => {
+                tracing::warn!(group = %infra.group, kind = %infra.kind, %reason,
+                    "cannot watch infrastructure templates; scale from zero uses annotations only");
+                TemplateWatch::Failed(Instant::now())
+            }
+        };
+        inner
+            .templates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, state);
+        inner.changed.notify_one();
+    }
+}
+
+/// Finds the served version of an infrastructure template kind: the referenced version, or
+/// the first version (in the server's order) that serves the kind.
+async fn resolve_kind(client: &Client, infra: &InfraRef) -> Result<ApiResource, String> {
+    let discovery = Discovery::new(client.clone())
+        .filter(&[infra.group.as_str()])
+        .run()
+        .await
+        .map_err(|e| format!("discovery failed: {e}"))?;
+    let group = discovery.get(&infra.group).ok_or("API group not served")?;
+    let versions: Vec<String> = match &infra.version {
+        Some(v) => vec![v.clone()],
+        None => group.versions().map(String::from).collect(),
+    };
+    versions
+        .iter()
+        .find_map(|v| {
+            group
+                .versioned_resources(v)
+                .into_iter()
+                .map(|(ar, _)| ar)
+                .find(|ar| ar.kind == infra.kind)
+        })
+        .ok_or_else(|| format!("kind {} is not served in {versions:?}", infra.kind))
+}
+
+fn node_view(node: &Node) -> NodeView {
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    NodeView {
+        name: node.name_any(),
+        provider_id: node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.clone())
+            .filter(|p| !p.is_empty()),
+        annotations: node.annotations().clone(),
+        labels: node.labels().clone(),
+        ready,
+    }
+}
+
+/// Runs a reflector for `api` in `tasks`, notifying `changed` on every event.
+fn spawn_reflector<K>(
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+    api: Api<K>,
+    dyntype: K::DynamicType,
+    changed: Arc<Notify>,
+    shutdown: CancellationToken,
+    trim: impl FnMut(&mut K) + Send + 'static,
+) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    let kind = K::kind(&dyntype).to_string();
+    let writer = reflector::store::Writer::new(dyntype);
+    let store = writer.as_reader();
+    let stream = watcher(api, watcher::Config::default().any_semantic())
+        .modify(trim)
+        .default_backoff()
+        .reflect(writer);
+    tasks.spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                event = stream.next() => match event {
+                    Some(Ok(_)) => changed.notify_one(),
+                    Some(Err(error)) => tracing::warn!(%kind, %error, "watch error; retrying with backoff"),
+                    None => return Ok(()),
+                },
+            }
+        }
+    });
+    store
+}

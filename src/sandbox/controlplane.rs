@@ -1,0 +1,324 @@
+//! etcd + kube-apiserver (and optionally kube-controller-manager and kube-scheduler) on
+//! loopback, with generated certificates and an admin kubeconfig.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+
+use super::pki::{self, CertificateAuthority};
+use super::process::{ManagedProcess, free_port, http_ok};
+use super::upstream_bin;
+
+/// What to start besides etcd and kube-apiserver.
+#[derive(Clone, Debug, Default)]
+pub struct ControlPlaneOptions {
+    /// Also run kube-controller-manager and kube-scheduler (garbage collection, Deployments,
+    /// scheduling). Integration tests of the index do not need them.
+    pub controllers: bool,
+}
+
+/// A running control plane. Dropping it stops every process and removes its directory.
+pub struct ControlPlane {
+    processes: Vec<ManagedProcess>,
+    /// Certificate authority of the cluster (signs serving and client certificates).
+    pub ca: CertificateAuthority,
+    /// Admin kubeconfig (system:masters).
+    pub kubeconfig: PathBuf,
+    /// `https://127.0.0.1:<port>`.
+    pub server: String,
+    /// PKI directory (ca.crt, admin.crt/key, ...).
+    pub pki_dir: PathBuf,
+    /// Log directory (one file per process).
+    pub log_dir: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl ControlPlane {
+    /// Starts the control plane and waits until the API server is ready. Blocking; call it
+    /// from a thread that outlives the sandbox (children die with their spawning thread).
+    pub fn start(options: &ControlPlaneOptions) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("ngo-sandbox-")
+            .tempdir()
+            .context("creating sandbox dir")?;
+        let pki_dir = dir.path().join("pki");
+        let log_dir = dir.path().join("logs");
+        std::fs::create_dir_all(&pki_dir)?;
+        std::fs::create_dir_all(&log_dir)?;
+
+        let ca = CertificateAuthority::new("nodegroup-sandbox-ca")?;
+        ca.write_cert(&pki_dir.join("ca.crt"))?;
+        let serving = ca.issue(
+            "kube-apiserver",
+            &[
+                "127.0.0.1",
+                "::1",
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ],
+            None,
+        )?;
+        let (serving_crt, serving_key) = serving.write(&pki_dir, "apiserver")?;
+        let admin = ca.issue("sandbox-admin", &[], Some("system:masters"))?;
+        let (admin_crt, admin_key) = admin.write(&pki_dir, "admin")?;
+        let (sa_private, sa_public) = pki::signing_key()?;
+        pki::write(&pki_dir.join("sa.key"), &sa_private)?;
+        pki::write(&pki_dir.join("sa.pub"), &sa_public)?;
+
+        let mut processes = Vec::new();
+        let etcd_port = free_port()?;
+        let peer_port = free_port()?;
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let etcd_args = vec![
+            "--name=node0".to_string(),
+            format!("--data-dir={}", dir.path().join("etcd").display()),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=node0={peer_url}"),
+            "--unsafe-no-fsync=true".into(),
+            "--log-level=warn".into(),
+            "--quota-backend-bytes=4294967296".into(),
+        ];
+        let mut etcd =
+            ManagedProcess::spawn("etcd", &upstream_bin("etcd"), &etcd_args, &[], &log_dir)?;
+        let etcd_addr: SocketAddr = format!("127.0.0.1:{etcd_port}").parse()?;
+        etcd.wait_ready(Duration::from_secs(30), || http_ok(etcd_addr, "/health"))?;
+        processes.push(etcd);
+
+        let api_port = free_port()?;
+        let server = format!("https://127.0.0.1:{api_port}");
+        let p = |f: &Path| f.display().to_string();
+        let api_args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={api_port}"),
+            "--endpoint-reconciler-type=none".into(),
+            format!("--tls-cert-file={}", p(&serving_crt)),
+            format!("--tls-private-key-file={}", p(&serving_key)),
+            format!("--client-ca-file={}", p(&pki_dir.join("ca.crt"))),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-account-key-file={}", p(&pki_dir.join("sa.pub"))),
+            format!(
+                "--service-account-signing-key-file={}",
+                p(&pki_dir.join("sa.key"))
+            ),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--authorization-mode=RBAC".into(),
+            "--allow-privileged=true".into(),
+            "--enable-priority-and-fairness=false".into(),
+            format!("--cert-dir={}", p(&dir.path().join("apiserver-certs"))),
+            "--v=1".into(),
+        ];
+        let apiserver = ManagedProcess::spawn(
+            "kube-apiserver",
+            &upstream_bin("kube-apiserver"),
+            &api_args,
+            &[],
+            &log_dir,
+        )?;
+        processes.push(apiserver);
+
+        let kubeconfig = dir.path().join("admin.kubeconfig");
+        write_kubeconfig(
+            &kubeconfig,
+            &server,
+            &pki_dir.join("ca.crt"),
+            &admin_crt,
+            &admin_key,
+        )?;
+        let probe_runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let probe_client = probe_runtime.block_on(client_for(&kubeconfig))?;
+        let ready = || {
+            probe_runtime.block_on(async {
+                let request = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .expect("static request");
+                tokio::time::timeout(Duration::from_secs(2), probe_client.request_text(request))
+                    .await
+                    .is_ok_and(|r| r.is_ok_and(|body| body.trim() == "ok"))
+            })
+        };
+        let last = processes.len() - 1;
+        processes[last].wait_ready(Duration::from_secs(60), ready)?;
+
+        let mut plane = Self {
+            processes,
+            ca,
+            kubeconfig,
+            server,
+            pki_dir,
+            log_dir,
+            dir,
+        };
+        if options.controllers {
+            plane.start_controllers()?;
+        }
+        Ok(plane)
+    }
+
+    fn start_controllers(&mut self) -> anyhow::Result<()> {
+        let kubeconfig = self.kubeconfig.display().to_string();
+        let kcm_args = vec![
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={}", free_port()?),
+            "--leader-elect=false".into(),
+            format!(
+                "--service-account-private-key-file={}",
+                self.pki_dir.join("sa.key").display()
+            ),
+            format!("--root-ca-file={}", self.pki_dir.join("ca.crt").display()),
+            "--node-monitor-period=5s".into(),
+            "--node-monitor-grace-period=40s".into(),
+            "--kube-api-qps=100".into(),
+            "--kube-api-burst=200".into(),
+        ];
+        let kcm = ManagedProcess::spawn(
+            "kube-controller-manager",
+            &upstream_bin("kube-controller-manager"),
+            &kcm_args,
+            &[],
+            &self.log_dir,
+        )?;
+        self.processes.push(kcm);
+        let scheduler_args = vec![
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={}", free_port()?),
+            "--leader-elect=false".into(),
+        ];
+        let scheduler = ManagedProcess::spawn(
+            "kube-scheduler",
+            &upstream_bin("kube-scheduler"),
+            &scheduler_args,
+            &[],
+            &self.log_dir,
+        )?;
+        self.processes.push(scheduler);
+        std::thread::sleep(Duration::from_millis(500));
+        for p in &mut self.processes {
+            p.check_alive()?;
+        }
+        Ok(())
+    }
+
+    /// Adds a process to the sandbox (stopped with it).
+    pub fn adopt(&mut self, process: ManagedProcess) {
+        self.processes.push(process);
+    }
+
+    /// The sandbox directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A client with admin rights.
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        client_for(&self.kubeconfig).await
+    }
+
+    /// Fails if any process has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        for p in &mut self.processes {
+            p.check_alive()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // Stop in reverse start order: clients first, etcd last.
+        while let Some(mut p) = self.processes.pop() {
+            p.stop(Duration::from_secs(5));
+        }
+    }
+}
+
+/// A kube client from a kubeconfig file.
+pub async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
+    let config = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(config, &Default::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+) -> anyhow::Result<()> {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: sandbox\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
+         users:\n- name: admin\n  user:\n    client-certificate: {cert}\n    client-key: {key}\n\
+         contexts:\n- name: sandbox\n  context:\n    cluster: sandbox\n    user: admin\ncurrent-context: sandbox\n",
+        ca = ca.display(),
+        cert = cert.display(),
+        key = key.display(),
+    );
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Applies every CRD in the YAML files of `dir` (server-side apply) and waits until each is
+/// established and served.
+pub async fn apply_crds(client: &Client, dir: &Path) -> anyhow::Result<Vec<String>> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut names = Vec::new();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading CRD dir {}", dir.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    entries.sort();
+    for path in entries {
+        let text = std::fs::read_to_string(&path)?;
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let yaml: serde_yaml::Value = serde::Deserialize::deserialize(doc)?;
+            let value = serde_json::to_value(yaml)?;
+            if value.is_null() {
+                continue;
+            }
+            let crd: CustomResourceDefinition = serde_json::from_value(value)
+                .with_context(|| format!("parsing CRD in {}", path.display()))?;
+            let name = crd.name_any();
+            api.patch(
+                &name,
+                &PatchParams::apply("nodegroup-sandbox").force(),
+                &Patch::Apply(&crd),
+            )
+            .await
+            .with_context(|| format!("applying CRD {name}"))?;
+            names.push(name);
+        }
+    }
+    for name in &names {
+        let cond = kube::runtime::conditions::is_crd_established();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            kube::runtime::wait::await_condition(api.clone(), name, cond),
+        )
+        .await
+        .with_context(|| format!("CRD {name} not established"))??;
+    }
+    Ok(names)
+}

@@ -1,0 +1,210 @@
+//! Child processes that log to a file, die with their parent, and are stopped on drop.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A process failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// The binary is missing.
+    #[error("{binary} not found; build the upstream peers first: tests/upstream/build.sh")]
+    Missing {
+        /// Path looked at.
+        binary: PathBuf,
+    },
+    /// Spawning or logging failed.
+    #[error("starting {name}: {source}")]
+    Spawn {
+        /// Process name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The process exited before it was ready.
+    #[error("{name} exited with {status} before becoming ready; last log lines:\n{log_tail}")]
+    Exited {
+        /// Process name.
+        name: String,
+        /// Exit status.
+        status: std::process::ExitStatus,
+        /// End of its log.
+        log_tail: String,
+    },
+    /// The process did not become ready in time.
+    #[error("{name} not ready after {waited:?}; last log lines:\n{log_tail}")]
+    NotReady {
+        /// Process name.
+        name: String,
+        /// How long we waited.
+        waited: Duration,
+        /// End of its log.
+        log_tail: String,
+    },
+}
+
+/// A running child process, stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct ManagedProcess {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl ManagedProcess {
+    /// Starts `binary args...`, logging stdout and stderr to `<log_dir>/<name>.log`. On Linux
+    /// the child receives SIGKILL when the spawning thread exits, so a crashed test leaks
+    /// nothing: spawn from a thread that lives as long as the sandbox should.
+    pub fn spawn(
+        name: &str,
+        binary: &Path,
+        args: &[String],
+        envs: &[(&str, &str)],
+        log_dir: &Path,
+    ) -> Result<Self, ProcessError> {
+        if !binary.exists() {
+            return Err(ProcessError::Missing {
+                binary: binary.into(),
+            });
+        }
+        let spawn_err = |source| ProcessError::Spawn {
+            name: name.into(),
+            source,
+        };
+        let log = log_dir.join(format!("{name}.log"));
+        let out = File::create(&log).map_err(spawn_err)?;
+        let err = out.try_clone().map_err(spawn_err)?;
+        let mut command = Command::new(binary);
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        command
+            .env("NO_PROXY", "127.0.0.1,localhost")
+            .env("no_proxy", "127.0.0.1,localhost");
+        for (k, v) in envs {
+            command.env(k, v);
+        }
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command.spawn().map_err(spawn_err)?;
+        Ok(Self {
+            name: name.into(),
+            child,
+            log,
+        })
+    }
+
+    /// Process name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Path of the log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// Last lines of the log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Fails if the process has exited.
+    pub fn check_alive(&mut self) -> Result<(), ProcessError> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Err(ProcessError::Exited {
+                name: self.name.clone(),
+                status,
+                log_tail: self.log_tail(30),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Polls `probe` until it returns true, the process exits, or `timeout` passes.
+    pub fn wait_ready(
+        &mut self,
+        timeout: Duration,
+        mut probe: impl FnMut() -> bool,
+    ) -> Result<(), ProcessError> {
+        let start = Instant::now();
+        loop {
+            self.check_alive()?;
+            if probe() {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                return Err(ProcessError::NotReady {
+                    name: self.name.clone(),
+                    waited: timeout,
+                    log_tail: self.log_tail(30),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops the process: SIGTERM, then SIGKILL after `grace`.
+    pub fn stop(&mut self, grace: Duration) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        #[cfg(unix)]
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let start = Instant::now();
+        while start.elapsed() < grace {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ManagedProcess {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (racy by nature; callers retry on bind failures).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// True when `GET http://<addr><path>` answers 200 (plain HTTP/1.0).
+pub fn http_ok(addr: SocketAddr, path: &str) -> bool {
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200")
+}

@@ -1,0 +1,396 @@
+//! The tonic service. Read RPCs take one snapshot and answer from it; writes go to the actuator.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use super::error::ProviderError;
+use super::options;
+use crate::actuate::{CapiActuator, NodeRef};
+use crate::capi::keys::GPU_LABEL;
+use crate::index::{NodeGroup, NodeGroupLookup, Snapshot, SnapshotHandle};
+use crate::metrics::Metrics;
+use crate::proto::{self, cloud_provider_server::CloudProvider};
+use crate::template;
+
+/// Annotation on template nodes naming their group, so pricing can find it again.
+pub const TEMPLATE_GROUP_ANNOTATION: &str = "autoscaling.nodegroup.dev/node-group";
+
+/// Serves cluster-autoscaler's `externalgrpc` protocol.
+pub struct CloudProviderService {
+    snapshots: SnapshotHandle,
+    actuator: Arc<CapiActuator>,
+    metrics: Arc<Metrics>,
+}
+
+type RpcResult<T> = Result<Response<T>, Status>;
+
+impl CloudProviderService {
+    /// A service reading `snapshots` and writing through `actuator`.
+    pub fn new(
+        snapshots: SnapshotHandle,
+        actuator: Arc<CapiActuator>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            snapshots,
+            actuator,
+            metrics,
+        }
+    }
+
+    fn snapshot(&self) -> Result<Arc<Snapshot>, ProviderError> {
+        self.snapshots.current().ok_or(ProviderError::NotSynced)
+    }
+
+    fn group(snapshot: &Snapshot, id: &str) -> Result<Arc<NodeGroup>, ProviderError> {
+        if id.is_empty() {
+            return Err(ProviderError::InvalidArgument(
+                "request has an empty node group id".into(),
+            ));
+        }
+        snapshot
+            .group(id)
+            .cloned()
+            .ok_or_else(|| ProviderError::GroupNotFound(id.into()))
+    }
+
+    /// Runs one RPC body, records its latency and code, and logs failures.
+    async fn rpc<T>(
+        &self,
+        method: &'static str,
+        body: impl Future<Output = Result<T, ProviderError>>,
+    ) -> RpcResult<T> {
+        let start = Instant::now();
+        let result = body.await.map_err(|error| {
+            let status = Status::from(error);
+            match status.code() {
+                tonic::Code::Unimplemented | tonic::Code::NotFound => {
+                    tracing::debug!(method, code = ?status.code(), message = status.message(), "rpc refused")
+                }
+                _ => tracing::warn!(method, code = ?status.code(), message = status.message(), "rpc failed"),
+            }
+            status
+        });
+        let code = result
+            .as_ref()
+            .map_or_else(Status::code, |_| tonic::Code::Ok);
+        self.metrics.observe_rpc(method, code, start.elapsed());
+        result.map(Response::new)
+    }
+
+    fn group_for_node(
+        snapshot: &Snapshot,
+        node: &proto::ExternalGrpcNode,
+    ) -> Result<Option<Arc<NodeGroup>>, ProviderError> {
+        match snapshot.group_for_provider_id(&node.provider_id) {
+            NodeGroupLookup::Group(g) => Ok(Some(g)),
+            NodeGroupLookup::Ambiguous(n) => Err(ProviderError::FailedPrecondition(format!(
+                "node {:?} (providerID {:?}): {n} machines share this provider ID; fix the duplicate provider IDs",
+                node.name, node.provider_id
+            ))),
+            NodeGroupLookup::None => Ok(node
+                .annotations
+                .get(TEMPLATE_GROUP_ANNOTATION)
+                .and_then(|id| snapshot.group(id).cloned())),
+        }
+    }
+}
+
+fn hours(
+    start: &Option<prost_types::Timestamp>,
+    end: &Option<prost_types::Timestamp>,
+) -> Result<f64, ProviderError> {
+    let (Some(start), Some(end)) = (start, end) else {
+        return Err(ProviderError::InvalidArgument(
+            "startTimestamp and endTimestamp are required".into(),
+        ));
+    };
+    let secs = (end.seconds - start.seconds) as f64 + f64::from(end.nanos - start.nanos) / 1e9;
+    if secs < 0.0 {
+        return Err(ProviderError::InvalidArgument(
+            "endTimestamp is before startTimestamp".into(),
+        ));
+    }
+    Ok(secs / 3600.0)
+}
+
+#[tonic::async_trait]
+impl CloudProvider for CloudProviderService {
+    async fn node_groups(
+        &self,
+        _: Request<proto::NodeGroupsRequest>,
+    ) -> RpcResult<proto::NodeGroupsResponse> {
+        self.rpc("NodeGroups", async {
+            let snapshot = self.snapshot()?;
+            Ok(proto::NodeGroupsResponse {
+                node_groups: snapshot
+                    .groups
+                    .values()
+                    .map(|g| convert::node_group(g))
+                    .collect(),
+            })
+        })
+        .await
+    }
+
+    async fn node_group_for_node(
+        &self,
+        request: Request<proto::NodeGroupForNodeRequest>,
+    ) -> RpcResult<proto::NodeGroupForNodeResponse> {
+        let request = request.into_inner();
+        self.rpc("NodeGroupForNode", async {
+            let node = request
+                .node
+                .ok_or_else(|| ProviderError::InvalidArgument("request has no node".into()))?;
+            let snapshot = self.snapshot()?;
+            let group = match snapshot.group_for_provider_id(&node.provider_id) {
+                NodeGroupLookup::Group(g) => convert::node_group(&g),
+                NodeGroupLookup::None => proto::NodeGroup::default(),
+                NodeGroupLookup::Ambiguous(_) => {
+                    let g = Self::group_for_node(&snapshot, &node)?;
+                    g.map(|g| convert::node_group(&g)).unwrap_or_default()
+                }
+            };
+            Ok(proto::NodeGroupForNodeResponse {
+                node_group: Some(group),
+            })
+        })
+        .await
+    }
+
+    async fn pricing_node_price(
+        &self,
+        request: Request<proto::PricingNodePriceRequest>,
+    ) -> RpcResult<proto::PricingNodePriceResponse> {
+        let request = request.into_inner();
+        self.rpc("PricingNodePrice", async {
+            let node = request
+                .node
+                .ok_or_else(|| ProviderError::InvalidArgument("request has no node".into()))?;
+            let snapshot = self.snapshot()?;
+            let group = Self::group_for_node(&snapshot, &node)?;
+            let price = group
+                .as_ref()
+                .and_then(|g| g.node_price_per_hour)
+                .ok_or_else(|| {
+                    ProviderError::NotImplemented(format!(
+                        "no node price configured for node {:?}",
+                        node.name
+                    ))
+                })?;
+            Ok(proto::PricingNodePriceResponse {
+                price: price * hours(&request.start_timestamp, &request.end_timestamp)?,
+            })
+        })
+        .await
+    }
+
+    async fn pricing_pod_price(
+        &self,
+        _: Request<proto::PricingPodPriceRequest>,
+    ) -> RpcResult<proto::PricingPodPriceResponse> {
+        self.rpc("PricingPodPrice", async {
+            Err(ProviderError::NotImplemented(
+                "no pod prices are configured".into(),
+            ))
+        })
+        .await
+    }
+
+    async fn gpu_label(
+        &self,
+        _: Request<proto::GpuLabelRequest>,
+    ) -> RpcResult<proto::GpuLabelResponse> {
+        self.rpc("GPULabel", async {
+            Ok(proto::GpuLabelResponse {
+                label: GPU_LABEL.into(),
+            })
+        })
+        .await
+    }
+
+    async fn get_available_gpu_types(
+        &self,
+        _: Request<proto::GetAvailableGpuTypesRequest>,
+    ) -> RpcResult<proto::GetAvailableGpuTypesResponse> {
+        self.rpc("GetAvailableGPUTypes", async {
+            let snapshot = self.snapshot()?;
+            let gpu_types = snapshot
+                .groups
+                .values()
+                .filter_map(|g| {
+                    g.template
+                        .as_ref()?
+                        .hints
+                        .gpu
+                        .as_ref()
+                        .map(|(t, _)| t.clone())
+                })
+                .map(|t| (t, prost_types::Any::default()))
+                .collect();
+            Ok(proto::GetAvailableGpuTypesResponse { gpu_types })
+        })
+        .await
+    }
+
+    async fn cleanup(
+        &self,
+        _: Request<proto::CleanupRequest>,
+    ) -> RpcResult<proto::CleanupResponse> {
+        self.rpc("Cleanup", async { Ok(proto::CleanupResponse {}) })
+            .await
+    }
+
+    async fn refresh(
+        &self,
+        _: Request<proto::RefreshRequest>,
+    ) -> RpcResult<proto::RefreshResponse> {
+        // The index is kept current by watches; Refresh only reports whether it is usable, so CA
+        // skips a loop instead of acting on an empty view while caches sync.
+        self.rpc("Refresh", async {
+            self.snapshot()?;
+            Ok(proto::RefreshResponse {})
+        })
+        .await
+    }
+
+    async fn node_group_target_size(
+        &self,
+        request: Request<proto::NodeGroupTargetSizeRequest>,
+    ) -> RpcResult<proto::NodeGroupTargetSizeResponse> {
+        let request = request.into_inner();
+        self.rpc("NodeGroupTargetSize", async {
+            let snapshot = self.snapshot()?;
+            let group = Self::group(&snapshot, &request.id)?;
+            Ok(proto::NodeGroupTargetSizeResponse {
+                target_size: group.target,
+            })
+        })
+        .await
+    }
+
+    async fn node_group_increase_size(
+        &self,
+        request: Request<proto::NodeGroupIncreaseSizeRequest>,
+    ) -> RpcResult<proto::NodeGroupIncreaseSizeResponse> {
+        let request = request.into_inner();
+        self.rpc("NodeGroupIncreaseSize", async {
+            let snapshot = self.snapshot()?;
+            let group = Self::group(&snapshot, &request.id)?;
+            self.actuator.increase_size(&group, request.delta).await?;
+            Ok(proto::NodeGroupIncreaseSizeResponse {})
+        })
+        .await
+    }
+
+    async fn node_group_delete_nodes(
+        &self,
+        request: Request<proto::NodeGroupDeleteNodesRequest>,
+    ) -> RpcResult<proto::NodeGroupDeleteNodesResponse> {
+        let request = request.into_inner();
+        self.rpc("NodeGroupDeleteNodes", async {
+            let snapshot = self.snapshot()?;
+            let group = Self::group(&snapshot, &request.id)?;
+            let nodes: Vec<NodeRef> = request
+                .nodes
+                .into_iter()
+                .map(|n| NodeRef {
+                    provider_id: n.provider_id,
+                    name: n.name,
+                })
+                .collect();
+            if let Some(bad) = nodes.iter().find(|n| n.id().is_empty()) {
+                return Err(ProviderError::InvalidArgument(format!(
+                    "node {bad:?} has neither providerID nor name"
+                )));
+            }
+            self.actuator
+                .delete_nodes(&snapshot, &group, &nodes)
+                .await?;
+            Ok(proto::NodeGroupDeleteNodesResponse {})
+        })
+        .await
+    }
+
+    async fn node_group_decrease_target_size(
+        &self,
+        request: Request<proto::NodeGroupDecreaseTargetSizeRequest>,
+    ) -> RpcResult<proto::NodeGroupDecreaseTargetSizeResponse> {
+        let request = request.into_inner();
+        self.rpc("NodeGroupDecreaseTargetSize", async {
+            let snapshot = self.snapshot()?;
+            let group = Self::group(&snapshot, &request.id)?;
+            self.actuator
+                .decrease_target_size(&snapshot, &group, request.delta)
+                .await?;
+            Ok(proto::NodeGroupDecreaseTargetSizeResponse {})
+        })
+        .await
+    }
+
+    async fn node_group_nodes(
+        &self,
+        request: Request<proto::NodeGroupNodesRequest>,
+    ) -> RpcResult<proto::NodeGroupNodesResponse> {
+        let request = request.into_inner();
+        self.rpc("NodeGroupNodes", async {
+            let snapshot = self.snapshot()?;
+            let group = Self::group(&snapshot, &request.id)?;
+            Ok(proto::NodeGroupNodesResponse {
+                instances: group.instances.iter().map(convert::instance).collect(),
+            })
+        })
+        .await
+    }
+
+    async fn node_group_template_node_info(
+        &self,
+        request: Request<proto::NodeGroupTemplateNodeInfoRequest>,
+    ) -> RpcResult<proto::NodeGroupTemplateNodeInfoResponse> {
+        let request = request.into_inner();
+        self.rpc("NodeGroupTemplateNodeInfo", async {
+            let snapshot = self.snapshot()?;
+            let group = Self::group(&snapshot, &request.id)?;
+            let inputs = group.template.as_ref().ok_or_else(|| {
+                ProviderError::NotImplemented(format!(
+                    "node group {} cannot scale from zero: neither capacity annotations nor the infrastructure template give cpu and memory",
+                    group.id
+                ))
+            })?;
+            let mut node = template::build_node(&group.name, inputs, jiff::Timestamp::now().as_second());
+            if let Some(meta) = node.metadata.as_mut() {
+                meta.annotations.insert(TEMPLATE_GROUP_ANNOTATION.into(), group.id.clone());
+            }
+            let bytes = template::encode_node(&node);
+            Ok(proto::NodeGroupTemplateNodeInfoResponse { node_info: bytes.clone(), node_bytes: bytes, resource_slice_bytes: Vec::new() })
+        })
+        .await
+    }
+
+    async fn node_group_get_options(
+        &self,
+        request: Request<proto::NodeGroupAutoscalingOptionsRequest>,
+    ) -> RpcResult<proto::NodeGroupAutoscalingOptionsResponse> {
+        let request = request.into_inner();
+        self.rpc("NodeGroupGetOptions", async {
+            let snapshot = self.snapshot()?;
+            let group = Self::group(&snapshot, &request.id)?;
+            let defaults = request
+                .defaults
+                .ok_or_else(|| ProviderError::InvalidArgument("request has no defaults".into()))?;
+            if group.options.is_empty() {
+                return Err(ProviderError::NotImplemented(format!(
+                    "node group {} has no option overrides",
+                    group.id
+                )));
+            }
+            Ok(proto::NodeGroupAutoscalingOptionsResponse {
+                node_group_autoscaling_options: Some(options::merge(&defaults, &group.options)),
+            })
+        })
+        .await
+    }
+}
