@@ -220,6 +220,22 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Writes a kubeconfig for user `name` in `groups` (client certificate signed by the
+    /// cluster CA), e.g. to test with restricted RBAC.
+    pub fn user_kubeconfig(&self, name: &str, groups: Option<&str>) -> anyhow::Result<PathBuf> {
+        let cert = self.ca.issue(name, &[], groups)?;
+        let (crt, key) = cert.write(&self.pki_dir, name)?;
+        let path = self.dir.path().join(format!("{name}.kubeconfig"));
+        write_kubeconfig(
+            &path,
+            &self.server,
+            &self.pki_dir.join("ca.crt"),
+            &crt,
+            &key,
+        )?;
+        Ok(path)
+    }
+
     /// Adds a process to the sandbox (stopped with it).
     pub fn adopt(&mut self, process: ManagedProcess) {
         self.processes.push(process);

@@ -1,0 +1,865 @@
+//! The externalgrpc server against a real kube-apiserver with the Cluster API CRDs: every RPC
+//! over real gRPC, scaling writes observed in the API server.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_pb::api::core::v1 as pb;
+use nodegroup_operator::proto::{self, ExternalGrpcNode};
+use prost::Message;
+use serde_json::json;
+use support::*;
+use tonic::Code;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn node_msg(provider_id: &str, name: &str) -> ExternalGrpcNode {
+    ExternalGrpcNode {
+        provider_id: provider_id.into(),
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+async fn group_ids(
+    client: &mut proto::cloud_provider_client::CloudProviderClient<tonic::transport::Channel>,
+) -> Vec<String> {
+    let groups = client
+        .node_groups(proto::NodeGroupsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .node_groups;
+    groups.into_iter().map(|g| g.id).collect()
+}
+
+/// MachineDeployment `md` (bounds, replicas) with MachineSet `md-ms` and `n` running machines
+/// and nodes; provider IDs `test:////<ns>-md-<i>`.
+async fn deployment_with_nodes(
+    ns: &TestNs,
+    name: &str,
+    min: i32,
+    max: i32,
+    n: usize,
+) -> Vec<String> {
+    let md = ns
+        .machine_deployment(name, n as i32, bounds(min, max))
+        .await;
+    let ms = ns
+        .machine_set(&format!("{name}-ms"), n as i32, json!({}), Some(&md))
+        .await;
+    let mut pids = Vec::new();
+    for i in 0..n {
+        let pid = format!("test:////{}-{name}-{i}", ns.name);
+        let node = ns.node(&format!("{name}-{i}"), &pid, BTreeMap::new()).await;
+        ns.machine(
+            &format!("{name}-m{i}"),
+            &ms,
+            Some(&pid),
+            Some(&node),
+            json!({"phase": "Running"}),
+        )
+        .await;
+        pids.push(pid);
+    }
+    pids
+}
+
+#[tokio::test]
+async fn node_groups_and_lookups_are_served_from_real_objects() {
+    let ns = TestNs::new("groups").await;
+    let pids = deployment_with_nodes(&ns, "md", 1, 5, 2).await;
+    ns.machine_set("standalone", 1, bounds(0, 3), None).await;
+    ns.machine_deployment("unannotated", 1, json!({})).await;
+    ns.machine_deployment(
+        "paused",
+        1,
+        json!({MIN: "1", MAX: "3", "cluster.x-k8s.io/paused": "true"}),
+    )
+    .await;
+    let (operator, mut client) = ns.operator().await;
+
+    let md_id = format!("MachineDeployment/{}/md", ns.name);
+    let ms_id = format!("MachineSet/{}/standalone", ns.name);
+    let ids = eventually("two groups", WAIT, || {
+        let mut c = client.clone();
+        async move { Some(group_ids(&mut c).await).filter(|ids| ids.len() == 2) }
+    })
+    .await;
+    assert_eq!(ids, vec![md_id.clone(), ms_id.clone()]);
+    let groups = client
+        .node_groups(proto::NodeGroupsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .node_groups;
+    assert_eq!((groups[0].min_size, groups[0].max_size), (1, 5));
+    assert_eq!(
+        groups[0].debug,
+        format!("{md_id} (min: 1, max: 5, replicas: 2)")
+    );
+
+    let found = client
+        .node_group_for_node(proto::NodeGroupForNodeRequest {
+            node: Some(node_msg(&pids[1], "n")),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .node_group
+        .unwrap();
+    assert_eq!(
+        (found.id.as_str(), found.min_size, found.max_size),
+        (md_id.as_str(), 1, 5)
+    );
+    let none = client
+        .node_group_for_node(proto::NodeGroupForNodeRequest {
+            node: Some(node_msg("test:////control-plane", "cp")),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .node_group
+        .unwrap();
+    assert_eq!(none.id, "", "unmanaged nodes get the empty group");
+    let no_node = client
+        .node_group_for_node(proto::NodeGroupForNodeRequest { node: None })
+        .await
+        .unwrap_err();
+    assert_eq!(no_node.code(), Code::InvalidArgument);
+
+    let target = client
+        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: md_id.clone() })
+        .await
+        .unwrap();
+    assert_eq!(target.into_inner().target_size, 2);
+    let nodes = client
+        .node_group_nodes(proto::NodeGroupNodesRequest { id: md_id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut ids: Vec<_> = nodes.instances.iter().map(|i| i.id.clone()).collect();
+    ids.sort();
+    assert_eq!(ids, pids);
+    assert!(
+        nodes
+            .instances
+            .iter()
+            .all(|i| i.status.as_ref().unwrap().instance_state == 1)
+    );
+
+    let missing = client
+        .node_group_target_size(proto::NodeGroupTargetSizeRequest {
+            id: "MachineDeployment/x/gone".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    assert!(
+        missing.message().contains("MachineDeployment/x/gone"),
+        "{}",
+        missing.message()
+    );
+
+    let label = client
+        .gpu_label(proto::GpuLabelRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .label;
+    assert_eq!(label, "cluster-api/accelerator");
+    client.cleanup(proto::CleanupRequest {}).await.unwrap();
+    let price = client
+        .pricing_node_price(proto::PricingNodePriceRequest {
+            node: Some(node_msg(&pids[0], "n")),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        price.code(),
+        Code::Unimplemented,
+        "no prices without policies"
+    );
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn one_bad_annotation_excludes_only_its_group_and_is_reported_as_an_event() {
+    let ns = TestNs::new("badann").await;
+    ns.machine_deployment("good", 1, bounds(0, 3)).await;
+    ns.machine_deployment("bad", 1, json!({MIN: "1", MAX: "lots"}))
+        .await;
+    let (operator, client) = ns.operator().await;
+    let ids = eventually("good group", WAIT, || {
+        let mut c = client.clone();
+        async move { Some(group_ids(&mut c).await).filter(|ids| !ids.is_empty()) }
+    })
+    .await;
+    assert_eq!(ids, vec![format!("MachineDeployment/{}/good", ns.name)]);
+    let events = eventually("warning event on the bad resource", WAIT, || {
+        let ns = &ns;
+        async move { Some(ns.events_for("bad").await).filter(|e| !e.is_empty()) }
+    })
+    .await;
+    assert_eq!(events[0].0, "InvalidAutoscalerConfiguration");
+    assert!(
+        events[0].1.contains(MAX) && events[0].1.contains("must be an integer"),
+        "{}",
+        events[0].1
+    );
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn increase_size_writes_the_scale_subresource_within_bounds() {
+    let ns = TestNs::new("increase").await;
+    deployment_with_nodes(&ns, "md", 1, 4, 2).await;
+    let (operator, mut client) = ns.operator().await;
+    let id = format!("MachineDeployment/{}/md", ns.name);
+    eventually("group", WAIT, || {
+        let mut c = client.clone();
+        async move {
+            Some(group_ids(&mut c).await)
+                .filter(|i| !i.is_empty())
+                .map(|_| ())
+        }
+    })
+    .await;
+
+    client
+        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: id.clone(),
+            delta: 2,
+        })
+        .await
+        .unwrap();
+    assert_eq!(ns.replicas(&machine_deployments(), "md").await, 4);
+    let too_many = client
+        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: id.clone(),
+            delta: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(too_many.code(), Code::FailedPrecondition);
+    assert!(
+        too_many
+            .message()
+            .contains("size increase too large - desired:5 max:4"),
+        "{}",
+        too_many.message()
+    );
+    let zero = client
+        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: id.clone(),
+            delta: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(zero.code(), Code::InvalidArgument);
+    assert_eq!(
+        ns.replicas(&machine_deployments(), "md").await,
+        4,
+        "refused requests change nothing"
+    );
+
+    // TargetSize follows the watch.
+    eventually("target size 4", WAIT, || {
+        let mut c = client.clone();
+        let id = id.clone();
+        async move {
+            let t = c
+                .node_group_target_size(proto::NodeGroupTargetSizeRequest { id })
+                .await
+                .ok()?
+                .into_inner()
+                .target_size;
+            (t == 4).then_some(())
+        }
+    })
+    .await;
+    let events = ns.events_for("md").await;
+    assert!(
+        events
+            .iter()
+            .any(|(r, n)| r == "ScaleUp" && n.contains("from 2 to 4")),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|(r, _)| r == "ScaleUpRejected"),
+        "{events:?}"
+    );
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn decrease_target_size_never_removes_registered_nodes() {
+    let ns = TestNs::new("decrease").await;
+    let md = ns.machine_deployment("md", 3, bounds(0, 5)).await;
+    let ms = ns.machine_set("md-ms", 3, json!({}), Some(&md)).await;
+    let pid = format!("test:////{}-n0", ns.name);
+    let node = ns.node("n0", &pid, BTreeMap::new()).await;
+    ns.machine("m0", &ms, Some(&pid), Some(&node), json!({}))
+        .await;
+    ns.machine("pending", &ms, None, None, json!({})).await;
+    let (operator, mut client) = ns.operator().await;
+    let id = format!("MachineDeployment/{}/md", ns.name);
+    eventually("two instances", WAIT, || {
+        let mut c = client.clone();
+        let id = id.clone();
+        async move {
+            (c.node_group_nodes(proto::NodeGroupNodesRequest { id })
+                .await
+                .ok()?
+                .into_inner()
+                .instances
+                .len()
+                == 2)
+                .then_some(())
+        }
+    })
+    .await;
+    let positive = client
+        .node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
+            id: id.clone(),
+            delta: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(positive.code(), Code::InvalidArgument);
+    client
+        .node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
+            id: id.clone(),
+            delta: -2,
+        })
+        .await
+        .unwrap();
+    assert_eq!(ns.replicas(&machine_deployments(), "md").await, 1);
+    let below = client
+        .node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
+            id: id.clone(),
+            delta: -1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(below.code(), Code::FailedPrecondition);
+    assert!(
+        below.message().contains(
+            "attempt to delete existing nodes currentReplicas:1 delta:-1 existingNodes: 1"
+        ),
+        "{}",
+        below.message()
+    );
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn delete_nodes_marks_the_machine_and_decrements_once() {
+    let ns = TestNs::new("delete").await;
+    let pids = deployment_with_nodes(&ns, "md", 1, 5, 3).await;
+    deployment_with_nodes(&ns, "other", 0, 5, 1).await;
+    let (operator, mut client) = ns.operator().await;
+    let id = format!("MachineDeployment/{}/md", ns.name);
+    eventually("groups", WAIT, || {
+        let mut c = client.clone();
+        async move {
+            Some(group_ids(&mut c).await)
+                .filter(|i| i.len() == 2)
+                .map(|_| ())
+        }
+    })
+    .await;
+
+    let request = proto::NodeGroupDeleteNodesRequest {
+        id: id.clone(),
+        nodes: vec![node_msg(&pids[2], "n2")],
+    };
+    client
+        .node_group_delete_nodes(request.clone())
+        .await
+        .unwrap();
+    assert_eq!(ns.replicas(&machine_deployments(), "md").await, 2);
+    assert!(
+        ns.annotations(&machines(), "md-m2")
+            .await
+            .contains_key(DELETE_MACHINE)
+    );
+    assert!(
+        !ns.annotations(&machines(), "md-m1")
+            .await
+            .contains_key(DELETE_MACHINE)
+    );
+
+    // CA retries after a timeout: once the cache has seen the mark, nothing is decremented again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    client.node_group_delete_nodes(request).await.unwrap();
+    assert_eq!(
+        ns.replicas(&machine_deployments(), "md").await,
+        2,
+        "a repeated DeleteNodes must not decrement twice"
+    );
+
+    let foreign = format!("test:////{}-other-0", ns.name);
+    let wrong = client
+        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: id.clone(),
+            nodes: vec![node_msg(&foreign, "x")],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.code(), Code::FailedPrecondition);
+    assert!(
+        wrong.message().contains("doesn't belong to node group"),
+        "{}",
+        wrong.message()
+    );
+    let unknown = client
+        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: id.clone(),
+            nodes: vec![node_msg("test:////nobody", "x")],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+    let below_min = client
+        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: id.clone(),
+            nodes: vec![node_msg(&pids[0], "a"), node_msg(&pids[1], "b")],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(below_min.code(), Code::FailedPrecondition);
+    assert!(
+        below_min.message().contains("minSize is 1"),
+        "{}",
+        below_min.message()
+    );
+    assert_eq!(ns.replicas(&machine_deployments(), "md").await, 2);
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn delete_nodes_accepts_synthetic_ids_of_unregistered_machines() {
+    let ns = TestNs::new("synthetic").await;
+    let md = ns.machine_deployment("md", 2, bounds(0, 5)).await;
+    let ms = ns.machine_set("md-ms", 2, json!({}), Some(&md)).await;
+    ns.machine("stuck", &ms, None, None, json!({})).await;
+    ns.machine(
+        "broken",
+        &ms,
+        None,
+        None,
+        json!({"phase": "Failed", "deprecated": {"v1beta1": {"failureMessage": "no capacity"}}}),
+    )
+    .await;
+    let (operator, mut client) = ns.operator().await;
+    let id = format!("MachineDeployment/{}/md", ns.name);
+    let instances = eventually("two instances", WAIT, || {
+        let mut c = client.clone();
+        let id = id.clone();
+        async move {
+            Some(
+                c.node_group_nodes(proto::NodeGroupNodesRequest { id })
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .instances,
+            )
+            .filter(|i| i.len() == 2)
+        }
+    })
+    .await;
+    let by_id: BTreeMap<_, _> = instances
+        .iter()
+        .map(|i| (i.id.clone(), i.status.clone().unwrap()))
+        .collect();
+    let pending = &by_id[&format!("pending-machine-{}_stuck", ns.name)];
+    assert_eq!(pending.instance_state, 2);
+    let failed = &by_id[&format!("failed-machine-{}_broken", ns.name)];
+    assert_eq!(failed.instance_state, 2);
+    let error = failed.error_info.as_ref().unwrap();
+    assert_eq!(
+        (error.error_code.as_str(), error.instance_error_class),
+        ("ProvisioningFailed", 99)
+    );
+
+    // CA deletes unregistered instances with fake nodes whose name and providerID are the id.
+    let fake = format!("pending-machine-{}_stuck", ns.name);
+    client
+        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: id.clone(),
+            nodes: vec![node_msg(&fake, &fake)],
+        })
+        .await
+        .unwrap();
+    assert!(
+        ns.annotations(&machines(), "stuck")
+            .await
+            .contains_key(DELETE_MACHINE)
+    );
+    assert_eq!(ns.replicas(&machine_deployments(), "md").await, 1);
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn failed_replica_change_rolls_back_the_delete_mark() {
+    let ns = TestNs::new("rollback").await;
+    let pids = deployment_with_nodes(&ns, "md", 0, 5, 2).await;
+    let (operator, mut client) = ns
+        .operator_with(shared().no_scale_kubeconfig.clone(), None)
+        .await;
+    let id = format!("MachineDeployment/{}/md", ns.name);
+    eventually("group", WAIT, || {
+        let mut c = client.clone();
+        async move {
+            Some(group_ids(&mut c).await)
+                .filter(|i| !i.is_empty())
+                .map(|_| ())
+        }
+    })
+    .await;
+    let denied = client
+        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: id.clone(),
+            nodes: vec![node_msg(&pids[0], "n0")],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        denied.code(),
+        Code::PermissionDenied,
+        "{}",
+        denied.message()
+    );
+    assert!(denied.message().contains("scale"), "{}", denied.message());
+    assert!(
+        !ns.annotations(&machines(), "md-m0")
+            .await
+            .contains_key(DELETE_MACHINE),
+        "the mark is rolled back"
+    );
+    assert_eq!(ns.replicas(&machine_deployments(), "md").await, 2);
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn machine_set_and_machine_pool_groups_scale_through_their_own_scale_subresource() {
+    let ns = TestNs::new("kinds").await;
+    let ms = ns.machine_set("ms", 1, bounds(1, 3), None).await;
+    let pid = format!("test:////{}-ms-0", ns.name);
+    let node = ns.node("ms-0", &pid, BTreeMap::new()).await;
+    ns.machine("ms-m0", &ms, Some(&pid), Some(&node), json!({}))
+        .await;
+    let pool_ids = [
+        format!("kwok:////{}-p0", ns.name),
+        format!("kwok:////{}-p1", ns.name),
+    ];
+    ns.machine_pool("mp", 2, bounds(1, 4), &[&pool_ids[0], &pool_ids[1]])
+        .await;
+    let (operator, mut client) = ns.operator().await;
+    let ms_id = format!("MachineSet/{}/ms", ns.name);
+    let mp_id = format!("MachinePool/{}/mp", ns.name);
+    eventually("two groups", WAIT, || {
+        let mut c = client.clone();
+        async move {
+            Some(group_ids(&mut c).await)
+                .filter(|i| i.len() == 2)
+                .map(|_| ())
+        }
+    })
+    .await;
+    client
+        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: ms_id.clone(),
+            delta: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(ns.replicas(&machine_sets(), "ms").await, 2);
+
+    let nodes = client
+        .node_group_nodes(proto::NodeGroupNodesRequest { id: mp_id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        nodes
+            .instances
+            .iter()
+            .map(|i| i.id.clone())
+            .collect::<Vec<_>>(),
+        pool_ids.to_vec()
+    );
+    let found = client
+        .node_group_for_node(proto::NodeGroupForNodeRequest {
+            node: Some(node_msg(&pool_ids[1], "p1")),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .node_group
+        .unwrap();
+    assert_eq!(found.id, mp_id);
+    client
+        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: mp_id.clone(),
+            nodes: vec![node_msg(&pool_ids[1], "p1")],
+        })
+        .await
+        .unwrap();
+    assert_eq!(ns.replicas(&machine_pools(), "mp").await, 1);
+    let not_listed = client
+        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: mp_id.clone(),
+            nodes: vec![node_msg("kwok:////elsewhere", "x")],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(not_listed.code(), Code::NotFound);
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn nodes_without_machine_provider_ids_resolve_through_node_annotations() {
+    let ns = TestNs::new("noprovid").await;
+    let md = ns.machine_deployment("md", 1, bounds(0, 3)).await;
+    let ms = ns.machine_set("md-ms", 1, json!({}), Some(&md)).await;
+    let pid = format!("other:///zone/{}-vm", ns.name);
+    let annotations = BTreeMap::from([
+        ("cluster.x-k8s.io/machine".to_string(), "m0".to_string()),
+        (
+            "cluster.x-k8s.io/cluster-namespace".to_string(),
+            ns.name.clone(),
+        ),
+    ]);
+    let node = ns.node("vm", &pid, annotations).await;
+    ns.machine("m0", &ms, None, Some(&node), json!({})).await;
+    let (operator, mut client) = ns.operator().await;
+    let id = format!("MachineDeployment/{}/md", ns.name);
+    let found = eventually("group through node annotations", WAIT, || {
+        let mut c = client.clone();
+        let pid = pid.clone();
+        async move {
+            let g = c
+                .node_group_for_node(proto::NodeGroupForNodeRequest {
+                    node: Some(node_msg(&pid, "vm")),
+                })
+                .await
+                .ok()?;
+            Some(g.into_inner().node_group?.id).filter(|id| !id.is_empty())
+        }
+    })
+    .await;
+    assert_eq!(found, id);
+    let nodes = client
+        .node_group_nodes(proto::NodeGroupNodesRequest { id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        nodes.instances[0].id, pid,
+        "the node's provider ID, through status.nodeRef"
+    );
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn template_node_info_comes_from_annotations_and_the_infrastructure_template() {
+    let ns = TestNs::new("template").await;
+    let capacity = json!({
+        MIN: "0", MAX: "3",
+        "capacity.cluster-autoscaler.kubernetes.io/memory": "8Gi",
+        "capacity.cluster-autoscaler.kubernetes.io/taints": "dedicated=batch:NoSchedule",
+        "capacity.cluster-autoscaler.kubernetes.io/labels": "pool=batch",
+    });
+    ns.machine_deployment("zero", 0, capacity).await;
+    ns.machine_deployment("plain", 1, bounds(0, 3)).await;
+    // The infrastructure template supplies cpu and the architecture.
+    let templates = kube::discovery::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk(
+            "infrastructure.cluster.x-k8s.io",
+            "v1alpha1",
+            "TestMachineTemplate",
+        ),
+        "testmachinetemplates",
+    );
+    let template: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "TestMachineTemplate",
+        "metadata": {"name": "template", "namespace": ns.name}, "spec": {"template": {"spec": {}}}
+    }))
+    .unwrap();
+    let api = ns.api(&templates);
+    api.create(&Default::default(), &template).await.unwrap();
+    api.patch_status(
+        "template",
+        &Default::default(),
+        &kube::api::Patch::Merge(json!({"status": {"capacity": {"cpu": "4", "memory": "16Gi"}, "nodeInfo": {"architecture": "arm64", "operatingSystem": "linux"}}})),
+    )
+    .await
+    .unwrap();
+
+    let (operator, mut client) = ns.operator().await;
+    let zero = format!("MachineDeployment/{}/zero", ns.name);
+    let response = eventually(
+        "template with cpu from the infrastructure template",
+        WAIT,
+        || {
+            let mut c = client.clone();
+            let id = zero.clone();
+            async move {
+                let r = c
+                    .node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest { id })
+                    .await
+                    .ok()?
+                    .into_inner();
+                let node = pb::Node::decode(r.node_bytes.as_slice()).ok()?;
+                node.status.as_ref()?.capacity.get("cpu")?;
+                Some(r)
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        response.node_info, response.node_bytes,
+        "legacy field carries the same bytes"
+    );
+    let node = pb::Node::decode(response.node_bytes.as_slice()).unwrap();
+    let status = node.status.unwrap();
+    assert_eq!(status.capacity["cpu"].string.as_deref(), Some("4"));
+    assert_eq!(
+        status.capacity["memory"].string.as_deref(),
+        Some("8Gi"),
+        "annotations win"
+    );
+    assert_eq!(status.capacity["pods"].string.as_deref(), Some("110"));
+    let labels = node.metadata.unwrap().labels;
+    assert_eq!(labels["kubernetes.io/arch"], "arm64");
+    assert_eq!(labels["pool"], "batch");
+    let taint = &node.spec.unwrap().taints[0];
+    assert_eq!(
+        (taint.key.as_deref(), taint.effect.as_deref()),
+        (Some("dedicated"), Some("NoSchedule"))
+    );
+
+    let plain = client
+        .node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest {
+            id: format!("MachineDeployment/{}/plain", ns.name),
+        })
+        .await;
+    // "plain" shares the template, so it can scale from zero too; a group without any template
+    // data is UNIMPLEMENTED, never OK with empty bytes.
+    assert!(plain.is_ok());
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn get_options_echoes_defaults_and_applies_annotations() {
+    let ns = TestNs::new("options").await;
+    let mut annotations = bounds(0, 3);
+    annotations["cluster.x-k8s.io/autoscaling-options-scaledownunneededtime"] = json!("1m");
+    annotations["cluster.x-k8s.io/autoscaling-options-scaledownutilizationthreshold"] =
+        json!("0.3");
+    ns.machine_deployment("tuned", 1, annotations).await;
+    ns.machine_deployment("default", 1, bounds(0, 3)).await;
+    let (operator, mut client) = ns.operator().await;
+    eventually("groups", WAIT, || {
+        let mut c = client.clone();
+        async move {
+            Some(group_ids(&mut c).await)
+                .filter(|i| i.len() == 2)
+                .map(|_| ())
+        }
+    })
+    .await;
+    let secs = |s| {
+        Some(prost_types::Duration {
+            seconds: s,
+            nanos: 0,
+        })
+    };
+    let defaults = proto::NodeGroupAutoscalingOptions {
+        scale_down_utilization_threshold: 0.5,
+        scale_down_gpu_utilization_threshold: 0.5,
+        scale_down_unneeded_duration: secs(600),
+        scale_down_unready_duration: secs(1200),
+        max_node_provision_duration: secs(900),
+        ..Default::default()
+    };
+    let options = client
+        .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
+            id: format!("MachineDeployment/{}/tuned", ns.name),
+            defaults: Some(defaults.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .node_group_autoscaling_options
+        .unwrap();
+    assert_eq!(options.scale_down_utilization_threshold, 0.3);
+    assert_eq!(options.scale_down_gpu_utilization_threshold, 0.5);
+    assert_eq!(options.scale_down_unneeded_duration, secs(60));
+    assert_eq!(options.scale_down_unready_duration, secs(1200));
+    assert_eq!(options.max_node_provision_duration, secs(900));
+    let none = client
+        .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
+            id: format!("MachineDeployment/{}/default", ns.name),
+            defaults: Some(defaults),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(none.code(), Code::Unimplemented);
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn annotation_changes_reach_answers_within_a_loop() {
+    let ns = TestNs::new("latency").await;
+    ns.machine_deployment("md", 1, bounds(0, 3)).await;
+    let (operator, client) = ns.operator().await;
+    let id = format!("MachineDeployment/{}/md", ns.name);
+    eventually("group", WAIT, || {
+        let mut c = client.clone();
+        async move {
+            Some(group_ids(&mut c).await)
+                .filter(|i| !i.is_empty())
+                .map(|_| ())
+        }
+    })
+    .await;
+    let start = Instant::now();
+    ns.api(&machine_deployments())
+        .patch(
+            "md",
+            &Default::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {MAX: "7"}}})),
+        )
+        .await
+        .unwrap();
+    eventually("max 7", Duration::from_secs(10), || {
+        let mut c = client.clone();
+        let id = id.clone();
+        async move {
+            let groups = c
+                .node_groups(proto::NodeGroupsRequest {})
+                .await
+                .ok()?
+                .into_inner()
+                .node_groups;
+            groups
+                .iter()
+                .find(|g| g.id == id && g.max_size == 7)
+                .map(|_| ())
+        }
+    })
+    .await;
+    let elapsed = start.elapsed();
+    eprintln!("watch-to-answer latency: {elapsed:?}");
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "CA's default loop is 10s"
+    );
+    operator.shutdown().await.unwrap();
+}

@@ -1,0 +1,448 @@
+//! Test support: one real control plane (etcd + kube-apiserver + Cluster API CRDs) per test
+//! binary, namespaces for isolation, Cluster API fixtures, and an in-process operator.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::ApiResource;
+use kube::{Client, ResourceExt};
+use nodegroup_operator::proto::cloud_provider_client::CloudProviderClient;
+use nodegroup_operator::runtime::{self, Config, Running};
+use nodegroup_operator::sandbox::{self, ControlPlane, ControlPlaneOptions};
+use nodegroup_operator::server::tls::TlsFiles;
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+pub const MIN: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";
+pub const MAX: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size";
+pub const DELETE_MACHINE: &str = "cluster.x-k8s.io/delete-machine";
+pub const CAPI_VERSION: &str = "v1beta2";
+
+/// Paths of the shared control plane.
+pub struct Shared {
+    pub kubeconfig: PathBuf,
+    /// A user bound only to the `ngo-no-scale` ClusterRole (no `/scale` writes).
+    pub no_scale_kubeconfig: PathBuf,
+}
+
+static SHARED: OnceLock<Shared> = OnceLock::new();
+static PLANE: Mutex<Option<ControlPlane>> = Mutex::new(None);
+
+extern "C" fn stop_control_plane() {
+    if let Ok(mut plane) = PLANE.lock() {
+        drop(plane.take());
+    }
+}
+
+/// The control plane of this test binary, started on first use.
+pub fn shared() -> &'static Shared {
+    SHARED.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Children die with the thread that spawned them: keep that thread parked for the
+        // life of the test binary, and stop the processes at exit.
+        std::thread::spawn(move || {
+            let started = (|| -> anyhow::Result<Shared> {
+                let plane = ControlPlane::start(&ControlPlaneOptions::default())?;
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                rt.block_on(async {
+                    let client = plane.client().await?;
+                    sandbox::controlplane::apply_crds(
+                        &client,
+                        &sandbox::upstream_dir().join("capi-crds"),
+                    )
+                    .await?;
+                    sandbox::controlplane::apply_crds(
+                        &client,
+                        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/crds"),
+                    )
+                    .await?;
+                    create_no_scale_role(&client).await
+                })?;
+                let shared = Shared {
+                    kubeconfig: plane.kubeconfig.clone(),
+                    no_scale_kubeconfig: plane.user_kubeconfig("ngo-no-scale", None)?,
+                };
+                *PLANE.lock().unwrap() = Some(plane);
+                // SAFETY: registering a plain extern "C" function.
+                unsafe { libc::atexit(stop_control_plane) };
+                Ok(shared)
+            })();
+            let failed = started.is_err();
+            tx.send(started).unwrap();
+            if !failed {
+                loop {
+                    std::thread::park();
+                }
+            }
+        });
+        rx.recv()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("starting the test control plane: {e:#}"))
+    })
+}
+
+async fn create_no_scale_role(client: &Client) -> anyhow::Result<()> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "ngo-no-scale"},
+        "rules": [
+            {"apiGroups": ["cluster.x-k8s.io"], "resources": ["machinedeployments", "machinesets", "machinepools", "machines"],
+             "verbs": ["get", "list", "watch", "patch", "update"]},
+            {"apiGroups": ["cluster.x-k8s.io"], "resources": ["machinedeployments/scale", "machinesets/scale", "machinepools/scale"],
+             "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+            {"apiGroups": ["infrastructure.cluster.x-k8s.io"], "resources": ["*"], "verbs": ["get", "list", "watch"]}
+        ]
+    }))?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "ngo-no-scale"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ngo-no-scale"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "ngo-no-scale"}]
+    }))?;
+    let pp = PatchParams::apply("ngo-tests").force();
+    Api::<ClusterRole>::all(client.clone())
+        .patch("ngo-no-scale", &pp, &Patch::Apply(&role))
+        .await?;
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .patch("ngo-no-scale", &pp, &Patch::Apply(&binding))
+        .await?;
+    Ok(())
+}
+
+pub async fn admin_client() -> Client {
+    sandbox::controlplane::client_for(&shared().kubeconfig)
+        .await
+        .expect("admin client")
+}
+
+/// Polls `check` until it returns `Some`, or panics after `timeout` with `what`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn capi(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cluster.x-k8s.io", CAPI_VERSION, kind),
+        plural,
+    )
+}
+
+pub fn machine_deployments() -> ApiResource {
+    capi("MachineDeployment", "machinedeployments")
+}
+pub fn machine_sets() -> ApiResource {
+    capi("MachineSet", "machinesets")
+}
+pub fn machine_pools() -> ApiResource {
+    capi("MachinePool", "machinepools")
+}
+pub fn machines() -> ApiResource {
+    capi("Machine", "machines")
+}
+
+/// A namespace of its own, with Cluster API fixtures in it.
+pub struct TestNs {
+    pub name: String,
+    pub client: Client,
+}
+
+impl TestNs {
+    pub async fn new(prefix: &str) -> Self {
+        let client = admin_client().await;
+        let name = format!("{prefix}-{}", rand::random::<u32>() % 1_000_000);
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
+        Self { name, client }
+    }
+
+    pub fn api(&self, ar: &ApiResource) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), &self.name, ar)
+    }
+
+    async fn create(&self, ar: &ApiResource, body: Value) -> DynamicObject {
+        let obj: DynamicObject = serde_json::from_value(body).expect("fixture");
+        let name = obj.name_any();
+        self.api(ar)
+            .create(&PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("creating {} {name}: {e}", ar.kind))
+    }
+
+    fn template(&self, cluster: &str, labels: &Value, template_spec_extra: Value) -> Value {
+        let mut spec = json!({
+            "clusterName": cluster,
+            "bootstrap": {"dataSecretName": "none"},
+            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "TestMachineTemplate", "name": "template"}
+        });
+        merge(&mut spec, template_spec_extra);
+        json!({"metadata": {"labels": labels}, "spec": spec})
+    }
+
+    /// A MachineDeployment with the given annotations and replicas.
+    pub async fn machine_deployment(
+        &self,
+        name: &str,
+        replicas: i32,
+        annotations: Value,
+    ) -> DynamicObject {
+        self.machine_deployment_with(name, replicas, annotations, json!({}))
+            .await
+    }
+
+    pub async fn machine_deployment_with(
+        &self,
+        name: &str,
+        replicas: i32,
+        annotations: Value,
+        template_spec_extra: Value,
+    ) -> DynamicObject {
+        let labels = json!({"cluster.x-k8s.io/cluster-name": "c1", "cluster.x-k8s.io/deployment-name": name});
+        let body = json!({
+            "apiVersion": format!("cluster.x-k8s.io/{CAPI_VERSION}"), "kind": "MachineDeployment",
+            "metadata": {"name": name, "namespace": self.name, "annotations": annotations},
+            "spec": {
+                "clusterName": "c1", "replicas": replicas,
+                "selector": {"matchLabels": labels},
+                "template": self.template("c1", &labels, template_spec_extra)
+            }
+        });
+        self.create(&machine_deployments(), body).await
+    }
+
+    /// A MachineSet, owned by `owner` (a MachineDeployment) when given.
+    pub async fn machine_set(
+        &self,
+        name: &str,
+        replicas: i32,
+        annotations: Value,
+        owner: Option<&DynamicObject>,
+    ) -> DynamicObject {
+        let labels =
+            json!({"cluster.x-k8s.io/cluster-name": "c1", "cluster.x-k8s.io/set-name": name});
+        let mut metadata = json!({"name": name, "namespace": self.name, "annotations": annotations, "labels": labels});
+        if let Some(owner) = owner {
+            metadata["ownerReferences"] = json!([owner_ref(owner, "MachineDeployment")]);
+        }
+        let body = json!({
+            "apiVersion": format!("cluster.x-k8s.io/{CAPI_VERSION}"), "kind": "MachineSet",
+            "metadata": metadata,
+            "spec": {"clusterName": "c1", "replicas": replicas, "selector": {"matchLabels": labels}, "template": self.template("c1", &labels, json!({}))}
+        });
+        self.create(&machine_sets(), body).await
+    }
+
+    /// A MachinePool with a providerIDList.
+    pub async fn machine_pool(
+        &self,
+        name: &str,
+        replicas: i32,
+        annotations: Value,
+        provider_ids: &[&str],
+    ) -> DynamicObject {
+        let body = json!({
+            "apiVersion": format!("cluster.x-k8s.io/{CAPI_VERSION}"), "kind": "MachinePool",
+            "metadata": {"name": name, "namespace": self.name, "annotations": annotations},
+            "spec": {"clusterName": "c1", "replicas": replicas, "providerIDList": provider_ids,
+                "template": self.template("c1", &json!({}), json!({}))}
+        });
+        self.create(&machine_pools(), body).await
+    }
+
+    /// A Machine owned by MachineSet `ms`; `node` sets status.nodeRef; `status` is merged into
+    /// the status.
+    pub async fn machine(
+        &self,
+        name: &str,
+        ms: &DynamicObject,
+        provider_id: Option<&str>,
+        node: Option<&str>,
+        status: Value,
+    ) -> DynamicObject {
+        let mut spec = json!({"clusterName": "c1", "bootstrap": {"dataSecretName": "none"},
+            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "TestMachine", "name": name}});
+        if let Some(p) = provider_id {
+            spec["providerID"] = json!(p);
+        }
+        let labels = ms.metadata.labels.clone().unwrap_or_default();
+        let body = json!({
+            "apiVersion": format!("cluster.x-k8s.io/{CAPI_VERSION}"), "kind": "Machine",
+            "metadata": {"name": name, "namespace": self.name, "labels": labels, "ownerReferences": [owner_ref(ms, "MachineSet")]},
+            "spec": spec
+        });
+        let created = self.create(&machines(), body).await;
+        let mut st = json!({});
+        if let Some(n) = node {
+            st["nodeRef"] = json!({"name": n});
+        }
+        merge(&mut st, status);
+        if st.as_object().is_some_and(|o| !o.is_empty()) {
+            self.api(&machines())
+                .patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": st})),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("status of machine {name}: {e}"));
+        }
+        created
+    }
+
+    /// A Ready Node named `<ns>-<name>` with `provider_id`.
+    pub async fn node(
+        &self,
+        name: &str,
+        provider_id: &str,
+        annotations: BTreeMap<String, String>,
+    ) -> String {
+        let full = format!("{}-{name}", self.name);
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": full, "annotations": annotations, "labels": {"kubernetes.io/arch": "amd64", "node.kubernetes.io/instance-type": "test.large"}},
+            "spec": {"providerID": provider_id}
+        }))
+        .unwrap();
+        let api = Api::<Node>::all(self.client.clone());
+        api.create(&PostParams::default(), &node)
+            .await
+            .unwrap_or_else(|e| panic!("creating node {full}: {e}"));
+        let status = json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}]}});
+        api.patch_status(&full, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .expect("node status");
+        full
+    }
+
+    /// `spec.replicas` of a scalable resource, read live.
+    pub async fn replicas(&self, ar: &ApiResource, name: &str) -> i64 {
+        let obj = self.api(ar).get(name).await.expect("get scalable");
+        obj.data["spec"]["replicas"].as_i64().expect("replicas")
+    }
+
+    pub async fn annotations(&self, ar: &ApiResource, name: &str) -> BTreeMap<String, String> {
+        self.api(ar)
+            .get(name)
+            .await
+            .expect("get")
+            .metadata
+            .annotations
+            .unwrap_or_default()
+    }
+
+    /// Events whose regarding object is `name`, as (reason, note).
+    pub async fn events_for(&self, name: &str) -> Vec<(String, String)> {
+        use k8s_openapi::api::events::v1::Event;
+        let events = Api::<Event>::namespaced(self.client.clone(), &self.name)
+            .list(&Default::default())
+            .await
+            .expect("events");
+        events
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect()
+    }
+
+    /// Starts an operator limited to this namespace; returns it and a connected client.
+    pub async fn operator(&self) -> (Running, CloudProviderClient<Channel>) {
+        self.operator_with(shared().kubeconfig.clone(), None).await
+    }
+
+    pub async fn operator_with(
+        &self,
+        kubeconfig: PathBuf,
+        tls: Option<TlsFiles>,
+    ) -> (Running, CloudProviderClient<Channel>) {
+        let running = runtime::start(operator_config(&self.name, kubeconfig, tls.clone()))
+            .await
+            .expect("operator starts");
+        let client = if tls.is_none() {
+            let channel = Channel::from_shared(format!("http://{}", running.grpc_address))
+                .unwrap()
+                .connect()
+                .await
+                .expect("connect");
+            let mut client = CloudProviderClient::new(channel);
+            eventually("operator caches synced", Duration::from_secs(20), || {
+                let mut c = client.clone();
+                async move {
+                    c.refresh(nodegroup_operator::proto::RefreshRequest {})
+                        .await
+                        .ok()
+                }
+            })
+            .await;
+            client = client.clone();
+            client
+        } else {
+            // Callers with TLS connect themselves.
+            CloudProviderClient::new(Channel::from_static("http://127.0.0.1:1").connect_lazy())
+        };
+        (running, client)
+    }
+}
+
+pub fn operator_config(namespace: &str, kubeconfig: PathBuf, tls: Option<TlsFiles>) -> Config {
+    Config {
+        grpc_address: "127.0.0.1:0".parse().unwrap(),
+        admin_address: "127.0.0.1:0".parse().unwrap(),
+        tls,
+        capi_group: "cluster.x-k8s.io".into(),
+        capi_version: None,
+        auto_discovery: vec![format!("clusterapi:namespace={namespace}")],
+        default_arch: "amd64".into(),
+        kubeconfig: Some(kubeconfig),
+        rebuild_delay: Duration::from_millis(10),
+        pod_name: None,
+    }
+}
+
+pub fn owner_ref(owner: &DynamicObject, kind: &str) -> Value {
+    json!({"apiVersion": format!("cluster.x-k8s.io/{CAPI_VERSION}"), "kind": kind, "name": owner.name_any(),
+        "uid": owner.metadata.uid.clone().unwrap_or_default(), "controller": true})
+}
+
+fn merge(target: &mut Value, extra: Value) {
+    if let (Some(t), Value::Object(e)) = (target.as_object_mut(), extra) {
+        for (k, v) in e {
+            t.insert(k, v);
+        }
+    }
+}
+
+pub fn bounds(min: i32, max: i32) -> Value {
+    json!({MIN: min.to_string(), MAX: max.to_string()})
+}
