@@ -1,0 +1,34 @@
+# nodegroup-operator. `make test` builds the pinned upstream peers it needs (cached under
+# target/upstream/) and runs every test; `make demo` runs the sandbox demo.
+SHELL := /bin/bash
+CARGO ?= cargo
+UPSTREAM := tests/upstream/build.sh
+# Upstream peers the tests run against.
+TEST_PEERS ?= etcd kube capi
+
+.PHONY: all build test unit lint fmt crds upstream demo bench clean-upstream
+
+all: build
+
+build:
+	$(CARGO) build --release --locked
+
+upstream:
+	$(UPSTREAM) $(TEST_PEERS)
+
+## Every test: unit, integration against a real kube-apiserver, and the rest under tests/.
+test: upstream
+	$(CARGO) test --locked --all-targets
+
+unit:
+	$(CARGO) test --locked --lib
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+clean-upstream:
+	rm -rf target/upstream
