@@ -6,11 +6,13 @@
 //! snapshot, and only mutating RPCs reach out to the API server through [`actuate`].
 
 pub mod actuate;
+pub mod api;
 pub mod capi;
 pub mod duration;
 pub mod events;
 pub mod index;
 pub mod metrics;
+pub mod pricing;
 pub mod proto;
 pub mod quantity;
 pub mod runtime;

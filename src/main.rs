@@ -28,6 +28,8 @@ struct Cli {
 enum Command {
     /// Serve the externalgrpc endpoint (the default).
     Run(RunArgs),
+    /// Print the CustomResourceDefinitions as YAML.
+    Crd,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -39,13 +41,13 @@ struct RunArgs {
     #[arg(long, default_value = "0.0.0.0:8080", env = "NGO_ADMIN_ADDRESS")]
     admin_address: SocketAddr,
     /// Server certificate (PEM).
-    #[arg(long, env = "NGO_TLS_CERT", required_unless_present = "insecure")]
+    #[arg(long, env = "NGO_TLS_CERT")]
     tls_cert: Option<PathBuf>,
     /// Server private key (PEM).
-    #[arg(long, env = "NGO_TLS_KEY", required_unless_present = "insecure")]
+    #[arg(long, env = "NGO_TLS_KEY")]
     tls_key: Option<PathBuf>,
     /// CA bundle that client certificates must chain to (PEM).
-    #[arg(long, env = "NGO_TLS_CLIENT_CA", required_unless_present = "insecure")]
+    #[arg(long, env = "NGO_TLS_CLIENT_CA")]
     tls_client_ca: Option<PathBuf>,
     /// Serve gRPC without TLS. Anyone who can reach the port can scale node groups.
     #[arg(long, conflicts_with_all = ["tls_cert", "tls_key", "tls_client_ca"])]
@@ -75,16 +77,19 @@ struct RunArgs {
 }
 
 impl RunArgs {
-    fn config(&self) -> Config {
+    fn config(&self) -> anyhow::Result<Config> {
         let tls = match (&self.tls_cert, &self.tls_key, &self.tls_client_ca) {
-            (Some(cert), Some(key), Some(client_ca)) if !self.insecure => Some(TlsFiles {
+            _ if self.insecure => None,
+            (Some(cert), Some(key), Some(client_ca)) => Some(TlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: client_ca.clone(),
             }),
-            _ => None,
+            _ => anyhow::bail!(
+                "mTLS needs --tls-cert, --tls-key and --tls-client-ca (or --insecure to serve plaintext)"
+            ),
         };
-        Config {
+        Ok(Config {
             grpc_address: self.grpc_address,
             admin_address: self.admin_address,
             tls,
@@ -95,7 +100,7 @@ impl RunArgs {
             kubeconfig: self.kubeconfig.clone(),
             rebuild_delay: Duration::from_millis(self.rebuild_delay_ms),
             pod_name: std::env::var("POD_NAME").ok(),
-        }
+        })
     }
 }
 
@@ -132,11 +137,18 @@ async fn shutdown_signal() {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let args = match cli.command {
+        Some(Command::Crd) => {
+            print!(
+                "{}",
+                nodegroup_operator::api::crds_yaml().context("serialising CRDs")?
+            );
+            return Ok(());
+        }
         Some(Command::Run(args)) => args,
         None => cli.run,
     };
     init_logging(args.log_json);
-    let running = runtime::start(args.config())
+    let running = runtime::start(args.config()?)
         .await
         .context("starting nodegroup-operator")?;
     running.run_until(shutdown_signal()).await

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use super::model::{
     Exclusion, ExclusionReason, IndexCounts, Instance, InstanceError, InstanceState, MachineEntry,
-    NodeGroup, ProviderIdOwner, Snapshot, Source, TemplateInputs,
+    NodeGroup, PolicyReport, ProviderIdOwner, Snapshot, Source, TemplateInputs,
 };
+use super::policy::PolicyRules;
 use crate::capi::CapiKeys;
 use crate::capi::annotations::{self, CapacityHints};
 use crate::capi::autodiscovery::{DiscoveryFilter, DiscoveryTarget};
@@ -28,6 +29,8 @@ pub struct NodeView {
     pub labels: BTreeMap<String, String>,
     /// Ready condition is True.
     pub ready: bool,
+    /// `status.capacity` (quantity strings).
+    pub capacity: BTreeMap<String, String>,
 }
 
 /// Identifies an infrastructure template independent of its API version.
@@ -60,6 +63,8 @@ pub struct IndexInputs {
     pub nodes: Vec<NodeView>,
     /// Cached infrastructure templates.
     pub templates: HashMap<TemplateKey, InfraTemplate>,
+    /// NodeGroupPolicies.
+    pub policies: Vec<PolicyRules>,
 }
 
 /// Builds the snapshot. One bad resource only excludes itself.
@@ -82,24 +87,62 @@ pub fn build_snapshot(inputs: &IndexInputs) -> Snapshot {
         .map(|r| ((r.kind, r.namespace.as_str(), r.name.as_str()), r))
         .collect();
 
+    let mut policies: Vec<&PolicyRules> = inputs.policies.iter().collect();
+    policies.sort_by(|a, b| a.seniority().cmp(&b.seniority()));
+    let mut reports: BTreeMap<String, PolicyReport> = policies
+        .iter()
+        .map(|p| {
+            let report = PolicyReport {
+                reference: p.reference.clone(),
+                invalid: p.invalid.clone(),
+                ..Default::default()
+            };
+            (p.reference.key(), report)
+        })
+        .collect();
+
     let mut groups: BTreeMap<String, NodeGroup> = BTreeMap::new();
     let mut exclusions = Vec::new();
     for resource in &inputs.resources {
         if resource.owner_machine_deployment.is_some() || !allowed(inputs, resource) {
             continue;
         }
-        match assess(inputs, resource) {
+        // The oldest valid policy selecting the resource governs it; the others conflict.
+        let mut selecting = policies
+            .iter()
+            .filter(|p| p.invalid.is_none() && p.selects(resource));
+        let governing = selecting.next().copied();
+        for other in selecting {
+            if let (Some(report), Some(g)) = (reports.get_mut(&other.reference.key()), governing) {
+                report
+                    .conflicts
+                    .push((resource.group_id(), g.reference.key()));
+            }
+        }
+        let report = governing.and_then(|p| reports.get_mut(&p.reference.key()));
+        match assess(inputs, resource, governing) {
             Ok(Some(group)) => {
+                if let Some(report) = report {
+                    report.governed.push(group.id.clone());
+                }
                 groups.insert(group.id.clone(), group);
             }
             Ok(None) => {}
-            Err(reason) => exclusions.push(Exclusion {
-                kind: resource.kind,
-                namespace: resource.namespace.clone(),
-                name: resource.name.clone(),
-                uid: resource.uid.clone(),
-                reason,
-            }),
+            Err(reason) => {
+                if let Some(report) = report {
+                    report
+                        .excluded
+                        .push((resource.group_id(), reason.describe()));
+                }
+                exclusions.push(Exclusion {
+                    kind: resource.kind,
+                    namespace: resource.namespace.clone(),
+                    name: resource.name.clone(),
+                    uid: resource.uid.clone(),
+                    reason,
+                    policy: governing.map(|p| p.reference.clone()),
+                });
+            }
         }
     }
 
@@ -151,17 +194,22 @@ pub fn build_snapshot(inputs: &IndexInputs) -> Snapshot {
     let by_provider_id = provider_id_index(inputs, &machines, &groups);
 
     for g in groups.values_mut() {
-        let mut first_node_labels = None;
+        let mut first_node = None;
         for instance in g.instances.iter().filter(|i| i.is_real()) {
             if let Some(node) = nodes_by_pid.get(providerid::normalize(&instance.id)) {
                 g.registered += 1;
                 g.ready += usize::from(node.ready);
-                first_node_labels.get_or_insert(&node.labels);
+                first_node.get_or_insert(*node);
             }
         }
-        if let (Some(t), Some(labels)) = (g.template.as_mut(), first_node_labels) {
-            t.node_labels = template::copied_node_labels(labels);
+        if let (Some(t), Some(node)) = (g.template.as_mut(), first_node) {
+            t.node_labels = template::copied_node_labels(&node.labels);
         }
+        g.node_capacity = match (&g.template, first_node) {
+            (Some(t), _) => template::capacity(t),
+            (None, Some(node)) => node.capacity.clone(),
+            (None, None) => BTreeMap::new(),
+        };
     }
 
     Snapshot {
@@ -172,7 +220,9 @@ pub fn build_snapshot(inputs: &IndexInputs) -> Snapshot {
         exclusions,
         machines,
         by_provider_id,
+        policies: reports,
         counts: IndexCounts {
+            policies: inputs.policies.len(),
             resources: inputs.resources.len(),
             machines: inputs.machines.len(),
             nodes: inputs.nodes.len(),
@@ -189,14 +239,16 @@ fn allowed(inputs: &IndexInputs, r: &ScalableResource) -> bool {
 }
 
 /// Decides whether a resource is a served group. `Ok(None)`: not autoscaler-configured at all.
+/// Annotations win field by field; the governing policy fills the rest.
 fn assess(
     inputs: &IndexInputs,
     r: &ScalableResource,
+    policy: Option<&PolicyRules>,
 ) -> Result<Option<NodeGroup>, ExclusionReason> {
     let keys = &inputs.keys;
-    let configured =
+    let annotated =
         r.annotations.contains_key(&keys.min_size) || r.annotations.contains_key(&keys.max_size);
-    if !configured {
+    if !annotated && policy.is_none() {
         return Ok(None);
     }
     if r.annotations.contains_key(PAUSED_ANNOTATION) {
@@ -204,14 +256,31 @@ fn assess(
     }
     let invalid = |e: annotations::AnnotationError| ExclusionReason::Invalid(e.to_string());
     let bounds = annotations::parse_bounds(&r.annotations, keys).map_err(invalid)?;
-    let max = match bounds.max {
-        Some(max) if max > 0 => max,
-        _ => return Err(ExclusionReason::NotAutoscaled),
+    let (max, max_source) = match (bounds.max, policy.and_then(|p| p.max)) {
+        (Some(max), _) => (max, Source::Annotation),
+        (None, Some(max)) => (max, Source::Policy),
+        (None, None) => return Err(ExclusionReason::NotAutoscaled),
     };
-    let min = bounds.min.unwrap_or(0);
+    if max == 0 {
+        return Err(ExclusionReason::NotAutoscaled);
+    }
+    let (min, min_source) = match (bounds.min, policy.and_then(|p| p.min)) {
+        (Some(min), _) => (min, Source::Annotation),
+        (None, Some(min)) => (min, Source::Policy),
+        (None, None) => (0, Source::Default),
+    };
+    if min > max {
+        return Err(ExclusionReason::Invalid(format!(
+            "effective min size {min} (from {min_source:?}) is greater than max size {max} (from {max_source:?})"
+        )));
+    }
     let options = annotations::parse_options(&r.annotations, keys).map_err(invalid)?;
+    let options = match policy {
+        Some(p) => options.or(&p.options),
+        None => options,
+    };
     let hints = annotations::parse_capacity(&r.annotations).map_err(invalid)?;
-    let template = template_inputs(inputs, r, hints);
+    let template = template_inputs(inputs, r, hints, policy);
     let target = r.replicas.ok_or(ExclusionReason::ReplicasUnset)?;
     if target == 0 && template.is_none() {
         return Err(ExclusionReason::ZeroWithoutTemplate);
@@ -224,12 +293,8 @@ fn assess(
         uid: r.uid.clone(),
         min,
         max,
-        min_source: if bounds.min.is_some() {
-            Source::Annotation
-        } else {
-            Source::Default
-        },
-        max_source: Source::Annotation,
+        min_source,
+        max_source,
         target,
         instances: Vec::new(),
         registered: 0,
@@ -237,7 +302,9 @@ fn assess(
         options,
         template,
         provider_id_list: r.provider_id_list.clone(),
-        node_price_per_hour: None,
+        policy: policy.map(|p| p.reference.clone()),
+        pricing: policy.and_then(|p| p.pricing),
+        node_capacity: BTreeMap::new(),
     }))
 }
 
@@ -245,6 +312,7 @@ fn template_inputs(
     inputs: &IndexInputs,
     r: &ScalableResource,
     hints: CapacityHints,
+    policy: Option<&PolicyRules>,
 ) -> Option<TemplateInputs> {
     let infra = r.infra_ref.as_ref().and_then(|ir| {
         inputs
@@ -264,6 +332,7 @@ fn template_inputs(
         spec_taints: r.template_taints.clone(),
         node_labels: BTreeMap::new(),
         default_arch: inputs.default_arch.clone(),
+        policy: policy.and_then(|p| p.template.clone()),
     };
     template::can_scale_from_zero(&t).then_some(t)
 }

@@ -4,10 +4,12 @@
 pub mod build;
 mod handle;
 mod model;
+mod policy;
 
 pub use build::{IndexInputs, NodeView, TemplateKey, build_snapshot};
 pub use handle::{SnapshotHandle, SnapshotPublisher, channel};
 pub use model::{
     Exclusion, ExclusionReason, Instance, InstanceError, InstanceState, MachineEntry, NodeGroup,
-    NodeGroupLookup, Snapshot, Source, TemplateInputs,
+    NodeGroupLookup, PolicyReport, Snapshot, Source, TemplateInputs,
 };
+pub use policy::{PolicyRef, PolicyRules, PolicyTemplate, PriceList};

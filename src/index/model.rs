@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use super::policy::{PolicyRef, PolicyTemplate, PriceList};
 use crate::capi::annotations::{CapacityHints, OptionOverrides};
 use crate::capi::objects::{InfraTemplate, ScalableKind, Taint};
 use crate::capi::providerid;
@@ -77,6 +78,8 @@ pub struct TemplateInputs {
     pub node_labels: BTreeMap<String, String>,
     /// Architecture used when nothing else says (`CAPI_SCALE_ZERO_DEFAULT_ARCH`).
     pub default_arch: String,
+    /// The governing policy's template (between the infrastructure template and annotations).
+    pub policy: Option<PolicyTemplate>,
 }
 
 /// A served node group.
@@ -114,8 +117,12 @@ pub struct NodeGroup {
     pub template: Option<TemplateInputs>,
     /// `spec.providerIDList` for MachinePools.
     pub provider_id_list: Option<Vec<String>>,
-    /// Price per node-hour, when a policy sets one.
-    pub node_price_per_hour: Option<f64>,
+    /// The governing policy, if any.
+    pub policy: Option<PolicyRef>,
+    /// Prices from the governing policy.
+    pub pricing: Option<PriceList>,
+    /// Capacity of one node (template, else a live node), for per-resource node prices.
+    pub node_capacity: BTreeMap<String, String>,
 }
 
 impl NodeGroup {
@@ -156,6 +163,47 @@ pub struct Exclusion {
     pub uid: String,
     /// Why.
     pub reason: ExclusionReason,
+    /// The policy that governs the resource, if any.
+    pub policy: Option<PolicyRef>,
+}
+
+impl Exclusion {
+    /// `<Kind>/<namespace>/<name>`.
+    pub fn id(&self) -> String {
+        format!("{}/{}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+impl ExclusionReason {
+    /// A sentence for status and events.
+    pub fn describe(&self) -> String {
+        match self {
+            ExclusionReason::Invalid(message) => message.clone(),
+            ExclusionReason::Paused => "paused (cluster.x-k8s.io/paused)".into(),
+            ExclusionReason::NotAutoscaled => {
+                "no max size (annotation or policy), so not autoscaled".into()
+            }
+            ExclusionReason::ZeroWithoutTemplate => {
+                "at 0 replicas without cpu and memory capacity for scale from zero".into()
+            }
+            ExclusionReason::ReplicasUnset => "spec.replicas is unset".into(),
+        }
+    }
+}
+
+/// What a policy does, for its status.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicyReport {
+    /// The policy.
+    pub reference: PolicyRef,
+    /// Served groups it governs.
+    pub governed: Vec<String>,
+    /// Resources it governs that are not served: (id, why).
+    pub excluded: Vec<(String, String)>,
+    /// Resources it selects that an older policy governs: (id, governing policy key).
+    pub conflicts: Vec<(String, String)>,
+    /// Why its spec is unusable.
+    pub invalid: Option<String>,
 }
 
 /// A machine the write path may act on.
@@ -197,11 +245,15 @@ pub struct Snapshot {
     pub(crate) by_provider_id: HashMap<String, ProviderIdOwner>,
     /// Objects indexed, for metrics.
     pub counts: IndexCounts,
+    /// Per policy (`<namespace>/<name>`), what it governs.
+    pub policies: BTreeMap<String, PolicyReport>,
 }
 
 /// Sizes of the inputs a snapshot was built from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IndexCounts {
+    /// Policies seen.
+    pub policies: usize,
     /// Scalable resources seen.
     pub resources: usize,
     /// Machines seen.

@@ -109,6 +109,26 @@ pub async fn client(config: &Config) -> anyhow::Result<Client> {
     Client::try_from(kube_config).context("building Kubernetes client")
 }
 
+/// True when the NodeGroupPolicy CRD is installed; without it the operator still serves
+/// annotated resources.
+async fn policies_served(client: &Client) -> bool {
+    use kube::discovery::{ApiGroup, oneshot};
+    match oneshot::group(client, crate::api::GROUP).await {
+        Ok(group) => {
+            let served = group.versions().any(|v| v == "v1alpha1")
+                && ApiGroup::recommended_kind(&group, "NodeGroupPolicy").is_some();
+            if !served {
+                tracing::warn!("NodeGroupPolicy v1alpha1 is not served; policies are disabled");
+            }
+            served
+        }
+        Err(error) => {
+            tracing::warn!(%error, "NodeGroupPolicy CRD is not installed (nodegroup-operator crd | kubectl apply -f -); policies are disabled");
+            false
+        }
+    }
+}
+
 /// Starts everything and returns once the listeners are bound.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
     let client = client(&config).await?;
@@ -122,6 +142,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         machine_deployments = resources.machine_deployments.is_some(),
         machine_pools = resources.machine_pools.is_some(), "Cluster API resources discovered");
 
+    let with_policies = policies_served(&client).await;
     let metrics = Arc::new(Metrics::new());
     let events = EventPublisher::new(client.clone(), config.pod_name.clone());
     let (publisher, snapshots) = index::channel();
@@ -134,6 +155,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         keys.clone(),
         filter,
         config.default_arch.clone(),
+        with_policies,
         &mut tasks,
         shutdown.clone(),
     );

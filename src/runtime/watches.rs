@@ -19,6 +19,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::NodeGroupPolicy;
 use crate::capi::CapiKeys;
 use crate::capi::autodiscovery::DiscoveryFilter;
 use crate::capi::objects::{InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource};
@@ -44,6 +45,7 @@ struct Inner {
     scalables: Vec<(ScalableKind, Store<DynamicObject>)>,
     machines: Store<DynamicObject>,
     nodes: Store<Node>,
+    policies: Option<Store<NodeGroupPolicy>>,
     templates: Mutex<HashMap<(String, String), TemplateWatch>>,
     changed: Arc<Notify>,
     shutdown: CancellationToken,
@@ -63,6 +65,7 @@ impl Watches {
         keys: CapiKeys,
         filter: DiscoveryFilter,
         default_arch: String,
+        with_policies: bool,
         tasks: &mut JoinSet<anyhow::Result<()>>,
         shutdown: CancellationToken,
     ) -> Self {
@@ -110,6 +113,22 @@ impl Watches {
                 }
             },
         );
+        let policies_api = match &namespace {
+            Some(ns) => Api::<NodeGroupPolicy>::namespaced(client.clone(), ns),
+            None => Api::<NodeGroupPolicy>::all(client.clone()),
+        };
+        let policies = with_policies.then(|| {
+            spawn_reflector(
+                tasks,
+                policies_api,
+                (),
+                changed.clone(),
+                shutdown.clone(),
+                |p: &mut NodeGroupPolicy| {
+                    p.managed_fields_mut().clear();
+                },
+            )
+        });
         Self {
             inner: Arc::new(Inner {
                 client,
@@ -120,6 +139,7 @@ impl Watches {
                 scalables,
                 machines,
                 nodes,
+                policies,
                 templates: Mutex::default(),
                 changed,
                 shutdown,
@@ -163,6 +183,9 @@ impl Watches {
         }
         self.inner.machines.wait_until_ready().await?;
         self.inner.nodes.wait_until_ready().await?;
+        if let Some(policies) = &self.inner.policies {
+            policies.wait_until_ready().await?;
+        }
         Ok(())
     }
 
@@ -210,7 +233,17 @@ impl Watches {
             machines,
             nodes,
             templates,
+            policies: self.policies().iter().map(|p| p.rules()).collect(),
         }
+    }
+
+    /// The cached policies.
+    pub fn policies(&self) -> Vec<Arc<NodeGroupPolicy>> {
+        self.inner
+            .policies
+            .as_ref()
+            .map(Store::state)
+            .unwrap_or_default()
     }
 
     /// Starts reflectors for infrastructure template kinds referenced by served resources.
@@ -315,6 +348,12 @@ fn node_view(node: &Node) -> NodeView {
         annotations: node.annotations().clone(),
         labels: node.labels().clone(),
         ready,
+        capacity: node
+            .status
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .map(|c| c.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+            .unwrap_or_default(),
     }
 }
 

@@ -13,7 +13,8 @@ use crate::capi::keys::GPU_LABEL;
 use crate::index::{NodeGroup, NodeGroupLookup, Snapshot, SnapshotHandle};
 use crate::metrics::Metrics;
 use crate::proto::{self, cloud_provider_server::CloudProvider};
-use crate::template;
+use crate::{pricing, template};
+use prost::Message as _;
 
 /// Annotation on template nodes naming their group, so pricing can find it again.
 pub const TEMPLATE_GROUP_ANNOTATION: &str = "autoscaling.nodegroup.dev/node-group";
@@ -170,19 +171,25 @@ impl CloudProvider for CloudProviderService {
             let node = request
                 .node
                 .ok_or_else(|| ProviderError::InvalidArgument("request has no node".into()))?;
+            let hours = hours(&request.start_timestamp, &request.end_timestamp)?;
             let snapshot = self.snapshot()?;
             let group = Self::group_for_node(&snapshot, &node)?;
-            let price = group
-                .as_ref()
-                .and_then(|g| g.node_price_per_hour)
+            let hourly = group
+                .as_deref()
+                .and_then(pricing::node_hourly)
                 .ok_or_else(|| {
-                    ProviderError::NotImplemented(format!(
-                        "no node price configured for node {:?}",
-                        node.name
-                    ))
+                    ProviderError::NotImplemented(match &group {
+                        Some(g) => format!(
+                            "node group {} has no price (set spec.pricing on its NodeGroupPolicy)",
+                            g.id
+                        ),
+                        None => {
+                            format!("node {:?} belongs to no node group with a price", node.name)
+                        }
+                    })
                 })?;
             Ok(proto::PricingNodePriceResponse {
-                price: price * hours(&request.start_timestamp, &request.end_timestamp)?,
+                price: hourly * hours,
             })
         })
         .await
@@ -190,12 +197,26 @@ impl CloudProvider for CloudProviderService {
 
     async fn pricing_pod_price(
         &self,
-        _: Request<proto::PricingPodPriceRequest>,
+        request: Request<proto::PricingPodPriceRequest>,
     ) -> RpcResult<proto::PricingPodPriceResponse> {
+        let request = request.into_inner();
         self.rpc("PricingPodPrice", async {
-            Err(ProviderError::NotImplemented(
-                "no pod prices are configured".into(),
-            ))
+            let hours = hours(&request.start_timestamp, &request.end_timestamp)?;
+            let snapshot = self.snapshot()?;
+            let prices = pricing::cheapest_resource_prices(&snapshot).ok_or_else(|| {
+                ProviderError::NotImplemented("no NodeGroupPolicy sets per-resource prices".into())
+            })?;
+            let bytes = if request.pod_bytes.is_empty() {
+                &request.pod
+            } else {
+                &request.pod_bytes
+            };
+            let pod = k8s_pb::api::core::v1::Pod::decode(bytes.as_slice()).map_err(|e| {
+                ProviderError::InvalidArgument(format!("pod_bytes is not a protobuf v1.Pod: {e}"))
+            })?;
+            Ok(proto::PricingPodPriceResponse {
+                price: pricing::pod_hourly(&pod, &prices) * hours,
+            })
         })
         .await
     }

@@ -62,13 +62,14 @@ pub fn copied_node_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String,
 }
 
 /// Capacity of a new node: infrastructure template `status.capacity` (unparsable values
-/// skipped), overlaid by the annotations. `pods` comes from the maxPods annotation, else the
+/// skipped), overlaid by the governing policy's template, overlaid by the annotations. `pods` comes from the maxPods annotation, else the
 /// template, else 110. (Upstream lets its default 110 override a template's pods; we do not.)
 pub fn capacity(t: &TemplateInputs) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, String> = t
         .infra
         .iter()
         .flat_map(|i| i.capacity.iter())
+        .chain(t.policy.iter().flat_map(|p| p.capacity.iter()))
         .filter(|(_, v)| quantity::parse(v).is_ok())
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
@@ -103,8 +104,8 @@ pub fn can_scale_from_zero(t: &TemplateInputs) -> bool {
     c.contains_key("cpu") && c.contains_key("memory")
 }
 
-/// Labels of a new node, lowest priority first: generic, system info, managed template labels,
-/// the labels annotation, labels of a live node of the group.
+/// Labels of a new node, lowest priority first: generic, system info, the policy's arch/os,
+/// managed template labels, policy labels, the labels annotation, labels of a live node.
 pub fn labels(t: &TemplateInputs, node_name: &str) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     out.insert("kubernetes.io/arch".to_string(), t.default_arch.clone());
@@ -120,16 +121,27 @@ pub fn labels(t: &TemplateInputs, node_name: &str) -> BTreeMap<String, String> {
             out.insert("kubernetes.io/os".into(), os.clone());
         }
     }
+    if let Some(policy) = &t.policy {
+        if let Some(arch) = &policy.architecture {
+            out.insert("kubernetes.io/arch".into(), arch.clone());
+        }
+        if let Some(os) = &policy.operating_system {
+            out.insert("kubernetes.io/os".into(), os.clone());
+        }
+    }
     out.extend(t.managed_labels.clone());
+    out.extend(t.policy.iter().flat_map(|p| p.labels.clone()));
     out.extend(t.hints.labels.clone());
     out.extend(t.node_labels.clone());
     out
 }
 
-/// Taints of a new node: spec taints, then annotation taints replacing same key+effect.
+/// Taints of a new node: spec taints, then policy taints, then annotation taints; a later taint
+/// replaces an earlier one with the same key and effect.
 pub fn taints(t: &TemplateInputs) -> Vec<Taint> {
     let mut out = t.spec_taints.clone();
-    for taint in &t.hints.taints {
+    let policy_taints = t.policy.iter().flat_map(|p| p.taints.iter());
+    for taint in policy_taints.chain(&t.hints.taints) {
         match out
             .iter_mut()
             .find(|e| e.key == taint.key && e.effect == taint.effect)

@@ -60,11 +60,10 @@ pub fn shared() -> &'static Shared {
                         &sandbox::upstream_dir().join("capi-crds"),
                     )
                     .await?;
-                    sandbox::controlplane::apply_crds(
-                        &client,
-                        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/crds"),
-                    )
-                    .await?;
+                    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+                    sandbox::controlplane::apply_crds(&client, &root.join("tests/fixtures/crds"))
+                        .await?;
+                    sandbox::controlplane::apply_crds(&client, &root.join("crds")).await?;
                     create_no_scale_role(&client).await
                 })?;
                 let shared = Shared {
@@ -100,6 +99,7 @@ async fn create_no_scale_role(client: &Client) -> anyhow::Result<()> {
             {"apiGroups": ["cluster.x-k8s.io"], "resources": ["machinedeployments/scale", "machinesets/scale", "machinepools/scale"],
              "verbs": ["get"]},
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["autoscaling.nodegroup.dev"], "resources": ["nodegrouppolicies"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
             {"apiGroups": ["infrastructure.cluster.x-k8s.io"], "resources": ["*"], "verbs": ["get", "list", "watch"]}
         ]

@@ -1,0 +1,571 @@
+//! `NodeGroupPolicy`: selects Cluster API scalable resources in its namespace and supplies what
+//! their annotations leave out (bounds, options, scale-from-zero template, prices).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelectorRequirement, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Go duration strings (`30s`, `10m`, `1h30m`).
+const DURATION_PATTERN: &str = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$";
+
+/// Desired autoscaling behaviour for the scalable resources it selects.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "autoscaling.nodegroup.dev",
+    version = "v1alpha1",
+    kind = "NodeGroupPolicy",
+    namespaced,
+    shortname = "ngp",
+    status = "NodeGroupPolicyStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "Autoscaling policy for Cluster API node groups in this namespace",
+    printcolumn(
+        name = "Groups",
+        type_ = "integer",
+        description = "Node groups governed",
+        json_path = ".status.groupCount"
+    ),
+    printcolumn(
+        name = "Min",
+        type_ = "integer",
+        description = "Default min size",
+        json_path = ".spec.minSize"
+    ),
+    printcolumn(
+        name = "Max",
+        type_ = "integer",
+        description = "Default max size",
+        json_path = ".spec.maxSize"
+    ),
+    printcolumn(
+        name = "Target",
+        type_ = "integer",
+        description = "Sum of target sizes",
+        json_path = ".status.targetNodes"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "integer",
+        description = "Ready nodes",
+        json_path = ".status.readyNodes"
+    ),
+    printcolumn(
+        name = "Status",
+        type_ = "string",
+        description = "Ready condition reason",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new("!has(self.minSize) || !has(self.maxSize) || self.minSize <= self.maxSize").message("minSize must not be greater than maxSize"))]
+#[serde(rename_all = "camelCase")]
+pub struct NodeGroupPolicySpec {
+    /// Which scalable resources of this namespace the policy governs.
+    pub selector: ResourceSelector,
+    /// Min size for selected resources without the min-size annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub min_size: Option<i32>,
+    /// Max size for selected resources without the max-size annotation. A resource with
+    /// neither a max annotation nor a policy max is not autoscaled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_size: Option<i32>,
+    /// Per-group overrides of cluster-autoscaler's options.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<AutoscalingOptions>,
+    /// What a new node looks like, for scale from zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_from_zero: Option<ScaleFromZero>,
+    /// Prices; turns on the pricing RPCs (cluster-autoscaler's `price` expander).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<Pricing>,
+}
+
+/// Kinds of Cluster API scalable resources.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum ScalableKindName {
+    /// `MachineDeployment`.
+    MachineDeployment,
+    /// `MachineSet` not owned by a MachineDeployment.
+    MachineSet,
+    /// `MachinePool`.
+    MachinePool,
+}
+
+/// Selects scalable resources in the policy's namespace.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceSelector {
+    /// Kinds to select; empty means all three.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kinds: Vec<ScalableKindName>,
+    /// Only resources of this cluster (`spec.clusterName`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_name: Option<String>,
+    /// Label equality requirements on the resource.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+    /// Label expressions on the resource.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+/// cluster-autoscaler options for the governed groups (fields left out follow CA's flags).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalingOptions {
+    /// Node utilization below which a node may be removed (0..1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub scale_down_utilization_threshold: Option<f64>,
+    /// GPU utilization below which a GPU node may be removed (0..1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub scale_down_gpu_utilization_threshold: Option<f64>,
+    /// How long a node must be unneeded before removal (Go duration, e.g. `10m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub scale_down_unneeded_time: Option<String>,
+    /// How long an unready node must be unneeded before removal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub scale_down_unready_time: Option<String>,
+    /// How long to wait for a new node to register.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub max_node_provision_time: Option<String>,
+    /// How long to wait for a registered node to become ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub max_node_startup_time: Option<String>,
+    /// Ignore DaemonSet pods when computing utilization.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_daemon_sets_utilization: Option<bool>,
+    /// Scale all at once to max, or down to zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_or_max_node_scaling: Option<bool>,
+}
+
+/// Template of a new node, for groups at zero replicas.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScaleFromZero {
+    /// Capacity (`cpu`, `memory`, `ephemeral-storage`, `pods`, GPU resources, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "capacity_schema")]
+    pub capacity: BTreeMap<String, String>,
+    /// Labels of a new node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Taints of a new node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<TemplateTaint>,
+    /// CPU architecture.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<Architecture>,
+    /// Operating system.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operating_system: Option<OperatingSystem>,
+}
+
+/// Capacity map: at most 32 resources, values are quantities (checked by CEL, which needs the
+/// bounds to stay within the API server's cost budget).
+fn capacity_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "maxProperties": 32,
+        "additionalProperties": {"type": "string", "maxLength": 64},
+        "x-kubernetes-validations": [{
+            "rule": "self.all(k, isQuantity(self[k]))",
+            "message": "every capacity value must be a Kubernetes quantity, e.g. 4, 500m, 16Gi"
+        }]
+    })
+}
+
+/// A taint on template nodes.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub struct TemplateTaint {
+    /// Taint key.
+    pub key: String,
+    /// Taint value.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub value: String,
+    /// Taint effect.
+    pub effect: TaintEffect,
+}
+
+/// Taint effects.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum TaintEffect {
+    /// Do not schedule.
+    NoSchedule,
+    /// Avoid scheduling.
+    PreferNoSchedule,
+    /// Evict and do not schedule.
+    NoExecute,
+}
+
+/// CPU architectures.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Architecture {
+    /// x86-64.
+    Amd64,
+    /// 64-bit ARM.
+    Arm64,
+    /// POWER.
+    Ppc64le,
+    /// IBM Z.
+    S390x,
+}
+
+/// Operating systems.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OperatingSystem {
+    /// Linux.
+    Linux,
+    /// Windows.
+    Windows,
+}
+
+/// Prices, in any currency unit, per hour.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Pricing {
+    /// Price of one node for one hour.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub node_hourly: Option<f64>,
+    /// Price of one CPU core for one hour (pod prices, and node prices without `nodeHourly`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub cpu_core_hourly: Option<f64>,
+    /// Price of one GiB of memory for one hour.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub memory_gib_hourly: Option<f64>,
+    /// Price of one GPU for one hour.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub gpu_hourly: Option<f64>,
+}
+
+/// Observed state, written by the leader.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeGroupPolicyStatus {
+    /// Generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready` and `Conflict`, following the Kubernetes API conventions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Node groups governed.
+    #[serde(default)]
+    pub group_count: i32,
+    /// Sum of target sizes.
+    #[serde(default)]
+    pub target_nodes: i32,
+    /// Sum of ready nodes.
+    #[serde(default)]
+    pub ready_nodes: i32,
+    /// One entry per governed group.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupStatus>,
+}
+
+/// Effective values of one governed group.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupStatus {
+    /// Node-group id (`<Kind>/<namespace>/<name>`).
+    pub id: String,
+    /// Effective min size.
+    pub min_size: i32,
+    /// Where min comes from: `Annotation`, `Policy` or `Default`.
+    pub min_source: String,
+    /// Effective max size.
+    pub max_size: i32,
+    /// Where max comes from.
+    pub max_source: String,
+    /// Target size (`spec.replicas`).
+    pub target: i32,
+    /// Nodes registered.
+    pub registered: i32,
+    /// Nodes ready.
+    pub ready: i32,
+    /// Last successful scale-up through this operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_up: Option<Time>,
+    /// Last successful scale-down through this operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_down: Option<Time>,
+    /// Why the group is not served, when it is not (invalid annotation, replicas unset, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+impl From<ScalableKindName> for crate::capi::ScalableKind {
+    fn from(kind: ScalableKindName) -> Self {
+        match kind {
+            ScalableKindName::MachineDeployment => crate::capi::ScalableKind::MachineDeployment,
+            ScalableKindName::MachineSet => crate::capi::ScalableKind::MachineSet,
+            ScalableKindName::MachinePool => crate::capi::ScalableKind::MachinePool,
+        }
+    }
+}
+
+impl NodeGroupPolicy {
+    /// The policy as index rules. Problems the API server's schema cannot catch (bad label
+    /// keys, unparsable values from older clients) make the rules `invalid`, with the reason.
+    pub fn rules(&self) -> crate::index::PolicyRules {
+        use kube::ResourceExt;
+
+        use crate::index::{PolicyRef, PolicyRules};
+
+        let reference = PolicyRef {
+            namespace: self.namespace().unwrap_or_default(),
+            name: self.name_any(),
+            uid: self.uid().unwrap_or_default(),
+        };
+        let created = self
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.to_string())
+            .unwrap_or_default();
+        let mut rules = PolicyRules {
+            reference,
+            created,
+            kinds: self
+                .spec
+                .selector
+                .kinds
+                .iter()
+                .map(|k| (*k).into())
+                .collect(),
+            cluster_name: self.spec.selector.cluster_name.clone(),
+            min: self.spec.min_size,
+            max: self.spec.max_size,
+            pricing: self.spec.pricing.as_ref().map(|p| crate::index::PriceList {
+                node: p.node_hourly,
+                cpu_core: p.cpu_core_hourly,
+                memory_gib: p.memory_gib_hourly,
+                gpu: p.gpu_hourly,
+            }),
+            ..Default::default()
+        };
+        match self.validated() {
+            Ok((selector, options, template)) => {
+                rules.selector = selector;
+                rules.options = options;
+                rules.template = template;
+            }
+            Err(reason) => rules.invalid = Some(reason),
+        }
+        rules
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn validated(
+        &self,
+    ) -> Result<
+        (
+            crate::capi::objects::Selector,
+            crate::capi::annotations::OptionOverrides,
+            Option<crate::index::PolicyTemplate>,
+        ),
+        String,
+    > {
+        use crate::capi::autodiscovery::validate_label;
+        use crate::capi::objects::{Selector, Taint};
+        use crate::{duration, quantity};
+
+        let spec = &self.spec;
+        if let (Some(min), Some(max)) = (spec.min_size, spec.max_size)
+            && min > max
+        {
+            return Err(format!(
+                "spec.minSize {min} is greater than spec.maxSize {max}"
+            ));
+        }
+        for (k, v) in &spec.selector.match_labels {
+            validate_label(k, v).map_err(|e| format!("spec.selector.matchLabels: {e}"))?;
+        }
+        let selector_value = serde_json::json!({
+            "matchLabels": spec.selector.match_labels,
+            "matchExpressions": spec.selector.match_expressions,
+        });
+        for expr in &spec.selector.match_expressions {
+            if !matches!(
+                expr.operator.as_str(),
+                "In" | "NotIn" | "Exists" | "DoesNotExist"
+            ) {
+                return Err(format!(
+                    "spec.selector.matchExpressions: unknown operator {:?} (In, NotIn, Exists, DoesNotExist)",
+                    expr.operator
+                ));
+            }
+        }
+        let selector = Selector::from_value(Some(&selector_value)).unwrap_or_default();
+
+        let mut options = crate::capi::annotations::OptionOverrides::default();
+        if let Some(o) = &spec.options {
+            let dur = |field: &str, v: &Option<String>| -> Result<_, String> {
+                v.as_deref()
+                    .map(|s| duration::parse(s).map_err(|e| format!("spec.options.{field}: {e}")))
+                    .transpose()
+            };
+            let threshold = |field: &str, v: Option<f64>| -> Result<_, String> {
+                match v {
+                    Some(t) if !(0.0..=1.0).contains(&t) => {
+                        Err(format!("spec.options.{field}: {t} is not between 0 and 1"))
+                    }
+                    other => Ok(other),
+                }
+            };
+            options.scale_down_utilization_threshold = threshold(
+                "scaleDownUtilizationThreshold",
+                o.scale_down_utilization_threshold,
+            )?;
+            options.scale_down_gpu_utilization_threshold = threshold(
+                "scaleDownGpuUtilizationThreshold",
+                o.scale_down_gpu_utilization_threshold,
+            )?;
+            options.scale_down_unneeded_time =
+                dur("scaleDownUnneededTime", &o.scale_down_unneeded_time)?;
+            options.scale_down_unready_time =
+                dur("scaleDownUnreadyTime", &o.scale_down_unready_time)?;
+            options.max_node_provision_time =
+                dur("maxNodeProvisionTime", &o.max_node_provision_time)?;
+            options.max_node_startup_time = dur("maxNodeStartupTime", &o.max_node_startup_time)?;
+            options.ignore_daemonsets_utilization = o.ignore_daemon_sets_utilization;
+            options.zero_or_max_node_scaling = o.zero_or_max_node_scaling;
+        }
+
+        let template = match &spec.scale_from_zero {
+            None => None,
+            Some(t) => {
+                for (k, v) in &t.capacity {
+                    quantity::parse(v)
+                        .map_err(|e| format!("spec.scaleFromZero.capacity.{k}: {e}"))?;
+                }
+                for (k, v) in &t.labels {
+                    validate_label(k, v).map_err(|e| format!("spec.scaleFromZero.labels: {e}"))?;
+                }
+                let mut taints = Vec::new();
+                for taint in &t.taints {
+                    validate_label(&taint.key, &taint.value)
+                        .map_err(|e| format!("spec.scaleFromZero.taints: {e}"))?;
+                    let effect = match taint.effect {
+                        TaintEffect::NoSchedule => "NoSchedule",
+                        TaintEffect::PreferNoSchedule => "PreferNoSchedule",
+                        TaintEffect::NoExecute => "NoExecute",
+                    };
+                    taints.push(Taint {
+                        key: taint.key.clone(),
+                        value: taint.value.clone(),
+                        effect: effect.into(),
+                    });
+                }
+                Some(crate::index::PolicyTemplate {
+                    capacity: t.capacity.clone(),
+                    labels: t.labels.clone(),
+                    taints,
+                    architecture: t.architecture.as_ref().and_then(serde_name),
+                    operating_system: t.operating_system.as_ref().and_then(serde_name),
+                })
+            }
+        };
+        Ok((selector, options, template))
+    }
+}
+
+/// The serialized name of a unit enum variant (`arm64`, `linux`).
+fn serde_name<T: Serialize>(value: &T) -> Option<String> {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(spec: serde_json::Value) -> NodeGroupPolicy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodeGroupPolicy",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": spec
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_full_policy_becomes_rules() {
+        let rules = policy(serde_json::json!({
+            "selector": {"kinds": ["MachineDeployment"], "clusterName": "c1", "matchLabels": {"pool": "batch"}},
+            "minSize": 1, "maxSize": 5,
+            "options": {"scaleDownUnneededTime": "2m", "scaleDownUtilizationThreshold": 0.4},
+            "scaleFromZero": {"capacity": {"cpu": "4", "memory": "16Gi"}, "architecture": "arm64",
+                "taints": [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}]},
+            "pricing": {"nodeHourly": 0.5}
+        }))
+        .rules();
+        assert_eq!(rules.invalid, None);
+        assert_eq!(rules.reference.key(), "ns/p");
+        assert_eq!(
+            rules.kinds,
+            vec![crate::capi::ScalableKind::MachineDeployment]
+        );
+        assert_eq!((rules.min, rules.max), (Some(1), Some(5)));
+        assert_eq!(
+            rules.options.scale_down_unneeded_time,
+            Some(std::time::Duration::from_secs(120))
+        );
+        let template = rules.template.unwrap();
+        assert_eq!(template.architecture.as_deref(), Some("arm64"));
+        assert_eq!(template.taints[0].effect, "NoSchedule");
+        assert_eq!(rules.pricing.unwrap().node, Some(0.5));
+    }
+
+    #[test]
+    fn specs_the_schema_cannot_catch_are_invalid_with_a_reason() {
+        let bad_label =
+            policy(serde_json::json!({"selector": {"matchLabels": {"-bad": "x"}}, "maxSize": 3}))
+                .rules();
+        assert!(
+            bad_label
+                .invalid
+                .unwrap()
+                .contains("spec.selector.matchLabels")
+        );
+        let inverted =
+            policy(serde_json::json!({"selector": {}, "minSize": 4, "maxSize": 3})).rules();
+        assert!(
+            inverted
+                .invalid
+                .unwrap()
+                .contains("greater than spec.maxSize")
+        );
+        let bad_quantity = policy(
+            serde_json::json!({"selector": {}, "scaleFromZero": {"capacity": {"cpu": "lots"}}}),
+        )
+        .rules();
+        assert!(
+            bad_quantity
+                .invalid
+                .unwrap()
+                .contains("spec.scaleFromZero.capacity.cpu")
+        );
+    }
+}
