@@ -73,3 +73,15 @@ fn truncate(mut note: String) -> String {
     }
     note
 }
+
+/// Reference to a NodeGroupPolicy, for events on it.
+pub fn policy_reference(policy: &crate::index::PolicyRef) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(format!("{}/v1alpha1", crate::api::GROUP)),
+        kind: Some("NodeGroupPolicy".into()),
+        namespace: Some(policy.namespace.clone()),
+        name: Some(policy.name.clone()),
+        uid: Some(policy.uid.clone()).filter(|u| !u.is_empty()),
+        ..Default::default()
+    }
+}

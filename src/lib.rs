@@ -18,4 +18,5 @@ pub mod quantity;
 pub mod runtime;
 pub mod sandbox;
 pub mod server;
+pub mod status;
 pub mod template;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use nodegroup_operator::capi::keys::DEFAULT_GROUP;
+use nodegroup_operator::runtime::leader::LeaderConfig;
 use nodegroup_operator::runtime::{self, Config};
 use nodegroup_operator::server::tls::TlsFiles;
 use nodegroup_operator::template::KNOWN_ARCHITECTURES;
@@ -71,6 +72,13 @@ struct RunArgs {
     /// Milliseconds to coalesce watch events before rebuilding the index.
     #[arg(long, default_value_t = 20)]
     rebuild_delay_ms: u64,
+    /// Namespace of the leader-election Lease; leader election is off when unset (run a single
+    /// replica then). Defaults to POD_NAMESPACE when that is set.
+    #[arg(long, env = "POD_NAMESPACE")]
+    leader_election_namespace: Option<String>,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "nodegroup-operator")]
+    leader_election_lease: String,
     /// Log as JSON.
     #[arg(long, env = "NGO_LOG_JSON")]
     log_json: bool,
@@ -100,6 +108,17 @@ impl RunArgs {
             kubeconfig: self.kubeconfig.clone(),
             rebuild_delay: Duration::from_millis(self.rebuild_delay_ms),
             pod_name: std::env::var("POD_NAME").ok(),
+            leader_election: self
+                .leader_election_namespace
+                .clone()
+                .map(|namespace| LeaderConfig {
+                    namespace,
+                    name: self.leader_election_lease.clone(),
+                    identity: std::env::var("POD_NAME")
+                        .unwrap_or_else(|_| format!("nodegroup-operator-{}", std::process::id())),
+                    lease_duration: Duration::from_secs(15),
+                    retry_period: Duration::from_secs(2),
+                }),
         })
     }
 }

@@ -174,8 +174,14 @@ async fn node_groups_and_lookups_are_served_from_real_objects() {
     let price = client
         .pricing_node_price(proto::PricingNodePriceRequest {
             node: Some(node_msg(&pids[0], "n")),
-            start_timestamp: Some(prost_types::Timestamp { seconds: 0, nanos: 0 }),
-            end_timestamp: Some(prost_types::Timestamp { seconds: 3600, nanos: 0 }),
+            start_timestamp: Some(prost_types::Timestamp {
+                seconds: 0,
+                nanos: 0,
+            }),
+            end_timestamp: Some(prost_types::Timestamp {
+                seconds: 3600,
+                nanos: 0,
+            }),
             ..Default::default()
         })
         .await

@@ -9,6 +9,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
 use serde_json::json;
 
+use super::activity::{ActivityLog, Direction};
 use super::error::ActuateError;
 use crate::capi::objects::ScalableKind;
 use crate::capi::resources::CapiResources;
@@ -53,6 +54,7 @@ pub struct CapiActuator {
     resources: CapiResources,
     keys: CapiKeys,
     events: Option<EventPublisher>,
+    activity: Arc<ActivityLog>,
     /// Serialises mutations per group inside this process (replicas race through
     /// resourceVersion checks across processes).
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -65,12 +67,14 @@ impl CapiActuator {
         resources: CapiResources,
         keys: CapiKeys,
         events: Option<EventPublisher>,
+        activity: Arc<ActivityLog>,
     ) -> Self {
         Self {
             client,
             resources,
             keys,
             events,
+            activity,
             locks: Mutex::default(),
         }
     }
@@ -94,7 +98,7 @@ impl CapiActuator {
                 Ok(desired as i32)
             })
             .await;
-        self.report(group, "ScaleUp", &result, |(from, to)| {
+        self.report(group, "ScaleUp", Direction::Up, &result, |(from, to)| {
             format!("scaled up from {from} to {to} replicas (delta {delta})")
         })
         .await;
@@ -137,9 +141,13 @@ impl CapiActuator {
                 Ok(desired as i32)
             })
             .await;
-        self.report(group, "DecreaseTargetSize", &result, |(from, to)| {
-            format!("decreased target size from {from} to {to} (delta {delta})")
-        })
+        self.report(
+            group,
+            "DecreaseTargetSize",
+            Direction::Down,
+            &result,
+            |(from, to)| format!("decreased target size from {from} to {to} (delta {delta})"),
+        )
         .await;
         result.map(|(_, to)| to)
     }
@@ -157,7 +165,7 @@ impl CapiActuator {
         let _guard = self.lock(&group.id).await;
         let result = self.delete_nodes_locked(snapshot, group, nodes).await;
         let names: Vec<&str> = nodes.iter().map(NodeRef::id).collect();
-        self.report(group, "ScaleDown", &result, |removed| {
+        self.report(group, "ScaleDown", Direction::Down, &result, |removed| {
             format!(
                 "deleting {removed} of {} node(s): {}",
                 nodes.len(),
@@ -440,13 +448,25 @@ impl CapiActuator {
     }
 
     /// Emits a Normal event for a completed action, a Warning for a refused or failed one.
+    /// Records the outcome and emits events: Normal for a completed action, Warning for a
+    /// refused or failed one, on the scalable resource and on its governing policy.
     async fn report<T>(
         &self,
         group: &NodeGroup,
         action: &str,
+        direction: Direction,
         result: &Result<T, ActuateError>,
         describe: impl Fn(&T) -> String,
     ) {
+        let now = jiff::Timestamp::now();
+        match result {
+            Ok(_) => self.activity.success(&group.id, direction, now),
+            Err(e) if !e.is_rejection() => {
+                self.activity
+                    .failure(&group.id, direction, e.to_string(), now)
+            }
+            Err(_) => {}
+        }
         let Some(events) = &self.events else { return };
         let (severity, reason, note) = match result {
             Ok(value) => (Severity::Normal, action.to_string(), describe(value)),
@@ -458,7 +478,7 @@ impl CapiActuator {
             Err(e) => (Severity::Warning, format!("{action}Failed"), e.to_string()),
         };
         let ar = self.api_resource(group.kind);
-        let reference = ObjectReference {
+        let resource = ObjectReference {
             api_version: Some(ar.api_version.clone()),
             kind: Some(ar.kind.clone()),
             namespace: Some(group.namespace.clone()),
@@ -467,7 +487,19 @@ impl CapiActuator {
             ..Default::default()
         };
         events
-            .publish(&reference, severity, &reason, action, note)
+            .publish(&resource, severity, &reason, action, note.clone())
             .await;
+        if let Some(policy) = &group.policy {
+            let note = format!("{}: {note}", group.id);
+            events
+                .publish(
+                    &crate::events::policy_reference(policy),
+                    severity,
+                    &reason,
+                    action,
+                    note,
+                )
+                .await;
+        }
     }
 }

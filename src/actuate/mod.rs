@@ -2,8 +2,10 @@
 //! `/scale` value; every replica change is a compare-and-swap on `resourceVersion`, retried on
 //! conflict.
 
+pub mod activity;
 mod capi;
 mod error;
 
+pub use activity::{ActivityLog, Direction};
 pub use capi::{CapiActuator, NodeRef};
 pub use error::ActuateError;

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 const DURATION_PATTERN: &str = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$";
 
 /// Desired autoscaling behaviour for the scalable resources it selects.
+#[allow(clippy::duplicated_attributes)] // repeated `type_` keys inside `printcolumn(...)`
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
 #[kube(
     group = "autoscaling.nodegroup.dev",

@@ -18,6 +18,7 @@ pub async fn report(
     mut snapshots: SnapshotHandle,
     resources: CapiResources,
     events: EventPublisher,
+    leader: tokio::sync::watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut reported: HashMap<String, String> = HashMap::new();
@@ -25,6 +26,9 @@ pub async fn report(
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
             alive = snapshots.changed() => if !alive { return Ok(()) },
+        }
+        if !*leader.borrow() {
+            continue;
         }
         let Some(snapshot) = snapshots.current() else {
             continue;
@@ -63,6 +67,17 @@ pub async fn report(
                     format!("not served as a node group: {message}"),
                 )
                 .await;
+            if let Some(policy) = &exclusion.policy {
+                events
+                    .publish(
+                        &crate::events::policy_reference(policy),
+                        Severity::Warning,
+                        INVALID_REASON,
+                        "Validate",
+                        format!("{key} is not served: {message}"),
+                    )
+                    .await;
+            }
         }
         reported = current;
     }

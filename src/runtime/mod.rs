@@ -4,6 +4,7 @@
 
 mod admin;
 mod exclusions;
+pub mod leader;
 mod watches;
 
 use std::net::SocketAddr;
@@ -18,7 +19,7 @@ use tokio::task::JoinSet;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::actuate::CapiActuator;
+use crate::actuate::{ActivityLog, CapiActuator};
 use crate::capi::CapiKeys;
 use crate::capi::autodiscovery::DiscoveryFilter;
 use crate::capi::resources::CapiResources;
@@ -28,6 +29,7 @@ use crate::metrics::Metrics;
 use crate::proto::cloud_provider_server::CloudProviderServer;
 use crate::server::CloudProviderService;
 use crate::server::tls::TlsFiles;
+use crate::status::writer::StatusWriter;
 
 pub use watches::Watches;
 
@@ -54,6 +56,8 @@ pub struct Config {
     pub rebuild_delay: Duration,
     /// Pod name, for Events.
     pub pod_name: Option<String>,
+    /// Lease-based leader election; `None` makes this replica the leader (single replica).
+    pub leader_election: Option<leader::LeaderConfig>,
 }
 
 /// A started operator.
@@ -66,9 +70,15 @@ pub struct Running {
     pub snapshots: index::SnapshotHandle,
     shutdown: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
+    leading: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Running {
+    /// True while this replica holds the leader lease.
+    pub fn is_leader(&self) -> bool {
+        *self.leading.borrow()
+    }
+
     /// Stops serving (draining in-flight RPCs) and waits for every task.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         self.shutdown.cancel();
@@ -165,18 +175,53 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         config.rebuild_delay,
         shutdown.clone(),
     ));
+    let (leading_tx, leading) = tokio::sync::watch::channel(config.leader_election.is_none());
+    match config.leader_election.clone() {
+        Some(election) => {
+            tasks.spawn(leader::run(
+                client.clone(),
+                election,
+                leading_tx,
+                shutdown.clone(),
+            ));
+        }
+        None => {
+            // Single replica: always the leader; the sender lives as long as the tasks.
+            let shutdown = shutdown.clone();
+            tasks.spawn(async move {
+                shutdown.cancelled().await;
+                drop(leading_tx);
+                Ok(())
+            });
+        }
+    }
     tasks.spawn(exclusions::report(
         snapshots.clone(),
         resources.clone(),
         events.clone(),
+        leading.clone(),
         shutdown.clone(),
     ));
+    let activity = Arc::new(ActivityLog::default());
+    if with_policies {
+        let policies_of = watches.clone();
+        let writer = StatusWriter {
+            client: client.clone(),
+            policies: Box::new(move || policies_of.policies()),
+            snapshots: snapshots.clone(),
+            activity: activity.clone(),
+            events: events.clone(),
+            leader: leading.clone(),
+        };
+        tasks.spawn(writer.run(shutdown.clone()));
+    }
 
     let actuator = Arc::new(CapiActuator::new(
         client.clone(),
         resources,
         keys,
         Some(events),
+        activity,
     ));
     let service = CloudProviderService::new(snapshots.clone(), actuator, metrics.clone());
 
@@ -225,5 +270,6 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         snapshots,
         shutdown,
         tasks,
+        leading,
     })
 }

@@ -100,6 +100,8 @@ async fn create_no_scale_role(client: &Client) -> anyhow::Result<()> {
              "verbs": ["get"]},
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["autoscaling.nodegroup.dev"], "resources": ["nodegrouppolicies"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["autoscaling.nodegroup.dev"], "resources": ["nodegrouppolicies/status"], "verbs": ["patch"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
             {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
             {"apiGroups": ["infrastructure.cluster.x-k8s.io"], "resources": ["*"], "verbs": ["get", "list", "watch"]}
         ]
@@ -427,6 +429,13 @@ pub fn operator_config(namespace: &str, kubeconfig: PathBuf, tls: Option<TlsFile
         kubeconfig: Some(kubeconfig),
         rebuild_delay: Duration::from_millis(10),
         pod_name: None,
+        leader_election: Some(nodegroup_operator::runtime::leader::LeaderConfig {
+            namespace: namespace.to_string(),
+            name: "nodegroup-operator".into(),
+            identity: format!("test-{}", rand::random::<u32>()),
+            lease_duration: Duration::from_secs(15),
+            retry_period: Duration::from_secs(1),
+        }),
     }
 }
 

@@ -1,0 +1,132 @@
+//! Lease-based leader election (coordination.k8s.io/v1). Every replica serves gRPC; only the
+//! leader writes status and reports configuration problems.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Where the Lease lives and who we are.
+#[derive(Clone, Debug)]
+pub struct LeaderConfig {
+    /// Namespace of the Lease.
+    pub namespace: String,
+    /// Name of the Lease.
+    pub name: String,
+    /// Our identity (pod name).
+    pub identity: String,
+    /// How long a lease stays valid without renewal.
+    pub lease_duration: Duration,
+    /// How often to renew or retry.
+    pub retry_period: Duration,
+}
+
+/// Runs the election until `shutdown`, publishing leadership on `leading`; releases the
+/// lease on shutdown.
+pub async fn run(
+    client: Client,
+    config: LeaderConfig,
+    leading: watch::Sender<bool>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let api: Api<Lease> = Api::namespaced(client, &config.namespace);
+    loop {
+        let now_leading = match try_acquire_or_renew(&api, &config).await {
+            Ok(l) => l,
+            Err(error) => {
+                tracing::warn!(%error, lease = %config.name, "leader election: lease update failed");
+                false
+            }
+        };
+        if leading.send_replace(now_leading) != now_leading {
+            tracing::info!(identity = %config.identity, leading = now_leading, "leadership changed");
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(config.retry_period) => {}
+        }
+    }
+    if *leading.borrow() {
+        release(&api, &config).await;
+        leading.send_replace(false);
+    }
+    Ok(())
+}
+
+async fn try_acquire_or_renew(
+    api: &Api<Lease>,
+    config: &LeaderConfig,
+) -> Result<bool, kube::Error> {
+    let now = jiff::Timestamp::now();
+    let duration_secs = config.lease_duration.as_secs() as i32;
+    let Some(mut lease) = api.get_opt(&config.name).await? else {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(config.name.clone()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(config.identity.clone()),
+                lease_duration_seconds: Some(duration_secs),
+                acquire_time: Some(MicroTime(now)),
+                renew_time: Some(MicroTime(now)),
+                lease_transitions: Some(0),
+                ..Default::default()
+            }),
+        };
+        return match api.create(&PostParams::default(), &lease).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        };
+    };
+    let spec = lease.spec.get_or_insert_default();
+    let holder = spec.holder_identity.clone().unwrap_or_default();
+    let held_by_us = holder == config.identity;
+    let expired = match (&spec.renew_time, spec.lease_duration_seconds) {
+        (Some(renewed), Some(secs)) => renewed
+            .0
+            .checked_add(jiff::SignedDuration::from_secs(i64::from(secs)))
+            .is_ok_and(|end| end < now),
+        _ => true,
+    };
+    if !held_by_us && !holder.is_empty() && !expired {
+        return Ok(false);
+    }
+    if !held_by_us {
+        spec.acquire_time = Some(MicroTime(now));
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        spec.holder_identity = Some(config.identity.clone());
+    }
+    spec.renew_time = Some(MicroTime(now));
+    spec.lease_duration_seconds = Some(duration_secs);
+    // resourceVersion from the read makes this a compare-and-swap.
+    match api
+        .replace(&config.name, &PostParams::default(), &lease)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+async fn release(api: &Api<Lease>, config: &LeaderConfig) {
+    if let Ok(Some(mut lease)) = api.get_opt(&config.name).await {
+        let spec = lease.spec.get_or_insert_default();
+        if spec.holder_identity.as_deref() == Some(config.identity.as_str()) {
+            spec.holder_identity = None;
+            spec.renew_time = None;
+            if let Err(error) = api
+                .replace(&config.name, &PostParams::default(), &lease)
+                .await
+            {
+                tracing::warn!(%error, "could not release the leader lease");
+            }
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! NodeGroupPolicy status: computed by a pure function from the snapshot and recent activity
+//! (`compute`), written by the leader with server-side apply (`writer`).
+
+pub mod writer;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+
+use crate::actuate::ActivityLog;
+use crate::actuate::activity::Direction;
+use crate::api::conditions::{self, DesiredCondition};
+use crate::api::policy::{GroupStatus, NodeGroupPolicy, NodeGroupPolicyStatus};
+use crate::index::{PolicyReport, Snapshot, Source};
+
+/// Condition type: the policy governs at least one served group and nothing is failing.
+pub const READY: &str = "Ready";
+/// Condition type: some selected resources are governed by an older policy.
+pub const CONFLICT: &str = "Conflict";
+/// Condition type: every governed resource has valid autoscaler configuration.
+pub const RESOURCES_VALID: &str = "ResourcesValid";
+
+fn source(s: Source) -> String {
+    format!("{s:?}")
+}
+
+/// The status `policy` should have now.
+pub fn compute(
+    policy: &NodeGroupPolicy,
+    snapshot: &Snapshot,
+    activity: &ActivityLog,
+    now: &Time,
+) -> NodeGroupPolicyStatus {
+    let key = format!(
+        "{}/{}",
+        policy.namespace().unwrap_or_default(),
+        policy.name_any()
+    );
+    let empty = PolicyReport::default();
+    let report = snapshot.policies.get(&key).unwrap_or(&empty);
+    let generation = policy.metadata.generation;
+    let to_time = |t: jiff::Timestamp| Time(t);
+
+    let mut groups = Vec::new();
+    let mut failures = Vec::new();
+    for id in &report.governed {
+        let Some(g) = snapshot.group(id) else {
+            continue;
+        };
+        let recent = activity.get(id);
+        if let Some(f) = recent
+            .last_failure
+            .as_ref()
+            .filter(|f| f.direction == Direction::Up)
+        {
+            failures.push(format!("{id}: {}", f.message));
+        }
+        groups.push(GroupStatus {
+            id: id.clone(),
+            min_size: g.min,
+            min_source: source(g.min_source),
+            max_size: g.max,
+            max_source: source(g.max_source),
+            target: g.target,
+            registered: g.registered as i32,
+            ready: g.ready as i32,
+            last_scale_up: recent.last_scale_up.map(to_time),
+            last_scale_down: recent.last_scale_down.map(to_time),
+            problem: None,
+        });
+    }
+    for (id, why) in &report.excluded {
+        groups.push(GroupStatus {
+            id: id.clone(),
+            problem: Some(why.clone()),
+            ..Default::default()
+        });
+    }
+
+    let served = report.governed.len();
+    let ready = if let Some(reason) = &report.invalid {
+        DesiredCondition {
+            type_: READY,
+            status: false,
+            reason: "InvalidSpec".into(),
+            message: reason.clone(),
+        }
+    } else if served == 0 && report.excluded.is_empty() && !report.conflicts.is_empty() {
+        DesiredCondition {
+            type_: READY,
+            status: false,
+            reason: "Conflict".into(),
+            message: format!(
+                "every selected resource is governed by an older policy: {}",
+                list_conflicts(report)
+            ),
+        }
+    } else if served == 0 && report.excluded.is_empty() {
+        DesiredCondition {
+            type_: READY,
+            status: false,
+            reason: "NoMatchingResources".into(),
+            message: format!(
+                "the selector matches no MachineDeployment, MachineSet or MachinePool in namespace {}",
+                policy.namespace().unwrap_or_default()
+            ),
+        }
+    } else if served == 0 {
+        DesiredCondition {
+            type_: READY,
+            status: false,
+            reason: "NoServedGroups".into(),
+            message: format!(
+                "no selected resource is served: {}",
+                list_pairs(&report.excluded)
+            ),
+        }
+    } else if !failures.is_empty() {
+        DesiredCondition {
+            type_: READY,
+            status: false,
+            reason: "ScaleUpFailed".into(),
+            message: failures.join("; "),
+        }
+    } else {
+        DesiredCondition {
+            type_: READY,
+            status: true,
+            reason: "GroupsServed".into(),
+            message: format!("serving {served} node group(s)"),
+        }
+    };
+    let conflict = if report.conflicts.is_empty() {
+        DesiredCondition {
+            type_: CONFLICT,
+            status: false,
+            reason: "NoConflict".into(),
+            message: "no other policy governs a selected resource".into(),
+        }
+    } else {
+        DesiredCondition {
+            type_: CONFLICT,
+            status: true,
+            reason: "OlderPolicyGoverns".into(),
+            message: format!(
+                "governed by older policies instead: {}",
+                list_conflicts(report)
+            ),
+        }
+    };
+    let invalid: Vec<&(String, String)> = report
+        .excluded
+        .iter()
+        .filter(|(_, why)| !why.starts_with("paused") && !why.starts_with("no max size"))
+        .collect();
+    let valid = if invalid.is_empty() {
+        DesiredCondition {
+            type_: RESOURCES_VALID,
+            status: true,
+            reason: "AllValid".into(),
+            message: "every governed resource is valid".into(),
+        }
+    } else {
+        DesiredCondition {
+            type_: RESOURCES_VALID,
+            status: false,
+            reason: "InvalidConfiguration".into(),
+            message: invalid
+                .iter()
+                .map(|(id, why)| format!("{id}: {why}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+        }
+    };
+    let previous = policy
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    NodeGroupPolicyStatus {
+        observed_generation: generation,
+        conditions: conditions::merge(previous, &[ready, conflict, valid], generation, now),
+        group_count: served as i32,
+        target_nodes: groups.iter().map(|g| g.target).sum(),
+        ready_nodes: groups.iter().map(|g| g.ready).sum(),
+        groups,
+    }
+}
+
+fn list_conflicts(report: &PolicyReport) -> String {
+    report
+        .conflicts
+        .iter()
+        .map(|(id, by)| format!("{id} (by {by})"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn list_pairs(pairs: &[(String, String)]) -> String {
+    pairs
+        .iter()
+        .map(|(id, why)| format!("{id}: {why}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests;

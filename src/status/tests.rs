@@ -1,0 +1,189 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::index::{NodeGroup, PolicyRef};
+
+fn policy() -> NodeGroupPolicy {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodeGroupPolicy",
+        "metadata": {"name": "p", "namespace": "ns", "generation": 3},
+        "spec": {"selector": {}}
+    }))
+    .unwrap()
+}
+
+fn group(id: &str) -> NodeGroup {
+    NodeGroup {
+        id: id.into(),
+        kind: crate::capi::ScalableKind::MachineDeployment,
+        namespace: "ns".into(),
+        name: "md".into(),
+        uid: String::new(),
+        min: 1,
+        max: 5,
+        min_source: Source::Policy,
+        max_source: Source::Annotation,
+        target: 3,
+        instances: vec![],
+        registered: 3,
+        ready: 2,
+        options: Default::default(),
+        template: None,
+        provider_id_list: None,
+        policy: None,
+        pricing: None,
+        node_capacity: Default::default(),
+    }
+}
+
+fn snapshot(report: PolicyReport, groups: &[&str]) -> Snapshot {
+    let mut s = Snapshot::default();
+    for id in groups {
+        s.groups.insert(id.to_string(), Arc::new(group(id)));
+    }
+    s.policies.insert("ns/p".into(), report);
+    s
+}
+
+fn report() -> PolicyReport {
+    PolicyReport {
+        reference: PolicyRef {
+            namespace: "ns".into(),
+            name: "p".into(),
+            uid: String::new(),
+        },
+        ..Default::default()
+    }
+}
+
+fn condition<'a>(
+    status: &'a NodeGroupPolicyStatus,
+    type_: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    status.conditions.iter().find(|c| c.type_ == type_).unwrap()
+}
+
+fn now() -> Time {
+    Time(jiff::Timestamp::from_second(1_000).unwrap())
+}
+
+#[test]
+fn served_groups_make_the_policy_ready_with_effective_values_and_sources() {
+    let mut r = report();
+    r.governed = vec!["MachineDeployment/ns/md".into()];
+    let status = compute(
+        &policy(),
+        &snapshot(r, &["MachineDeployment/ns/md"]),
+        &ActivityLog::default(),
+        &now(),
+    );
+    assert_eq!(status.observed_generation, Some(3));
+    assert_eq!(
+        (status.group_count, status.target_nodes, status.ready_nodes),
+        (1, 3, 2)
+    );
+    let g = &status.groups[0];
+    assert_eq!(
+        (g.min_size, g.min_source.as_str(), g.max_source.as_str()),
+        (1, "Policy", "Annotation")
+    );
+    let ready = condition(&status, READY);
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "GroupsServed")
+    );
+    assert_eq!(condition(&status, CONFLICT).status, "False");
+}
+
+#[test]
+fn no_match_conflict_invalid_spec_and_scale_up_failure_have_their_reasons() {
+    let status = compute(
+        &policy(),
+        &snapshot(report(), &[]),
+        &ActivityLog::default(),
+        &now(),
+    );
+    assert_eq!(condition(&status, READY).reason, "NoMatchingResources");
+
+    let mut r = report();
+    r.conflicts = vec![("MachineDeployment/ns/md".into(), "ns/older".into())];
+    let status = compute(
+        &policy(),
+        &snapshot(r, &[]),
+        &ActivityLog::default(),
+        &now(),
+    );
+    assert_eq!(condition(&status, READY).reason, "Conflict");
+    let conflict = condition(&status, CONFLICT);
+    assert_eq!(conflict.status, "True");
+    assert!(
+        conflict
+            .message
+            .contains("MachineDeployment/ns/md (by ns/older)"),
+        "{}",
+        conflict.message
+    );
+
+    let mut r = report();
+    r.invalid = Some("spec.selector.matchLabels: bad".into());
+    let status = compute(
+        &policy(),
+        &snapshot(r, &[]),
+        &ActivityLog::default(),
+        &now(),
+    );
+    assert_eq!(condition(&status, READY).reason, "InvalidSpec");
+
+    let mut r = report();
+    r.governed = vec!["MachineDeployment/ns/md".into()];
+    let log = ActivityLog::default();
+    log.failure(
+        "MachineDeployment/ns/md",
+        Direction::Up,
+        "quota".into(),
+        jiff::Timestamp::now(),
+    );
+    let status = compute(
+        &policy(),
+        &snapshot(r, &["MachineDeployment/ns/md"]),
+        &log,
+        &now(),
+    );
+    let ready = condition(&status, READY);
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "ScaleUpFailed")
+    );
+    assert!(ready.message.contains("quota"));
+}
+
+#[test]
+fn invalid_resources_are_listed_with_their_problem() {
+    let mut r = report();
+    r.governed = vec!["MachineDeployment/ns/md".into()];
+    r.excluded = vec![(
+        "MachineDeployment/ns/bad".into(),
+        "annotation x: must be an integer".into(),
+    )];
+    let status = compute(
+        &policy(),
+        &snapshot(r, &["MachineDeployment/ns/md"]),
+        &ActivityLog::default(),
+        &now(),
+    );
+    let valid = condition(&status, RESOURCES_VALID);
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("False", "InvalidConfiguration")
+    );
+    assert!(valid.message.contains("MachineDeployment/ns/bad"));
+    assert_eq!(
+        status.groups[1].problem.as_deref(),
+        Some("annotation x: must be an integer")
+    );
+    assert_eq!(
+        condition(&status, READY).status,
+        "True",
+        "other groups keep being served"
+    );
+}

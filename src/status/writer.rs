@@ -1,0 +1,112 @@
+//! Writes NodeGroupPolicy status (server-side apply, own field manager) and Events on the
+//! policy for spec problems. Runs on the leader only; re-checks on every snapshot and every
+//! `RESYNC` so activity (scale-up times, failures) shows up too.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::actuate::ActivityLog;
+use crate::api::NodeGroupPolicy;
+use crate::events::{EventPublisher, Severity, policy_reference};
+use crate::index::{PolicyRef, SnapshotHandle};
+
+/// Field manager for status writes.
+pub const FIELD_MANAGER: &str = "nodegroup-operator-status";
+const RESYNC: Duration = Duration::from_secs(10);
+
+/// What the writer needs.
+pub struct StatusWriter {
+    /// Client for status writes.
+    pub client: Client,
+    /// Current policies.
+    pub policies: Box<dyn Fn() -> Vec<Arc<NodeGroupPolicy>> + Send + Sync>,
+    /// Snapshots.
+    pub snapshots: SnapshotHandle,
+    /// Recent actuation activity.
+    pub activity: Arc<ActivityLog>,
+    /// Events.
+    pub events: EventPublisher,
+    /// True while this replica leads.
+    pub leader: watch::Receiver<bool>,
+}
+
+impl StatusWriter {
+    /// Runs until `shutdown`.
+    pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let mut reported_invalid: HashMap<String, String> = HashMap::new();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                alive = self.snapshots.changed() => if !alive { return Ok(()) },
+                _ = self.leader.changed() => {},
+                _ = tokio::time::sleep(RESYNC) => {},
+            }
+            if !*self.leader.borrow() {
+                continue;
+            }
+            let Some(snapshot) = self.snapshots.current() else {
+                continue;
+            };
+            let now = Time(jiff::Timestamp::now());
+            for policy in (self.policies)() {
+                let status = super::compute(&policy, &snapshot, &self.activity, &now);
+                if policy.status.as_ref() != Some(&status) {
+                    self.write(&policy, &status).await;
+                }
+                let key = format!(
+                    "{}/{}",
+                    policy.namespace().unwrap_or_default(),
+                    policy.name_any()
+                );
+                match snapshot.policies.get(&key).and_then(|r| r.invalid.clone()) {
+                    Some(reason) if reported_invalid.get(&key) != Some(&reason) => {
+                        let reference = policy_reference(&PolicyRef {
+                            namespace: policy.namespace().unwrap_or_default(),
+                            name: policy.name_any(),
+                            uid: policy.uid().unwrap_or_default(),
+                        });
+                        self.events
+                            .publish(
+                                &reference,
+                                Severity::Warning,
+                                "InvalidSpec",
+                                "Validate",
+                                reason.clone(),
+                            )
+                            .await;
+                        reported_invalid.insert(key, reason);
+                    }
+                    Some(_) => {}
+                    None => {
+                        reported_invalid.remove(&key);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn write(&self, policy: &NodeGroupPolicy, status: &crate::api::NodeGroupPolicyStatus) {
+        let namespace = policy.namespace().unwrap_or_default();
+        let api: Api<NodeGroupPolicy> = Api::namespaced(self.client.clone(), &namespace);
+        let patch = json!({
+            "apiVersion": format!("{}/v1alpha1", crate::api::GROUP),
+            "kind": "NodeGroupPolicy",
+            "status": status,
+        });
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        if let Err(error) = api
+            .patch_status(&policy.name_any(), &params, &Patch::Apply(&patch))
+            .await
+        {
+            tracing::warn!(%error, policy = %policy.name_any(), %namespace, "could not write policy status");
+        }
+    }
+}
