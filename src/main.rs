@@ -28,7 +28,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve the externalgrpc endpoint (the default).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the CustomResourceDefinitions as YAML.
     Crd,
 }
@@ -163,7 +163,7 @@ async fn main() -> anyhow::Result<()> {
             );
             return Ok(());
         }
-        Some(Command::Run(args)) => args,
+        Some(Command::Run(args)) => *args,
         None => cli.run,
     };
     init_logging(args.log_json);

@@ -799,7 +799,7 @@ async fn get_options_echoes_defaults_and_applies_annotations() {
     let options = client
         .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
             id: format!("MachineDeployment/{}/tuned", ns.name),
-            defaults: Some(defaults.clone()),
+            defaults: Some(defaults),
         })
         .await
         .unwrap()

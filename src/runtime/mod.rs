@@ -31,7 +31,7 @@ use crate::server::CloudProviderService;
 use crate::server::tls::TlsFiles;
 use crate::status::writer::StatusWriter;
 
-pub use watches::Watches;
+pub use watches::{WatchSpec, Watches};
 
 /// Everything `run` needs.
 #[derive(Clone, Debug)]
@@ -161,11 +161,13 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 
     let watches = Watches::start(
         client.clone(),
-        resources.clone(),
-        keys.clone(),
-        filter,
-        config.default_arch.clone(),
-        with_policies,
+        WatchSpec {
+            resources: resources.clone(),
+            keys: keys.clone(),
+            filter,
+            default_arch: config.default_arch.clone(),
+            with_policies,
+        },
         &mut tasks,
         shutdown.clone(),
     );

@@ -30,6 +30,20 @@ use crate::metrics::Metrics;
 /// How long to wait before retrying an infrastructure template kind that could not be watched.
 const TEMPLATE_RETRY: Duration = Duration::from_secs(60);
 
+/// What to watch.
+pub struct WatchSpec {
+    /// Cluster API resources in use.
+    pub resources: CapiResources,
+    /// Annotation keys.
+    pub keys: CapiKeys,
+    /// Auto-discovery filter (a single namespace narrows the watches).
+    pub filter: DiscoveryFilter,
+    /// Default template architecture.
+    pub default_arch: String,
+    /// Watch NodeGroupPolicies (their CRD is installed).
+    pub with_policies: bool,
+}
+
 /// The caches the index is built from. Cheap to clone.
 #[derive(Clone)]
 pub struct Watches {
@@ -61,14 +75,17 @@ impl Watches {
     /// Starts a reflector per resource kind; their tasks join `tasks`.
     pub fn start(
         client: Client,
-        resources: CapiResources,
-        keys: CapiKeys,
-        filter: DiscoveryFilter,
-        default_arch: String,
-        with_policies: bool,
+        spec: WatchSpec,
         tasks: &mut JoinSet<anyhow::Result<()>>,
         shutdown: CancellationToken,
     ) -> Self {
+        let WatchSpec {
+            resources,
+            keys,
+            filter,
+            default_arch,
+            with_policies,
+        } = spec;
         let changed = Arc::new(Notify::new());
         let namespace = filter.single_namespace().map(String::from);
         let dynamic_api = |ar: &ApiResource| match &namespace {

@@ -455,3 +455,100 @@ fn merge(target: &mut Value, extra: Value) {
 pub fn bounds(min: i32, max: i32) -> Value {
     json!({MIN: min.to_string(), MAX: max.to_string()})
 }
+
+pub fn policies_api(ns: &TestNs) -> Api<nodegroup_operator::api::NodeGroupPolicy> {
+    Api::namespaced(ns.client.clone(), &ns.name)
+}
+
+impl TestNs {
+    /// Creates a NodeGroupPolicy (untyped, so invalid specs reach the API server).
+    pub async fn policy(&self, name: &str, spec: Value) -> Result<DynamicObject, kube::Error> {
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("autoscaling.nodegroup.dev", "v1alpha1", "NodeGroupPolicy"),
+            "nodegrouppolicies",
+        );
+        let policy: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodeGroupPolicy",
+            "metadata": {"name": name, "namespace": self.name}, "spec": spec
+        }))
+        .expect("policy fixture");
+        self.api(&ar).create(&PostParams::default(), &policy).await
+    }
+
+    /// Applies a manifest file from `examples/` into this namespace.
+    pub async fn apply_example(&self, file: &str) -> nodegroup_operator::api::NodeGroupPolicy {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("examples")
+            .join(file);
+        let text = std::fs::read_to_string(&path).expect("example");
+        let mut policy: nodegroup_operator::api::NodeGroupPolicy =
+            serde_yaml::from_str(&text).expect("example YAML");
+        policy.metadata.namespace = Some(self.name.clone());
+        policies_api(self)
+            .create(&PostParams::default(), &policy)
+            .await
+            .expect("apply example")
+    }
+
+    /// `kubectl <args>` against the shared control plane, in this namespace.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new(sandbox::upstream_bin("kubectl"))
+            .arg(format!("--kubeconfig={}", shared().kubeconfig.display()))
+            .arg(format!("--namespace={}", self.name))
+            .args(args)
+            .output()
+            .expect("kubectl runs");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl TestNs {
+    /// Sets labels on a scalable resource.
+    pub async fn label(&self, ar: &ApiResource, name: &str, labels: Value) {
+        self.api(ar)
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": labels}})),
+            )
+            .await
+            .expect("label");
+    }
+
+    /// The policy's status, once it has one matching `ready`.
+    pub async fn policy_status(
+        &self,
+        name: &str,
+        mut ready: impl FnMut(&nodegroup_operator::api::NodeGroupPolicyStatus) -> bool,
+    ) -> nodegroup_operator::api::NodeGroupPolicyStatus {
+        let api = policies_api(self);
+        let start = Instant::now();
+        loop {
+            let p = api.get(name).await.expect("policy");
+            if let Some(status) = p.status
+                && ready(&status)
+            {
+                return status;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "policy {name} status never matched; last: {:?}",
+                api.get(name).await.ok().and_then(|p| p.status)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The condition of this type.
+pub fn condition<'a>(
+    status: &'a nodegroup_operator::api::NodeGroupPolicyStatus,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    status.conditions.iter().find(|c| c.type_ == type_)
+}

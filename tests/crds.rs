@@ -1,0 +1,30 @@
+//! The checked-in CRDs and examples stay in step with the Rust types.
+
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn checked_in_crds_match_the_rust_types() {
+    let generated = nodegroup_operator::api::crds_yaml().expect("serialise CRDs");
+    let checked_in = std::fs::read_to_string(root().join("crds/nodegroup-operator.yaml"))
+        .expect("crds/nodegroup-operator.yaml");
+    assert!(
+        generated == checked_in,
+        "crds/ is stale: run `cargo run -- crd > crds/nodegroup-operator.yaml`"
+    );
+}
+
+#[test]
+fn examples_are_valid_policies() {
+    for entry in std::fs::read_dir(root().join("examples")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let policy: nodegroup_operator::api::NodeGroupPolicy =
+            serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let rules = policy.rules();
+        assert_eq!(rules.invalid, None, "{}", path.display());
+    }
+}
