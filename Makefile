@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 UPSTREAM := tests/upstream/build.sh
 # Upstream peers the tests run against.
-TEST_PEERS ?= etcd kube capi
+TEST_PEERS ?= etcd kube capi helm
 
 .PHONY: all build test unit lint fmt crds upstream demo bench clean-upstream
 

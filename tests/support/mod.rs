@@ -552,3 +552,14 @@ pub fn condition<'a>(
 ) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
     status.conditions.iter().find(|c| c.type_ == type_)
 }
+
+/// A kubeconfig for `user` (client certificate from the shared control plane's CA).
+pub fn shared_user_kubeconfig(user: &str) -> PathBuf {
+    shared();
+    let plane = PLANE.lock().unwrap();
+    plane
+        .as_ref()
+        .expect("control plane")
+        .user_kubeconfig(user, None)
+        .expect("user kubeconfig")
+}

@@ -1,0 +1,14 @@
+# Build: docker build -t nodegroup-operator .
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY proto proto
+COPY src src
+RUN cargo build --release --locked --bin nodegroup-operator
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /src/target/release/nodegroup-operator /usr/local/bin/nodegroup-operator
+USER 65532:65532
+EXPOSE 8086 8080
+ENTRYPOINT ["/usr/local/bin/nodegroup-operator"]
+CMD ["run"]
