@@ -101,6 +101,7 @@ impl RunArgs {
             grpc_address: self.grpc_address,
             admin_address: self.admin_address,
             tls,
+            tls_reload_interval: Duration::from_secs(10),
             capi_group: self.capi_group.clone(),
             capi_version: self.capi_version.clone().filter(|v| !v.is_empty()),
             auto_discovery: self.auto_discovery.clone(),

@@ -871,3 +871,51 @@ async fn annotation_changes_reach_answers_within_a_loop() {
     );
     operator.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn every_rpc_is_unavailable_until_caches_sync() {
+    use nodegroup_operator::proto::cloud_provider_server::CloudProvider;
+    let client = admin_client().await;
+    let resources = nodegroup_operator::capi::resources::CapiResources::discover(
+        &client,
+        "cluster.x-k8s.io",
+        None,
+    )
+    .await
+    .unwrap();
+    let actuator = nodegroup_operator::actuate::CapiActuator::new(
+        client,
+        resources,
+        Default::default(),
+        None,
+        std::sync::Arc::new(Default::default()),
+    );
+    let (_publisher, handle) = nodegroup_operator::index::channel();
+    let service = nodegroup_operator::server::CloudProviderService::new(
+        handle,
+        std::sync::Arc::new(actuator),
+        std::sync::Arc::new(Default::default()),
+    );
+    let refresh = service
+        .refresh(tonic::Request::new(proto::RefreshRequest {}))
+        .await
+        .unwrap_err();
+    assert_eq!(refresh.code(), Code::Unavailable);
+    assert!(
+        refresh.message().contains("not synced"),
+        "{}",
+        refresh.message()
+    );
+    let groups = service
+        .node_groups(tonic::Request::new(proto::NodeGroupsRequest {}))
+        .await
+        .unwrap_err();
+    assert_eq!(groups.code(), Code::Unavailable);
+    let target = service
+        .node_group_target_size(tonic::Request::new(proto::NodeGroupTargetSizeRequest {
+            id: "MachineDeployment/a/b".into(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(target.code(), Code::Unavailable);
+}

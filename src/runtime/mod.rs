@@ -28,7 +28,7 @@ use crate::index;
 use crate::metrics::Metrics;
 use crate::proto::cloud_provider_server::CloudProviderServer;
 use crate::server::CloudProviderService;
-use crate::server::tls::TlsFiles;
+use crate::server::tls::{self, ReloadingTls, TlsFiles};
 use crate::status::writer::StatusWriter;
 
 pub use watches::{WatchSpec, Watches};
@@ -42,6 +42,8 @@ pub struct Config {
     pub admin_address: SocketAddr,
     /// mTLS files; `None` only with `--insecure`.
     pub tls: Option<TlsFiles>,
+    /// How often the TLS files are checked for changes.
+    pub tls_reload_interval: Duration,
     /// Cluster API group (`CAPI_GROUP`).
     pub capi_group: String,
     /// Cluster API version (`CAPI_VERSION`), else discovery's preferred version.
@@ -231,28 +233,38 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .await
         .with_context(|| format!("binding gRPC address {}", config.grpc_address))?;
     let grpc_address = grpc_listener.local_addr()?;
-    let mut builder = tonic::transport::Server::builder();
+    let router = tonic::transport::Server::builder().add_service(CloudProviderServer::new(service));
+    let grpc_shutdown = shutdown.clone();
     match &config.tls {
         Some(files) => {
-            builder = builder
-                .tls_config(files.load()?)
-                .context("configuring gRPC TLS")?;
+            let tls = ReloadingTls::load(files.clone()).context("loading gRPC TLS files")?;
+            tasks.spawn(
+                tls.clone()
+                    .watch(config.tls_reload_interval, shutdown.clone()),
+            );
+            let incoming = tls::incoming(grpc_listener, tls, shutdown.clone());
             tracing::info!(address = %grpc_address, "serving externalgrpc with mTLS (client certificates required)");
+            tasks.spawn(async move {
+                router
+                    .serve_with_incoming_shutdown(incoming, grpc_shutdown.cancelled_owned())
+                    .await
+                    .context("gRPC server")
+            });
         }
-        None => tracing::warn!(address = %grpc_address,
-            "serving externalgrpc WITHOUT TLS (--insecure): any local process can scale node groups"),
+        None => {
+            tracing::warn!(address = %grpc_address,
+                "serving externalgrpc WITHOUT TLS (--insecure): anything that reaches this port can scale node groups");
+            tasks.spawn(async move {
+                router
+                    .serve_with_incoming_shutdown(
+                        TcpListenerStream::new(grpc_listener),
+                        grpc_shutdown.cancelled_owned(),
+                    )
+                    .await
+                    .context("gRPC server")
+            });
+        }
     }
-    let router = builder.add_service(CloudProviderServer::new(service));
-    let grpc_shutdown = shutdown.clone();
-    tasks.spawn(async move {
-        router
-            .serve_with_incoming_shutdown(
-                TcpListenerStream::new(grpc_listener),
-                grpc_shutdown.cancelled_owned(),
-            )
-            .await
-            .context("gRPC server")
-    });
 
     let admin_listener = TcpListener::bind(config.admin_address)
         .await

@@ -422,6 +422,7 @@ pub fn operator_config(namespace: &str, kubeconfig: PathBuf, tls: Option<TlsFile
         grpc_address: "127.0.0.1:0".parse().unwrap(),
         admin_address: "127.0.0.1:0".parse().unwrap(),
         tls,
+        tls_reload_interval: Duration::from_millis(200),
         capi_group: "cluster.x-k8s.io".into(),
         capi_version: None,
         auto_discovery: vec![format!("clusterapi:namespace={namespace}")],
