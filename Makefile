@@ -32,3 +32,13 @@ fmt:
 
 clean-upstream:
 	rm -rf target/upstream
+
+## The sandbox demo needs the real cluster-autoscaler, which the module proxy here does not serve.
+demo:
+	@if ! tests/upstream/build.sh cluster-autoscaler; then \
+	  echo ""; \
+	  echo "make demo: cannot build cluster-autoscaler from the Go module proxy (see tests/upstream/NOTES.md)."; \
+	  echo "The demo drives the real cluster-autoscaler and does not substitute anything for it."; \
+	  exit 1; \
+	fi
+	@echo "make demo: cluster-autoscaler is available, but the demo sandbox is not implemented yet."; exit 1
