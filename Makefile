@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 UPSTREAM := tests/upstream/build.sh
 # Upstream peers the tests run against.
-TEST_PEERS ?= etcd kube capi helm
+TEST_PEERS ?= etcd kube capi helm conformance
 
 .PHONY: all build test unit lint fmt crds upstream demo bench clean-upstream
 
@@ -29,6 +29,14 @@ lint:
 
 fmt:
 	$(CARGO) fmt --all
+
+## Read-path benchmark at 1,000 groups / 10,000 nodes; writes target/bench/index.json.
+bench:
+	$(CARGO) bench --locked --bench index
+
+crds:
+	$(CARGO) run --quiet -- crd > crds/nodegroup-operator.yaml
+	cp crds/nodegroup-operator.yaml charts/nodegroup-operator/crds/nodegroup-operator.yaml
 
 clean-upstream:
 	rm -rf target/upstream

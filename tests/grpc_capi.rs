@@ -919,3 +919,104 @@ async fn every_rpc_is_unavailable_until_caches_sync() {
         .unwrap_err();
     assert_eq!(target.code(), Code::Unavailable);
 }
+
+async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let code = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+#[tokio::test]
+async fn admin_endpoints_report_health_and_metrics() {
+    let ns = TestNs::new("admin").await;
+    ns.machine_deployment("md", 2, bounds(1, 4)).await;
+    let (operator, mut client) = ns.operator().await;
+    eventually("group", WAIT, || {
+        let mut c = client.clone();
+        async move {
+            Some(group_ids(&mut c).await)
+                .filter(|i| !i.is_empty())
+                .map(|_| ())
+        }
+    })
+    .await;
+    let _ = client
+        .node_group_target_size(proto::NodeGroupTargetSizeRequest {
+            id: "MachineDeployment/x/none".into(),
+        })
+        .await;
+    assert_eq!(http_get(operator.admin_address, "/livez").await.0, 200);
+    assert_eq!(http_get(operator.admin_address, "/readyz").await.0, 200);
+    let (code, metrics) = http_get(operator.admin_address, "/metrics").await;
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains(
+            r#"nodegroup_grpc_request_duration_seconds_count{method="NodeGroups",code="Ok"}"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"method="NodeGroupTargetSize",code="NotFound""#),
+        "{metrics}"
+    );
+    let group = format!("MachineDeployment/{}/md", ns.name);
+    assert!(
+        metrics.contains(&format!(
+            r#"nodegroup_node_group_size{{node_group="{group}",size="target"}} 2"#
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"nodegroup_index_objects{kind="node_groups"} 1"#),
+        "{metrics}"
+    );
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn v1beta1_can_be_chosen_with_capi_version() {
+    let ns = TestNs::new("v1beta1").await;
+    deployment_with_nodes(&ns, "md", 1, 3, 1).await;
+    let mut config = operator_config(&ns.name, shared().kubeconfig.clone(), None);
+    config.capi_version = Some("v1beta1".into());
+    let operator = nodegroup_operator::runtime::start(config).await.unwrap();
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://{}", operator.grpc_address))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let client = proto::cloud_provider_client::CloudProviderClient::new(channel);
+    let ids = eventually("group through v1beta1", WAIT, || {
+        let mut c = client.clone();
+        async move {
+            c.node_groups(proto::NodeGroupsRequest {})
+                .await
+                .ok()
+                .map(|r| r.into_inner().node_groups)
+                .filter(|g| !g.is_empty())
+        }
+    })
+    .await;
+    assert_eq!(ids[0].id, format!("MachineDeployment/{}/md", ns.name));
+    assert_eq!((ids[0].min_size, ids[0].max_size), (1, 3));
+    let mut config = operator_config(&ns.name, shared().kubeconfig.clone(), None);
+    config.capi_version = Some("v9".into());
+    let error = match nodegroup_operator::runtime::start(config).await {
+        Ok(_) => panic!("an unserved version must fail start-up"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(error.contains("does not serve version v9"), "{error}");
+    operator.shutdown().await.unwrap();
+}
