@@ -274,21 +274,14 @@ async fn increase_size_writes_the_scale_subresource_within_bounds() {
         "refused requests change nothing"
     );
 
-    // TargetSize follows the watch.
-    eventually("target size 4", WAIT, || {
-        let mut c = client.clone();
-        let id = id.clone();
-        async move {
-            let t = c
-                .node_group_target_size(proto::NodeGroupTargetSizeRequest { id })
-                .await
-                .ok()?
-                .into_inner()
-                .target_size;
-            (t == 4).then_some(())
-        }
-    })
-    .await;
+    // IncreaseSize returns once the watch shows the new size: TargetSize right after agrees.
+    let target = client
+        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner()
+        .target_size;
+    assert_eq!(target, 4);
     let events = ns.events_for("md").await;
     assert!(
         events

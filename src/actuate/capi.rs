@@ -40,6 +40,15 @@ impl NodeRef {
     }
 }
 
+/// Outcome of DeleteNodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deleted {
+    /// Nodes whose removal this request started (already-deleting machines not counted).
+    pub removed: usize,
+    /// Replicas after the last decrement, if any.
+    pub target: Option<i32>,
+}
+
 /// What deleting one node means.
 enum Removal {
     /// Annotate this Machine, then decrement.
@@ -155,19 +164,20 @@ impl CapiActuator {
     /// Deletes specific nodes: marks each Machine with the delete-machine annotation, then
     /// decrements replicas by one (the mark is rolled back when the decrement fails). Machines
     /// already deleting, or already marked with the decrement done, are skipped, so a retried
-    /// request does not scale down twice. Returns how many nodes were removed.
+    /// request does not scale down twice.
     pub async fn delete_nodes(
         &self,
         snapshot: &Snapshot,
         group: &NodeGroup,
         nodes: &[NodeRef],
-    ) -> Result<usize, ActuateError> {
+    ) -> Result<Deleted, ActuateError> {
         let _guard = self.lock(&group.id).await;
         let result = self.delete_nodes_locked(snapshot, group, nodes).await;
         let names: Vec<&str> = nodes.iter().map(NodeRef::id).collect();
-        self.report(group, "ScaleDown", Direction::Down, &result, |removed| {
+        self.report(group, "ScaleDown", Direction::Down, &result, |deleted| {
             format!(
-                "deleting {removed} of {} node(s): {}",
+                "deleting {} of {} node(s): {}",
+                deleted.removed,
                 nodes.len(),
                 names.join(", ")
             )
@@ -181,7 +191,7 @@ impl CapiActuator {
         snapshot: &Snapshot,
         group: &NodeGroup,
         nodes: &[NodeRef],
-    ) -> Result<usize, ActuateError> {
+    ) -> Result<Deleted, ActuateError> {
         let mut removals = Vec::with_capacity(nodes.len());
         for node in nodes {
             if let Some(removal) = self.resolve(snapshot, group, node)? {
@@ -189,7 +199,7 @@ impl CapiActuator {
             }
         }
         if removals.is_empty() {
-            return Ok(0);
+            return Ok(Deleted::default());
         }
         let live = self.live_replicas(group).await?;
         if i64::from(live) - (removals.len() as i64) < i64::from(group.min) {
@@ -200,12 +210,10 @@ impl CapiActuator {
                 min: group.min,
             });
         }
-        let mut removed = 0;
+        let mut deleted = Deleted::default();
         for removal in removals {
-            match removal {
-                Removal::PoolReplica => {
-                    self.decrement(group).await?;
-                }
+            let (_, target) = match removal {
+                Removal::PoolReplica => self.decrement(group).await?,
                 Removal::Machine { namespace, name } => {
                     if !self
                         .mark_machine(snapshot, group, &namespace, &name, live)
@@ -213,15 +221,19 @@ impl CapiActuator {
                     {
                         continue;
                     }
-                    if let Err(error) = self.decrement(group).await {
-                        self.unmark_machine(&namespace, &name).await;
-                        return Err(error);
+                    match self.decrement(group).await {
+                        Ok(change) => change,
+                        Err(error) => {
+                            self.unmark_machine(&namespace, &name).await;
+                            return Err(error);
+                        }
                     }
                 }
-            }
-            removed += 1;
+            };
+            deleted.removed += 1;
+            deleted.target = Some(target);
         }
-        Ok(removed)
+        Ok(deleted)
     }
 
     /// Checks membership; `None` when the node needs no action (its machine is deleting).

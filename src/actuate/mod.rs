@@ -7,5 +7,5 @@ mod capi;
 mod error;
 
 pub use activity::{ActivityLog, Direction};
-pub use capi::{CapiActuator, NodeRef};
+pub use capi::{CapiActuator, Deleted, NodeRef};
 pub use error::ActuateError;

@@ -16,8 +16,8 @@ use anyhow::Context as _;
 use kube::Client;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
 
 use crate::actuate::{ActivityLog, CapiActuator};
 use crate::capi::CapiKeys;
@@ -257,7 +257,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             tasks.spawn(async move {
                 router
                     .serve_with_incoming_shutdown(
-                        TcpListenerStream::new(grpc_listener),
+                        TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
                         grpc_shutdown.cancelled_owned(),
                     )
                     .await

@@ -68,6 +68,20 @@ pub fn merge(
     }
 }
 
+/// The overrides a client can receive. Clients that do not send `maxNodeStartupDuration`
+/// (field 11; CA <= 1.36) cannot read it back either, and any options reply makes them use a
+/// start-up time of 0 for the group; so an override of only that field must not produce a reply.
+pub fn receivable(
+    defaults: &NodeGroupAutoscalingOptions,
+    overrides: &OptionOverrides,
+) -> OptionOverrides {
+    let mut out = overrides.clone();
+    if defaults.max_node_startup_duration.is_none() {
+        out.max_node_startup_time = None;
+    }
+    out
+}
+
 fn from_proto(d: &prost_types::Duration) -> Option<Duration> {
     let secs = u64::try_from(d.seconds).ok()?;
     let nanos = u32::try_from(d.nanos).ok()?;
@@ -151,6 +165,18 @@ mod tests {
             })
         );
         assert!(out.ignore_daemon_sets_utilization);
+    }
+
+    #[test]
+    fn a_startup_time_override_is_dropped_for_clients_without_field_11() {
+        let overrides = OptionOverrides {
+            max_node_startup_time: Some(Duration::from_secs(60)),
+            ..Default::default()
+        };
+        let mut old_client = defaults();
+        old_client.max_node_startup_duration = None;
+        assert!(receivable(&old_client, &overrides).is_empty());
+        assert_eq!(receivable(&defaults(), &overrides), overrides);
     }
 
     #[test]

@@ -16,6 +16,11 @@ use crate::proto::{self, cloud_provider_server::CloudProvider};
 use crate::{pricing, template};
 use prost::Message as _;
 
+/// How long a mutating RPC waits for the watch to show the new target size. The protocol says
+/// mutations "should wait until node group size is updated", and CA reads TargetSize right
+/// after; the wait is bounded well below CA's default 5 s RPC timeout.
+const TARGET_SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Annotation on template nodes naming their group, so pricing can find it again.
 pub const TEMPLATE_GROUP_ANNOTATION: &str = "autoscaling.nodegroup.dev/node-group";
 
@@ -80,6 +85,28 @@ impl CloudProviderService {
             .map_or_else(Status::code, |_| tonic::Code::Ok);
         self.metrics.observe_rpc(method, code, start.elapsed());
         result.map(Response::new)
+    }
+
+    /// Waits (bounded) until the snapshot shows `target` for group `id`.
+    async fn await_target(&self, id: &str, target: i32) {
+        let mut snapshots = self.snapshots.clone();
+        let deadline = tokio::time::sleep(TARGET_SYNC_TIMEOUT);
+        tokio::pin!(deadline);
+        loop {
+            let seen = snapshots
+                .current()
+                .and_then(|s| s.group(id).map(|g| g.target));
+            if seen == Some(target) {
+                return;
+            }
+            tokio::select! {
+                _ = &mut deadline => {
+                    tracing::debug!(group = id, target, ?seen, "watch did not show the new target in time");
+                    return;
+                }
+                alive = snapshots.changed() => if !alive { return },
+            }
+        }
     }
 
     fn group_for_node(
@@ -301,7 +328,8 @@ impl CloudProvider for CloudProviderService {
         self.rpc("NodeGroupIncreaseSize", async {
             let snapshot = self.snapshot()?;
             let group = Self::group(&snapshot, &request.id)?;
-            self.actuator.increase_size(&group, request.delta).await?;
+            let target = self.actuator.increase_size(&group, request.delta).await?;
+            self.await_target(&group.id, target).await;
             Ok(proto::NodeGroupIncreaseSizeResponse {})
         })
         .await
@@ -328,9 +356,13 @@ impl CloudProvider for CloudProviderService {
                     "node {bad:?} has neither providerID nor name"
                 )));
             }
-            self.actuator
+            let deleted = self
+                .actuator
                 .delete_nodes(&snapshot, &group, &nodes)
                 .await?;
+            if let Some(target) = deleted.target {
+                self.await_target(&group.id, target).await;
+            }
             Ok(proto::NodeGroupDeleteNodesResponse {})
         })
         .await
@@ -344,9 +376,11 @@ impl CloudProvider for CloudProviderService {
         self.rpc("NodeGroupDecreaseTargetSize", async {
             let snapshot = self.snapshot()?;
             let group = Self::group(&snapshot, &request.id)?;
-            self.actuator
+            let target = self
+                .actuator
                 .decrease_target_size(&snapshot, &group, request.delta)
                 .await?;
+            self.await_target(&group.id, target).await;
             Ok(proto::NodeGroupDecreaseTargetSizeResponse {})
         })
         .await
@@ -402,14 +436,15 @@ impl CloudProvider for CloudProviderService {
             let defaults = request
                 .defaults
                 .ok_or_else(|| ProviderError::InvalidArgument("request has no defaults".into()))?;
-            if group.options.is_empty() {
+            let overrides = options::receivable(&defaults, &group.options);
+            if overrides.is_empty() {
                 return Err(ProviderError::NotImplemented(format!(
-                    "node group {} has no option overrides",
+                    "node group {} has no option overrides this client can receive",
                     group.id
                 )));
             }
             Ok(proto::NodeGroupAutoscalingOptionsResponse {
-                node_group_autoscaling_options: Some(options::merge(&defaults, &group.options)),
+                node_group_autoscaling_options: Some(options::merge(&defaults, &overrides)),
             })
         })
         .await
