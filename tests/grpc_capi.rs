@@ -227,15 +227,7 @@ async fn increase_size_writes_the_scale_subresource_within_bounds() {
     deployment_with_nodes(&ns, "md", 1, 4, 2).await;
     let (operator, mut client) = ns.operator().await;
     let id = format!("MachineDeployment/{}/md", ns.name);
-    eventually("group", WAIT, || {
-        let mut c = client.clone();
-        async move {
-            Some(group_ids(&mut c).await)
-                .filter(|i| !i.is_empty())
-                .map(|_| ())
-        }
-    })
-    .await;
+    wait_groups(&client, 1).await;
 
     client
         .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
@@ -364,15 +356,7 @@ async fn delete_nodes_marks_the_machine_and_decrements_once() {
     deployment_with_nodes(&ns, "other", 0, 5, 1).await;
     let (operator, mut client) = ns.operator().await;
     let id = format!("MachineDeployment/{}/md", ns.name);
-    eventually("groups", WAIT, || {
-        let mut c = client.clone();
-        async move {
-            Some(group_ids(&mut c).await)
-                .filter(|i| i.len() == 2)
-                .map(|_| ())
-        }
-    })
-    .await;
+    wait_groups(&client, 2).await;
 
     let request = proto::NodeGroupDeleteNodesRequest {
         id: id.clone(),
@@ -513,15 +497,7 @@ async fn failed_replica_change_rolls_back_the_delete_mark() {
         .operator_with(shared().no_scale_kubeconfig.clone(), None)
         .await;
     let id = format!("MachineDeployment/{}/md", ns.name);
-    eventually("group", WAIT, || {
-        let mut c = client.clone();
-        async move {
-            Some(group_ids(&mut c).await)
-                .filter(|i| !i.is_empty())
-                .map(|_| ())
-        }
-    })
-    .await;
+    wait_groups(&client, 1).await;
     let denied = client
         .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
             id: id.clone(),
@@ -563,15 +539,7 @@ async fn machine_set_and_machine_pool_groups_scale_through_their_own_scale_subre
     let (operator, mut client) = ns.operator().await;
     let ms_id = format!("MachineSet/{}/ms", ns.name);
     let mp_id = format!("MachinePool/{}/mp", ns.name);
-    eventually("two groups", WAIT, || {
-        let mut c = client.clone();
-        async move {
-            Some(group_ids(&mut c).await)
-                .filter(|i| i.len() == 2)
-                .map(|_| ())
-        }
-    })
-    .await;
+    wait_groups(&client, 2).await;
     client
         .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
             id: ms_id.clone(),
@@ -766,15 +734,7 @@ async fn get_options_echoes_defaults_and_applies_annotations() {
     ns.machine_deployment("tuned", 1, annotations).await;
     ns.machine_deployment("default", 1, bounds(0, 3)).await;
     let (operator, mut client) = ns.operator().await;
-    eventually("groups", WAIT, || {
-        let mut c = client.clone();
-        async move {
-            Some(group_ids(&mut c).await)
-                .filter(|i| i.len() == 2)
-                .map(|_| ())
-        }
-    })
-    .await;
+    wait_groups(&client, 2).await;
     let secs = |s| {
         Some(prost_types::Duration {
             seconds: s,
@@ -821,15 +781,7 @@ async fn annotation_changes_reach_answers_within_a_loop() {
     ns.machine_deployment("md", 1, bounds(0, 3)).await;
     let (operator, client) = ns.operator().await;
     let id = format!("MachineDeployment/{}/md", ns.name);
-    eventually("group", WAIT, || {
-        let mut c = client.clone();
-        async move {
-            Some(group_ids(&mut c).await)
-                .filter(|i| !i.is_empty())
-                .map(|_| ())
-        }
-    })
-    .await;
+    wait_groups(&client, 1).await;
     let start = Instant::now();
     ns.api(&machine_deployments())
         .patch(
@@ -935,15 +887,7 @@ async fn admin_endpoints_report_health_and_metrics() {
     let ns = TestNs::new("admin").await;
     ns.machine_deployment("md", 2, bounds(1, 4)).await;
     let (operator, mut client) = ns.operator().await;
-    eventually("group", WAIT, || {
-        let mut c = client.clone();
-        async move {
-            Some(group_ids(&mut c).await)
-                .filter(|i| !i.is_empty())
-                .map(|_| ())
-        }
-    })
-    .await;
+    wait_groups(&client, 1).await;
     let _ = client
         .node_group_target_size(proto::NodeGroupTargetSizeRequest {
             id: "MachineDeployment/x/none".into(),

@@ -23,17 +23,6 @@ async fn groups(
         .node_groups
 }
 
-async fn wait_groups(
-    client: &proto::cloud_provider_client::CloudProviderClient<tonic::transport::Channel>,
-    n: usize,
-) -> Vec<proto::NodeGroup> {
-    eventually(&format!("{n} node groups"), WAIT, || {
-        let mut c = client.clone();
-        async move { Some(groups(&mut c).await).filter(|g| g.len() == n) }
-    })
-    .await
-}
-
 #[tokio::test]
 async fn the_api_server_rejects_invalid_policies_with_clear_messages() {
     let ns = TestNs::new("ngp-invalid").await;

@@ -564,3 +564,21 @@ pub fn shared_user_kubeconfig(user: &str) -> PathBuf {
         .user_kubeconfig(user, None)
         .expect("user kubeconfig")
 }
+
+/// Waits until NodeGroups returns exactly `n` groups, and returns them.
+pub async fn wait_groups(
+    client: &CloudProviderClient<Channel>,
+    n: usize,
+) -> Vec<nodegroup_operator::proto::NodeGroup> {
+    eventually(&format!("{n} node groups"), Duration::from_secs(20), || {
+        let mut c = client.clone();
+        async move {
+            let groups = c
+                .node_groups(nodegroup_operator::proto::NodeGroupsRequest {})
+                .await
+                .ok()?;
+            Some(groups.into_inner().node_groups).filter(|g| g.len() == n)
+        }
+    })
+    .await
+}
