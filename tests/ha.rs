@@ -1,0 +1,76 @@
+//! Several replicas: every one serves gRPC from its own cache; one Lease elects the leader that
+//! writes status, and another takes over when it stops.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::*;
+
+#[tokio::test]
+async fn one_replica_leads_and_another_takes_over_when_it_stops() {
+    let ns = TestNs::new("ha").await;
+    ns.machine_deployment("md", 1, json!({})).await;
+    ns.policy("p", json!({"selector": {}, "maxSize": 3}))
+        .await
+        .unwrap();
+    let start = |identity: &str| {
+        let mut config = operator_config(&ns.name, shared().kubeconfig.clone(), None);
+        if let Some(election) = config.leader_election.as_mut() {
+            election.identity = identity.into();
+            election.lease_duration = Duration::from_secs(3);
+            election.retry_period = Duration::from_millis(300);
+        }
+        nodegroup_operator::runtime::start(config)
+    };
+    let first = start("replica-a").await.unwrap();
+    let second = start("replica-b").await.unwrap();
+    let leaders = eventually("exactly one leader", Duration::from_secs(15), || {
+        let (a, b) = (first.is_leader(), second.is_leader());
+        async move { (a ^ b).then_some((a, b)) }
+    })
+    .await;
+    // Both serve gRPC.
+    for running in [&first, &second] {
+        let channel =
+            tonic::transport::Channel::from_shared(format!("http://{}", running.grpc_address))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+        let client =
+            nodegroup_operator::proto::cloud_provider_client::CloudProviderClient::new(channel);
+        assert_eq!(wait_groups(&client, 1).await[0].max_size, 3);
+    }
+    let (leader, follower) = if leaders.0 {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    ns.policy_status("p", |s| s.group_count == 1).await;
+    // A graceful stop releases the lease; the follower takes over well within the lease time.
+    let stopped = std::time::Instant::now();
+    leader.shutdown().await.unwrap();
+    eventually("the follower leads", Duration::from_secs(10), || {
+        let leading = follower.is_leader();
+        async move { leading.then_some(()) }
+    })
+    .await;
+    eprintln!(
+        "leadership moved {:?} after the leader stopped",
+        stopped.elapsed()
+    );
+    // The new leader writes status: change the policy and watch the status follow.
+    policies_api(&ns)
+        .patch(
+            "p",
+            &Default::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"minSize": 1}})),
+        )
+        .await
+        .unwrap();
+    ns.policy_status("p", |s| s.observed_generation == Some(2))
+        .await;
+    follower.shutdown().await.unwrap();
+}
