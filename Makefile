@@ -18,7 +18,7 @@ upstream:
 
 ## Every test: unit, integration against a real kube-apiserver, and the rest under tests/.
 test: upstream
-	$(CARGO) test --locked --all-targets
+	$(CARGO) test --locked
 
 unit:
 	$(CARGO) test --locked --lib
