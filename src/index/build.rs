@@ -17,7 +17,7 @@ use crate::capi::providerid::{self, SyntheticKind};
 use crate::template;
 
 /// The parts of a Node the index uses.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct NodeView {
     /// Node name.
     pub name: String,

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::hash::Hash;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -102,6 +102,7 @@ impl Watches {
                     changed.clone(),
                     shutdown.clone(),
                     |_| {},
+                    None,
                 );
                 scalables.push((kind, store));
             }
@@ -113,6 +114,7 @@ impl Watches {
             changed.clone(),
             shutdown.clone(),
             |_| {},
+            None,
         );
         let nodes = spawn_reflector(
             tasks,
@@ -129,6 +131,7 @@ impl Watches {
                     status.volumes_in_use = None;
                 }
             },
+            Some(node_fingerprint),
         );
         let policies_api = match &namespace {
             Some(ns) => Api::<NodeGroupPolicy>::namespaced(client.clone(), ns),
@@ -144,6 +147,7 @@ impl Watches {
                 |p: &mut NodeGroupPolicy| {
                     p.managed_fields_mut().clear();
                 },
+                None,
             )
         });
         Self {
@@ -301,6 +305,7 @@ impl Watches {
                     inner.changed.clone(),
                     inner.shutdown.clone(),
                     |_| {},
+                    None,
                 );
                 tasks.detach_all();
                 if store.wait_until_ready().await.is_err() {
@@ -374,7 +379,9 @@ fn node_view(node: &Node) -> NodeView {
     }
 }
 
-/// Runs a reflector for `api` in `tasks`, notifying `changed` on every event.
+/// Runs a reflector for `api` in `tasks`, notifying `changed` on every event, or, with a
+/// `fingerprint`, only when an object's fingerprint changes (Node heartbeats and other status
+/// churn the index does not read then cost no rebuild).
 fn spawn_reflector<K>(
     tasks: &mut JoinSet<anyhow::Result<()>>,
     api: Api<K>,
@@ -382,6 +389,7 @@ fn spawn_reflector<K>(
     changed: Arc<Notify>,
     shutdown: CancellationToken,
     trim: impl FnMut(&mut K) + Send + 'static,
+    fingerprint: Option<fn(&K) -> u64>,
 ) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -396,16 +404,58 @@ where
         .reflect(writer);
     tasks.spawn(async move {
         let mut stream = std::pin::pin!(stream);
+        let mut seen: HashMap<String, u64> = HashMap::new();
         loop {
-            tokio::select! {
+            let event = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
-                event = stream.next() => match event {
-                    Some(Ok(_)) => changed.notify_one(),
-                    Some(Err(error)) => tracing::warn!(%kind, %error, "watch error; retrying with backoff"),
-                    None => return Ok(()),
-                },
+                event = stream.next() => event,
+            };
+            match event {
+                Some(Ok(event)) => {
+                    if relevant(&event, fingerprint, &mut seen) {
+                        changed.notify_one();
+                    }
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(%kind, %error, "watch error; retrying with backoff")
+                }
+                None => return Ok(()),
             }
         }
     });
     store
+}
+
+fn relevant<K: Resource>(
+    event: &watcher::Event<K>,
+    fingerprint: Option<fn(&K) -> u64>,
+    seen: &mut HashMap<String, u64>,
+) -> bool {
+    let Some(fingerprint) = fingerprint else {
+        return true;
+    };
+    let key = |obj: &K| {
+        format!(
+            "{}/{}",
+            obj.meta().namespace.as_deref().unwrap_or_default(),
+            obj.meta().name.as_deref().unwrap_or_default()
+        )
+    };
+    match event {
+        watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
+            let print = fingerprint(obj);
+            seen.insert(key(obj), print) != Some(print)
+        }
+        watcher::Event::Delete(obj) => {
+            seen.remove(&key(obj));
+            true
+        }
+        watcher::Event::Init | watcher::Event::InitDone => true,
+    }
+}
+
+fn node_fingerprint(node: &Node) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    node_view(node).hash(&mut hasher);
+    hasher.finish()
 }
