@@ -35,38 +35,6 @@ async fn group_ids(
     groups.into_iter().map(|g| g.id).collect()
 }
 
-/// MachineDeployment `md` (bounds, replicas) with MachineSet `md-ms` and `n` running machines
-/// and nodes; provider IDs `test:////<ns>-md-<i>`.
-async fn deployment_with_nodes(
-    ns: &TestNs,
-    name: &str,
-    min: i32,
-    max: i32,
-    n: usize,
-) -> Vec<String> {
-    let md = ns
-        .machine_deployment(name, n as i32, bounds(min, max))
-        .await;
-    let ms = ns
-        .machine_set(&format!("{name}-ms"), n as i32, json!({}), Some(&md))
-        .await;
-    let mut pids = Vec::new();
-    for i in 0..n {
-        let pid = format!("test:////{}-{name}-{i}", ns.name);
-        let node = ns.node(&format!("{name}-{i}"), &pid, BTreeMap::new()).await;
-        ns.machine(
-            &format!("{name}-m{i}"),
-            &ms,
-            Some(&pid),
-            Some(&node),
-            json!({"phase": "Running"}),
-        )
-        .await;
-        pids.push(pid);
-    }
-    pids
-}
-
 #[tokio::test]
 async fn node_groups_and_lookups_are_served_from_real_objects() {
     let ns = TestNs::new("groups").await;
@@ -865,23 +833,6 @@ async fn every_rpc_is_unavailable_until_caches_sync() {
     assert_eq!(target.code(), Code::Unavailable);
 }
 
-async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let code = response.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
-}
-
 #[tokio::test]
 async fn admin_endpoints_report_health_and_metrics() {
     let ns = TestNs::new("admin").await;
@@ -955,60 +906,5 @@ async fn v1beta1_can_be_chosen_with_capi_version() {
         Err(e) => format!("{e:#}"),
     };
     assert!(error.contains("does not serve version v9"), "{error}");
-    operator.shutdown().await.unwrap();
-}
-
-fn builds(metrics: &str) -> u64 {
-    metrics
-        .lines()
-        .find(|l| l.starts_with("nodegroup_snapshot_build_seconds_count"))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
-#[tokio::test]
-async fn node_heartbeats_do_not_rebuild_the_index_but_relevant_changes_do() {
-    let ns = TestNs::new("churn").await;
-    deployment_with_nodes(&ns, "md", 0, 3, 1).await;
-    let (operator, client) = ns.operator().await;
-    wait_groups(&client, 1).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = builds(&http_get(operator.admin_address, "/metrics").await.1);
-    let nodes = kube::api::Api::<k8s_openapi::api::core::v1::Node>::all(ns.client.clone());
-    let node = format!("{}-md-0", ns.name);
-    for i in 0..5 {
-        let heartbeat = json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-            "message": format!("heartbeat {i}"), "lastHeartbeatTime": format!("2026-01-01T00:00:0{i}Z")}]}});
-        nodes
-            .patch_status(
-                &node,
-                &Default::default(),
-                &kube::api::Patch::Strategic(heartbeat),
-            )
-            .await
-            .unwrap();
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let after_heartbeats = builds(&http_get(operator.admin_address, "/metrics").await.1);
-    assert_eq!(
-        after_heartbeats, before,
-        "heartbeat-only node updates must not rebuild the index"
-    );
-    nodes
-        .patch(
-            &node,
-            &Default::default(),
-            &kube::api::Patch::Merge(
-                json!({"metadata": {"labels": {"topology.kubernetes.io/region": "r1"}}}),
-            ),
-        )
-        .await
-        .unwrap();
-    eventually("a rebuild after a relevant change", WAIT, || {
-        let address = operator.admin_address;
-        async move { (builds(&http_get(address, "/metrics").await.1) > after_heartbeats).then_some(()) }
-    })
-    .await;
     operator.shutdown().await.unwrap();
 }

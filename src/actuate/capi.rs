@@ -19,6 +19,39 @@ use crate::index::{NodeGroup, NodeGroupLookup, Snapshot};
 
 /// How many times a replica change is retried after a resourceVersion conflict.
 const CONFLICT_ATTEMPTS: u32 = 5;
+/// How many times marking a Machine is retried after a resourceVersion conflict.
+const MARK_ATTEMPTS: u32 = 10;
+/// Pause between attempts to mark a Machine that keeps changing.
+const MARK_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A machine already carries the delete mark: was the decrement for it already applied? Each
+/// marked, not yet deleting machine of the group stands for one decrement Cluster API has not
+/// carried out yet, so live replicas at or below (members - marked) mean it was.
+fn decrement_already_applied(
+    snapshot: &Snapshot,
+    group: &NodeGroup,
+    live: i32,
+    machine: &str,
+) -> bool {
+    let members: Vec<_> = snapshot
+        .machines
+        .values()
+        .filter(|m| m.group.as_deref() == Some(group.id.as_str()) && !m.deleting)
+        .collect();
+    let marked = members
+        .iter()
+        .filter(|m| m.marked_for_deletion)
+        .count()
+        .max(1);
+    let applied = i64::from(live) <= members.len() as i64 - marked as i64;
+    if applied {
+        tracing::info!(
+            machine,
+            "machine already marked and its decrement already applied"
+        );
+    }
+    applied
+}
 
 /// A node named in a DeleteNodes request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -297,49 +330,50 @@ impl CapiActuator {
         live: i32,
     ) -> Result<bool, ActuateError> {
         let api = self.machines(namespace);
-        let machine = api.get(name).await.map_err(ActuateError::api(format!(
-            "reading Machine {namespace}/{name}"
-        )))?;
-        if machine.metadata.deletion_timestamp.is_some() {
-            return Ok(false);
-        }
-        let already_marked = machine
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(&self.keys.delete_machine));
-        if already_marked {
-            let members: Vec<_> = snapshot
-                .machines
-                .values()
-                .filter(|m| m.group.as_deref() == Some(group.id.as_str()) && !m.deleting)
-                .collect();
-            let marked = members
-                .iter()
-                .filter(|m| m.marked_for_deletion)
-                .count()
-                .max(1);
-            if i64::from(live) <= members.len() as i64 - marked as i64 {
-                tracing::info!(
-                    machine = name,
-                    "machine already marked and its decrement already applied"
-                );
+        // Cluster API rewrites Machines often (status, conditions); a conflict means "decide
+        // again on the newer object", never "give up".
+        for _ in 0..MARK_ATTEMPTS {
+            let machine = api.get(name).await.map_err(ActuateError::api(format!(
+                "reading Machine {namespace}/{name}"
+            )))?;
+            if machine.metadata.deletion_timestamp.is_some() {
                 return Ok(false);
             }
-            return Ok(true);
-        }
-        let patch = json!({
-            "metadata": {
-                "resourceVersion": machine.metadata.resource_version,
-                "annotations": { &self.keys.delete_machine: jiff::Timestamp::now().to_string() }
+            let already_marked = machine
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(&self.keys.delete_machine));
+            if already_marked {
+                return Ok(!decrement_already_applied(snapshot, group, live, name));
             }
-        });
-        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(ActuateError::api(format!(
-                "marking Machine {namespace}/{name} for deletion"
-            )))?;
-        Ok(true)
+            let patch = json!({
+                "metadata": {
+                    "resourceVersion": machine.metadata.resource_version,
+                    "annotations": { &self.keys.delete_machine: jiff::Timestamp::now().to_string() }
+                }
+            });
+            match api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    tracing::debug!(machine = name, "Machine changed while marking it; retrying");
+                    tokio::time::sleep(MARK_RETRY_DELAY).await;
+                }
+                Err(source) => {
+                    return Err(ActuateError::Api {
+                        action: format!("marking Machine {namespace}/{name} for deletion"),
+                        source,
+                    });
+                }
+            }
+        }
+        Err(ActuateError::MachineConflict {
+            machine: format!("{namespace}/{name}"),
+            attempts: MARK_ATTEMPTS,
+        })
     }
 
     async fn unmark_machine(&self, namespace: &str, name: &str) {
@@ -377,12 +411,8 @@ impl CapiActuator {
                     "reading the scale of {}",
                     group.id
                 )))?;
-        scale
-            .spec
-            .and_then(|s| s.replicas)
-            .ok_or_else(|| ActuateError::NoReplicas {
-                group: group.id.clone(),
-            })
+        // The API server omits `replicas: 0` (omitempty): missing means zero.
+        Ok(scale.spec.and_then(|s| s.replicas).unwrap_or(0))
     }
 
     /// Reads `/scale`, computes the new replicas and writes them back with the read
@@ -402,9 +432,8 @@ impl CapiActuator {
                         group.id
                     )))?;
             let spec = scale.spec.get_or_insert_default();
-            let current = spec.replicas.ok_or_else(|| ActuateError::NoReplicas {
-                group: group.id.clone(),
-            })?;
+            // The API server omits `replicas: 0` (omitempty): missing means zero.
+            let current = spec.replicas.unwrap_or(0);
             let new = desired(current)?;
             spec.replicas = Some(new);
             match api

@@ -101,11 +101,15 @@ pub enum ActuateError {
         /// Attempts made.
         attempts: u32,
     },
-    /// The scale subresource has no replicas.
-    #[error("node group {group}: the scale subresource reports no replicas")]
-    NoReplicas {
-        /// Group id.
-        group: String,
+    /// A Machine changed on every attempt to mark it for deletion.
+    #[error(
+        "Machine {machine} changed concurrently {attempts} times while marking it for deletion; giving up"
+    )]
+    MachineConflict {
+        /// `<namespace>/<name>`.
+        machine: String,
+        /// Attempts made.
+        attempts: u32,
     },
     /// An API call failed.
     #[error("{action}: {source}")]
@@ -130,7 +134,7 @@ impl ActuateError {
             self,
             ActuateError::Api { .. }
                 | ActuateError::ConflictRetriesExhausted { .. }
-                | ActuateError::NoReplicas { .. }
+                | ActuateError::MachineConflict { .. }
         )
     }
 }

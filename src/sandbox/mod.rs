@@ -3,7 +3,10 @@
 //! (`target/upstream/bin`). Every process runs in a temp dir, on free loopback ports, and dies
 //! with its parent.
 
+pub mod capi;
 pub mod controlplane;
+pub mod infra_provider;
+pub mod kwok;
 pub mod pki;
 pub mod process;
 

@@ -50,9 +50,9 @@ impl ProviderError {
                 | ActuateError::DeleteBelowMin { .. }
                 | ActuateError::NotMember { .. }
                 | ActuateError::AmbiguousNode { .. }
-                | ActuateError::NotInPool { .. }
-                | ActuateError::NoReplicas { .. } => Code::FailedPrecondition,
-                ActuateError::ConflictRetriesExhausted { .. } => Code::Aborted,
+                | ActuateError::NotInPool { .. } => Code::FailedPrecondition,
+                ActuateError::ConflictRetriesExhausted { .. }
+                | ActuateError::MachineConflict { .. } => Code::Aborted,
                 ActuateError::Api { source, .. } => api_code(source),
             },
         }

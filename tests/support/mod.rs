@@ -582,3 +582,53 @@ pub async fn wait_groups(
     })
     .await
 }
+
+/// MachineDeployment `md` (bounds, replicas) with MachineSet `md-ms` and `n` running machines
+/// and nodes; provider IDs `test:////<ns>-md-<i>`.
+pub async fn deployment_with_nodes(
+    ns: &TestNs,
+    name: &str,
+    min: i32,
+    max: i32,
+    n: usize,
+) -> Vec<String> {
+    let md = ns
+        .machine_deployment(name, n as i32, bounds(min, max))
+        .await;
+    let ms = ns
+        .machine_set(&format!("{name}-ms"), n as i32, json!({}), Some(&md))
+        .await;
+    let mut pids = Vec::new();
+    for i in 0..n {
+        let pid = format!("test:////{}-{name}-{i}", ns.name);
+        let node = ns.node(&format!("{name}-{i}"), &pid, BTreeMap::new()).await;
+        ns.machine(
+            &format!("{name}-m{i}"),
+            &ms,
+            Some(&pid),
+            Some(&node),
+            json!({"phase": "Running"}),
+        )
+        .await;
+        pids.push(pid);
+    }
+    pids
+}
+
+/// `GET http://<address><path>`: (status code, body).
+pub async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let code = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
