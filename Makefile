@@ -4,9 +4,9 @@ SHELL := /bin/bash
 CARGO ?= cargo
 UPSTREAM := tests/upstream/build.sh
 # Upstream peers the tests run against.
-TEST_PEERS ?= etcd kube capi helm conformance
+TEST_PEERS ?= etcd kube capi kwok helm conformance
 
-.PHONY: all build test unit lint fmt crds upstream demo bench clean-upstream
+.PHONY: all build test unit e2e lint fmt crds upstream demo bench clean-upstream
 
 all: build
 
@@ -19,6 +19,10 @@ upstream:
 ## Every test: unit, integration against a real kube-apiserver, and the rest under tests/.
 test: upstream
 	$(CARGO) test --locked
+
+## End to end with the real Cluster API manager, kwok and a test infrastructure provider.
+e2e: upstream
+	$(CARGO) test --locked --test e2e_capi
 
 unit:
 	$(CARGO) test --locked --lib
