@@ -5,6 +5,7 @@
 //! externalgrpc server wrapping the in-tree clusterapi provider) cannot be built here: the Go
 //! module proxy does not serve cluster-autoscaler. Ratios against it are therefore not printed;
 //! the absolute numbers are, and written to target/bench/index.json.
+//! `NGO_BENCH_INDEX_ONLY=1` measures only the snapshot rebuild (for profiling with perf).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -97,6 +98,10 @@ async fn main() -> anyhow::Result<()> {
     }
     let snapshot = snapshot.expect("built");
     assert_eq!(snapshot.groups.len(), GROUPS);
+    if std::env::var_os("NGO_BENCH_INDEX_ONLY").is_some() {
+        println!("snapshot rebuild p50 {:?}", percentile(&mut builds, 0.5));
+        return Ok(());
+    }
 
     let mut lookups = Vec::new();
     for i in 0..100_000 {
