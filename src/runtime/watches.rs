@@ -168,8 +168,10 @@ impl Watches {
         }
     }
 
-    /// Rebuilds the snapshot after the initial sync and on every change, coalescing bursts of
-    /// events for `delay`.
+    /// Rebuilds the snapshot after the initial sync and on every change. Bursts of events are
+    /// coalesced for `delay`, or for as long as the last rebuild took if that is longer, so
+    /// constant churn costs at most about half a core. Rebuilds run on the blocking pool and
+    /// never stall RPCs.
     pub async fn rebuild_loop(
         self,
         publisher: SnapshotPublisher,
@@ -183,18 +185,23 @@ impl Watches {
         }
         tracing::info!("informer caches synced; serving");
         loop {
-            let start = Instant::now();
-            let inputs = self.inputs();
-            let snapshot = index::build_snapshot(&inputs);
-            self.ensure_template_watches(&inputs.resources);
-            metrics.observe_snapshot(&snapshot, start.elapsed());
-            tracing::debug!(groups = snapshot.groups.len(), elapsed = ?start.elapsed(), "index rebuilt");
+            let watches = self.clone();
+            let (snapshot, resources, elapsed) = tokio::task::spawn_blocking(move || {
+                let start = Instant::now();
+                let inputs = watches.inputs();
+                let snapshot = index::build_snapshot(&inputs);
+                (snapshot, inputs.resources, start.elapsed())
+            })
+            .await?;
+            self.ensure_template_watches(&resources);
+            metrics.observe_snapshot(&snapshot, elapsed);
+            tracing::debug!(groups = snapshot.groups.len(), ?elapsed, "index rebuilt");
             publisher.publish(snapshot);
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = self.inner.changed.notified() => {}
             }
-            tokio::time::sleep(delay).await;
+            tokio::time::sleep(delay.max(elapsed)).await;
         }
     }
 
