@@ -552,21 +552,17 @@ pub fn machine_deployment(
     infra_template: &str,
 ) -> Result<DynamicObject, CapiError> {
     let labels = json!({CLUSTER_NAME_LABEL: cluster, DEPLOYMENT_NAME_LABEL: name});
-    manifest(
+    let rollout = json!({"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}});
+    replicated_machines(
         "MachineDeployment",
-        json!({
-            "apiVersion": format!("{CAPI_GROUP}/{CAPI_VERSION}"),
-            "kind": "MachineDeployment",
-            "metadata": {"name": name, "namespace": namespace, "annotations": annotations, "labels": {CLUSTER_NAME_LABEL: cluster}},
-            "spec": {
-                "clusterName": cluster,
-                "replicas": replicas,
-                "selector": {"matchLabels": labels},
-                "rollout": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}},
-                "deletion": {"order": "Random"},
-                "template": machine_template(cluster, &labels, infra_template)
-            }
-        }),
+        namespace,
+        cluster,
+        name,
+        replicas,
+        annotations,
+        labels,
+        infra_template,
+        Some(rollout),
     )
 }
 
@@ -581,19 +577,50 @@ pub fn machine_set(
     infra_template: &str,
 ) -> Result<DynamicObject, CapiError> {
     let labels = json!({CLUSTER_NAME_LABEL: cluster, SET_NAME_LABEL: name});
-    manifest(
+    replicated_machines(
         "MachineSet",
+        namespace,
+        cluster,
+        name,
+        replicas,
+        annotations,
+        labels,
+        infra_template,
+        None,
+    )
+}
+
+/// The shape MachineDeployments and MachineSets share: replicas, a selector equal to the
+/// template labels, Random deletion order, machines from `infra_template`.
+#[allow(clippy::too_many_arguments)]
+fn replicated_machines(
+    kind: &str,
+    namespace: &str,
+    cluster: &str,
+    name: &str,
+    replicas: i32,
+    annotations: Value,
+    labels: Value,
+    infra_template: &str,
+    rollout: Option<Value>,
+) -> Result<DynamicObject, CapiError> {
+    let mut spec = json!({
+        "clusterName": cluster,
+        "replicas": replicas,
+        "selector": {"matchLabels": labels},
+        "deletion": {"order": "Random"},
+        "template": machine_template(cluster, &labels, infra_template)
+    });
+    if let Some(rollout) = rollout {
+        spec["rollout"] = rollout;
+    }
+    manifest(
+        kind,
         json!({
             "apiVersion": format!("{CAPI_GROUP}/{CAPI_VERSION}"),
-            "kind": "MachineSet",
+            "kind": kind,
             "metadata": {"name": name, "namespace": namespace, "annotations": annotations, "labels": {CLUSTER_NAME_LABEL: cluster}},
-            "spec": {
-                "clusterName": cluster,
-                "replicas": replicas,
-                "selector": {"matchLabels": labels},
-                "deletion": {"order": "Random"},
-                "template": machine_template(cluster, &labels, infra_template)
-            }
+            "spec": spec
         }),
     )
 }
