@@ -4,7 +4,9 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto proto
 COPY src src
-RUN cargo build --release --locked --bin nodegroup-operator
+# The workspace lists the sandbox crate; only the operator binary is built and shipped.
+COPY sandbox sandbox
+RUN cargo build --release --locked -p nodegroup-operator --bin nodegroup-operator
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/target/release/nodegroup-operator /usr/local/bin/nodegroup-operator

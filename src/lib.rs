@@ -16,7 +16,6 @@ pub mod pricing;
 pub mod proto;
 pub mod quantity;
 pub mod runtime;
-pub mod sandbox;
 pub mod server;
 pub mod status;
 pub mod template;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, Patch, PatchParams};
 use nodegroup_operator::proto;
-use nodegroup_operator::sandbox;
+use ngo_sandbox as sandbox;
 use serde_json::json;
 use support::*;
 

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use nodegroup_operator::sandbox::{self, pki::CertificateAuthority};
+use ngo_sandbox::{self as sandbox, pki::CertificateAuthority};
 use nodegroup_operator::server::tls::TlsFiles;
 use serde_json::{Value, json};
 use support::*;

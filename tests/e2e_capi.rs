@@ -27,12 +27,12 @@ use kube::{Client, ResourceExt};
 use nodegroup_operator::proto::cloud_provider_client::CloudProviderClient;
 use nodegroup_operator::proto::{self, ExternalGrpcNode};
 use nodegroup_operator::runtime::{self, Running};
-use nodegroup_operator::sandbox::capi::{self, ManagerOptions};
-use nodegroup_operator::sandbox::infra_provider::{
+use ngo_sandbox::capi::{self, ManagerOptions};
+use ngo_sandbox::infra_provider::{
     self, InfraProvider, NEVER_REGISTER_ANNOTATION, PROVISION_DELAY_ANNOTATION,
 };
-use nodegroup_operator::sandbox::kwok::{self, KwokOptions};
-use nodegroup_operator::sandbox::{ControlPlane, ControlPlaneOptions};
+use ngo_sandbox::kwok::{self, KwokOptions};
+use ngo_sandbox::{ControlPlane, ControlPlaneOptions};
 use prost::Message;
 use serde_json::{Value, json};
 use support::{DELETE_MACHINE, MAX, MIN, TestNs, bounds, operator_config};
@@ -79,9 +79,7 @@ fn e2e() -> &'static E2e {
                     .build()?;
                 rt.block_on(async {
                     let client = plane.client().await?;
-                    let fixtures =
-                        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/crds");
-                    capi::install_crds(&client, &[&fixtures]).await?;
+                    capi::install_crds(&client, &[]).await?;
                     anyhow::Ok(())
                 })?;
                 let manager = capi::start_manager(&plane, &ManagerOptions::default())?;
@@ -139,7 +137,7 @@ impl Env {
                 .try_init();
         }
         let e2e = e2e();
-        let client = nodegroup_operator::sandbox::controlplane::client_for(&e2e.kubeconfig)
+        let client = ngo_sandbox::controlplane::client_for(&e2e.kubeconfig)
             .await
             .expect("admin client");
         let name = format!("{prefix}-{}", rand::random::<u32>() % 1_000_000);

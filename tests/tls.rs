@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
-use nodegroup_operator::sandbox::pki::{CertificateAuthority, IssuedCert};
+use ngo_sandbox::pki::{CertificateAuthority, IssuedCert};
 use nodegroup_operator::server::tls::TlsFiles;
 use support::*;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};

@@ -15,7 +15,7 @@ use kube::discovery::ApiResource;
 use kube::{Client, ResourceExt};
 use nodegroup_operator::proto::cloud_provider_client::CloudProviderClient;
 use nodegroup_operator::runtime::{self, Config, Running};
-use nodegroup_operator::sandbox::{self, ControlPlane, ControlPlaneOptions};
+use ngo_sandbox::{self as sandbox, ControlPlane, ControlPlaneOptions};
 use nodegroup_operator::server::tls::TlsFiles;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
@@ -55,15 +55,8 @@ pub fn shared() -> &'static Shared {
                     .build()?;
                 rt.block_on(async {
                     let client = plane.client().await?;
-                    sandbox::controlplane::apply_crds(
-                        &client,
-                        &sandbox::upstream_dir().join("capi-crds"),
-                    )
-                    .await?;
                     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-                    sandbox::controlplane::apply_crds(&client, &root.join("tests/fixtures/crds"))
-                        .await?;
-                    sandbox::controlplane::apply_crds(&client, &root.join("crds")).await?;
+                    sandbox::capi::install_crds(&client, &[&root.join("crds")]).await?;
                     create_no_scale_role(&client).await
                 })?;
                 let shared = Shared {

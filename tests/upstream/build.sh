@@ -2,20 +2,26 @@
 # Build the pinned upstream peers (tests/upstream/versions.env) from the Go module proxy into
 # target/upstream/. Idempotent: a component whose versioned output already exists is skipped.
 #
-#   tests/upstream/build.sh                 # all: etcd kube capi kwok helm conformance
+#   tests/upstream/build.sh                 # all (the list in ALL below)
 #   tests/upstream/build.sh etcd kube       # just these
-#   tests/upstream/build.sh conformance     # nodegroup-conformance from tests/upstream/conformance/
-#   tests/upstream/build.sh cluster-autoscaler   # only on request; fails on this proxy (NOTES.md)
+#   tests/upstream/build.sh cluster-autoscaler example-server   # from ../shared/upstream tarballs
+#   tests/upstream/build.sh conformance     # nodegroup-conformance (imports CA's externalgrpc client)
 #   tests/upstream/build.sh --layout        # print the fixed paths only
 #
 # Output (fixed paths, symlinks into the versioned dirs):
 #   target/upstream/bin/{etcd,kube-apiserver,kube-controller-manager,kube-scheduler,kubectl,
-#                        capi-manager,cluster-autoscaler,kwok,helm,nodegroup-conformance}
+#                        capi-manager,cluster-autoscaler,externalgrpc-example-server,kwok,helm,
+#                        nodegroup-conformance}
 #   target/upstream/capi-crds/*.yaml     Cluster API core CRDs
 #   target/upstream/kwok-stages/*.yaml   kwok Stage YAMLs (default.yaml = the kwokctl default set)
 # Versioned: target/upstream/<component>-<version>/bin/...; scratch: target/upstream/work/.
 #
-# Env: UPSTREAM_OUT (default <repo>/target/upstream), UPSTREAM_JOBS (go build -p, default 2).
+# cluster-autoscaler is not served by the Go module proxy: its source comes from the tarballs in
+# ../shared/upstream (checksums verified, extracted under target/upstream/work/, never modified);
+# its dependencies come from the proxy.
+#
+# Env: UPSTREAM_OUT (default <repo>/target/upstream), UPSTREAM_JOBS (go build -p, default 2),
+#      NGO_SHARED_UPSTREAM (default <repo>/../shared/upstream).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,6 +32,7 @@ source "$HERE/versions.env"
 OUT=${UPSTREAM_OUT:-$ROOT/target/upstream}
 WORK=$OUT/work
 JOBS=${UPSTREAM_JOBS:-2}
+SHARED_UPSTREAM=${NGO_SHARED_UPSTREAM:-$ROOT/../shared/upstream}
 
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false"
 # The checksum database behind the proxy does not know k8s.io/kubernetes v1.36.5 (404) although
@@ -33,15 +40,13 @@ export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=fa
 # committed go.sum pins the hash and no checksum-database lookup happens.
 export GONOSUMDB=${GONOSUMDB:-k8s.io/kubernetes}
 
-# cluster-autoscaler is not in the default set: the module proxy reachable here refuses
-# k8s.io/autoscaler/cluster-autoscaler (403 for every version, see NOTES.md), so including it made
-# every plain `build.sh` fail. Ask for it explicitly; it still fails fast with a clear message.
-ALL=(etcd kube capi kwok helm conformance)
+ALL=(etcd kube capi kwok helm cluster-autoscaler example-server conformance)
 
 KEY_etcd=etcd-v$ETCD_VERSION
 KEY_kube=kube-v$KUBERNETES_VERSION
 KEY_capi=capi-v$CAPI_VERSION
 KEY_ca=cluster-autoscaler-$CA_VERSION-${CA_COMMIT:0:12}
+KEY_example=externalgrpc-example-server-$EXAMPLE_CA_VERSION-${EXAMPLE_CA_COMMIT:0:12}
 KEY_kwok=kwok-v$KWOK_VERSION
 KEY_helm=helm-v$HELM_VERSION
 # conformance-<hash of tests/upstream/conformance/{*.go,go.mod,go.sum}>: any source change gives a
@@ -198,29 +203,55 @@ build_capi() {
   ln -sfn "$key/crds" "$OUT/capi-crds"
 }
 
-# Writable copy of the CA module with the nested apis module grafted into ./apis (the module zip
-# leaves out nested modules; CA's go.mod replaces k8s.io/autoscaler/cluster-autoscaler/apis => ./apis).
-ca_tree() {
-  local t=$WORK/ca-${CA_COMMIT:0:12} d a
-  if [ ! -f "$t/.complete" ]; then
-    d=$(moddir "k8s.io/autoscaler/cluster-autoscaler@$CA_MODULE_VERSION") \
-      || die "k8s.io/autoscaler/cluster-autoscaler@$CA_MODULE_VERSION is not on the module proxy (see NOTES.md)"
-    a=$(moddir "k8s.io/autoscaler/cluster-autoscaler/apis@$CA_MODULE_VERSION")
-    rm -rf "$t"; cp -r "$d" "$t"; chmod -R u+w "$t"
-    rm -rf "$t/apis"; cp -r "$a" "$t/apis"; chmod -R u+w "$t/apis"
-    touch "$t/.complete"
+# ca_source VERSION -> prints the extracted cluster-autoscaler-VERSION/ tree under $WORK, after
+# verifying ../shared/upstream/cluster-autoscaler-VERSION.tar.xz against its .sha256 file. The
+# tree is read-only input: builds write nothing into it (-mod=readonly, -o outside).
+ca_source() {
+  local version=$1 name tarball sum want got dir
+  name=cluster-autoscaler-$version
+  tarball=$SHARED_UPSTREAM/$name.tar.xz
+  sum=$tarball.sha256
+  [ -f "$tarball" ] || die "missing $tarball: cluster-autoscaler's source is provided there (the Go module proxy does not serve it); set NGO_SHARED_UPSTREAM if ../shared/upstream lives elsewhere"
+  [ -f "$sum" ] || die "missing $sum (the checksum of $tarball)"
+  want=$(cut -d' ' -f1 "$sum")
+  dir=$WORK/$name
+  if [ ! -f "$dir/.complete" ] || [ "$(cat "$dir/.complete")" != "$want" ]; then
+    got=$(sha256sum "$tarball" | cut -d' ' -f1)
+    [ "$got" = "$want" ] || die "checksum mismatch for $tarball: got $got, want $want"
+    rm -rf "$dir"
+    tar -xJf "$tarball" -C "$WORK"
+    [ -f "$dir/go.mod" ] || die "$tarball did not unpack to $name/"
+    echo "$want" >"$dir/.complete"
   fi
-  printf '%s\n' "$t"
+  printf '%s\n' "$dir"
 }
+
+# cluster-autoscaler with the externalgrpc (ours) and clusterapi (in-tree, for side-by-side
+# comparisons) providers. Always pass --cloud-provider: with two tags the default is ambiguous.
 build_ca() {
   local key=$KEY_ca t
   if begin "$key" cluster-autoscaler; then
-    t=$(ca_tree)
-    ( cd "$t" && go build -p "$JOBS" -trimpath -tags externalgrpc,clusterapi -ldflags "-s -w" \
-        -o "$OUT/$key.tmp/bin/cluster-autoscaler" . )
+    t=$(ca_source "$CA_VERSION")
+    ( cd "$t" && GOFLAGS="-mod=readonly -buildvcs=false" go build -p "$JOBS" -trimpath \
+        -tags externalgrpc,clusterapi -ldflags "-s -w" -o "$OUT/$key.tmp/bin/cluster-autoscaler" . )
     finish "$key"
   fi
   link_bin "$key" cluster-autoscaler
+}
+
+# The upstream example externalgrpc server wrapping the in-tree clusterapi provider: the
+# benchmarks' upstream peer. Built from CA $EXAMPLE_CA_VERSION because the 1.36.1 example
+# panics at start with clusterapi (it never sets the Processors option BuildClusterAPI reads).
+build_example() {
+  local key=$KEY_example t
+  if begin "$key" externalgrpc-example-server; then
+    t=$(ca_source "$EXAMPLE_CA_VERSION")
+    ( cd "$t" && GOFLAGS="-mod=readonly -buildvcs=false" go build -p "$JOBS" -trimpath \
+        -tags clusterapi -ldflags "-s -w" -o "$OUT/$key.tmp/bin/externalgrpc-example-server" \
+        ./cloudprovider/externalgrpc/examples/external-grpc-cloud-provider-service )
+    finish "$key"
+  fi
+  link_bin "$key" externalgrpc-example-server
 }
 
 # go install MODULE/PKG@VERSION works for kwok and helm (no replace directives); the module's own
@@ -309,10 +340,11 @@ for c in "${comps[@]}"; do
     kube) fn=build_kube key=$KEY_kube ;;
     capi) fn=build_capi key=$KEY_capi ;;
     cluster-autoscaler|ca) fn=build_ca key=$KEY_ca ;;
+    example-server) fn=build_example key=$KEY_example ;;
     kwok) fn=build_kwok key=$KEY_kwok ;;
     helm) fn=build_helm key=$KEY_helm ;;
     conformance) fn=build_conformance key=$KEY_conformance ;;
-    *) die "unknown component '$c' (known: ${ALL[*]} cluster-autoscaler)" ;;
+    *) die "unknown component '$c' (known: ${ALL[*]})" ;;
   esac
   t0=$(date +%s)
   if [ -d "$OUT/$key" ]; then state=cached; else state=built; fi

@@ -4,9 +4,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::controlplane::ControlPlane;
-use super::process::{ManagedProcess, ProcessError, free_port, http_ok};
-use super::{upstream_bin, upstream_dir};
+use crate::controlplane::ControlPlane;
+use crate::process::{ManagedProcess, ProcessError, free_port, http_ok};
+use crate::{upstream_bin, upstream_dir};
 
 /// How to run kwok.
 #[derive(Clone, Debug)]

@@ -8,7 +8,7 @@
 //! Startup order (all checked by Cluster API at start): CRDs ([`install_crds`]), then the
 //! manager ([`start_manager`]), then per-namespace clusters ([`create_cluster`]).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
@@ -17,13 +17,14 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::ApiResource;
-use kube::{Client, ResourceExt};
+use kube::Client;
 use serde_json::{Value, json};
 
-use super::controlplane::ControlPlane;
-use super::pki::{CertificateAuthority, PkiError};
-use super::process::{ManagedProcess, ProcessError, free_port, http_ok};
-use super::{upstream_bin, upstream_dir};
+use crate::controlplane::ControlPlane;
+use crate::crds;
+use crate::pki::{CertificateAuthority, PkiError};
+use crate::process::{ManagedProcess, ProcessError, free_port, http_ok};
+use crate::{upstream_bin, upstream_dir};
 
 /// Cluster API group.
 pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
@@ -85,15 +86,9 @@ pub enum CapiError {
         #[source]
         source: serde_json::Error,
     },
-    /// A YAML file did not parse.
-    #[error("parsing {path}: {source}")]
-    Yaml {
-        /// File.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: serde_yaml::Error,
-    },
+    /// A CRD could not be installed.
+    #[error(transparent)]
+    Crd(#[from] crds::CrdError),
     /// Something did not happen in time.
     #[error("timed out after {waited:?} waiting for {what}")]
     Timeout {
@@ -216,82 +211,16 @@ pub fn fake_control_plane_crd() -> Result<CustomResourceDefinition, CapiError> {
 }
 
 /// Installs the Cluster API core CRDs (`target/upstream/capi-crds`), the `FakeControlPlane`
-/// CRD and every CRD in the YAML files of `extra_dirs` (e.g. `tests/fixtures/crds` for the
-/// test infrastructure kinds), server-side applied, and waits until all are established.
+/// CRD, the test infrastructure CRDs ([`crds::TEST_INFRASTRUCTURE`]) and every CRD in the
+/// YAML files of `extra_dirs`, and waits until all are established.
 pub async fn install_crds(client: &Client, extra_dirs: &[&Path]) -> Result<Vec<String>, CapiError> {
-    let mut crds = Vec::new();
-    let mut dirs = vec![upstream_dir().join("capi-crds")];
-    dirs.extend(extra_dirs.iter().map(|d| d.to_path_buf()));
-    for dir in &dirs {
-        crds.extend(read_crds(dir)?);
+    let mut all = crds::read_dir(&upstream_dir().join("capi-crds"))?;
+    all.extend(crds::parse(crds::TEST_INFRASTRUCTURE, "test-infrastructure.yaml")?);
+    all.push(fake_control_plane_crd()?);
+    for dir in extra_dirs {
+        all.extend(crds::read_dir(dir)?);
     }
-    crds.push(fake_control_plane_crd()?);
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut names = Vec::with_capacity(crds.len());
-    for crd in &crds {
-        let name = crd.name_any();
-        api.patch(
-            &name,
-            &PatchParams::apply("nodegroup-sandbox").force(),
-            &Patch::Apply(crd),
-        )
-        .await
-        .map_err(api_err(format!("applying CRD {name}")))?;
-        names.push(name);
-    }
-    let waited = Duration::from_secs(30);
-    for name in &names {
-        let established = kube::runtime::wait::await_condition(
-            api.clone(),
-            name,
-            kube::runtime::conditions::is_crd_established(),
-        );
-        match tokio::time::timeout(waited, established).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => {
-                return Err(CapiError::Timeout {
-                    what: format!("CRD {name} to be established ({error})"),
-                    waited,
-                });
-            }
-            Err(_) => {
-                return Err(CapiError::Timeout {
-                    what: format!("CRD {name} to be established"),
-                    waited,
-                });
-            }
-        }
-    }
-    Ok(names)
-}
-
-fn read_crds(dir: &Path) -> Result<Vec<CustomResourceDefinition>, CapiError> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(io_err(format!("reading CRD dir {}", dir.display())))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
-    files.sort();
-    let mut crds = Vec::new();
-    for path in files {
-        let text = std::fs::read_to_string(&path)
-            .map_err(io_err(format!("reading {}", path.display())))?;
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let yaml_err = |source| CapiError::Yaml {
-                path: path.clone(),
-                source,
-            };
-            let value: serde_yaml::Value =
-                serde::Deserialize::deserialize(doc).map_err(yaml_err)?;
-            if value.is_null() {
-                continue;
-            }
-            let crd = serde_yaml::from_value(value).map_err(yaml_err)?;
-            crds.push(crd);
-        }
-    }
-    Ok(crds)
+    Ok(crds::apply(client, &all).await?)
 }
 
 /// A self-contained kubeconfig (inline CA, client certificate and key) for the API server

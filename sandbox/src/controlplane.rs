@@ -6,13 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams};
-use kube::{Client, ResourceExt};
+use kube::Client;
 
-use super::pki::{self, CertificateAuthority};
-use super::process::{ManagedProcess, free_port, http_ok};
-use super::upstream_bin;
+use crate::pki::{self, CertificateAuthority};
+use crate::process::{ManagedProcess, free_port, http_ok};
+use crate::upstream_bin;
 
 /// What to start besides etcd and kube-apiserver.
 #[derive(Clone, Debug, Default)]
@@ -292,49 +290,4 @@ fn write_kubeconfig(
         key = key.display(),
     );
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
-}
-
-/// Applies every CRD in the YAML files of `dir` (server-side apply) and waits until each is
-/// established and served.
-pub async fn apply_crds(client: &Client, dir: &Path) -> anyhow::Result<Vec<String>> {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut names = Vec::new();
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading CRD dir {}", dir.display()))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
-    entries.sort();
-    for path in entries {
-        let text = std::fs::read_to_string(&path)?;
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let yaml: serde_yaml::Value = serde::Deserialize::deserialize(doc)?;
-            let value = serde_json::to_value(yaml)?;
-            if value.is_null() {
-                continue;
-            }
-            let crd: CustomResourceDefinition = serde_json::from_value(value)
-                .with_context(|| format!("parsing CRD in {}", path.display()))?;
-            let name = crd.name_any();
-            api.patch(
-                &name,
-                &PatchParams::apply("nodegroup-sandbox").force(),
-                &Patch::Apply(&crd),
-            )
-            .await
-            .with_context(|| format!("applying CRD {name}"))?;
-            names.push(name);
-        }
-    }
-    for name in &names {
-        let cond = kube::runtime::conditions::is_crd_established();
-        tokio::time::timeout(
-            Duration::from_secs(30),
-            kube::runtime::wait::await_condition(api.clone(), name, cond),
-        )
-        .await
-        .with_context(|| format!("CRD {name} not established"))??;
-    }
-    Ok(names)
 }

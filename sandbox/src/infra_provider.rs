@@ -46,7 +46,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use super::capi::{CAPI_GROUP, CLUSTER_NAME_LABEL, INFRA_GROUP, TEST_KINDS_VERSION, test_resource};
+use crate::capi::{CAPI_GROUP, CLUSTER_NAME_LABEL, INFRA_GROUP, TEST_KINDS_VERSION, test_resource};
 
 /// Finalizer the provider puts on every `TestMachine` it manages.
 pub const FINALIZER: &str = "test.nodegroup.dev/node";
@@ -170,8 +170,8 @@ impl InfraProvider {
             Controller::new_with(api_for(&pools), watcher::Config::default(), pools.clone())
                 // Scale changes of the owning MachinePool.
                 .watches_with(
-                    api_for(&super::capi::machine_pools()),
-                    super::capi::machine_pools(),
+                    api_for(&crate::capi::machine_pools()),
+                    crate::capi::machine_pools(),
                     watcher::Config::default(),
                     move |mp: DynamicObject| {
                         let infra = &mp.data["spec"]["template"]["spec"]["infrastructureRef"];
@@ -428,7 +428,7 @@ async fn reconcile_pool(
     let machine_pools: Api<DynamicObject> = Api::namespaced_with(
         ctx.client.clone(),
         &namespace,
-        &super::capi::machine_pools(),
+        &crate::capi::machine_pools(),
     );
     let mp = match machine_pools
         .get_opt(&owner.name)
@@ -456,7 +456,7 @@ async fn reconcile_pool(
     let infra_api: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &namespace, &test_machines());
     let machines_api: Api<DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), &namespace, &super::capi::machines());
+        Api::namespaced_with(ctx.client.clone(), &namespace, &crate::capi::machines());
     let mut infra: Vec<DynamicObject> = infra_api
         .list(&lp)
         .await

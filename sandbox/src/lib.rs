@@ -1,0 +1,40 @@
+//! `ngo-sandbox`: a local sandbox of upstream processes on loopback (etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler, the Cluster API manager, kwok,
+//! cluster-autoscaler) plus a test infrastructure provider, for the operator's tests,
+//! `make demo` and benchmarks. It is a developer tool: nothing here ships in the operator
+//! image.
+//!
+//! Upstream binaries come from `tests/upstream/build.sh` (`target/upstream/bin`). Every
+//! process runs in a temp dir, on free loopback ports, and dies with its parent.
+
+pub mod capi;
+pub mod controlplane;
+pub mod crds;
+pub mod infra_provider;
+pub mod kwok;
+pub mod pki;
+pub mod process;
+
+use std::path::PathBuf;
+
+pub use controlplane::{ControlPlane, ControlPlaneOptions};
+pub use pki::{CertificateAuthority, IssuedCert};
+pub use process::{ManagedProcess, free_port};
+
+/// The root of the nodegroup-operator workspace this tool was built from.
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// Where the upstream binaries are: `$NGO_UPSTREAM_DIR`, else `target/upstream` of the
+/// workspace.
+pub fn upstream_dir() -> PathBuf {
+    std::env::var_os("NGO_UPSTREAM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/upstream"))
+}
+
+/// Path of an upstream binary.
+pub fn upstream_bin(name: &str) -> PathBuf {
+    upstream_dir().join("bin").join(name)
+}
