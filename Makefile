@@ -3,10 +3,13 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 UPSTREAM := tests/upstream/build.sh
-# Upstream peers the tests run against.
-TEST_PEERS ?= etcd kube capi kwok helm conformance
+# Upstream peers the tests run against (cluster-autoscaler and the example server are built from
+# the source in ../shared/upstream; the rest from the Go module proxy).
+TEST_PEERS ?= etcd kube capi kwok helm cluster-autoscaler example-server conformance
+# What `make demo` needs.
+DEMO_PEERS ?= etcd kube capi kwok cluster-autoscaler
 
-.PHONY: all build test unit e2e lint fmt crds upstream demo bench clean-upstream
+.PHONY: all build test unit e2e lint fmt crds upstream demo sandbox bench clean-upstream
 
 all: build
 
@@ -18,18 +21,18 @@ upstream:
 
 ## Every test: unit, integration against a real kube-apiserver, and the rest under tests/.
 test: upstream
-	$(CARGO) test --locked
+	$(CARGO) test --locked --workspace
 
 ## End to end with the real Cluster API manager, kwok and a test infrastructure provider.
 e2e: upstream
-	$(CARGO) test --locked --test e2e_capi
+	$(CARGO) test --locked --test e2e_capi --test e2e_ca
 
 unit:
-	$(CARGO) test --locked --lib
+	$(CARGO) test --locked --workspace --lib
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all
@@ -45,12 +48,17 @@ crds:
 clean-upstream:
 	rm -rf target/upstream
 
-## The sandbox demo needs the real cluster-autoscaler, which the module proxy here does not serve.
+## The demo: sandbox, operator and the real cluster-autoscaler; a MachineDeployment scales up and
+## down. Live table on a terminal, plain lines otherwise (`make demo DEMO_FLAGS=--plain`).
 demo:
-	@if ! tests/upstream/build.sh cluster-autoscaler; then \
-	  echo ""; \
-	  echo "make demo: cannot build cluster-autoscaler from the Go module proxy (see tests/upstream/NOTES.md)."; \
-	  echo "The demo drives the real cluster-autoscaler and does not substitute anything for it."; \
-	  exit 1; \
-	fi
-	@echo "make demo: cluster-autoscaler is available, but the demo sandbox is not implemented yet."; exit 1
+	@echo "--- building the upstream peers (first run only: about 10 minutes on 2 cores)"
+	$(UPSTREAM) $(DEMO_PEERS)
+	@echo "--- building nodegroup-operator and ngo-sandbox"
+	$(CARGO) build --locked --workspace --bins
+	./target/debug/ngo-sandbox demo $(DEMO_FLAGS)
+
+## A sandbox that stays up (Ctrl-C or `./target/debug/ngo-sandbox down` stops it).
+sandbox:
+	$(UPSTREAM) $(DEMO_PEERS)
+	$(CARGO) build --locked --workspace --bins
+	./target/debug/ngo-sandbox up

@@ -7,13 +7,19 @@
 //! Upstream binaries come from `tests/upstream/build.sh` (`target/upstream/bin`). Every
 //! process runs in a temp dir, on free loopback ports, and dies with its parent.
 
+pub mod autoscaler;
 pub mod capi;
 pub mod controlplane;
 pub mod crds;
+pub mod demo;
+pub mod environment;
 pub mod infra_provider;
 pub mod kwok;
+pub mod operator;
 pub mod pki;
 pub mod process;
+pub mod stack;
+pub mod workload;
 
 use std::path::PathBuf;
 

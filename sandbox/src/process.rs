@@ -92,10 +92,15 @@ impl ManagedProcess {
         #[cfg(target_os = "linux")]
         {
             use std::os::unix::process::CommandExt;
-            // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+            // SAFETY: prctl and setpgid are async-signal-safe and touch no memory of the parent.
             unsafe {
                 command.pre_exec(|| {
                     if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // A process group of its own: a terminal's Ctrl-C reaches the sandbox,
+                    // which then stops its children in order.
+                    if libc::setpgid(0, 0) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
                     Ok(())
@@ -197,14 +202,21 @@ pub fn free_port() -> std::io::Result<u16> {
 
 /// True when `GET http://<addr><path>` answers 200 (plain HTTP/1.0).
 pub fn http_ok(addr: SocketAddr, path: &str) -> bool {
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    if write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").is_err() {
-        return false;
-    }
+    http_get(addr, path).is_ok()
+}
+
+/// The body of `GET http://<addr><path>` (plain HTTP/1.0); an error unless it answers 200.
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
     let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200")
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.lines().next().unwrap_or_default();
+    if status.starts_with("HTTP/1.0 200") || status.starts_with("HTTP/1.1 200") {
+        Ok(body.to_string())
+    } else {
+        Err(std::io::Error::other(format!("GET {path} on {addr}: {status}")))
+    }
 }

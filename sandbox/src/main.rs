@@ -1,0 +1,233 @@
+//! `ngo-sandbox`: run the nodegroup-operator sandbox (real control plane, Cluster API, kwok,
+//! the operator binary and the real cluster-autoscaler) on this machine.
+//!
+//! - `ngo-sandbox up` starts it and keeps it running; it prints a KUBECONFIG to try your own
+//!   MachineDeployments and policies. Ctrl-C or `ngo-sandbox down` stops it.
+//! - `ngo-sandbox demo` starts it, scales a MachineDeployment up and down through
+//!   cluster-autoscaler while showing what happens, and stops it.
+
+use std::io::IsTerminal as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use ngo_sandbox::demo::{self, Output};
+use ngo_sandbox::environment::{Sandbox, WORKER_TEMPLATE};
+use ngo_sandbox::stack::AutoscaledCluster;
+use serde::{Deserialize, Serialize};
+
+#[derive(Parser, Debug)]
+#[command(name = "ngo-sandbox", about = "Local sandbox for nodegroup-operator and cluster-autoscaler")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Start the sandbox with the operator and cluster-autoscaler and keep it running.
+    Up {
+        /// Namespace (and Cluster name) whose MachineDeployments are autoscaled.
+        #[arg(long, default_value = "sandbox")]
+        namespace: String,
+    },
+    /// Stop the sandbox that `up` started.
+    Down,
+    /// Run the demo: scale a MachineDeployment up and down through cluster-autoscaler.
+    Demo {
+        /// One line per change instead of a live table (the default when stdin or stdout is
+        /// not a terminal).
+        #[arg(long)]
+        plain: bool,
+    },
+}
+
+/// What `up` leaves for `down` (and for users: the kubeconfig path).
+#[derive(Serialize, Deserialize)]
+struct UpState {
+    pid: u32,
+    kubeconfig: PathBuf,
+    namespace: String,
+}
+
+fn state_file() -> PathBuf {
+    ngo_sandbox::workspace_root().join("target/sandbox/up.json")
+}
+
+fn main() -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,kube_client=off"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    // Child processes die with the thread that started them: everything is started from
+    // this (main) thread, inside `block_on`, while the runtime's workers run the tasks.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let started = Instant::now();
+    // The control plane is started outside the runtime (it drives its own probes).
+    let start_sandbox = || {
+        say(started, "starting etcd, kube-apiserver, controllers, the Cluster API manager and kwok ...");
+        let sandbox = Sandbox::start()?;
+        say(started, &format!("sandbox up; logs in {}", sandbox.log_dir().display()));
+        anyhow::Ok(sandbox)
+    };
+    match cli.command {
+        Command::Up { namespace } => {
+            let sandbox = start_sandbox()?;
+            runtime.block_on(up(sandbox, &namespace, started))
+        }
+        Command::Down => down(),
+        Command::Demo { plain } => {
+            let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
+            let output = if plain || !interactive {
+                Output::Plain
+            } else {
+                Output::Live
+            };
+            let sandbox = start_sandbox()?;
+            runtime.block_on(run_demo(sandbox, output, started))
+        }
+    }
+}
+
+fn say(started: Instant, line: &str) {
+    println!("[{:>6.1}s] {line}", started.elapsed().as_secs_f64());
+}
+
+async fn up(sandbox: Sandbox, namespace: &str, started: Instant) -> anyhow::Result<()> {
+    let say = |line: &str| say(started, line);
+    let mut cluster =
+        AutoscaledCluster::create(&sandbox, namespace, namespace, serde_json::json!({})).await?;
+    let operator = cluster.operator_options();
+    cluster.start_operator(&operator)?;
+    let autoscaler = cluster.externalgrpc_autoscaler()?;
+    cluster.start_autoscaler(&autoscaler)?;
+    let state = UpState {
+        pid: std::process::id(),
+        kubeconfig: sandbox.kubeconfig().to_path_buf(),
+        namespace: namespace.into(),
+    };
+    let path = state_file();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&path, serde_json::to_vec_pretty(&state)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    let kubectl = ngo_sandbox::upstream_bin("kubectl");
+    say("sandbox up: nodegroup-operator and cluster-autoscaler (externalgrpc, mTLS) are running");
+    println!(
+        "\n  export KUBECONFIG={kubeconfig}\n  alias kubectl={kubectl}\n\n\
+         Cluster {namespace}/{namespace} is ready for MachineDeployments that use the \
+         TestMachineTemplate '{WORKER_TEMPLATE}' (4 CPU, 16Gi kwok nodes), e.g.:\n\n  \
+         kubectl -n {namespace} get cluster,machinedeployments,machines,ngp\n  \
+         kubectl get nodes\n\nLogs: {logs}\nStop with Ctrl-C or `ngo-sandbox down`.",
+        kubeconfig = state.kubeconfig.display(),
+        kubectl = kubectl.display(),
+        logs = sandbox.log_dir().display(),
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut watch = tokio::time::interval(Duration::from_secs(2));
+    let outcome = loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break Ok(()),
+            _ = term.recv() => break Ok(()),
+            _ = watch.tick() => {
+                if let Err(error) = cluster.check_alive() {
+                    break Err(anyhow::Error::new(error).context("a sandbox process exited"));
+                }
+            }
+        }
+    };
+    say("stopping the sandbox ...");
+    drop(cluster);
+    drop(sandbox);
+    let _ = std::fs::remove_file(&path);
+    say("stopped");
+    outcome
+}
+
+fn down() -> anyhow::Result<()> {
+    let path = state_file();
+    let text = match std::fs::read(&path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            println!("no sandbox is running (no {})", path.display());
+            return Ok(());
+        }
+        Err(error) => return Err(error).with_context(|| format!("reading {}", path.display())),
+    };
+    let state: UpState =
+        serde_json::from_slice(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let pid = state.pid as libc::pid_t;
+    // SAFETY: kill(2) with a pid read from our own state file.
+    if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+        println!("sandbox process {pid} is not running any more");
+        let _ = std::fs::remove_file(&path);
+        return Ok(());
+    }
+    let start = Instant::now();
+    // SAFETY: signal 0 only checks that the process exists.
+    while unsafe { libc::kill(pid, 0) } == 0 {
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "sandbox process {pid} did not stop within 60s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    println!("sandbox stopped");
+    Ok(())
+}
+
+async fn run_demo(sandbox: Sandbox, output: Output, started: Instant) -> anyhow::Result<()> {
+    let mut cluster = demo::start(&sandbox, started).await?;
+    let outcome = tokio::select! {
+        result = demo::run(&mut cluster, output, started) => Some(result),
+        _ = tokio::signal::ctrl_c() => None,
+    };
+    let logs = sandbox.log_dir().to_path_buf();
+    let result = match outcome {
+        None => {
+            println!("\ninterrupted; stopping the sandbox");
+            Ok(())
+        }
+        Some(Ok(report)) => {
+            println!(
+                "\ndemo finished in {:.0}s: scale-up decided in {:.1}s (pods running after {:.1}s), \
+                 scale-down decided in {:.1}s (nodes gone after {:.1}s)",
+                started.elapsed().as_secs_f64(),
+                report.scale_up_decision.as_secs_f64(),
+                report.scale_up_done.as_secs_f64(),
+                report.scale_down_decision.as_secs_f64(),
+                report.scale_down_done.as_secs_f64()
+            );
+            Ok(())
+        }
+        Some(Err(error)) => {
+            // Keep the logs: the sandbox directory goes away with the sandbox.
+            let kept = std::env::temp_dir().join(format!("ngo-demo-logs-{}", std::process::id()));
+            let copied = copy_dir(&logs, &kept).is_ok();
+            if copied {
+                eprintln!("demo failed; process logs copied to {}", kept.display());
+            }
+            Err(error)
+        }
+    };
+    drop(cluster);
+    drop(sandbox);
+    result
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+    }
+    Ok(())
+}

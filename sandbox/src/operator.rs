@@ -1,0 +1,220 @@
+//! The `nodegroup-operator` binary as a sandbox process: mTLS gRPC with throwaway
+//! certificates, and the cloud-config cluster-autoscaler needs to reach it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::pki::{CertificateAuthority, PkiError};
+use crate::process::{ManagedProcess, ProcessError, free_port, http_ok};
+
+/// A failure starting the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    /// Starting or waiting for the process failed.
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    /// Generating a certificate failed.
+    #[error(transparent)]
+    Pki(#[from] PkiError),
+    /// A local file or port could not be had.
+    #[error("{action}: {source}")]
+    Io {
+        /// What was being done.
+        action: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io_err(action: impl Into<String>) -> impl FnOnce(std::io::Error) -> OperatorError {
+    let action = action.into();
+    move |source| OperatorError::Io { action, source }
+}
+
+/// Certificates for the gRPC endpoint, as files: one CA signs the operator's serving
+/// certificate (SANs `127.0.0.1`, `localhost`) and every client certificate.
+pub struct GrpcPki {
+    ca: CertificateAuthority,
+    dir: PathBuf,
+    /// The CA certificate: the operator's `--tls-client-ca`, cluster-autoscaler's `cacert`.
+    pub ca_cert: PathBuf,
+    /// Serving certificate and key.
+    pub server: (PathBuf, PathBuf),
+    /// A client certificate and key for cluster-autoscaler (CN `cluster-autoscaler`).
+    pub client: (PathBuf, PathBuf),
+}
+
+impl GrpcPki {
+    /// Generates the CA, the serving and the default client certificate into `dir`.
+    pub fn generate(dir: &Path) -> Result<Self, OperatorError> {
+        std::fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let ca = CertificateAuthority::new("nodegroup-operator-grpc-ca")?;
+        let ca_cert = dir.join("grpc-ca.crt");
+        ca.write_cert(&ca_cert)?;
+        let server = ca
+            .issue("nodegroup-operator", &["127.0.0.1", "localhost"], None)?
+            .write(dir, "grpc-server")?;
+        let client = ca
+            .issue("cluster-autoscaler", &[], None)?
+            .write(dir, "grpc-client")?;
+        Ok(Self {
+            ca,
+            dir: dir.to_path_buf(),
+            ca_cert,
+            server,
+            client,
+        })
+    }
+
+    /// Issues another client certificate with common name `name`; returns (cert, key).
+    pub fn issue_client(&self, name: &str) -> Result<(PathBuf, PathBuf), OperatorError> {
+        Ok(self
+            .ca
+            .issue(name, &[], None)?
+            .write(&self.dir, &format!("grpc-client-{name}"))?)
+    }
+}
+
+/// How to run the operator.
+#[derive(Clone, Debug)]
+pub struct OperatorOptions {
+    /// The `nodegroup-operator` binary.
+    pub binary: PathBuf,
+    /// Kubeconfig it uses.
+    pub kubeconfig: PathBuf,
+    /// `--node-group-auto-discovery` specs (empty: every namespace).
+    pub auto_discovery: Vec<String>,
+    /// Namespace of its leader-election Lease (leader election off when `None`).
+    pub leader_election_namespace: Option<String>,
+    /// `RUST_LOG`.
+    pub log_filter: String,
+    /// More flags, appended last.
+    pub extra_args: Vec<String>,
+    /// Name of the process and its log file.
+    pub name: String,
+}
+
+impl OperatorOptions {
+    /// Defaults: the binary next to the running executable ([`operator_binary`]), info logs.
+    pub fn new(kubeconfig: &Path) -> Self {
+        Self {
+            binary: operator_binary(),
+            kubeconfig: kubeconfig.to_path_buf(),
+            auto_discovery: Vec::new(),
+            leader_election_namespace: None,
+            log_filter: "info".into(),
+            extra_args: Vec::new(),
+            name: "nodegroup-operator".into(),
+        }
+    }
+}
+
+/// Where the operator binary is: `$NGO_OPERATOR_BIN`, else next to the running executable
+/// (`target/<profile>/`), or one level up from it (test binaries live in
+/// `target/<profile>/deps/`).
+pub fn operator_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("NGO_OPERATOR_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let beside = dir.join("nodegroup-operator");
+    if beside.exists() {
+        return beside;
+    }
+    dir.parent()
+        .map(|p| p.join("nodegroup-operator"))
+        .unwrap_or(beside)
+}
+
+/// A running operator process serving mTLS gRPC. Dropping it stops the process.
+pub struct OperatorProcess {
+    process: ManagedProcess,
+    /// gRPC address (`127.0.0.1:<port>`).
+    pub grpc_address: SocketAddr,
+    /// Admin address (`/livez`, `/readyz`, `/metrics`).
+    pub admin_address: SocketAddr,
+}
+
+impl OperatorProcess {
+    /// Starts the operator with mTLS from `pki` and waits until `/readyz` answers 200
+    /// (caches synced). Blocking; spawn from a thread that outlives the process.
+    pub fn start(
+        options: &OperatorOptions,
+        pki: &GrpcPki,
+        log_dir: &Path,
+    ) -> Result<Self, OperatorError> {
+        let grpc_port = free_port().map_err(io_err("picking a gRPC port"))?;
+        let admin_port = free_port().map_err(io_err("picking an admin port"))?;
+        let grpc_address: SocketAddr = ([127, 0, 0, 1], grpc_port).into();
+        let admin_address: SocketAddr = ([127, 0, 0, 1], admin_port).into();
+        let mut args = vec![
+            "run".to_string(),
+            format!("--grpc-address={grpc_address}"),
+            format!("--admin-address={admin_address}"),
+            format!("--tls-cert={}", pki.server.0.display()),
+            format!("--tls-key={}", pki.server.1.display()),
+            format!("--tls-client-ca={}", pki.ca_cert.display()),
+            format!("--kubeconfig={}", options.kubeconfig.display()),
+        ];
+        for spec in &options.auto_discovery {
+            args.push(format!("--node-group-auto-discovery={spec}"));
+        }
+        if let Some(namespace) = &options.leader_election_namespace {
+            args.push(format!("--leader-election-namespace={namespace}"));
+        }
+        args.extend(options.extra_args.iter().cloned());
+        let mut process = ManagedProcess::spawn(
+            &options.name,
+            &options.binary,
+            &args,
+            &[("RUST_LOG", options.log_filter.as_str())],
+            log_dir,
+        )?;
+        process.wait_ready(Duration::from_secs(60), || {
+            http_ok(admin_address, "/readyz")
+        })?;
+        Ok(Self {
+            process,
+            grpc_address,
+            admin_address,
+        })
+    }
+
+    /// The operator's log file.
+    pub fn log_path(&self) -> &Path {
+        self.process.log_path()
+    }
+
+    /// Fails if the process has exited.
+    pub fn check_alive(&mut self) -> Result<(), ProcessError> {
+        self.process.check_alive()
+    }
+
+    /// Stops the process gracefully (SIGTERM, SIGKILL after `grace`).
+    pub fn stop(&mut self, grace: Duration) {
+        self.process.stop(grace);
+    }
+}
+
+/// Writes cluster-autoscaler's `externalgrpc` cloud-config for `address` to `path`: mTLS
+/// with `client` (cert, key) and the operator's CA, and the per-RPC `grpc_timeout`.
+/// cluster-autoscaler verifies the server against the host part of `address`.
+pub fn write_cloud_config(
+    path: &Path,
+    address: &str,
+    client: &(PathBuf, PathBuf),
+    ca_cert: &Path,
+    grpc_timeout: Duration,
+) -> Result<(), OperatorError> {
+    let text = format!(
+        "address: \"{address}\"\ncert: \"{}\"\nkey: \"{}\"\ncacert: \"{}\"\ngrpc_timeout: \"{}ms\"\n",
+        client.0.display(),
+        client.1.display(),
+        ca_cert.display(),
+        grpc_timeout.as_millis(),
+    );
+    std::fs::write(path, text).map_err(io_err(format!("writing {}", path.display())))
+}
