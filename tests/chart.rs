@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, Patch, PatchParams};
-use nodegroup_operator::proto;
 use ngo_sandbox as sandbox;
+use nodegroup_operator::proto;
 use serde_json::json;
 use support::*;
 

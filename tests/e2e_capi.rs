@@ -24,15 +24,15 @@ use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_pb::api::core::v1 as pb;
 use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
-use nodegroup_operator::proto::cloud_provider_client::CloudProviderClient;
-use nodegroup_operator::proto::{self, ExternalGrpcNode};
-use nodegroup_operator::runtime::{self, Running};
 use ngo_sandbox::capi::{self, ManagerOptions};
 use ngo_sandbox::infra_provider::{
     self, InfraProvider, NEVER_REGISTER_ANNOTATION, PROVISION_DELAY_ANNOTATION,
 };
 use ngo_sandbox::kwok::{self, KwokOptions};
 use ngo_sandbox::{ControlPlane, ControlPlaneOptions};
+use nodegroup_operator::proto::cloud_provider_client::CloudProviderClient;
+use nodegroup_operator::proto::{self, ExternalGrpcNode};
+use nodegroup_operator::runtime::{self, Running};
 use prost::Message;
 use serde_json::{Value, json};
 use support::{DELETE_MACHINE, MAX, MIN, TestNs, bounds, operator_config};

@@ -5,8 +5,8 @@ mod support;
 
 use std::time::Duration;
 
-use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
 use ngo_sandbox::pki::{CertificateAuthority, IssuedCert};
+use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
 use nodegroup_operator::server::tls::TlsFiles;
 use support::*;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};

@@ -184,7 +184,7 @@ impl Autoscaler {
     }
 
     /// Fails if the process has exited.
-    pub fn check_alive(&mut self) -> Result<(), ProcessError> {
+    pub fn check_alive(&self) -> Result<(), ProcessError> {
         self.process.check_alive()
     }
 
@@ -417,7 +417,11 @@ cluster_autoscaler_function_duration_seconds_count{function=\"main\"} 25
             })
         );
         assert_eq!(
-            histogram_totals(metrics, "cluster_autoscaler_function_duration_seconds", "function=\"x\""),
+            histogram_totals(
+                metrics,
+                "cluster_autoscaler_function_duration_seconds",
+                "function=\"x\""
+            ),
             None
         );
     }

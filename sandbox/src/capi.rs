@@ -14,10 +14,10 @@ use std::time::Duration;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::ApiResource;
-use kube::Client;
 use serde_json::{Value, json};
 
 use crate::controlplane::ControlPlane;
@@ -215,7 +215,10 @@ pub fn fake_control_plane_crd() -> Result<CustomResourceDefinition, CapiError> {
 /// YAML files of `extra_dirs`, and waits until all are established.
 pub async fn install_crds(client: &Client, extra_dirs: &[&Path]) -> Result<Vec<String>, CapiError> {
     let mut all = crds::read_dir(&upstream_dir().join("capi-crds"))?;
-    all.extend(crds::parse(crds::TEST_INFRASTRUCTURE, "test-infrastructure.yaml")?);
+    all.extend(crds::parse(
+        crds::TEST_INFRASTRUCTURE,
+        "test-infrastructure.yaml",
+    )?);
     all.push(fake_control_plane_crd()?);
     for dir in extra_dirs {
         all.extend(crds::read_dir(dir)?);

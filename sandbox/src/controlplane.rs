@@ -40,10 +40,14 @@ impl ControlPlane {
     /// Starts the control plane and waits until the API server is ready. Blocking; call it
     /// from a thread that outlives the sandbox (children die with their spawning thread).
     pub fn start(options: &ControlPlaneOptions) -> anyhow::Result<Self> {
-        let dir = tempfile::Builder::new()
+        let mut dir = tempfile::Builder::new()
             .prefix("ngo-sandbox-")
             .tempdir()
             .context("creating sandbox dir")?;
+        // NGO_KEEP_SANDBOX=1 keeps the directory (logs, certificates) for a post-mortem.
+        if std::env::var_os("NGO_KEEP_SANDBOX").is_some_and(|v| v != "0") {
+            dir.disable_cleanup(true);
+        }
         let pki_dir = dir.path().join("pki");
         let log_dir = dir.path().join("logs");
         std::fs::create_dir_all(&pki_dir)?;
@@ -250,8 +254,8 @@ impl ControlPlane {
     }
 
     /// Fails if any process has exited.
-    pub fn check_alive(&mut self) -> anyhow::Result<()> {
-        for p in &mut self.processes {
+    pub fn check_alive(&self) -> anyhow::Result<()> {
+        for p in &self.processes {
             p.check_alive()?;
         }
         Ok(())

@@ -65,9 +65,14 @@ pub async fn run(
         "applied NodeGroupPolicy {namespace}/{GROUP_NAME} (min 1, max 5, price 0.19/h) and \
          MachineDeployment {namespace}/{GROUP_NAME} (1 replica, 4 CPU / 16Gi nodes, no annotations)"
     ));
-    wait_view(cluster, &client, &mut view, &group, "the group's first node to be Ready", |s| {
-        (s.target == 1 && s.ready == 1).then_some(())
-    })
+    wait_view(
+        cluster,
+        &client,
+        &mut view,
+        &group,
+        "the group's first node to be Ready",
+        |s| (s.target == 1 && s.ready == 1).then_some(()),
+    )
     .await?;
 
     let selector = BTreeMap::from([(POOL_LABEL.to_string(), GROUP_NAME.to_string())]);
@@ -313,7 +318,10 @@ impl View {
             }
             self.seen.insert(key);
             self.seen.insert(short);
-            let line = format!("cluster-autoscaler: {} {}: {}", d.reason, d.object, d.message);
+            let line = format!(
+                "cluster-autoscaler: {} {}: {}",
+                d.reason, d.object, d.message
+            );
             self.say(&line);
         }
         match self.output {
@@ -334,7 +342,9 @@ impl View {
                 out.push_str(&format!("{}\n", header()));
                 match state {
                     Some(state) => out.push_str(&format!("{}\n", row(group, state))),
-                    None => out.push_str(&format!("{group:<34} (not reported by cluster-autoscaler yet)\n")),
+                    None => out.push_str(&format!(
+                        "{group:<34} (not reported by cluster-autoscaler yet)\n"
+                    )),
                 }
                 out.push_str(&format!("\nwaiting for {waiting_for}\n\n"));
                 let tail = self.log.len().saturating_sub(16);
@@ -352,7 +362,16 @@ impl View {
 fn header() -> String {
     format!(
         "{:<34} {:>3} {:>3} {:>6} {:>10} {:>5} {:>5} {:>12}  {:<11} {:<16}",
-        "GROUP", "MIN", "MAX", "TARGET", "REGISTERED", "READY", "NODES", "PODS run/pen", "SCALE-UP", "SCALE-DOWN"
+        "GROUP",
+        "MIN",
+        "MAX",
+        "TARGET",
+        "REGISTERED",
+        "READY",
+        "NODES",
+        "PODS run/pen",
+        "SCALE-UP",
+        "SCALE-DOWN"
     )
 }
 
@@ -382,7 +401,7 @@ fn row(group: &str, s: &GroupState) -> String {
 pub async fn start(sandbox: &Sandbox, started: Instant) -> anyhow::Result<AutoscaledCluster> {
     let say = |line: &str| println!("[{:>6.1}s] {line}", started.elapsed().as_secs_f64());
     let mut cluster =
-        AutoscaledCluster::create(sandbox, NAMESPACE, NAMESPACE, node_labels()).await?;
+        AutoscaledCluster::create(&sandbox.info(), NAMESPACE, NAMESPACE, node_labels()).await?;
     say(&format!("Cluster {NAMESPACE}/{NAMESPACE} connected"));
     let operator = cluster.operator_options();
     cluster.start_operator(&operator)?;
@@ -390,20 +409,27 @@ pub async fn start(sandbox: &Sandbox, started: Instant) -> anyhow::Result<Autosc
         .operator()
         .map(|o| o.grpc_address.to_string())
         .unwrap_or_default();
-    say(&format!("nodegroup-operator serving {address} (mTLS, client certificates required)"));
+    say(&format!(
+        "nodegroup-operator serving {address} (mTLS, client certificates required)"
+    ));
     let autoscaler = cluster.externalgrpc_autoscaler()?;
     cluster.start_autoscaler(&autoscaler)?;
     say("cluster-autoscaler 1.36.1 running with --cloud-provider=externalgrpc");
     let client = cluster.client().await?;
-    wait_for("cluster-autoscaler's first status", STEP_TIMEOUT, Duration::from_millis(500), || async {
-        match cluster.autoscaler() {
-            Some(a) => match a.status(&client).await {
-                Ok(Some(s)) if s.autoscaler_status == "Running" => Ok(()),
-                other => Err(format!("{other:?}")),
-            },
-            None => Err("not running".into()),
-        }
-    })
+    wait_for(
+        "cluster-autoscaler's first status",
+        STEP_TIMEOUT,
+        Duration::from_millis(500),
+        || async {
+            match cluster.autoscaler() {
+                Some(a) => match a.status(&client).await {
+                    Ok(Some(s)) if s.autoscaler_status == "Running" => Ok(()),
+                    other => Err(format!("{other:?}")),
+                },
+                None => Err("not running".into()),
+            }
+        },
+    )
     .await?;
     Ok(cluster)
 }

@@ -19,6 +19,34 @@ use crate::process::ManagedProcess;
 /// Name of the `TestMachineTemplate` every sandbox cluster namespace gets.
 pub const WORKER_TEMPLATE: &str = "worker";
 
+/// Where a running sandbox's files are: what users of it (tests, an autoscaled cluster)
+/// need, without owning its processes.
+#[derive(Clone, Debug)]
+pub struct SandboxInfo {
+    /// The admin kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// The kubeconfig Cluster API uses to reach workload clusters (this API server).
+    pub workload_kubeconfig: String,
+    /// The directory of process logs.
+    pub log_dir: PathBuf,
+    /// The sandbox directory (removed when the sandbox stops).
+    pub dir: PathBuf,
+}
+
+impl SandboxInfo {
+    /// An admin client.
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        client_for(&self.kubeconfig).await
+    }
+
+    /// A scratch directory inside the sandbox directory.
+    pub fn scratch(&self, name: &str) -> std::io::Result<PathBuf> {
+        let dir = self.dir.join(name);
+        std::fs::create_dir_all(&dir)?;
+        Ok(dir)
+    }
+}
+
 /// A running sandbox. Dropping it stops every process (the operator and cluster-autoscaler
 /// too, when [`Sandbox::adopt`]ed) and removes its directory.
 pub struct Sandbox {
@@ -56,6 +84,16 @@ impl Sandbox {
         })
     }
 
+    /// Its paths and kubeconfigs.
+    pub fn info(&self) -> SandboxInfo {
+        SandboxInfo {
+            kubeconfig: self.plane.kubeconfig.clone(),
+            workload_kubeconfig: self.workload_kubeconfig.clone(),
+            log_dir: self.plane.log_dir.clone(),
+            dir: self.plane.dir().to_path_buf(),
+        }
+    }
+
     /// The admin kubeconfig.
     pub fn kubeconfig(&self) -> &Path {
         &self.plane.kubeconfig
@@ -76,27 +114,51 @@ impl Sandbox {
         &self.plane
     }
 
-    /// The kubeconfig Cluster API uses to reach workload clusters (this API server).
-    pub fn workload_kubeconfig(&self) -> &str {
-        &self.workload_kubeconfig
-    }
-
-    /// An admin client.
-    pub async fn client(&self) -> anyhow::Result<Client> {
-        client_for(&self.plane.kubeconfig).await
-    }
-
     /// Stops `process` with the sandbox.
     pub fn adopt(&mut self, process: ManagedProcess) {
         self.plane.adopt(process);
     }
+}
 
-    /// A scratch directory inside the sandbox directory.
-    pub fn scratch(&self, name: &str) -> std::io::Result<PathBuf> {
-        let dir = self.dir().join(name);
-        std::fs::create_dir_all(&dir)?;
-        Ok(dir)
+static BACKGROUND: std::sync::Mutex<Option<Sandbox>> = std::sync::Mutex::new(None);
+
+extern "C" fn stop_background_sandbox() {
+    if let Ok(mut sandbox) = BACKGROUND.lock() {
+        drop(sandbox.take());
     }
+}
+
+/// Starts a sandbox for the rest of this process's life, on a parked thread of its own (its
+/// children die with the thread that spawned them), stopped in order when the process exits
+/// normally. For test binaries: call it once (e.g. behind a `OnceLock`) and share the
+/// returned paths between tests.
+pub fn start_for_process() -> anyhow::Result<SandboxInfo> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("ngo-sandbox".into())
+        .spawn(move || {
+            let started = Sandbox::start();
+            let info = started
+                .as_ref()
+                .map(Sandbox::info)
+                .map_err(|e| format!("{e:#}"));
+            let ok = info.is_ok();
+            if let Ok(sandbox) = started
+                && let Ok(mut slot) = BACKGROUND.lock()
+            {
+                *slot = Some(sandbox);
+                // SAFETY: registering a plain extern "C" function without arguments.
+                unsafe { libc::atexit(stop_background_sandbox) };
+            }
+            let _ = tx.send(info);
+            if ok {
+                loop {
+                    std::thread::park();
+                }
+            }
+        })?;
+    rx.recv()?
+        .map_err(|e| anyhow::anyhow!("starting the sandbox: {e}"))
 }
 
 /// Creates `namespace` (if missing) with a Cluster API `Cluster` named `cluster` whose
@@ -133,7 +195,9 @@ pub async fn create_cluster(
     templates
         .create(&PostParams::default(), &template)
         .await
-        .map_err(|e| anyhow::anyhow!("creating TestMachineTemplate {}: {e}", template.name_any()))?;
+        .map_err(|e| {
+            anyhow::anyhow!("creating TestMachineTemplate {}: {e}", template.name_any())
+        })?;
     capi::wait_cluster_connected(client, namespace, cluster, Duration::from_secs(90)).await?;
     Ok(())
 }

@@ -18,7 +18,10 @@ use ngo_sandbox::stack::AutoscaledCluster;
 use serde::{Deserialize, Serialize};
 
 #[derive(Parser, Debug)]
-#[command(name = "ngo-sandbox", about = "Local sandbox for nodegroup-operator and cluster-autoscaler")]
+#[command(
+    name = "ngo-sandbox",
+    about = "Local sandbox for nodegroup-operator and cluster-autoscaler"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -72,9 +75,15 @@ fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     // The control plane is started outside the runtime (it drives its own probes).
     let start_sandbox = || {
-        say(started, "starting etcd, kube-apiserver, controllers, the Cluster API manager and kwok ...");
+        say(
+            started,
+            "starting etcd, kube-apiserver, controllers, the Cluster API manager and kwok ...",
+        );
         let sandbox = Sandbox::start()?;
-        say(started, &format!("sandbox up; logs in {}", sandbox.log_dir().display()));
+        say(
+            started,
+            &format!("sandbox up; logs in {}", sandbox.log_dir().display()),
+        );
         anyhow::Ok(sandbox)
     };
     match cli.command {
@@ -103,7 +112,8 @@ fn say(started: Instant, line: &str) {
 async fn up(sandbox: Sandbox, namespace: &str, started: Instant) -> anyhow::Result<()> {
     let say = |line: &str| say(started, line);
     let mut cluster =
-        AutoscaledCluster::create(&sandbox, namespace, namespace, serde_json::json!({})).await?;
+        AutoscaledCluster::create(&sandbox.info(), namespace, namespace, serde_json::json!({}))
+            .await?;
     let operator = cluster.operator_options();
     cluster.start_operator(&operator)?;
     let autoscaler = cluster.externalgrpc_autoscaler()?;

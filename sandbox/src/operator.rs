@@ -189,7 +189,7 @@ impl OperatorProcess {
     }
 
     /// Fails if the process has exited.
-    pub fn check_alive(&mut self) -> Result<(), ProcessError> {
+    pub fn check_alive(&self) -> Result<(), ProcessError> {
         self.process.check_alive()
     }
 

@@ -50,7 +50,8 @@ pub enum ProcessError {
 /// A running child process, stopped (SIGTERM, then SIGKILL) when dropped.
 pub struct ManagedProcess {
     name: String,
-    child: Child,
+    /// Behind a lock so that liveness checks need only a shared reference.
+    child: std::sync::Mutex<Child>,
     log: PathBuf,
 }
 
@@ -110,9 +111,18 @@ impl ManagedProcess {
         let child = command.spawn().map_err(spawn_err)?;
         Ok(Self {
             name: name.into(),
-            child,
+            child: std::sync::Mutex::new(child),
             log,
         })
+    }
+
+    fn child(&self) -> std::sync::MutexGuard<'_, Child> {
+        self.child.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Process id.
+    pub fn id(&self) -> u32 {
+        self.child().id()
     }
 
     /// Process name.
@@ -133,8 +143,9 @@ impl ManagedProcess {
     }
 
     /// Fails if the process has exited.
-    pub fn check_alive(&mut self) -> Result<(), ProcessError> {
-        match self.child.try_wait() {
+    pub fn check_alive(&self) -> Result<(), ProcessError> {
+        let exited = self.child().try_wait();
+        match exited {
             Ok(Some(status)) => Err(ProcessError::Exited {
                 name: self.name.clone(),
                 status,
@@ -169,23 +180,24 @@ impl ManagedProcess {
 
     /// Stops the process: SIGTERM, then SIGKILL after `grace`.
     pub fn stop(&mut self, grace: Duration) {
-        if let Ok(Some(_)) = self.child.try_wait() {
+        let child = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Ok(Some(_)) = child.try_wait() {
             return;
         }
         #[cfg(unix)]
         // SAFETY: plain kill(2) on our own child's pid.
         unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
         }
         let start = Instant::now();
         while start.elapsed() < grace {
-            if let Ok(Some(_)) = self.child.try_wait() {
+            if let Ok(Some(_)) = child.try_wait() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 
@@ -217,6 +229,8 @@ pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
     if status.starts_with("HTTP/1.0 200") || status.starts_with("HTTP/1.1 200") {
         Ok(body.to_string())
     } else {
-        Err(std::io::Error::other(format!("GET {path} on {addr}: {status}")))
+        Err(std::io::Error::other(format!(
+            "GET {path} on {addr}: {status}"
+        )))
     }
 }

@@ -13,7 +13,7 @@ use kube::Client;
 use serde_json::Value;
 
 use crate::autoscaler::{Autoscaler, AutoscalerOptions, CloudProvider};
-use crate::environment::{Sandbox, create_cluster};
+use crate::environment::{SandboxInfo, create_cluster};
 use crate::infra_provider::InfraProvider;
 use crate::operator::{
     GrpcPki, OperatorError, OperatorOptions, OperatorProcess, write_cloud_config,
@@ -45,7 +45,7 @@ impl AutoscaledCluster {
     /// it on the current tokio runtime. The operator and cluster-autoscaler are started
     /// separately.
     pub async fn create(
-        sandbox: &Sandbox,
+        sandbox: &SandboxInfo,
         namespace: &str,
         cluster: &str,
         node_labels: Value,
@@ -53,7 +53,7 @@ impl AutoscaledCluster {
         let client = sandbox.client().await?;
         create_cluster(
             &client,
-            sandbox.workload_kubeconfig(),
+            &sandbox.workload_kubeconfig,
             namespace,
             cluster,
             node_labels,
@@ -65,8 +65,8 @@ impl AutoscaledCluster {
             namespace: namespace.into(),
             cluster: cluster.into(),
             pki,
-            kubeconfig: sandbox.kubeconfig().to_path_buf(),
-            log_dir: sandbox.log_dir().to_path_buf(),
+            kubeconfig: sandbox.kubeconfig.clone(),
+            log_dir: sandbox.log_dir.clone(),
             dir,
             operator: None,
             autoscaler: None,
@@ -167,11 +167,11 @@ impl AutoscaledCluster {
     }
 
     /// Fails if the operator or cluster-autoscaler has exited.
-    pub fn check_alive(&mut self) -> Result<(), ProcessError> {
-        if let Some(operator) = self.operator.as_mut() {
+    pub fn check_alive(&self) -> Result<(), ProcessError> {
+        if let Some(operator) = &self.operator {
             operator.check_alive()?;
         }
-        if let Some(autoscaler) = self.autoscaler.as_mut() {
+        if let Some(autoscaler) = &self.autoscaler {
             autoscaler.check_alive()?;
         }
         Ok(())

@@ -50,7 +50,12 @@ pub async fn create(client: &Client, deployment: &Deployment) -> kube::Result<De
 }
 
 /// Sets the replicas of Deployment `namespace/name`.
-pub async fn scale(client: &Client, namespace: &str, name: &str, replicas: i32) -> kube::Result<()> {
+pub async fn scale(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    replicas: i32,
+) -> kube::Result<()> {
     Api::<Deployment>::namespaced(client.clone(), namespace)
         .patch(
             name,
@@ -160,6 +165,8 @@ pub async fn decisions(client: &Client, namespace: &str) -> kube::Result<Vec<Dec
 pub fn replicas_of(object: &Value) -> (i64, i64) {
     (
         object["spec"]["replicas"].as_i64().unwrap_or_default(),
-        object["status"]["readyReplicas"].as_i64().unwrap_or_default(),
+        object["status"]["readyReplicas"]
+            .as_i64()
+            .unwrap_or_default(),
     )
 }

@@ -1,0 +1,937 @@
+//! End to end with the real cluster-autoscaler 1.36.1: one sandbox per test binary (etcd,
+//! kube-apiserver, kube-controller-manager, kube-scheduler, the Cluster API manager, kwok),
+//! and per test a namespace with its own Cluster, the `nodegroup-operator` binary serving it
+//! over mTLS, and cluster-autoscaler (`--cloud-provider=externalgrpc`) with short intervals.
+//! Pods are pinned to a test's node groups by a node label, so tests running side by side
+//! never feed each other's autoscalers. Every test asserts what users see: replicas in the
+//! API server, Nodes and Pods, cluster-autoscaler's status ConfigMap and its Events.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use ngo_sandbox::autoscaler::{AutoscalerOptions, NodeGroupStatus};
+use ngo_sandbox::capi;
+use ngo_sandbox::environment::{SandboxInfo, start_for_process};
+use ngo_sandbox::infra_provider::{self, PROVISION_DELAY_ANNOTATION};
+use ngo_sandbox::stack::AutoscaledCluster;
+use ngo_sandbox::workload::{self, Decision, PodCounts};
+use serde_json::{Value, json};
+
+const MIN: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";
+const MAX: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size";
+const CAPACITY: &str = "capacity.cluster-autoscaler.kubernetes.io/";
+const OPTIONS: &str = "cluster.x-k8s.io/autoscaling-options-";
+/// Node label that pins a test's pods to one of its node groups.
+const POOL: &str = "e2e.nodegroup.dev/pool";
+/// Each pod asks for 3 of a node's 4 CPUs: one pod per node.
+const POD_CPU: &str = "3";
+const WAIT: Duration = Duration::from_secs(150);
+
+fn sandbox() -> &'static SandboxInfo {
+    static SANDBOX: OnceLock<SandboxInfo> = OnceLock::new();
+    SANDBOX.get_or_init(|| {
+        let started = Instant::now();
+        let info = start_for_process().unwrap_or_else(|e| panic!("{e:#}"));
+        eprintln!(
+            "sandbox up in {:.1}s (logs: {})",
+            started.elapsed().as_secs_f64(),
+            info.log_dir.display()
+        );
+        info
+    })
+}
+
+fn bounds(min: i32, max: i32) -> Value {
+    json!({MIN: min.to_string(), MAX: max.to_string()})
+}
+
+/// Capacity annotations for scale from zero: the size of the test provider's nodes, and
+/// the pool label the pods select.
+fn zero_capacity(pool: &str) -> Value {
+    json!({
+        format!("{CAPACITY}cpu"): "4",
+        format!("{CAPACITY}memory"): "16Gi",
+        format!("{CAPACITY}maxPods"): "110",
+        format!("{CAPACITY}labels"): format!("{POOL}={pool}"),
+    })
+}
+
+fn merged(mut a: Value, b: Value) -> Value {
+    if let (Some(a), Value::Object(b)) = (a.as_object_mut(), b) {
+        a.extend(b);
+    }
+    a
+}
+
+/// One test's world: a namespace with a Cluster, the operator binary and (once started)
+/// cluster-autoscaler.
+struct World {
+    cluster: AutoscaledCluster,
+    client: Client,
+    started: Instant,
+}
+
+impl World {
+    /// The namespace `<prefix>-<random>`, its Cluster, and the operator serving it.
+    async fn new(prefix: &str) -> Self {
+        let started = Instant::now();
+        let namespace = format!("{prefix}-{}", rand::random::<u32>() % 100_000);
+        let mut cluster = AutoscaledCluster::create(sandbox(), &namespace, "c1", json!({}))
+            .await
+            .unwrap_or_else(|e| panic!("creating {namespace}: {e:#}"));
+        let mut operator = cluster.operator_options();
+        operator.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
+        cluster
+            .start_operator(&operator)
+            .unwrap_or_else(|e| panic!("starting the operator: {e:#}"));
+        let client = cluster.client().await.expect("client");
+        let world = Self {
+            cluster,
+            client,
+            started,
+        };
+        world.log("namespace, Cluster and operator ready");
+        world
+    }
+
+    fn ns(&self) -> &str {
+        &self.cluster.namespace
+    }
+
+    fn log(&self, what: &str) {
+        eprintln!(
+            "[{} +{:>5.1}s] {what}",
+            self.cluster.namespace,
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+
+    fn pool(&self, name: &str) -> String {
+        format!("{}-{name}", self.ns())
+    }
+
+    fn id(&self, kind: &str, name: &str) -> String {
+        format!("{kind}/{}/{name}", self.ns())
+    }
+
+    /// Starts cluster-autoscaler for the operator, with `tweak` applied to the sandbox
+    /// defaults.
+    fn start_autoscaler(&mut self, tweak: impl FnOnce(&mut AutoscalerOptions)) {
+        let mut options = self
+            .cluster
+            .externalgrpc_autoscaler()
+            .expect("cloud-config");
+        tweak(&mut options);
+        self.cluster
+            .start_autoscaler(&options)
+            .unwrap_or_else(|e| panic!("starting cluster-autoscaler: {e}"));
+        self.log("cluster-autoscaler started");
+    }
+
+    async fn create(&self, object: DynamicObject, resource: &kube::discovery::ApiResource) {
+        let name = object.name_any();
+        Api::<DynamicObject>::namespaced_with(self.client.clone(), self.ns(), resource)
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("creating {} {name}: {e}", resource.kind));
+    }
+
+    /// A `TestMachineTemplate` `name` whose Nodes carry the pool label of `name`, plus
+    /// `machine_annotations` on every machine.
+    async fn template(&self, name: &str, machine_annotations: Value) {
+        let t = capi::test_machine_template(
+            self.ns(),
+            name,
+            json!({"nodeLabels": {POOL: self.pool(name)}}),
+            machine_annotations,
+        )
+        .expect("template");
+        self.create(t, &capi::test_machine_templates()).await;
+    }
+
+    /// A MachineDeployment `name` with its own template (and pool label); returns its id.
+    async fn md(&self, name: &str, replicas: i32, annotations: Value) -> String {
+        self.template(name, json!({})).await;
+        self.md_from(name, replicas, annotations, name, json!({}))
+            .await
+    }
+
+    async fn md_from(
+        &self,
+        name: &str,
+        replicas: i32,
+        annotations: Value,
+        template: &str,
+        labels: Value,
+    ) -> String {
+        let mut md =
+            capi::machine_deployment(self.ns(), "c1", name, replicas, annotations, template)
+                .expect("md");
+        if let Some(extra) = labels.as_object() {
+            for (k, v) in extra {
+                md.labels_mut()
+                    .insert(k.clone(), v.as_str().unwrap_or_default().into());
+            }
+        }
+        self.create(md, &capi::machine_deployments()).await;
+        self.id("MachineDeployment", name)
+    }
+
+    async fn replicas(&self, resource: &kube::discovery::ApiResource, name: &str) -> i64 {
+        Api::<DynamicObject>::namespaced_with(self.client.clone(), self.ns(), resource)
+            .get(name)
+            .await
+            .expect("scalable resource")
+            .data["spec"]["replicas"]
+            .as_i64()
+            .unwrap_or_default()
+    }
+
+    /// A Deployment `name` of `replicas` pods, one per node of pool `pool`.
+    async fn app(&self, name: &str, replicas: i32, pool: &str) {
+        let selector = BTreeMap::from([(POOL.to_string(), self.pool(pool))]);
+        let app = workload::deployment(self.ns(), name, replicas, POD_CPU, &selector)
+            .expect("deployment");
+        workload::create(&self.client, &app)
+            .await
+            .expect("create deployment");
+        self.log(&format!("app {name}: {replicas} pods on pool {pool}"));
+    }
+
+    async fn scale_app(&self, name: &str, replicas: i32) {
+        workload::scale(&self.client, self.ns(), name, replicas)
+            .await
+            .expect("scale deployment");
+        self.log(&format!("app {name} scaled to {replicas}"));
+    }
+
+    async fn pods(&self, app: &str) -> PodCounts {
+        workload::pod_counts(&self.client, self.ns(), app)
+            .await
+            .expect("pods")
+    }
+
+    /// Names of the Nodes of pool `pool`, sorted.
+    async fn nodes(&self, pool: &str) -> Vec<String> {
+        let mut names: Vec<String> = Api::<Node>::all(self.client.clone())
+            .list(&ListParams::default().labels(&format!("{POOL}={}", self.pool(pool))))
+            .await
+            .expect("nodes")
+            .items
+            .iter()
+            .map(|n| n.name_any())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Node names of the running pods of app `app`.
+    async fn nodes_running(&self, app: &str) -> Vec<String> {
+        let mut names: Vec<String> = Api::<Pod>::namespaced(self.client.clone(), self.ns())
+            .list(&ListParams::default().labels(&format!("app={app}")))
+            .await
+            .expect("pods")
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .filter_map(|p| p.spec.and_then(|s| s.node_name))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// cluster-autoscaler's status of every node group it works on.
+    async fn ca_groups(&self) -> Vec<NodeGroupStatus> {
+        let autoscaler = self
+            .cluster
+            .autoscaler()
+            .expect("cluster-autoscaler running");
+        autoscaler
+            .status(&self.client)
+            .await
+            .expect("status ConfigMap")
+            .map(|s| s.node_groups)
+            .unwrap_or_default()
+    }
+
+    async fn ca_group(&self, id: &str) -> Option<NodeGroupStatus> {
+        self.ca_groups().await.into_iter().find(|g| g.name == id)
+    }
+
+    /// cluster-autoscaler's Events in this namespace (pods, its status ConfigMap).
+    async fn decisions(&self) -> Vec<Decision> {
+        workload::decisions(&self.client, self.ns())
+            .await
+            .expect("events")
+    }
+
+    /// Polls `check` every 250 ms until it returns `Ok`, failing after [`WAIT`] with the
+    /// last reason; the operator and cluster-autoscaler must stay alive meanwhile.
+    async fn wait<T, F, Fut>(&self, what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
+        let start = Instant::now();
+        loop {
+            if let Err(e) = self.cluster.check_alive() {
+                panic!("while waiting for {what}: {e}");
+            }
+            match check().await {
+                Ok(value) => {
+                    self.log(&format!(
+                        "{what} (after {:.1}s)",
+                        start.elapsed().as_secs_f64()
+                    ));
+                    return value;
+                }
+                Err(reason) if start.elapsed() > WAIT => {
+                    panic!("timed out after {WAIT:?} waiting for {what}; last: {reason}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+    }
+
+    /// Waits until cluster-autoscaler reports group `id` with this target and as many
+    /// Ready registered nodes.
+    async fn wait_group_size(&self, id: &str, target: i64) {
+        let what = format!("cluster-autoscaler to see {id} at {target} Ready node(s)");
+        let id = id.to_string();
+        let w = &*self;
+        self.wait(&what, || {
+            let id = id.clone();
+            async move {
+                let group = w.ca_group(&id).await.ok_or("group not reported")?;
+                let h = &group.health;
+                if h.cloud_provider_target == target
+                    && h.node_counts.registered.total == target
+                    && h.node_counts.registered.ready == target
+                {
+                    Ok(())
+                } else {
+                    Err(format!("{h:?}"))
+                }
+            }
+        })
+        .await
+    }
+
+    /// Waits until every pod of `app` runs (`n` of them).
+    async fn wait_running(&self, app: &str, n: usize) {
+        let app = app.to_string();
+        let w = &*self;
+        self.wait(&format!("{n} running pod(s) of {app}"), || {
+            let app = app.clone();
+            async move {
+                let pods = w.pods(&app).await;
+                if pods.running == n && pods.total == n {
+                    Ok(())
+                } else {
+                    Err(format!("{pods:?}"))
+                }
+            }
+        })
+        .await
+    }
+
+    /// Waits until pool `pool` has exactly `n` Nodes.
+    async fn wait_nodes(&self, pool: &str, n: usize) -> Vec<String> {
+        let pool = pool.to_string();
+        let w = &*self;
+        self.wait(&format!("{n} node(s) in pool {pool}"), || {
+            let pool = pool.clone();
+            async move {
+                let nodes = w.nodes(&pool).await;
+                if nodes.len() == n {
+                    Ok(nodes)
+                } else {
+                    Err(format!("{nodes:?}"))
+                }
+            }
+        })
+        .await
+    }
+
+    /// The first `TriggeredScaleUp` Event naming group `id` (cluster-autoscaler may raise a
+    /// group in several steps while pods are still being created).
+    async fn wait_scale_up(&self, id: &str) -> Decision {
+        self.wait_decision("TriggeredScaleUp", &format!("{{{id} "))
+            .await
+    }
+
+    /// Creates app `name` while cluster-autoscaler is stopped and waits until the scheduler
+    /// has settled: `running` pods run, the rest are marked unschedulable. Then
+    /// cluster-autoscaler, once started, decides on all of them in its first loop.
+    async fn app_settled(&self, name: &str, replicas: i32, pool: &str, running: usize) {
+        assert!(
+            self.cluster.autoscaler().is_none(),
+            "stop cluster-autoscaler first"
+        );
+        self.app(name, replicas, pool).await;
+        let pending = replicas as usize - running;
+        let what = format!("{running} running and {pending} unschedulable pod(s) of {name}");
+        self.wait(&what, || async {
+            let pods = self.pods(name).await;
+            if pods.running == running && pods.unschedulable == pending {
+                Ok(())
+            } else {
+                Err(format!("{pods:?}"))
+            }
+        })
+        .await
+    }
+
+    /// The first cluster-autoscaler Event with `reason` whose message contains `needle`.
+    async fn wait_decision(&self, reason: &str, needle: &str) -> Decision {
+        let (reason, needle) = (reason.to_string(), needle.to_string());
+        let w = &*self;
+        self.wait(&format!("a {reason} event mentioning {needle}"), || {
+            let (reason, needle) = (reason.clone(), needle.clone());
+            async move {
+                let all = w.decisions().await;
+                all.iter()
+                    .find(|d| d.reason == reason && d.message.contains(&needle))
+                    .cloned()
+                    .ok_or_else(|| format!("{all:?}"))
+            }
+        })
+        .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_pods_scale_up_then_only_the_idle_nodes_go_back_to_min() {
+    let mut w = World::new("ca-up").await;
+    let id = w.md("w", 1, bounds(1, 5)).await;
+    w.start_autoscaler(|_| {});
+    w.wait_group_size(&id, 1).await;
+
+    w.app("load", 3, "w").await;
+    let decision = w
+        .wait_decision("TriggeredScaleUp", &format!("{id} 1->3 (max: 5)"))
+        .await;
+    w.log(&format!("decision: {}", decision.message));
+    w.wait_running("load", 3).await;
+    assert_eq!(w.replicas(&capi::machine_deployments(), "w").await, 3);
+    w.wait_group_size(&id, 3).await;
+
+    // Two pods go; the node that keeps one must stay, the two idle ones must go.
+    w.scale_app("load", 1).await;
+    w.wait_running("load", 1).await;
+    let busy = w.nodes_running("load").await;
+    assert_eq!(busy.len(), 1);
+    w.wait_group_size(&id, 1).await;
+    let left = w.wait_nodes("w", 1).await;
+    assert_eq!(left, busy, "the node still running a pod survived");
+    assert_eq!(w.replicas(&capi::machine_deployments(), "w").await, 1);
+    assert_eq!(
+        w.pods("load").await.running,
+        1,
+        "the remaining pod kept running"
+    );
+    let removed: Vec<Decision> = w
+        .decisions()
+        .await
+        .into_iter()
+        .filter(|d| d.reason == "ScaleDownEmpty")
+        .collect();
+    assert!(
+        !removed.is_empty() && removed.iter().all(|d| !d.message.contains(&busy[0])),
+        "cluster-autoscaler removed only empty nodes: {removed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_up_stops_at_max_and_touches_nothing_else() {
+    let mut w = World::new("ca-max").await;
+    let capped = w.md("capped", 1, bounds(1, 3)).await;
+    let other = w.md("other", 1, bounds(1, 5)).await;
+    w.start_autoscaler(|_| {});
+    w.wait_group_size(&capped, 1).await;
+    w.wait_group_size(&other, 1).await;
+
+    w.app("load", 5, "capped").await;
+    w.wait_decision("TriggeredScaleUp", &format!("{capped} 1->3 (max: 3)"))
+        .await;
+    w.wait_group_size(&capped, 3).await;
+    w.wait("two pods left pending by max node group size", || async {
+        let pods = w.pods("load").await;
+        let blocked = w.decisions().await.iter().any(|d| {
+            d.reason == "NotTriggerScaleUp" && d.message.contains("max node group size reached")
+        });
+        if pods.running == 3 && pods.pending == 2 && blocked {
+            Ok(())
+        } else {
+            Err(format!("{pods:?}, NotTriggerScaleUp seen: {blocked}"))
+        }
+    })
+    .await;
+    // A few more loops change nothing.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(w.replicas(&capi::machine_deployments(), "capped").await, 3);
+    assert_eq!(w.replicas(&capi::machine_deployments(), "other").await, 1);
+    assert_eq!(w.nodes("other").await.len(), 1);
+    let pods = w.pods("load").await;
+    assert_eq!((pods.running, pods.pending), (3, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_from_zero_and_back_from_annotations_and_from_a_policy() {
+    let mut w = World::new("ca-zero").await;
+    // From capacity annotations on the MachineDeployment.
+    let annotated = w
+        .md(
+            "annotated",
+            0,
+            merged(bounds(0, 3), zero_capacity(&w.pool("annotated"))),
+        )
+        .await;
+    // From a NodeGroupPolicy: no annotation on the MachineDeployment at all.
+    w.template("policy", json!({})).await;
+    let governed = w
+        .md_from(
+            "governed",
+            0,
+            json!({}),
+            "policy",
+            json!({"pool": "governed"}),
+        )
+        .await;
+    let policy: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodeGroupPolicy",
+        "metadata": {"name": "governed", "namespace": w.ns()},
+        "spec": {
+            "selector": {"kinds": ["MachineDeployment"], "matchLabels": {"pool": "governed"}},
+            "minSize": 0, "maxSize": 3,
+            "scaleFromZero": {
+                "capacity": {"cpu": "4", "memory": "16Gi", "pods": "110"},
+                "labels": {POOL: w.pool("policy")}
+            }
+        }
+    }))
+    .expect("policy");
+    w.create(policy, &policies()).await;
+    w.start_autoscaler(|_| {});
+    w.wait_group_size(&annotated, 0).await;
+    w.wait_group_size(&governed, 0).await;
+
+    w.app("on-annotated", 2, "annotated").await;
+    w.app("on-governed", 2, "policy").await;
+    w.wait_scale_up(&annotated).await;
+    w.wait_scale_up(&governed).await;
+    w.wait_running("on-annotated", 2).await;
+    w.wait_running("on-governed", 2).await;
+    w.wait_group_size(&annotated, 2).await;
+    w.wait_group_size(&governed, 2).await;
+
+    w.scale_app("on-annotated", 0).await;
+    w.scale_app("on-governed", 0).await;
+    w.wait_group_size(&annotated, 0).await;
+    w.wait_group_size(&governed, 0).await;
+    w.wait_nodes("annotated", 0).await;
+    w.wait_nodes("policy", 0).await;
+    assert_eq!(
+        w.replicas(&capi::machine_deployments(), "annotated").await,
+        0
+    );
+    assert_eq!(
+        w.replicas(&capi::machine_deployments(), "governed").await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_set_and_machine_pool_groups_scale_up_and_down() {
+    let mut w = World::new("ca-kinds").await;
+    w.template("ms", json!({})).await;
+    let ms = capi::machine_set(w.ns(), "c1", "ms", 1, bounds(1, 3), "ms").expect("ms");
+    w.create(ms, &capi::machine_sets()).await;
+    let ms_id = w.id("MachineSet", "ms");
+    let pool = capi::test_machine_pool(
+        w.ns(),
+        "mp",
+        json!({"nodeLabels": {POOL: w.pool("mp")}}),
+        json!({}),
+    )
+    .expect("pool");
+    w.create(pool, &infra_provider::test_machine_pools()).await;
+    let mp = capi::machine_pool(w.ns(), "c1", "mp", 1, bounds(1, 3), "mp").expect("mp");
+    w.create(mp, &capi::machine_pools()).await;
+    let mp_id = w.id("MachinePool", "mp");
+    w.start_autoscaler(|_| {});
+    w.wait_group_size(&ms_id, 1).await;
+    w.wait_group_size(&mp_id, 1).await;
+
+    w.app("on-ms", 2, "ms").await;
+    w.app("on-mp", 2, "mp").await;
+    w.wait_scale_up(&ms_id).await;
+    w.wait_scale_up(&mp_id).await;
+    w.wait_running("on-ms", 2).await;
+    w.wait_running("on-mp", 2).await;
+    assert_eq!(w.replicas(&capi::machine_sets(), "ms").await, 2);
+    assert_eq!(w.replicas(&capi::machine_pools(), "mp").await, 2);
+
+    w.scale_app("on-ms", 0).await;
+    w.scale_app("on-mp", 0).await;
+    w.wait_group_size(&ms_id, 1).await;
+    w.wait_group_size(&mp_id, 1).await;
+    w.wait_nodes("ms", 1).await;
+    w.wait_nodes("mp", 1).await;
+    assert_eq!(w.replicas(&capi::machine_sets(), "ms").await, 1);
+    assert_eq!(w.replicas(&capi::machine_pools(), "mp").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_never_registers_is_removed_through_its_synthetic_id() {
+    let mut w = World::new("ca-ghost").await;
+    // Machines of this template are never provisioned within the test: no providerID, no
+    // Node; the operator reports them as `pending-machine-<ns>_<machine>`.
+    w.template("ghost", json!({PROVISION_DELAY_ANNOTATION: "3600"}))
+        .await;
+    let id = w
+        .md_from(
+            "ghost",
+            0,
+            merged(bounds(0, 1), zero_capacity(&w.pool("ghost"))),
+            "ghost",
+            json!({}),
+        )
+        .await;
+    w.start_autoscaler(|o| o.max_node_provision_time = Duration::from_secs(15));
+    w.wait_group_size(&id, 0).await;
+
+    w.app("stuck", 1, "ghost").await;
+    w.wait_decision("TriggeredScaleUp", &format!("{id} 0->1 (max: 1)"))
+        .await;
+    let machine = w
+        .wait("the unprovisioned machine", || async {
+            let machines =
+                Api::<DynamicObject>::namespaced_with(w.client.clone(), w.ns(), &capi::machines())
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+            machines
+                .items
+                .first()
+                .map(|m| m.name_any())
+                .ok_or_else(|| "no machine yet".to_string())
+        })
+        .await;
+    let synthetic = format!("pending-machine-{}_{machine}", w.ns());
+    w.wait("cluster-autoscaler to count it unregistered", || {
+        let id = id.clone();
+        let w = &w;
+        async move {
+            let group = w.ca_group(&id).await.ok_or("group not reported")?;
+            let counts = &group.health.node_counts;
+            if counts.unregistered + counts.long_unregistered == 1 {
+                Ok(())
+            } else {
+                Err(format!("{counts:?}"))
+            }
+        }
+    })
+    .await;
+    let removed = w.wait_decision("DeleteUnregistered", &synthetic).await;
+    w.log(&format!("decision: {}", removed.message));
+    w.wait("the machine and the replica gone", || async {
+        let machines =
+            Api::<DynamicObject>::namespaced_with(w.client.clone(), w.ns(), &capi::machines())
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .len();
+        let replicas = w.replicas(&capi::machine_deployments(), "ghost").await;
+        if machines == 0 && replicas == 0 {
+            Ok(())
+        } else {
+            Err(format!("{machines} machines, replicas {replicas}"))
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_annotation_on_one_deployment_leaves_another_scaling() {
+    let mut w = World::new("ca-bad").await;
+    let good = w.md("good", 1, bounds(1, 3)).await;
+    let bad = w.md("bad", 1, json!({MIN: "1", MAX: "lots"})).await;
+    w.start_autoscaler(|_| {});
+    w.wait_group_size(&good, 1).await;
+
+    w.app("load", 2, "good").await;
+    w.wait_scale_up(&good).await;
+    w.wait_running("load", 2).await;
+    w.wait_group_size(&good, 2).await;
+    let ids: Vec<String> = w.ca_groups().await.into_iter().map(|g| g.name).collect();
+    assert_eq!(
+        ids,
+        vec![good.clone()],
+        "only the valid group is served: {ids:?}"
+    );
+    assert_eq!(w.replicas(&capi::machine_deployments(), "bad").await, 1);
+    let md_events =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(w.client.clone(), w.ns())
+            .list(&ListParams::default())
+            .await
+            .expect("events")
+            .items;
+    assert!(
+        md_events.iter().any(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("bad")
+                && e.note.as_deref().unwrap_or_default().contains("lots")
+        }),
+        "the bad MachineDeployment has an Event naming the bad value (group {bad})"
+    );
+    w.scale_app("load", 0).await;
+    w.wait_group_size(&good, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_group_scales_down_after_its_own_unneeded_time() {
+    let mut w = World::new("ca-opts").await;
+    // Annotation on one group, a NodeGroupPolicy on the other, and cluster-autoscaler's
+    // own flag (2 minutes) longer than the test waits. Both keep a minimum of one node (a
+    // group at 0 without scale-from-zero information is not a node group, as upstream).
+    let fast = w
+        .md(
+            "fast",
+            2,
+            merged(
+                bounds(1, 3),
+                json!({format!("{OPTIONS}scaledownunneededtime"): "3s"}),
+            ),
+        )
+        .await;
+    w.template("slow", json!({})).await;
+    let slow = w
+        .md_from("slow", 2, bounds(1, 3), "slow", json!({"pool": "slow"}))
+        .await;
+    let policy: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodeGroupPolicy",
+        "metadata": {"name": "slow", "namespace": w.ns()},
+        "spec": {
+            "selector": {"matchLabels": {"pool": "slow"}},
+            "options": {"scaleDownUnneededTime": "30s"}
+        }
+    }))
+    .expect("policy");
+    w.create(policy, &policies()).await;
+    w.wait_nodes("fast", 2).await;
+    w.wait_nodes("slow", 2).await;
+    w.start_autoscaler(|o| o.scale_down_unneeded_time = Duration::from_secs(120));
+    let start = Instant::now();
+    w.wait_group_size(&fast, 1).await;
+    let fast_gone = start.elapsed();
+    assert_eq!(
+        w.ca_group(&slow)
+            .await
+            .map(|g| g.health.cloud_provider_target),
+        Some(2),
+        "the slow group still has both nodes when the fast one is down to its minimum"
+    );
+    w.wait_group_size(&slow, 1).await;
+    let slow_gone = start.elapsed();
+    w.log(&format!(
+        "idle nodes removed after {:.1}s (3s unneeded) and {:.1}s (30s unneeded)",
+        fast_gone.as_secs_f64(),
+        slow_gone.as_secs_f64()
+    ));
+    assert!(
+        fast_gone < Duration::from_secs(25),
+        "fast group: {fast_gone:?}"
+    );
+    assert!(
+        slow_gone >= Duration::from_secs(30),
+        "slow group: {slow_gone:?}"
+    );
+    assert!(
+        slow_gone < Duration::from_secs(90),
+        "slow group: {slow_gone:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_price_expander_picks_the_cheaper_group() {
+    let mut w = World::new("ca-price").await;
+    // Both groups fit the pods (same capacity, same pool label); only the price differs.
+    // The expensive one sorts first, so no order bias can pick the cheap one by accident.
+    w.template("shared", json!({})).await;
+    let pool = w.pool("shared");
+    let mut ids = BTreeMap::new();
+    for (name, hourly) in [("a-pricey", 1.0), ("b-cheap", 0.1)] {
+        let id = w
+            .md_from(name, 0, json!({}), "shared", json!({"pool": name}))
+            .await;
+        let policy: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodeGroupPolicy",
+            "metadata": {"name": name, "namespace": w.ns()},
+            "spec": {
+                "selector": {"matchLabels": {"pool": name}},
+                "minSize": 0, "maxSize": 3,
+                "scaleFromZero": {
+                    "capacity": {"cpu": "4", "memory": "16Gi", "pods": "110"},
+                    "labels": {POOL: pool}
+                },
+                "pricing": {"nodeHourly": hourly, "cpuCoreHourly": 0.02, "memoryGibHourly": 0.002}
+            }
+        }))
+        .expect("policy");
+        w.create(policy, &policies()).await;
+        ids.insert(name, id);
+    }
+    w.start_autoscaler(|o| o.expander = "price".into());
+    w.wait_group_size(&ids["a-pricey"], 0).await;
+    w.wait_group_size(&ids["b-cheap"], 0).await;
+
+    w.app("load", 2, "shared").await;
+    let decision = w.wait_decision("TriggeredScaleUp", "0->2").await;
+    assert!(
+        decision.message.contains(&ids["b-cheap"]),
+        "the cheaper group was chosen: {}",
+        decision.message
+    );
+    w.wait_running("load", 2).await;
+    assert_eq!(w.replicas(&capi::machine_deployments(), "b-cheap").await, 2);
+    assert_eq!(
+        w.replicas(&capi::machine_deployments(), "a-pricey").await,
+        0
+    );
+}
+
+/// Users migrate by switching cluster-autoscaler's provider; nothing else changes. The same
+/// objects are served first by the in-tree `clusterapi` provider, then by externalgrpc and
+/// the operator: the same node groups, sizes and decision for the same pending pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_in_migration_from_the_in_tree_clusterapi_provider() {
+    let mut w = World::new("ca-migrate").await;
+    let id = w.md("w", 1, bounds(1, 4)).await;
+    // Once Cluster API has reconciled it (it adds its revision annotation).
+    w.wait_nodes("w", 1).await;
+    let before = Api::<DynamicObject>::namespaced_with(
+        w.client.clone(),
+        w.ns(),
+        &capi::machine_deployments(),
+    )
+    .get("w")
+    .await
+    .expect("md");
+
+    let mut runs = Vec::new();
+    for provider in ["clusterapi", "externalgrpc"] {
+        // The same pods for both, created while no autoscaler runs: one runs on the
+        // group's node, two wait for a scale-up.
+        let app = format!("load-{provider}");
+        w.app_settled(&app, 3, "w", 1).await;
+        let options = if provider == "clusterapi" {
+            w.cluster.in_tree_autoscaler()
+        } else {
+            w.cluster.externalgrpc_autoscaler().expect("cloud-config")
+        };
+        let t = Instant::now();
+        w.cluster
+            .start_autoscaler(&options)
+            .expect("cluster-autoscaler");
+        w.log(&format!("cluster-autoscaler --cloud-provider={provider}"));
+        let decision = w
+            .wait(&format!("the scale-up decision for {app}"), || async {
+                let all = w.decisions().await;
+                all.iter()
+                    .find(|d| {
+                        d.reason == "TriggeredScaleUp"
+                            && d.object.starts_with(&format!("Pod/{app}-"))
+                    })
+                    .cloned()
+                    .ok_or_else(|| format!("{all:?}"))
+            })
+            .await;
+        let decided = t.elapsed();
+        w.wait_running(&app, 3).await;
+        let up = t.elapsed();
+        w.wait_group_size(&id, 3).await;
+        let groups: Vec<(String, i64, i64, i64)> = w
+            .ca_groups()
+            .await
+            .into_iter()
+            .map(|g| {
+                (
+                    g.name,
+                    g.health.min_size,
+                    g.health.max_size,
+                    g.health.cloud_provider_target,
+                )
+            })
+            .collect();
+        assert_eq!(w.replicas(&capi::machine_deployments(), "w").await, 3);
+        let t = Instant::now();
+        w.scale_app(&app, 0).await;
+        w.wait_group_size(&id, 1).await;
+        w.wait_nodes("w", 1).await;
+        let down = t.elapsed();
+        let message = decision
+            .message
+            .split_once(':')
+            .map(|(_, rest)| rest.trim().to_string())
+            .unwrap_or_default();
+        w.log(&format!(
+            "{provider}: groups {groups:?}; from cluster-autoscaler's start: scale-up decided in \
+             {:.1}s, pods running in {:.1}s; back to 1 node {:.1}s after the pods went; \
+             decision: {message}",
+            decided.as_secs_f64(),
+            up.as_secs_f64(),
+            down.as_secs_f64()
+        ));
+        runs.push((groups, message));
+        w.cluster.stop_autoscaler();
+    }
+    assert_eq!(runs[0].0, vec![(id.clone(), 1, 4, 3)]);
+    assert_eq!(runs[0].0, runs[1].0, "the same node groups and sizes");
+    assert_eq!(
+        runs[0].1,
+        format!("[{{{id} 1->3 (max: 4)}}]"),
+        "in-tree decision"
+    );
+    assert_eq!(runs[0].1, runs[1].1, "the same scale-up decision");
+    let after = Api::<DynamicObject>::namespaced_with(
+        w.client.clone(),
+        w.ns(),
+        &capi::machine_deployments(),
+    )
+    .get("w")
+    .await
+    .expect("md");
+    assert_eq!(
+        before.annotations(),
+        after.annotations(),
+        "annotations unchanged"
+    );
+    assert_eq!(before.labels(), after.labels(), "labels unchanged");
+    let spec = |md: &DynamicObject| {
+        let mut spec = md.data["spec"].clone();
+        spec["replicas"] = Value::Null;
+        spec
+    };
+    assert_eq!(
+        spec(&before),
+        spec(&after),
+        "spec unchanged but for replicas"
+    );
+}
+
+fn policies() -> kube::discovery::ApiResource {
+    kube::discovery::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk(
+            "autoscaling.nodegroup.dev",
+            "v1alpha1",
+            "NodeGroupPolicy",
+        ),
+        "nodegrouppolicies",
+    )
+}
