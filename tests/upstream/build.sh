@@ -291,22 +291,36 @@ build_helm() {
 }
 
 # nodegroup-conformance: our own Go module in tests/upstream/conformance (main package, go.mod and
-# go.sum committed; no wrapper generation). It speaks CA's externalgrpc client semantics over the
-# same wire stack as CA (grpc-go, google.golang.org/protobuf, k8s.io/api) and does not need the CA
-# module. Built from a scratch copy with -mod=readonly: the committed go.sum is the pin, and an
-# untidy go.mod is an error here rather than a silent change. The versions that matter for the
-# wire are checked against versions.env.
+# go.sum committed; no wrapper generation) that runs CA's own externalgrpc client, i.e. imports
+# k8s.io/autoscaler/cluster-autoscaler/cloudprovider/externalgrpc. The proxy does not serve CA, so
+# go.mod replaces it with the extracted source tree, which the scratch copy $WORK/conformance sits
+# next to. Built with -mod=readonly: the committed go.sum is the pin, and an untidy go.mod is an
+# error here rather than a silent change. Checked before building: grpc-go is
+# CONFORMANCE_GRPC_VERSION, and every module linked into the binary has the version CA's own
+# build list selects (k8s.io/api, apimachinery, grpc, protobuf, ...), so the client is CA's
+# down to its dependencies.
 build_conformance() {
-  local key=$KEY_conformance src=$HERE/conformance dst=$WORK/conformance got want
+  local key=$KEY_conformance src=$HERE/conformance dst=$WORK/conformance t got bad
+  local fmt='{{.Path}} {{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}'
   if begin "$key" nodegroup-conformance; then
     [ -f "$src/go.mod" ] && [ -f "$src/go.sum" ] || die "tests/upstream/conformance/go.mod or go.sum missing"
+    t=$(ca_source "$CA_VERSION")
+    grep -q "^replace k8s.io/autoscaler/cluster-autoscaler => \.\./${t##*/}\$" "$src/go.mod" \
+      || die "tests/upstream/conformance/go.mod must replace k8s.io/autoscaler/cluster-autoscaler => ../${t##*/} (CA_VERSION=$CA_VERSION)"
     rm -rf "$dst"; mkdir -p "$dst"
     cp "$src"/*.go "$src/go.mod" "$src/go.sum" "$dst/"
     export GOFLAGS="-mod=readonly -buildvcs=false"
-    want="google.golang.org/grpc v$CONFORMANCE_GRPC_VERSION|k8s.io/api v0.${KUBERNETES_VERSION#1.}"
-    got=$(cd "$dst" && go list -m -f '{{.Path}} {{.Version}}' google.golang.org/grpc k8s.io/api | paste -sd'|') \
-      || die "tests/upstream/conformance/go.mod is not tidy: run (cd tests/upstream/conformance && go mod tidy)"
-    [ "$got" = "$want" ] || die "tests/upstream/conformance/go.mod selects '$got', versions.env wants '$want'"
+    got=$(cd "$dst" && go list -m -f "$fmt" google.golang.org/grpc) \
+      || die "tests/upstream/conformance/go.mod is not tidy: run go mod tidy there (next to an extracted CA tree, see NOTES.md)"
+    [ "$got" = "google.golang.org/grpc v$CONFORMANCE_GRPC_VERSION" ] \
+      || die "tests/upstream/conformance/go.mod selects '$got', versions.env wants v$CONFORMANCE_GRPC_VERSION"
+    # "path version" of every module providing a linked package, and of CA's build list
+    ( cd "$dst" && go list -deps -f "{{with .Module}}$fmt{{end}}" . ) | LC_ALL=C sort -u >"$dst/linked.txt" \
+      || die "listing the modules nodegroup-conformance links failed"
+    ( cd "$t" && go list -m -f "$fmt" all ) | LC_ALL=C sort -u >"$dst/ca-build-list.txt" \
+      || die "listing CA $CA_VERSION's build list failed"
+    bad=$(LC_ALL=C comm -23 "$dst/linked.txt" "$dst/ca-build-list.txt" | grep -v '^upstream\.local/' | paste -sd' ') || true
+    [ -z "$bad" ] || die "nodegroup-conformance links modules at versions CA $CA_VERSION does not select: $bad"
     ( cd "$dst" && go build -p "$JOBS" -trimpath -ldflags "-s -w" \
         -o "$OUT/$key.tmp/bin/nodegroup-conformance" . ) \
       || die "building nodegroup-conformance failed (go.sum incomplete? run go mod tidy in tests/upstream/conformance)"

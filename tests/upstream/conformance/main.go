@@ -1,306 +1,310 @@
-// nodegroup-conformance drives an externalgrpc cloud-provider server the way
-// cluster-autoscaler's `externalgrpc` client would, and prints what CA would see.
-//
-// Honest scope: the issue asked for a test driven by CA's own cloudprovider/externalgrpc
-// package. The Go module proxy reachable here refuses k8s.io/autoscaler/cluster-autoscaler (403
-// for every version), so that package cannot be built. This program is the closest real
-// alternative: the same wire stack CA uses (grpc-go, google.golang.org/protobuf, and the
-// gogo-generated k8s.io/api core/v1 Node.Unmarshal for nodeBytes), with CA's client-side
-// semantics re-implemented from the upstream spec (dialing and TLS, per-RPC timeout, which
-// UNIMPLEMENTED replies mean "not implemented", nil groups and nil instance statuses, caches,
-// GetOptions defaults). Differences from the real client are bugs in this program, not in CA.
+// nodegroup-conformance drives an externalgrpc cloud-provider server through cluster-autoscaler's
+// own client, CA 1.36.1's k8s.io/autoscaler/cluster-autoscaler/cloudprovider/externalgrpc
+// package, and reports what CA's CloudProvider and NodeGroup methods return. Tests assert on
+// that report: it is the server as CA sees it, with CA's caches, error mapping and decoding.
 //
 // Usage:
 //
-//	nodegroup-conformance --proto proto/externalgrpc.proto --address 127.0.0.1:9090 \
-//	    [--cert client.crt --key client.key --cacert ca.crt] [--grpc-timeout 5s] \
-//	    --scenario scenario.json            (or "-" for stdin)
+//	nodegroup-conformance --cloud-config cloud-config.yaml [--scenario calls.json] [-v 5]
 //
-// The scenario is {"calls": [{"call": "NodeGroups"}, {"call": "TargetSize", "id": "..."}, ...]};
-// see callSpec for the fields. Output: one JSON document on stdout. Exit status: 0 when the
-// scenario ran (whatever the server answered), 2 on usage/scenario/proto errors, 3 when no
-// connection could be established.
+// The cloud config is CA's own file (address, cert, key, cacert, grpc_timeout), read by
+// externalgrpc.BuildExternalGrpc as with `cluster-autoscaler --cloud-config`; on a bad one CA
+// exits through klog.Fatal (status 255). The scenario is a stream of JSON calls, from the file or
+// from stdin ("-", the default), for example
+//
+//	{"call": "Refresh"}
+//	{"call": "TargetSize", "group": "MachineDeployment/ns/md"}
+//
+// Each result is printed as one JSON line on stdout as soon as the call returns, so a test can
+// drive one provider step by step, as CA does over its lifetime. See call for the fields and
+// result for the output. -v sets klog's verbosity: CA logs the errors it swallows at 1 and every
+// RPC and cache hit at 5. Exit status: 0 at the end of the scenario, 2 on a usage or scenario
+// error.
 package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
+	apiv1 "k8s.io/api/core/v1"
+	"k8s.io/autoscaler/cluster-autoscaler/cloudprovider"
+	"k8s.io/autoscaler/cluster-autoscaler/cloudprovider/externalgrpc"
+	"k8s.io/autoscaler/cluster-autoscaler/config"
+	"k8s.io/autoscaler/cluster-autoscaler/config/flags"
+	cacontext "k8s.io/autoscaler/cluster-autoscaler/context"
+	coreoptions "k8s.io/autoscaler/cluster-autoscaler/core/options"
+	"k8s.io/klog/v2"
 )
 
-// callSpec is one CA-level call.
-type callSpec struct {
-	Name string `json:"name,omitempty"` // free label, echoed in the output
-	// NodeGroups, NodeGroupForNode, TargetSize, IncreaseSize, DecreaseTargetSize, DeleteNodes,
-	// Nodes, TemplateNodeInfo, GetOptions, Refresh, Cleanup, GPULabel, GetAvailableGPUTypes,
-	// NodePrice, PodPrice.
-	Call     string          `json:"call"`
-	ID       string          `json:"id,omitempty"`       // node group id (NodeGroup methods)
-	Delta    int32           `json:"delta,omitempty"`    // IncreaseSize / DecreaseTargetSize
-	Node     *node           `json:"node,omitempty"`     // NodeGroupForNode, NodePrice
-	Nodes    []node          `json:"nodes,omitempty"`    // DeleteNodes
-	Defaults *defaults       `json:"defaults,omitempty"` // GetOptions (missing: CA's flag defaults)
-	Pod      json.RawMessage `json:"pod,omitempty"`      // PodPrice: a v1.Pod in JSON
-	Start    string          `json:"start,omitempty"`    // pricing window, RFC 3339 (default now)
-	End      string          `json:"end,omitempty"`      // (default start + 1h)
-}
-
-type scenario struct {
-	Calls []callSpec `json:"calls"`
-}
-
-type result struct {
-	Step int    `json:"step"`
-	Name string `json:"name,omitempty"`
+// call is one scenario step: a CloudProvider or NodeGroup method and its arguments.
+type call struct {
 	Call string `json:"call"`
-	ID   string `json:"id,omitempty"`
-	// The RPC that was sent; empty when CA would answer from its cache.
-	RPC    string `json:"rpc,omitempty"`
-	Cached bool   `json:"cached,omitempty"`
-	// ok/value/error: what CA's method returns.
-	OK             bool   `json:"ok"`
-	Value          any    `json:"value"`
-	Error          string `json:"error,omitempty"`
-	NotImplemented bool   `json:"notImplemented,omitempty"`
-	// The RPC failure behind it (also when CA swallows the error, e.g. NodeGroups).
-	Code    string `json:"code,omitempty"`
-	Message string `json:"message,omitempty"`
-	// Populated response fields a CA 1.36 client does not read.
-	ExtraFields []string `json:"extraFields,omitempty"`
-	Millis      float64  `json:"ms"`
+	// The group NodeGroup methods run on: the one with this id in NodeGroups() (CA's list,
+	// cached until the next Refresh), or, with GroupOf, the one NodeGroupForNode returns.
+	Group   string `json:"group,omitempty"`
+	GroupOf *node  `json:"groupOf,omitempty"`
+	// NodeGroupForNode, HasInstance, NodePrice.
+	Node *node `json:"node,omitempty"`
+	// DeleteNodes, ForceDeleteNodes.
+	Nodes []node `json:"nodes,omitempty"`
+	// IncreaseSize, AtomicIncreaseSize, DecreaseTargetSize.
+	Delta int `json:"delta,omitempty"`
+	// PodPrice.
+	Pod *apiv1.Pod `json:"pod,omitempty"`
+	// NodePrice, PodPrice: the priced window starts now and lasts this many hours (default 1).
+	Hours float64 `json:"hours,omitempty"`
+	// GetOptions: fields overriding CA's defaults (its flag defaults), as in options.
+	Defaults json.RawMessage `json:"defaults,omitempty"`
 }
 
-type connectionReport struct {
-	OK    bool   `json:"ok"`
-	State string `json:"state"`
-	Code  string `json:"code,omitempty"`
+// result is what one call returned, printed as one JSON line.
+type result struct {
+	Call  string `json:"call"`
+	Group string `json:"group,omitempty"`
+	// The method's return value, also when it returned an error (HasInstance returns true with
+	// ErrNotImplemented); null for methods returning only an error.
+	Value any    `json:"value"`
 	Error string `json:"error,omitempty"`
+	// The error is cloudprovider.ErrNotImplemented: CA falls back (defaults, no template, no
+	// prices) instead of treating it as a failure.
+	NotImplemented bool `json:"notImplemented"`
+	// The gRPC status code the error carries, when it carries one.
+	Code string `json:"code,omitempty"`
+	// Duration of the method call alone (not the group lookup).
+	Millis float64 `json:"ms"`
 }
 
-type report struct {
-	Client      string           `json:"client"`
-	Address     string           `json:"address"`
-	TLS         string           `json:"tls"`
-	GRPCTimeout string           `json:"grpcTimeout"`
-	Connection  connectionReport `json:"connection"`
-	Results     []result         `json:"results"`
+// scenarioError is a mistake in the scenario, not something CA returned.
+type scenarioError struct{ error }
+
+// session is one CA provider and the defaults CA's core would pass to GetOptions.
+type session struct {
+	provider cloudprovider.CloudProvider
+	defaults config.NodeGroupAutoscalingOptions
+}
+
+type providerCall func(s *session, c call) (any, error)
+type groupCall func(s *session, ng cloudprovider.NodeGroup, c call) (any, error)
+
+// providerCalls are the CloudProvider methods a scenario can call.
+var providerCalls = map[string]providerCall{
+	"NodeGroups": func(s *session, _ call) (any, error) {
+		return groupViews(s.provider.NodeGroups()), nil
+	},
+	"NodeGroupForNode": func(s *session, c call) (any, error) {
+		ng, err := s.provider.NodeGroupForNode(c.Node.apiNode())
+		return viewGroup(ng), err
+	},
+	"HasInstance": func(s *session, c call) (any, error) {
+		return s.provider.HasInstance(c.Node.apiNode())
+	},
+	"NodePrice": func(s *session, c call) (any, error) {
+		pricing, err := s.provider.Pricing()
+		if err != nil {
+			return nil, err
+		}
+		start, end := c.window()
+		return pricing.NodePrice(c.Node.apiNode(), start, end)
+	},
+	"PodPrice": func(s *session, c call) (any, error) {
+		pricing, err := s.provider.Pricing()
+		if err != nil {
+			return nil, err
+		}
+		start, end := c.window()
+		return pricing.PodPrice(c.Pod, start, end)
+	},
+	"GPULabel": func(s *session, _ call) (any, error) { return s.provider.GPULabel(), nil },
+	"GetAvailableGPUTypes": func(s *session, _ call) (any, error) {
+		return sortedKeys(s.provider.GetAvailableGPUTypes()), nil
+	},
+	"Refresh": func(s *session, _ call) (any, error) { return nil, s.provider.Refresh() },
+	"Cleanup": func(s *session, _ call) (any, error) { return nil, s.provider.Cleanup() },
+}
+
+// groupCalls are the NodeGroup methods a scenario can call.
+var groupCalls = map[string]groupCall{
+	"Id":              func(_ *session, ng cloudprovider.NodeGroup, _ call) (any, error) { return ng.Id(), nil },
+	"Debug":           func(_ *session, ng cloudprovider.NodeGroup, _ call) (any, error) { return ng.Debug(), nil },
+	"MinSize":         func(_ *session, ng cloudprovider.NodeGroup, _ call) (any, error) { return ng.MinSize(), nil },
+	"MaxSize":         func(_ *session, ng cloudprovider.NodeGroup, _ call) (any, error) { return ng.MaxSize(), nil },
+	"Exist":           func(_ *session, ng cloudprovider.NodeGroup, _ call) (any, error) { return ng.Exist(), nil },
+	"Autoprovisioned": func(_ *session, ng cloudprovider.NodeGroup, _ call) (any, error) { return ng.Autoprovisioned(), nil },
+	"TargetSize":      func(_ *session, ng cloudprovider.NodeGroup, _ call) (any, error) { return ng.TargetSize() },
+	"IncreaseSize": func(_ *session, ng cloudprovider.NodeGroup, c call) (any, error) {
+		return nil, ng.IncreaseSize(c.Delta)
+	},
+	"AtomicIncreaseSize": func(_ *session, ng cloudprovider.NodeGroup, c call) (any, error) {
+		return nil, ng.AtomicIncreaseSize(c.Delta)
+	},
+	"DecreaseTargetSize": func(_ *session, ng cloudprovider.NodeGroup, c call) (any, error) {
+		return nil, ng.DecreaseTargetSize(c.Delta)
+	},
+	"DeleteNodes": func(_ *session, ng cloudprovider.NodeGroup, c call) (any, error) {
+		return nil, ng.DeleteNodes(apiNodes(c.Nodes))
+	},
+	"ForceDeleteNodes": func(_ *session, ng cloudprovider.NodeGroup, c call) (any, error) {
+		return nil, ng.ForceDeleteNodes(apiNodes(c.Nodes))
+	},
+	"Nodes": func(_ *session, ng cloudprovider.NodeGroup, _ call) (any, error) {
+		instances, err := ng.Nodes()
+		return instanceViews(instances), err
+	},
+	"TemplateNodeInfo": func(_ *session, ng cloudprovider.NodeGroup, _ call) (any, error) {
+		info, err := ng.TemplateNodeInfo()
+		if info == nil {
+			return nil, err
+		}
+		return viewNode(info.Node()), err
+	},
+	"GetOptions": func(s *session, ng cloudprovider.NodeGroup, c call) (any, error) {
+		defaults := viewOptions(s.defaults)
+		if len(c.Defaults) > 0 {
+			dec := json.NewDecoder(bytes.NewReader(c.Defaults))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&defaults); err != nil {
+				return nil, scenarioError{fmt.Errorf("GetOptions defaults: %w", err)}
+			}
+		}
+		opts, err := ng.GetOptions(defaults.config())
+		if opts == nil {
+			return nil, err
+		}
+		return viewOptions(*opts), err
+	},
 }
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nodegroup-conformance", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var (
-		c            dialConfig
-		protoPath    = fs.String("proto", "", "path of externalgrpc.proto (compiled at run time)")
-		scenarioPath = fs.String("scenario", "", "scenario JSON file, - for stdin")
-		timeout      = fs.Duration("grpc-timeout", 5*time.Second, "per-RPC timeout (CA's grpc_timeout)")
-	)
-	fs.StringVar(&c.address, "address", "", "server host:port (CA's address)")
-	fs.StringVar(&c.cert, "cert", "", "client certificate; TLS is on only when set (CA's cert)")
-	fs.StringVar(&c.key, "key", "", "client key (CA's key)")
-	fs.StringVar(&c.cacert, "cacert", "", "CA bundle verifying the server (CA's cacert)")
-	fs.BoolVar(&c.tlsWithoutClientCert, "tls-without-client-cert", false,
-		"not a CA mode: TLS verifying the server with --cacert but presenting no client certificate")
+	klog.InitFlags(fs)
+	cloudConfig := fs.String("cloud-config", "", "CA's externalgrpc cloud-config file (address, cert, key, cacert, grpc_timeout)")
+	scenarioPath := fs.String("scenario", "-", "file of JSON calls; - for stdin")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	usage := func(format string, a ...any) int {
+	fail := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "nodegroup-conformance: "+format+"\n", a...)
 		return 2
 	}
-	if c.address == "" || *protoPath == "" || *scenarioPath == "" {
-		return usage("--address, --proto and --scenario are required")
+	if *cloudConfig == "" || fs.NArg() > 0 {
+		return fail("usage: --cloud-config FILE [--scenario FILE|-]")
 	}
-	if c.cert != "" && c.tlsWithoutClientCert {
-		return usage("--cert and --tls-without-client-cert exclude each other")
-	}
-	w, err := loadWire(*protoPath)
-	if err != nil {
-		return usage("%v", err)
-	}
-	sc, err := readScenario(*scenarioPath)
-	if err != nil {
-		return usage("%v", err)
+	in := stdin
+	if *scenarioPath != "-" {
+		f, err := os.Open(*scenarioPath)
+		if err != nil {
+			return fail("reading the scenario: %v", err)
+		}
+		defer f.Close()
+		in = f
 	}
 
-	rep := report{
-		Client:      "nodegroup-conformance (CA externalgrpc client semantics re-implemented; not CA's code)",
-		Address:     c.address,
-		TLS:         "none",
-		GRPCTimeout: timeout.String(),
-		Results:     []result{},
+	// The options CA's main builds from its flags (all at their defaults here), so GetOptions
+	// gets the defaults a stock cluster-autoscaler sends.
+	opts := &coreoptions.AutoscalerOptions{AutoscalingOptions: flags.AutoscalingOptions()}
+	opts.CloudProviderName = cloudprovider.ExternalGrpcProviderName
+	opts.CloudConfig = *cloudConfig
+	s := &session{
+		provider: externalgrpc.BuildExternalGrpc(opts, cloudprovider.NodeGroupDiscoveryOptions{},
+			cacontext.NewResourceLimiterFromAutoscalingOptions(opts.AutoscalingOptions)),
+		defaults: opts.NodeGroupDefaults,
 	}
-	switch {
-	case c.cert != "":
-		rep.TLS = "mtls"
-	case c.tlsWithoutClientCert:
-		rep.TLS = "server-only"
-	}
-	conn, err := dial(c)
-	if err != nil {
-		// CA treats a client-construction error as fatal.
-		rep.Connection = connectionReport{State: "DIAL_ERROR", Error: err.Error()}
-		emit(stdout, rep)
-		return 3
-	}
-	defer conn.Close()
-	p := newProvider(w, conn, *timeout)
 
-	// CA dials lazily and just sees failing RPCs. To tell "no connection" apart from "the server
-	// said no", connect first and wait (up to grpc_timeout) for READY.
-	rep.Connection = probe(p)
-	if !rep.Connection.OK {
-		emit(stdout, rep)
-		return 3
-	}
-	for i, call := range sc.Calls {
-		rep.Results = append(rep.Results, runCall(p, i, call))
-	}
-	emit(stdout, rep)
-	return 0
-}
-
-func readScenario(path string) (*scenario, error) {
-	var data []byte
-	var err error
-	if path == "-" {
-		data, err = io.ReadAll(os.Stdin)
-	} else {
-		data, err = os.ReadFile(path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading scenario: %w", err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
+	dec := json.NewDecoder(in)
 	dec.DisallowUnknownFields()
-	var sc scenario
-	if err := dec.Decode(&sc); err != nil {
-		return nil, fmt.Errorf("scenario %s: %w", path, err)
-	}
-	for i, c := range sc.Calls {
-		if _, ok := calls[c.Call]; !ok {
-			return nil, fmt.Errorf("scenario call %d: unknown call %q", i, c.Call)
-		}
-	}
-	return &sc, nil
-}
-
-func probe(p *provider) connectionReport {
-	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
-	defer cancel()
-	p.conn.Connect()
-	for {
-		s := p.conn.GetState()
-		if s == connectivity.Ready {
-			return connectionReport{OK: true, State: s.String()}
-		}
-		if s == connectivity.TransientFailure || s == connectivity.Shutdown || !p.conn.WaitForStateChange(ctx, s) {
-			// A fail-fast RPC now fails with the transport's last error (the handshake or
-			// preface failure); GPULabel has no side effects on the server.
-			_, err := p.invoke("GPULabel", p.w.newRequest("GPULabel"))
-			r := connectionReport{State: p.conn.GetState().String()}
-			if err == nil {
-				r.OK = true
-				return r
-			}
-			r.Code = status.Code(err).String()
-			r.Error = err.Error()
-			return r
-		}
-	}
-}
-
-var calls = map[string]func(p *provider, c callSpec) outcome{
-	"NodeGroups":           func(p *provider, _ callSpec) outcome { return p.NodeGroups() },
-	"NodeGroupForNode":     func(p *provider, c callSpec) outcome { return p.NodeGroupForNode(c.Node) },
-	"TargetSize":           func(p *provider, c callSpec) outcome { return p.TargetSize(c.ID) },
-	"IncreaseSize":         func(p *provider, c callSpec) outcome { return p.IncreaseSize(c.ID, c.Delta) },
-	"DecreaseTargetSize":   func(p *provider, c callSpec) outcome { return p.DecreaseTargetSize(c.ID, c.Delta) },
-	"DeleteNodes":          func(p *provider, c callSpec) outcome { return p.DeleteNodes(c.ID, c.Nodes) },
-	"Nodes":                func(p *provider, c callSpec) outcome { return p.Nodes(c.ID) },
-	"TemplateNodeInfo":     func(p *provider, c callSpec) outcome { return p.TemplateNodeInfo(c.ID) },
-	"GetOptions":           func(p *provider, c callSpec) outcome { return p.GetOptions(c.ID, c.Defaults) },
-	"Refresh":              func(p *provider, _ callSpec) outcome { return p.Refresh() },
-	"Cleanup":              func(p *provider, _ callSpec) outcome { return p.Cleanup() },
-	"GPULabel":             func(p *provider, _ callSpec) outcome { return p.GPULabel() },
-	"GetAvailableGPUTypes": func(p *provider, _ callSpec) outcome { return p.GetAvailableGPUTypes() },
-	"NodePrice": func(p *provider, c callSpec) outcome {
-		start, end, err := window(c)
-		if err != nil {
-			return outcome{err: err}
-		}
-		return p.NodePrice(c.Node, start, end)
-	},
-	"PodPrice": func(p *provider, c callSpec) outcome {
-		start, end, err := window(c)
-		if err != nil {
-			return outcome{err: err}
-		}
-		return p.PodPrice(c.Pod, start, end)
-	},
-}
-
-func window(c callSpec) (time.Time, time.Time, error) {
-	start, end := time.Now(), time.Time{}
-	var err error
-	if c.Start != "" {
-		if start, err = time.Parse(time.RFC3339, c.Start); err != nil {
-			return start, end, fmt.Errorf("scenario: bad start: %w", err)
-		}
-	}
-	end = start.Add(time.Hour)
-	if c.End != "" {
-		if end, err = time.Parse(time.RFC3339, c.End); err != nil {
-			return start, end, fmt.Errorf("scenario: bad end: %w", err)
-		}
-	}
-	return start, end, nil
-}
-
-func runCall(p *provider, i int, c callSpec) result {
-	t0 := time.Now()
-	o := calls[c.Call](p, c)
-	r := result{
-		Step:        i,
-		Name:        c.Name,
-		Call:        c.Call,
-		ID:          c.ID,
-		RPC:         o.rpc,
-		Cached:      o.cached,
-		OK:          o.err == nil,
-		Value:       o.value,
-		ExtraFields: o.extras,
-		Millis:      float64(time.Since(t0).Microseconds()) / 1000,
-	}
-	if o.err != nil {
-		r.Value = nil
-		r.Error = o.err.Error()
-		r.NotImplemented = errors.Is(o.err, errNotImplemented)
-	}
-	if o.rpcErr != nil {
-		st := status.Convert(o.rpcErr)
-		r.Code = st.Code().String()
-		r.Message = st.Message()
-	}
-	return r
-}
-
-func emit(w io.Writer, rep report) {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
+	enc := json.NewEncoder(stdout)
 	enc.SetEscapeHTML(false)
-	_ = enc.Encode(rep)
+	for step := 0; ; step++ {
+		var c call
+		if err := dec.Decode(&c); errors.Is(err, io.EOF) {
+			return 0
+		} else if err != nil {
+			return fail("scenario step %d: %v", step, err)
+		}
+		r, err := s.run(c)
+		if err != nil {
+			return fail("scenario step %d (%s): %v", step, c.Call, err)
+		}
+		if err := enc.Encode(r); err != nil {
+			return fail("writing the result of step %d: %v", step, err)
+		}
+	}
+}
+
+// run performs one call. Its error is a scenario error (unknown call or group); what CA's method
+// returned, error included, is in the result.
+func (s *session) run(c call) (result, error) {
+	r := result{Call: c.Call}
+	var value any
+	var err error
+	var start time.Time
+	if f, ok := providerCalls[c.Call]; ok {
+		start = time.Now()
+		value, err = f(s, c)
+	} else if f, ok := groupCalls[c.Call]; ok {
+		ng, lookupErr := s.group(c)
+		if lookupErr != nil {
+			return r, lookupErr
+		}
+		r.Group = ng.Id()
+		start = time.Now()
+		value, err = f(s, ng, c)
+	} else {
+		return r, fmt.Errorf("unknown call %q", c.Call)
+	}
+	r.Millis = float64(time.Since(start).Microseconds()) / 1000
+	if se := (scenarioError{}); errors.As(err, &se) {
+		return r, se
+	}
+	r.Value = value
+	if err != nil {
+		r.Error = err.Error()
+		r.NotImplemented = errors.Is(err, cloudprovider.ErrNotImplemented)
+		if st, ok := status.FromError(err); ok {
+			r.Code = st.Code().String()
+		}
+	}
+	return r, nil
+}
+
+// group finds the node group a NodeGroup method runs on, the way CA's core gets hold of groups.
+func (s *session) group(c call) (cloudprovider.NodeGroup, error) {
+	if c.GroupOf != nil {
+		ng, err := s.provider.NodeGroupForNode(c.GroupOf.apiNode())
+		if err != nil {
+			return nil, fmt.Errorf("NodeGroupForNode(%s): %w", c.GroupOf.Name, err)
+		}
+		if ng == nil {
+			return nil, fmt.Errorf("node %s (%s) is in no node group", c.GroupOf.Name, c.GroupOf.ProviderID)
+		}
+		return ng, nil
+	}
+	groups := s.provider.NodeGroups()
+	if i := slices.IndexFunc(groups, func(ng cloudprovider.NodeGroup) bool { return ng.Id() == c.Group }); i >= 0 {
+		return groups[i], nil
+	}
+	return nil, fmt.Errorf("no node group %q among the %d NodeGroups()", c.Group, len(groups))
+}
+
+// window is the pricing window: from now, c.Hours long (default one hour).
+func (c call) window() (time.Time, time.Time) {
+	hours := c.Hours
+	if hours == 0 {
+		hours = 1
+	}
+	start := time.Now()
+	return start, start.Add(time.Duration(hours * float64(time.Hour)))
 }
