@@ -409,10 +409,9 @@ impl World {
 async fn pending_pods_scale_up_then_only_the_idle_nodes_go_back_to_min() {
     let mut w = World::new("ca-up").await;
     let id = w.md("w", 1, bounds(1, 5)).await;
+    // Pods created before cluster-autoscaler starts: it decides on all of them at once.
+    w.app_settled("load", 3, "w", 1).await;
     w.start_autoscaler(|_| {});
-    w.wait_group_size(&id, 1).await;
-
-    w.app("load", 3, "w").await;
     let decision = w
         .wait_decision("TriggeredScaleUp", &format!("{id} 1->3 (max: 5)"))
         .await;
@@ -452,14 +451,13 @@ async fn scale_up_stops_at_max_and_touches_nothing_else() {
     let mut w = World::new("ca-max").await;
     let capped = w.md("capped", 1, bounds(1, 3)).await;
     let other = w.md("other", 1, bounds(1, 5)).await;
+    w.app_settled("load", 5, "capped", 1).await;
+    w.wait_nodes("other", 1).await;
     w.start_autoscaler(|_| {});
-    w.wait_group_size(&capped, 1).await;
-    w.wait_group_size(&other, 1).await;
-
-    w.app("load", 5, "capped").await;
     w.wait_decision("TriggeredScaleUp", &format!("{capped} 1->3 (max: 3)"))
         .await;
     w.wait_group_size(&capped, 3).await;
+    w.wait_group_size(&other, 1).await;
     w.wait("two pods left pending by max node group size", || async {
         let pods = w.pods("load").await;
         let blocked = w.decisions().await.iter().any(|d| {
@@ -517,14 +515,13 @@ async fn scale_from_zero_and_back_from_annotations_and_from_a_policy() {
     }))
     .expect("policy");
     w.create(policy, &policies()).await;
+    w.app_settled("on-annotated", 2, "annotated", 0).await;
+    w.app_settled("on-governed", 2, "policy", 0).await;
     w.start_autoscaler(|_| {});
-    w.wait_group_size(&annotated, 0).await;
-    w.wait_group_size(&governed, 0).await;
-
-    w.app("on-annotated", 2, "annotated").await;
-    w.app("on-governed", 2, "policy").await;
-    w.wait_scale_up(&annotated).await;
-    w.wait_scale_up(&governed).await;
+    w.wait_decision("TriggeredScaleUp", &format!("{annotated} 0->2 (max: 3)"))
+        .await;
+    w.wait_decision("TriggeredScaleUp", &format!("{governed} 0->2 (max: 3)"))
+        .await;
     w.wait_running("on-annotated", 2).await;
     w.wait_running("on-governed", 2).await;
     w.wait_group_size(&annotated, 2).await;
@@ -609,21 +606,6 @@ async fn an_instance_that_never_registers_is_removed_through_its_synthetic_id() 
     w.app("stuck", 1, "ghost").await;
     w.wait_decision("TriggeredScaleUp", &format!("{id} 0->1 (max: 1)"))
         .await;
-    let machine = w
-        .wait("the unprovisioned machine", || async {
-            let machines =
-                Api::<DynamicObject>::namespaced_with(w.client.clone(), w.ns(), &capi::machines())
-                    .list(&ListParams::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-            machines
-                .items
-                .first()
-                .map(|m| m.name_any())
-                .ok_or_else(|| "no machine yet".to_string())
-        })
-        .await;
-    let synthetic = format!("pending-machine-{}_{machine}", w.ns());
     w.wait("cluster-autoscaler to count it unregistered", || {
         let id = id.clone();
         let w = &w;
@@ -638,21 +620,26 @@ async fn an_instance_that_never_registers_is_removed_through_its_synthetic_id() 
         }
     })
     .await;
-    let removed = w.wait_decision("DeleteUnregistered", &synthetic).await;
+    // After --max-node-provision-time cluster-autoscaler first shrinks the target (the
+    // scale-up timed out), backs off, tries again, and then deletes the instance that is
+    // still unregistered by its id: DeleteNodes with a fake node named after it.
+    let prefix = format!("pending-machine-{}_", w.ns());
+    let removed = w.wait_decision("DeleteUnregistered", &prefix).await;
     w.log(&format!("decision: {}", removed.message));
-    w.wait("the machine and the replica gone", || async {
-        let machines =
+    let machine = removed
+        .message
+        .split_once(&prefix)
+        .map(|(_, name)| name.trim().to_string())
+        .expect("the event names the synthetic id");
+    w.wait(&format!("Machine {machine} deleted"), || async {
+        let found =
             Api::<DynamicObject>::namespaced_with(w.client.clone(), w.ns(), &capi::machines())
-                .list(&ListParams::default())
+                .get_opt(&machine)
                 .await
-                .map_err(|e| e.to_string())?
-                .items
-                .len();
-        let replicas = w.replicas(&capi::machine_deployments(), "ghost").await;
-        if machines == 0 && replicas == 0 {
-            Ok(())
-        } else {
-            Err(format!("{machines} machines, replicas {replicas}"))
+                .map_err(|e| e.to_string())?;
+        match found {
+            None => Ok(()),
+            Some(m) => Err(format!("still there: {:?}", m.metadata.deletion_timestamp)),
         }
     })
     .await;
@@ -787,11 +774,8 @@ async fn the_price_expander_picks_the_cheaper_group() {
         w.create(policy, &policies()).await;
         ids.insert(name, id);
     }
+    w.app_settled("load", 2, "shared", 0).await;
     w.start_autoscaler(|o| o.expander = "price".into());
-    w.wait_group_size(&ids["a-pricey"], 0).await;
-    w.wait_group_size(&ids["b-cheap"], 0).await;
-
-    w.app("load", 2, "shared").await;
     let decision = w.wait_decision("TriggeredScaleUp", "0->2").await;
     assert!(
         decision.message.contains(&ids["b-cheap"]),

@@ -1,35 +1,32 @@
 //! End to end with the real Cluster API core controllers: etcd, kube-apiserver,
 //! kube-controller-manager and kube-scheduler, the Cluster API manager (v1.14), kwok (fake
-//! kubelets), the test infrastructure provider (`sandbox::infra_provider`, in-process) and
-//! our operator (in-process, `runtime::start`), all on loopback.
+//! kubelets), the test infrastructure provider (`ngo_sandbox::infra_provider`) and our
+//! operator (in-process, `runtime::start`), all on loopback.
 //!
-//! **cluster-autoscaler is not running here.** It cannot be built in this environment (the
-//! Go module proxy refuses `k8s.io/autoscaler/cluster-autoscaler`, see
-//! `tests/upstream/NOTES.md`). Instead each test plays cluster-autoscaler's part: it calls
-//! our gRPC RPCs the way CA's `externalgrpc` client does (`Refresh`, `NodeGroups`,
-//! `NodeGroupForNode` on a node before `NodeGroupDeleteNodes` with that node's providerID,
-//! name, labels and annotations; fake nodes whose name and providerID are the instance id
-//! for unregistered instances) and then asserts what Cluster API, the provider and kwok made
-//! of it in the API server: MachineSets, Machines, Nodes turning Ready and going away.
-//! Nothing here is evidence about CA's own decisions (when to scale, which node to pick).
+//! These tests pin the contract between the operator and Cluster API exactly: each test
+//! calls the RPCs the way cluster-autoscaler's `externalgrpc` client does (`Refresh`,
+//! `NodeGroups`, `NodeGroupForNode` on a node before `NodeGroupDeleteNodes` with that node's
+//! providerID, name, labels and annotations; fake nodes whose name and providerID are the
+//! instance id for unregistered instances), choosing the victim itself, and then asserts what
+//! Cluster API, the provider and kwok made of it: MachineSets, Machines, Nodes turning Ready
+//! and going away. What cluster-autoscaler itself decides (when to scale, which node to
+//! pick) is tested with the real cluster-autoscaler in `tests/e2e_ca.rs`.
 
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_pb::api::core::v1 as pb;
 use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
-use ngo_sandbox::capi::{self, ManagerOptions};
+use ngo_sandbox::capi;
+use ngo_sandbox::environment::{SandboxInfo, start_for_process};
 use ngo_sandbox::infra_provider::{
     self, InfraProvider, NEVER_REGISTER_ANNOTATION, PROVISION_DELAY_ANNOTATION,
 };
-use ngo_sandbox::kwok::{self, KwokOptions};
-use ngo_sandbox::{ControlPlane, ControlPlaneOptions};
 use nodegroup_operator::proto::cloud_provider_client::CloudProviderClient;
 use nodegroup_operator::proto::{self, ExternalGrpcNode};
 use nodegroup_operator::runtime::{self, Running};
@@ -49,69 +46,18 @@ const CREATING: i32 = 2;
 // ---------------------------------------------------------------------------------------
 // The shared sandbox: one per test binary, with controllers, Cluster API and kwok.
 
-struct E2e {
-    kubeconfig: PathBuf,
-    /// Self-contained kubeconfig for the `<cluster>-kubeconfig` Secrets.
-    workload_kubeconfig: String,
-    log_dir: PathBuf,
-}
-
-static E2E: OnceLock<E2e> = OnceLock::new();
-static PLANE: Mutex<Option<ControlPlane>> = Mutex::new(None);
-
-extern "C" fn stop_sandbox() {
-    if let Ok(mut plane) = PLANE.lock() {
-        drop(plane.take());
-    }
-}
-
-fn e2e() -> &'static E2e {
-    E2E.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        // Children die with the thread that spawned them (PR_SET_PDEATHSIG): keep it parked
-        // for the life of the test binary; an atexit hook stops everything in order.
-        std::thread::spawn(move || {
-            let started = (|| -> anyhow::Result<E2e> {
-                let t = Instant::now();
-                let mut plane = ControlPlane::start(&ControlPlaneOptions { controllers: true })?;
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                rt.block_on(async {
-                    let client = plane.client().await?;
-                    capi::install_crds(&client, &[]).await?;
-                    anyhow::Ok(())
-                })?;
-                let manager = capi::start_manager(&plane, &ManagerOptions::default())?;
-                plane.adopt(manager);
-                let kwok = kwok::start_kwok(&plane, &KwokOptions::default())?;
-                plane.adopt(kwok);
-                let e2e = E2e {
-                    kubeconfig: plane.kubeconfig.clone(),
-                    workload_kubeconfig: capi::workload_kubeconfig(&plane, "capi-workload")?,
-                    log_dir: plane.log_dir.clone(),
-                };
-                eprintln!(
-                    "e2e sandbox up in {:?} (logs: {})",
-                    t.elapsed(),
-                    e2e.log_dir.display()
-                );
-                *PLANE.lock().expect("plane lock") = Some(plane);
-                // SAFETY: registering a plain extern "C" function.
-                unsafe { libc::atexit(stop_sandbox) };
-                Ok(e2e)
-            })();
-            let failed = started.is_err();
-            let _ = tx.send(started);
-            if !failed {
-                loop {
-                    std::thread::park();
-                }
-            }
-        });
-        rx.recv()
-            .expect("sandbox thread")
-            .unwrap_or_else(|e| panic!("starting the e2e sandbox: {e:#}"))
+fn e2e() -> &'static SandboxInfo {
+    static SANDBOX: OnceLock<SandboxInfo> = OnceLock::new();
+    SANDBOX.get_or_init(|| {
+        let t = Instant::now();
+        let info =
+            start_for_process().unwrap_or_else(|e| panic!("starting the e2e sandbox: {e:#}"));
+        eprintln!(
+            "e2e sandbox up in {:?} (logs: {})",
+            t.elapsed(),
+            info.log_dir.display()
+        );
+        info
     })
 }
 
@@ -544,10 +490,7 @@ where
             Ok(v) => return v,
             Err(last) => {
                 if start.elapsed() > timeout {
-                    let logs = E2E
-                        .get()
-                        .map(|e| e.log_dir.display().to_string())
-                        .unwrap_or_default();
+                    let logs = e2e().log_dir.display().to_string();
                     panic!(
                         "timed out after {timeout:?} waiting for {what}; last seen: {last} (logs: {logs})"
                     );

@@ -1,0 +1,136 @@
+//! The `ngo-sandbox` commands as users run them: `demo` unattended (no terminal), and `up`
+//! then `down`. Each starts a whole sandbox, so they run one at a time.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static ONE_SANDBOX_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn ngo_sandbox() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ngo-sandbox"));
+    command.stdin(Stdio::null());
+    command
+}
+
+#[test]
+fn demo_runs_unattended_scales_up_and_down_and_leaves_nothing_behind() {
+    let _one = ONE_SANDBOX_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let started = Instant::now();
+    let out = ngo_sandbox()
+        .arg("demo")
+        .output()
+        .expect("ngo-sandbox demo runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}");
+    assert!(out.status.success(), "demo failed: {stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(300),
+        "the demo takes under 5 minutes once built: {:?}",
+        started.elapsed()
+    );
+    // Plain lines, no terminal control sequences, when stdin is not a terminal.
+    assert!(!stdout.contains('\x1b'), "plain output without a terminal");
+    for expected in [
+        "cluster-autoscaler 1.36.1 running with --cloud-provider=externalgrpc",
+        "cluster-autoscaler: ScaledUpGroup",
+        "setting group MachineDeployment/demo/workers size to 4 instead of 1 (max: 5)",
+        "cluster-autoscaler: ScaleDown",
+        "scale-up: target raised after",
+        "scale-down: target back to 1 after",
+        "demo finished in",
+    ] {
+        assert!(stdout.contains(expected), "demo output lacks {expected:?}");
+    }
+    let dir = stdout
+        .lines()
+        .find_map(|l| {
+            l.split_once("logs in ")
+                .map(|(_, d)| d.trim_end_matches("/logs"))
+        })
+        .expect("the demo names its sandbox directory");
+    assert!(!std::path::Path::new(dir).exists(), "{dir} is removed");
+    let leftover = Command::new("pgrep")
+        .args(["-f", dir])
+        .output()
+        .expect("pgrep");
+    assert!(
+        leftover.stdout.is_empty(),
+        "processes left behind: {}",
+        String::from_utf8_lossy(&leftover.stdout)
+    );
+}
+
+#[test]
+fn up_serves_a_kubeconfig_until_down_stops_it() {
+    let _one = ONE_SANDBOX_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut up = ngo_sandbox()
+        .arg("up")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("ngo-sandbox up starts");
+    let stdout = up.stdout.take().expect("stdout");
+    let mut kubeconfig = None;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("output");
+        eprintln!("{line}");
+        if let Some(path) = line.trim().strip_prefix("export KUBECONFIG=") {
+            kubeconfig = Some(PathBuf::from(path));
+        }
+        if line.contains("Stop with Ctrl-C") {
+            break;
+        }
+    }
+    let kubeconfig = kubeconfig.expect("up prints a KUBECONFIG");
+    let kubectl = |args: &[&str]| {
+        let out = Command::new(ngo_sandbox::upstream_bin("kubectl"))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(args)
+            .output()
+            .expect("kubectl runs");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let clusters = kubectl(&[
+        "-n",
+        "sandbox",
+        "get",
+        "clusters.cluster.x-k8s.io",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(clusters.trim(), "cluster.cluster.x-k8s.io/sandbox");
+    let crds = kubectl(&["get", "crd", "-o", "name"]);
+    assert!(
+        crds.contains("nodegrouppolicies.autoscaling.nodegroup.dev"),
+        "{crds}"
+    );
+    assert!(
+        crds.contains("machinedeployments.cluster.x-k8s.io"),
+        "{crds}"
+    );
+
+    let down = ngo_sandbox()
+        .arg("down")
+        .output()
+        .expect("ngo-sandbox down runs");
+    assert!(
+        down.status.success(),
+        "down: {}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    let status = up.wait().expect("up exits");
+    assert!(status.success(), "up exits cleanly after down: {status}");
+    assert!(!kubeconfig.exists(), "the sandbox directory is removed");
+}
