@@ -303,7 +303,7 @@ impl World {
     async fn wait_group_size(&self, id: &str, target: i64) {
         let what = format!("cluster-autoscaler to see {id} at {target} Ready node(s)");
         let id = id.to_string();
-        let w = &*self;
+        let w = self;
         self.wait(&what, || {
             let id = id.clone();
             async move {
@@ -325,7 +325,7 @@ impl World {
     /// Waits until every pod of `app` runs (`n` of them).
     async fn wait_running(&self, app: &str, n: usize) {
         let app = app.to_string();
-        let w = &*self;
+        let w = self;
         self.wait(&format!("{n} running pod(s) of {app}"), || {
             let app = app.clone();
             async move {
@@ -343,7 +343,7 @@ impl World {
     /// Waits until pool `pool` has exactly `n` Nodes.
     async fn wait_nodes(&self, pool: &str, n: usize) -> Vec<String> {
         let pool = pool.to_string();
-        let w = &*self;
+        let w = self;
         self.wait(&format!("{n} node(s) in pool {pool}"), || {
             let pool = pool.clone();
             async move {
@@ -390,7 +390,7 @@ impl World {
     /// The first cluster-autoscaler Event with `reason` whose message contains `needle`.
     async fn wait_decision(&self, reason: &str, needle: &str) -> Decision {
         let (reason, needle) = (reason.to_string(), needle.to_string());
-        let w = &*self;
+        let w = self;
         self.wait(&format!("a {reason} event mentioning {needle}"), || {
             let (reason, needle) = (reason.clone(), needle.clone());
             async move {

@@ -329,6 +329,9 @@ impl View {
                 if let Some(state) = state
                     && self.last_row.as_ref() != Some(state)
                 {
+                    if self.last_row.is_none() {
+                        println!("{:>9} {}", "", header());
+                    }
                     println!("{} {}", self.stamp(), row(group, state));
                     self.last_row = Some(state.clone());
                 }

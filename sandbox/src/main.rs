@@ -105,8 +105,15 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// Prints a progress line; a closed stdout (a reader that went away) must not stop the
+/// teardown that usually follows.
 fn say(started: Instant, line: &str) {
-    println!("[{:>6.1}s] {line}", started.elapsed().as_secs_f64());
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stdout(),
+        "[{:>6.1}s] {line}",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 async fn up(sandbox: Sandbox, namespace: &str, started: Instant) -> anyhow::Result<()> {
@@ -182,8 +189,10 @@ fn down() -> anyhow::Result<()> {
         return Ok(());
     }
     let start = Instant::now();
+    // `up` removes its state file once everything is stopped (a process that has exited
+    // but was not yet reaped by its parent still answers signal 0).
     // SAFETY: signal 0 only checks that the process exists.
-    while unsafe { libc::kill(pid, 0) } == 0 {
+    while path.exists() && unsafe { libc::kill(pid, 0) } == 0 {
         anyhow::ensure!(
             start.elapsed() < Duration::from_secs(60),
             "sandbox process {pid} did not stop within 60s"

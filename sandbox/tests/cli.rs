@@ -77,18 +77,22 @@ fn up_serves_a_kubeconfig_until_down_stops_it() {
         .spawn()
         .expect("ngo-sandbox up starts");
     let stdout = up.stdout.take().expect("stdout");
-    let mut kubeconfig = None;
-    for line in BufReader::new(stdout).lines() {
-        let line = line.expect("output");
-        eprintln!("{line}");
-        if let Some(path) = line.trim().strip_prefix("export KUBECONFIG=") {
-            kubeconfig = Some(PathBuf::from(path));
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Keep reading to the end: `up` prints while it stops, too.
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            eprintln!("{line}");
+            if let Some(path) = line.trim().strip_prefix("export KUBECONFIG=") {
+                let _ = tx.send(PathBuf::from(path));
+            }
+            all.push(line);
         }
-        if line.contains("Stop with Ctrl-C") {
-            break;
-        }
-    }
-    let kubeconfig = kubeconfig.expect("up prints a KUBECONFIG");
+        all
+    });
+    let kubeconfig = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("up prints a KUBECONFIG");
     let kubectl = |args: &[&str]| {
         let out = Command::new(ngo_sandbox::upstream_bin("kubectl"))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
@@ -132,5 +136,10 @@ fn up_serves_a_kubeconfig_until_down_stops_it() {
     );
     let status = up.wait().expect("up exits");
     assert!(status.success(), "up exits cleanly after down: {status}");
+    let printed = reader.join().expect("reader");
+    assert!(
+        printed.iter().any(|l| l.contains("stopped")),
+        "up says it stopped: {printed:?}"
+    );
     assert!(!kubeconfig.exists(), "the sandbox directory is removed");
 }
