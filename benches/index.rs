@@ -133,11 +133,13 @@ async fn main() -> anyhow::Result<()> {
         CapiKeys::default(),
         None,
         Arc::default(),
+        "bench".into(),
     );
     let service = nodegroup_operator::server::CloudProviderService::new(
         SnapshotHandle::fixed(snapshot),
         Arc::new(actuator),
         Arc::default(),
+        Default::default(),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;

@@ -10,6 +10,7 @@ pub mod api;
 pub mod capi;
 pub mod duration;
 pub mod events;
+pub mod fault;
 pub mod index;
 pub mod metrics;
 pub mod pricing;

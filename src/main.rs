@@ -82,6 +82,9 @@ struct RunArgs {
     /// Log as JSON.
     #[arg(long, env = "NGO_LOG_JSON")]
     log_json: bool,
+    /// Seconds between sweeps for stranded scale-down marks (leader only; also at start).
+    #[arg(long, default_value_t = 15)]
+    sweep_interval_secs: u64,
 }
 
 impl RunArgs {
@@ -109,6 +112,7 @@ impl RunArgs {
             kubeconfig: self.kubeconfig.clone(),
             rebuild_delay: Duration::from_millis(self.rebuild_delay_ms),
             pod_name: std::env::var("POD_NAME").ok(),
+            sweep_interval: Duration::from_secs(self.sweep_interval_secs.max(1)),
             leader_election: self
                 .leader_election_namespace
                 .clone()

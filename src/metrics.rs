@@ -36,6 +36,9 @@ pub struct Metrics {
     index_objects: Family<KindLabels, Gauge>,
     excluded: Gauge,
     snapshot_build: Histogram,
+    marks_completed: OutcomeCounter,
+    marks_rolled_back: OutcomeCounter,
+    marks_unresolved: Gauge,
     registry: Registry,
 }
 
@@ -84,12 +87,33 @@ impl Metrics {
             "Time to rebuild the node-group index from the caches",
             snapshot_build.clone(),
         );
+        let marks_completed = OutcomeCounter::default();
+        registry.register(
+            "scale_down_marks_completed",
+            "Expired scale-down marks the sweeper found completed (decrement applied)",
+            marks_completed.clone(),
+        );
+        let marks_rolled_back = OutcomeCounter::default();
+        registry.register(
+            "scale_down_marks_rolled_back",
+            "Stranded scale-down marks (request ended between marking and lowering replicas) the sweeper rolled back",
+            marks_rolled_back.clone(),
+        );
+        let marks_unresolved = Gauge::default();
+        registry.register(
+            "scale_down_marks_unresolved",
+            "Expired scale-down marks the last sweep could not resolve (API errors); alert when it stays above 0",
+            marks_unresolved.clone(),
+        );
         Self {
             rpc_duration,
             group_size,
             index_objects,
             excluded,
             snapshot_build,
+            marks_completed,
+            marks_rolled_back,
+            marks_unresolved,
             registry,
         }
     }
@@ -135,6 +159,13 @@ impl Metrics {
                 .set(n as i64);
         }
         self.excluded.set(snapshot.exclusions.len() as i64);
+    }
+
+    /// Records one sweep of expired scale-down marks.
+    pub fn observe_sweep(&self, report: &crate::actuate::sweeper::SweepReport) {
+        self.marks_completed.inc_by(report.completed as u64);
+        self.marks_rolled_back.inc_by(report.rolled_back as u64);
+        self.marks_unresolved.set(report.failed as i64);
     }
 
     /// The text exposition of every metric.

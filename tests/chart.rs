@@ -196,9 +196,10 @@ async fn the_charts_rbac_is_enough_to_run_the_operator() {
         "True",
         "status written with the chart's RBAC"
     );
-    let events = ns.events_for("md").await;
+    let scaled_up = |e: &[(String, String)]| e.iter().any(|(r, _)| r == "ScaleUp");
+    let events = ns.wait_events_for("md", scaled_up).await;
     assert!(
-        events.iter().any(|(r, _)| r == "ScaleUp"),
+        scaled_up(&events),
         "events written with the chart's RBAC: {events:?}"
     );
     operator.shutdown().await.unwrap();

@@ -242,17 +242,14 @@ async fn increase_size_writes_the_scale_subresource_within_bounds() {
         .into_inner()
         .target_size;
     assert_eq!(target, 4);
-    let events = ns.events_for("md").await;
-    assert!(
+    let expected = |events: &[(String, String)]| {
         events
             .iter()
-            .any(|(r, n)| r == "ScaleUp" && n.contains("from 2 to 4")),
-        "{events:?}"
-    );
-    assert!(
-        events.iter().any(|(r, _)| r == "ScaleUpRejected"),
-        "{events:?}"
-    );
+            .any(|(r, n)| r == "ScaleUp" && n.contains("from 2 to 4"))
+            && events.iter().any(|(r, _)| r == "ScaleUpRejected")
+    };
+    let events = ns.wait_events_for("md", expected).await;
+    assert!(expected(&events), "{events:?}");
     operator.shutdown().await.unwrap();
 }
 
@@ -479,7 +476,11 @@ async fn failed_replica_change_rolls_back_the_delete_mark() {
         "{}",
         denied.message()
     );
-    assert!(denied.message().contains("scale"), "{}", denied.message());
+    assert!(
+        denied.message().contains("lowering the replicas of"),
+        "{}",
+        denied.message()
+    );
     assert!(
         !ns.annotations(&machines(), "md-m0")
             .await
@@ -802,12 +803,14 @@ async fn every_rpc_is_unavailable_until_caches_sync() {
         Default::default(),
         None,
         std::sync::Arc::new(Default::default()),
+        "test".into(),
     );
     let (_publisher, handle) = nodegroup_operator::index::channel();
     let service = nodegroup_operator::server::CloudProviderService::new(
         handle,
         std::sync::Arc::new(actuator),
         std::sync::Arc::new(Default::default()),
+        Default::default(),
     );
     let refresh = service
         .refresh(tonic::Request::new(proto::RefreshRequest {}))

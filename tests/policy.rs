@@ -297,19 +297,16 @@ async fn scaling_shows_in_status_and_events_on_the_policy() {
         })
         .await;
     assert_eq!(status.target_nodes, 2);
-    let events = ns.events_for("p").await;
-    assert!(
+    let expected = |events: &[(String, String)]| {
         events
             .iter()
-            .any(|(r, n)| r == "ScaleUp" && n.contains("from 1 to 2")),
-        "{events:?}"
-    );
-    assert!(
-        events
-            .iter()
-            .any(|(r, n)| r == "ScaleUpRejected" && n.contains("max:2")),
-        "{events:?}"
-    );
+            .any(|(r, n)| r == "ScaleUp" && n.contains("from 1 to 2"))
+            && events
+                .iter()
+                .any(|(r, n)| r == "ScaleUpRejected" && n.contains("max:2"))
+    };
+    let events = ns.wait_events_for("p", expected).await;
+    assert!(expected(&events), "{events:?}");
     operator.shutdown().await.unwrap();
 }
 

@@ -111,6 +111,23 @@ pub enum ActuateError {
         /// Attempts made.
         attempts: u32,
     },
+    /// The mutation ran out of time before it could begin (or finish) a step; nothing of
+    /// that step was written.
+    #[error("node group {group}: deadline exceeded before {step}")]
+    DeadlineExceeded {
+        /// Group id.
+        group: String,
+        /// The step not taken.
+        step: String,
+    },
+    /// Another request, still able to complete, is removing this machine.
+    #[error("Machine {machine} is being removed by request {request}; try again")]
+    MachineBusy {
+        /// `<namespace>/<name>`.
+        machine: String,
+        /// The other request's id.
+        request: String,
+    },
     /// An API call failed.
     #[error("{action}: {source}")]
     Api {
@@ -135,6 +152,8 @@ impl ActuateError {
             ActuateError::Api { .. }
                 | ActuateError::ConflictRetriesExhausted { .. }
                 | ActuateError::MachineConflict { .. }
+                | ActuateError::DeadlineExceeded { .. }
+                | ActuateError::MachineBusy { .. }
         )
     }
 }

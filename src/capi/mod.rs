@@ -9,6 +9,7 @@ pub mod keys;
 pub mod objects;
 pub mod providerid;
 pub mod resources;
+pub mod scale_down;
 
 pub use keys::CapiKeys;
 pub use objects::{InfraRef, Machine, ScalableKind, ScalableResource};

@@ -14,6 +14,7 @@ use crate::capi::autodiscovery::{DiscoveryFilter, DiscoveryTarget};
 use crate::capi::keys::PAUSED_ANNOTATION;
 use crate::capi::objects::{InfraTemplate, Machine, ScalableKind, ScalableResource};
 use crate::capi::providerid::{self, SyntheticKind};
+use crate::capi::scale_down;
 use crate::template;
 
 /// The parts of a Node the index uses.
@@ -169,6 +170,10 @@ pub fn build_snapshot(inputs: &IndexInputs) -> Snapshot {
                 marked_for_deletion: machine
                     .annotations
                     .contains_key(&inputs.keys.delete_machine),
+                scale_down: machine
+                    .annotations
+                    .get(scale_down::MARK_ANNOTATION)
+                    .and_then(|v| scale_down::ScaleDownMark::parse(v)),
             },
         );
     }

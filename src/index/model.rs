@@ -219,6 +219,8 @@ pub struct MachineEntry {
     pub deleting: bool,
     /// Carries the delete-machine annotation.
     pub marked_for_deletion: bool,
+    /// The scale-down request that marked it, when this operator did.
+    pub scale_down: Option<crate::capi::scale_down::ScaleDownMark>,
 }
 
 /// What NodeGroupForNode found for a provider ID.

@@ -60,6 +60,8 @@ pub struct Config {
     pub pod_name: Option<String>,
     /// Lease-based leader election; `None` makes this replica the leader (single replica).
     pub leader_election: Option<leader::LeaderConfig>,
+    /// How often the leader sweeps stranded scale-down marks.
+    pub sweep_interval: Duration,
 }
 
 /// A started operator.
@@ -141,6 +143,19 @@ async fn policies_served(client: &Client) -> bool {
     }
 }
 
+/// After the gRPC server has drained its RPCs: waits for mutations still running detached
+/// (each is bounded by its own deadline).
+async fn drain_mutations(mutations: tokio_util::task::TaskTracker) {
+    mutations.close();
+    if !mutations.is_empty() {
+        tracing::info!(
+            running = mutations.len(),
+            "waiting for detached mutations to finish"
+        );
+    }
+    mutations.wait().await;
+}
+
 /// Starts everything and returns once the listeners are bound.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
     let client = client(&config).await?;
@@ -220,14 +235,33 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         tasks.spawn(writer.run(shutdown.clone()));
     }
 
+    let instance = config
+        .pod_name
+        .clone()
+        .unwrap_or_else(|| format!("ngo-{}", std::process::id()));
     let actuator = Arc::new(CapiActuator::new(
         client.clone(),
         resources,
         keys,
         Some(events),
         activity,
+        instance,
     ));
-    let service = CloudProviderService::new(snapshots.clone(), actuator, metrics.clone());
+    tasks.spawn(crate::actuate::sweeper::run(
+        actuator.clone(),
+        snapshots.clone(),
+        leading.clone(),
+        metrics.clone(),
+        config.sweep_interval,
+        shutdown.clone(),
+    ));
+    let mutations = tokio_util::task::TaskTracker::new();
+    let service = CloudProviderService::new(
+        snapshots.clone(),
+        actuator,
+        metrics.clone(),
+        mutations.clone(),
+    );
 
     let grpc_listener = TcpListener::bind(config.grpc_address)
         .await
@@ -245,23 +279,27 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             let incoming = tls::incoming(grpc_listener, tls, shutdown.clone());
             tracing::info!(address = %grpc_address, "serving externalgrpc with mTLS (client certificates required)");
             tasks.spawn(async move {
-                router
+                let served = router
                     .serve_with_incoming_shutdown(incoming, grpc_shutdown.cancelled_owned())
                     .await
-                    .context("gRPC server")
+                    .context("gRPC server");
+                drain_mutations(mutations).await;
+                served
             });
         }
         None => {
             tracing::warn!(address = %grpc_address,
                 "serving externalgrpc WITHOUT TLS (--insecure): anything that reaches this port can scale node groups");
             tasks.spawn(async move {
-                router
+                let served = router
                     .serve_with_incoming_shutdown(
                         TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
                         grpc_shutdown.cancelled_owned(),
                     )
                     .await
-                    .context("gRPC server")
+                    .context("gRPC server");
+                drain_mutations(mutations).await;
+                served
             });
         }
     }

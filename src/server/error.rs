@@ -28,6 +28,9 @@ pub enum ProviderError {
     /// A scaling request was refused or failed.
     #[error(transparent)]
     Actuate(#[from] ActuateError),
+    /// A bug: a mutation task failed without an answer.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl ProviderError {
@@ -39,6 +42,7 @@ impl ProviderError {
             ProviderError::InvalidArgument(_) => Code::InvalidArgument,
             ProviderError::NotImplemented(_) => Code::Unimplemented,
             ProviderError::FailedPrecondition(_) => Code::FailedPrecondition,
+            ProviderError::Internal(_) => Code::Internal,
             ProviderError::Actuate(e) => match e {
                 ActuateError::NonPositiveIncrease(_) | ActuateError::NonNegativeDecrease(_) => {
                     Code::InvalidArgument
@@ -52,7 +56,9 @@ impl ProviderError {
                 | ActuateError::AmbiguousNode { .. }
                 | ActuateError::NotInPool { .. } => Code::FailedPrecondition,
                 ActuateError::ConflictRetriesExhausted { .. }
-                | ActuateError::MachineConflict { .. } => Code::Aborted,
+                | ActuateError::MachineConflict { .. }
+                | ActuateError::MachineBusy { .. } => Code::Aborted,
+                ActuateError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
                 ActuateError::Api { source, .. } => api_code(source),
             },
         }

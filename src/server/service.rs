@@ -3,12 +3,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status};
 
 use super::convert;
 use super::error::ProviderError;
 use super::options;
-use crate::actuate::{CapiActuator, NodeRef};
+use crate::actuate::deadline::parse_grpc_timeout;
+use crate::actuate::{ActuateError, CapiActuator, MutationDeadline, NodeRef};
 use crate::capi::keys::GPU_LABEL;
 use crate::index::{NodeGroup, NodeGroupLookup, Snapshot, SnapshotHandle};
 use crate::metrics::Metrics;
@@ -16,35 +18,67 @@ use crate::proto::{self, cloud_provider_server::CloudProvider};
 use crate::{pricing, template};
 use prost::Message as _;
 
-/// How long a mutating RPC waits for the watch to show the new target size. The protocol says
-/// mutations "should wait until node group size is updated", and CA reads TargetSize right
-/// after; the wait is bounded well below CA's default 5 s RPC timeout.
-const TARGET_SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a mutating RPC waits, at most, for the watch to show the new target size. The
+/// protocol says mutations "should wait until node group size is updated", and CA reads
+/// TargetSize right after; the wait never outlasts the client's deadline.
+const TARGET_SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Annotation on template nodes naming their group, so pricing can find it again.
 pub const TEMPLATE_GROUP_ANNOTATION: &str = "autoscaling.nodegroup.dev/node-group";
 
 /// Serves cluster-autoscaler's `externalgrpc` protocol.
+///
+/// Mutations run detached from their RPC (see [`CloudProviderService::detached`]): tonic
+/// drops an RPC's future when the client's deadline passes or its stream is reset, and a
+/// mutation stopped between two writes is exactly what must not happen.
 pub struct CloudProviderService {
     snapshots: SnapshotHandle,
     actuator: Arc<CapiActuator>,
     metrics: Arc<Metrics>,
+    mutations: TaskTracker,
 }
 
 type RpcResult<T> = Result<Response<T>, Status>;
 
 impl CloudProviderService {
     /// A service reading `snapshots` and writing through `actuator`.
+    /// Mutations are spawned on `mutations`, which shutdown waits for.
     pub fn new(
         snapshots: SnapshotHandle,
         actuator: Arc<CapiActuator>,
         metrics: Arc<Metrics>,
+        mutations: TaskTracker,
     ) -> Self {
         Self {
             snapshots,
             actuator,
             metrics,
+            mutations,
         }
+    }
+
+    /// Runs `mutation` as a task of its own and waits for its result. If this RPC is dropped
+    /// meanwhile, the task still runs to completion or rollback within its
+    /// [`MutationDeadline`]; graceful shutdown waits for it.
+    async fn detached<T: Send + 'static>(
+        &self,
+        mutation: impl Future<Output = Result<T, ActuateError>> + Send + 'static,
+    ) -> Result<T, ProviderError> {
+        self.mutations
+            .spawn(mutation)
+            .await
+            .map_err(|e| ProviderError::Internal(format!("mutation task failed: {e}")))?
+            .map_err(ProviderError::from)
+    }
+
+    /// The bounds of a mutation asked for by `request` (its `grpc-timeout`).
+    fn deadline<T>(request: &Request<T>) -> MutationDeadline {
+        let timeout = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_grpc_timeout);
+        MutationDeadline::new(timeout)
     }
 
     fn snapshot(&self) -> Result<Arc<Snapshot>, ProviderError> {
@@ -87,10 +121,11 @@ impl CloudProviderService {
         result.map(Response::new)
     }
 
-    /// Waits (bounded) until the snapshot shows `target` for group `id`.
-    async fn await_target(&self, id: &str, target: i32) {
+    /// Waits (bounded by [`TARGET_SYNC_TIMEOUT`] and the client's deadline) until the snapshot
+    /// shows `target` for group `id`.
+    async fn await_target(&self, id: &str, target: i32, bounds: &MutationDeadline) {
         let mut snapshots = self.snapshots.clone();
-        let deadline = tokio::time::sleep(TARGET_SYNC_TIMEOUT);
+        let deadline = tokio::time::sleep(TARGET_SYNC_TIMEOUT.min(bounds.start_remaining()));
         tokio::pin!(deadline);
         loop {
             let seen = snapshots
@@ -324,12 +359,21 @@ impl CloudProvider for CloudProviderService {
         &self,
         request: Request<proto::NodeGroupIncreaseSizeRequest>,
     ) -> RpcResult<proto::NodeGroupIncreaseSizeResponse> {
+        let deadline = Self::deadline(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupIncreaseSize", async {
             let snapshot = self.snapshot()?;
             let group = Self::group(&snapshot, &request.id)?;
-            let target = self.actuator.increase_size(&group, request.delta).await?;
-            self.await_target(&group.id, target).await;
+            let actuator = self.actuator.clone();
+            let id = group.id.clone();
+            let target = self
+                .detached(async move {
+                    actuator
+                        .increase_size(&group, request.delta, &deadline)
+                        .await
+                })
+                .await?;
+            self.await_target(&id, target, &deadline).await;
             Ok(proto::NodeGroupIncreaseSizeResponse {})
         })
         .await
@@ -339,6 +383,7 @@ impl CloudProvider for CloudProviderService {
         &self,
         request: Request<proto::NodeGroupDeleteNodesRequest>,
     ) -> RpcResult<proto::NodeGroupDeleteNodesResponse> {
+        let deadline = Self::deadline(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupDeleteNodes", async {
             let snapshot = self.snapshot()?;
@@ -356,12 +401,18 @@ impl CloudProvider for CloudProviderService {
                     "node {bad:?} has neither providerID nor name"
                 )));
             }
+            let actuator = self.actuator.clone();
+            let id = group.id.clone();
             let deleted = self
-                .actuator
-                .delete_nodes(&snapshot, &group, &nodes)
+                .detached(async move {
+                    let request = actuator.request_id();
+                    actuator
+                        .delete_nodes(&snapshot, &group, &nodes, &request, &deadline)
+                        .await
+                })
                 .await?;
             if let Some(target) = deleted.target {
-                self.await_target(&group.id, target).await;
+                self.await_target(&id, target, &deadline).await;
             }
             Ok(proto::NodeGroupDeleteNodesResponse {})
         })
@@ -372,15 +423,21 @@ impl CloudProvider for CloudProviderService {
         &self,
         request: Request<proto::NodeGroupDecreaseTargetSizeRequest>,
     ) -> RpcResult<proto::NodeGroupDecreaseTargetSizeResponse> {
+        let deadline = Self::deadline(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupDecreaseTargetSize", async {
             let snapshot = self.snapshot()?;
             let group = Self::group(&snapshot, &request.id)?;
+            let actuator = self.actuator.clone();
+            let id = group.id.clone();
             let target = self
-                .actuator
-                .decrease_target_size(&snapshot, &group, request.delta)
+                .detached(async move {
+                    actuator
+                        .decrease_target_size(&snapshot, &group, request.delta, &deadline)
+                        .await
+                })
                 .await?;
-            self.await_target(&group.id, target).await;
+            self.await_target(&id, target, &deadline).await;
             Ok(proto::NodeGroupDecreaseTargetSizeResponse {})
         })
         .await

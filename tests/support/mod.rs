@@ -28,7 +28,8 @@ pub const CAPI_VERSION: &str = "v1beta2";
 /// Paths of the shared control plane.
 pub struct Shared {
     pub kubeconfig: PathBuf,
-    /// A user bound only to the `ngo-no-scale` ClusterRole (no `/scale` writes).
+    /// A user bound only to the `ngo-no-scale` ClusterRole (no replica writes: neither
+    /// `/scale` nor patches of scalable resources).
     pub no_scale_kubeconfig: PathBuf,
 }
 
@@ -87,7 +88,9 @@ async fn create_no_scale_role(client: &Client) -> anyhow::Result<()> {
     let role: ClusterRole = serde_json::from_value(json!({
         "metadata": {"name": "ngo-no-scale"},
         "rules": [
-            {"apiGroups": ["cluster.x-k8s.io"], "resources": ["machinedeployments", "machinesets", "machinepools", "machines"],
+            {"apiGroups": ["cluster.x-k8s.io"], "resources": ["machinedeployments", "machinesets", "machinepools"],
+             "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"],
              "verbs": ["get", "list", "watch", "patch", "update"]},
             {"apiGroups": ["cluster.x-k8s.io"], "resources": ["machinedeployments/scale", "machinesets/scale", "machinepools/scale"],
              "verbs": ["get"]},
@@ -356,6 +359,23 @@ impl TestNs {
             .unwrap_or_default()
     }
 
+    /// Events on `name` once `all_there` accepts them (events are written in the background;
+    /// waits up to 10 s, then returns what there is).
+    pub async fn wait_events_for(
+        &self,
+        name: &str,
+        all_there: impl Fn(&[(String, String)]) -> bool,
+    ) -> Vec<(String, String)> {
+        let start = Instant::now();
+        loop {
+            let events = self.events_for(name).await;
+            if all_there(&events) || start.elapsed() > Duration::from_secs(10) {
+                return events;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Events whose regarding object is `name`, as (reason, note).
     pub async fn events_for(&self, name: &str) -> Vec<(String, String)> {
         use k8s_openapi::api::events::v1::Event;
@@ -423,6 +443,7 @@ pub fn operator_config(namespace: &str, kubeconfig: PathBuf, tls: Option<TlsFile
         kubeconfig: Some(kubeconfig),
         rebuild_delay: Duration::from_millis(10),
         pod_name: None,
+        sweep_interval: Duration::from_secs(2),
         leader_election: Some(nodegroup_operator::runtime::leader::LeaderConfig {
             namespace: namespace.to_string(),
             name: "nodegroup-operator".into(),

@@ -1,0 +1,125 @@
+//! The time a mutation has. A mutation runs detached from the RPC that asked for it, so it
+//! needs its own bounds:
+//!
+//! - it may *start* a change (write a mark, raise replicas) only while the client still
+//!   waits for the answer (its `grpc-timeout`): after that, cluster-autoscaler has already
+//!   counted the request as failed, and nothing new is begun on its behalf;
+//! - once a Machine is marked, the mutation may *finish* (decrement, or roll back) for a grace
+//!   period longer than that: completing a half-done deletion is always safer than leaving a
+//!   mark behind. Its Machine marks carry the end of that period, after which the sweeper may
+//!   roll them back.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// What cluster-autoscaler's externalgrpc client allows an RPC when its cloud-config does not
+/// say (`defaultGRPCTimeout` in `externalgrpc_cloud_provider.go`).
+pub const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest client timeout honoured; a client without one is given the default.
+pub const MAX_CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long after the client gave up a started deletion may still finish.
+pub const FINISH_GRACE: Duration = Duration::from_secs(15);
+
+/// Bounds of one mutation.
+#[derive(Clone, Copy, Debug)]
+pub struct MutationDeadline {
+    start_until: Instant,
+    finish_until: Instant,
+    finish_unix: i64,
+}
+
+impl MutationDeadline {
+    /// Bounds for a request whose client waits `client_timeout` (from `grpc-timeout`).
+    pub fn new(client_timeout: Option<Duration>) -> Self {
+        let wait = client_timeout
+            .unwrap_or(DEFAULT_CLIENT_TIMEOUT)
+            .min(MAX_CLIENT_TIMEOUT);
+        let now = Instant::now();
+        let finish = wait + FINISH_GRACE;
+        Self {
+            start_until: now + wait,
+            finish_until: now + finish,
+            finish_unix: jiff::Timestamp::now().as_second() + finish.as_secs() as i64 + 1,
+        }
+    }
+
+    /// True while a new change may begin.
+    pub fn may_start(&self) -> bool {
+        Instant::now() < self.start_until
+    }
+
+    /// True while a begun change may still be written or rolled back.
+    pub fn may_finish(&self) -> bool {
+        Instant::now() < self.finish_until
+    }
+
+    /// Unix seconds after which this mutation writes nothing more (recorded in marks).
+    pub fn finish_unix(&self) -> i64 {
+        self.finish_unix
+    }
+
+    /// Time left to start changes.
+    pub fn start_remaining(&self) -> Duration {
+        self.start_until.saturating_duration_since(Instant::now())
+    }
+}
+
+/// A short pause before retrying a write that conflicted, spread so that replicas racing
+/// for the same object do not retry in lockstep.
+pub fn conflict_backoff(attempt: u32) -> Duration {
+    let spread = u64::from(jiff::Timestamp::now().subsec_nanosecond().unsigned_abs() % 20);
+    Duration::from_millis(10 * u64::from(attempt.min(10)) + spread)
+}
+
+/// Parses gRPC's `grpc-timeout` header (`<digits><unit>`, unit one of `H M S m u n`).
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    if value.len() < 2 || value.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_as_grpc_go_writes_them() {
+        assert_eq!(
+            parse_grpc_timeout("4999m"),
+            Some(Duration::from_millis(4999))
+        );
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("300u"), Some(Duration::from_micros(300)));
+        assert_eq!(parse_grpc_timeout("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "S", "5", "5s", "-5S", "1234567890S", "5 S", "x5m"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_deadline_allows_finishing_after_starting_stops() {
+        let d = MutationDeadline::new(Some(Duration::ZERO));
+        assert!(!d.may_start());
+        assert!(d.may_finish());
+        assert!(d.finish_unix() > jiff::Timestamp::now().as_second());
+        let generous = MutationDeadline::new(Some(Duration::from_secs(3600)));
+        assert!(generous.start_remaining() <= MAX_CLIENT_TIMEOUT);
+    }
+}
