@@ -9,7 +9,7 @@ TEST_PEERS ?= etcd kube capi kwok helm cluster-autoscaler example-server conform
 # What `make demo` needs.
 DEMO_PEERS ?= etcd kube capi kwok cluster-autoscaler
 
-.PHONY: all build test unit e2e lint fmt crds upstream demo sandbox bench clean-upstream
+.PHONY: all build test unit e2e safety lint fmt crds upstream demo sandbox bench clean-upstream
 
 all: build
 
@@ -21,7 +21,11 @@ upstream:
 
 ## Every test: unit, integration against a real kube-apiserver, and the rest under tests/.
 test: upstream
-	$(CARGO) test --locked --workspace
+	$(CARGO) test --locked --workspace --features nodegroup-operator/fault-injection
+
+## Safety under crashes, timeouts, rollouts, concurrency and API server faults.
+safety: upstream
+	$(CARGO) test --locked --features fault-injection --test safety
 
 ## End to end with the real Cluster API manager, kwok and a test infrastructure provider.
 e2e: upstream
@@ -32,7 +36,7 @@ unit:
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets --features nodegroup-operator/fault-injection -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all

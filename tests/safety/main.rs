@@ -1,0 +1,8 @@
+//! Scaling safety under faults, load and concurrency (built with the `fault-injection`
+//! feature, as `make test` does): crashes at every step of DeleteNodes, cluster-autoscaler's
+//! own client timing out against a slow API server, Cluster API rollouts during scale-down,
+//! replicas racing each other, and the API server going away. After each: no stranded
+//! deletion mark, exactly the chosen machines gone, replicas exact.
+
+#[path = "../support/mod.rs"]
+mod support;
