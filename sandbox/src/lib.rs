@@ -18,6 +18,7 @@ pub mod kwok;
 pub mod operator;
 pub mod pki;
 pub mod process;
+pub mod proxy;
 pub mod stack;
 pub mod workload;
 

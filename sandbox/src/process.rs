@@ -178,6 +178,13 @@ impl ManagedProcess {
         }
     }
 
+    /// Kills the process at once (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let child = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
     /// Stops the process: SIGTERM, then SIGKILL after `grace`.
     pub fn stop(&mut self, grace: Duration) {
         let child = self.child.get_mut().unwrap_or_else(|p| p.into_inner());

@@ -101,6 +101,13 @@ impl AutoscaledCluster {
         self.operator.as_mut()
     }
 
+    /// Kills the operator at once (SIGKILL), as a crash would.
+    pub fn kill_operator(&mut self) {
+        if let Some(mut operator) = self.operator.take() {
+            operator.kill();
+        }
+    }
+
     /// Writes the externalgrpc cloud-config for the running operator (mTLS with the default
     /// client certificate) and returns its path.
     pub fn cloud_config(&self) -> Result<PathBuf, OperatorError> {
