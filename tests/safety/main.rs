@@ -9,3 +9,4 @@ mod support;
 
 mod concurrency;
 mod crash;
+mod slow_api;
