@@ -9,4 +9,5 @@ mod support;
 
 mod concurrency;
 mod crash;
+mod rollout;
 mod slow_api;
