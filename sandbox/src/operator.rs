@@ -179,8 +179,29 @@ pub struct OperatorProcess {
 
 impl OperatorProcess {
     /// Starts the operator with mTLS from `pki` and waits until `/readyz` answers 200
-    /// (caches synced). Blocking; spawn from a thread that outlives the process.
+    /// (caches synced). Blocking; spawn from a thread that outlives the process. Free ports
+    /// are picked before the process binds them; if another process took one meanwhile, the
+    /// start is retried with new ports.
     pub fn start(
+        options: &OperatorOptions,
+        pki: &GrpcPki,
+        log_dir: &Path,
+    ) -> Result<Self, OperatorError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::start_once(options, pki, log_dir) {
+                Err(OperatorError::Process(ProcessError::Exited { log_tail, .. }))
+                    if attempt < 3 && log_tail.contains("Address already in use") =>
+                {
+                    tracing::warn!(attempt, "a picked port was taken meanwhile; retrying");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn start_once(
         options: &OperatorOptions,
         pki: &GrpcPki,
         log_dir: &Path,
@@ -205,7 +226,11 @@ impl OperatorProcess {
             args.push(format!("--leader-election-namespace={namespace}"));
         }
         args.extend(options.extra_args.iter().cloned());
-        let mut env = vec![("RUST_LOG", options.log_filter.as_str())];
+        // Errors, not backtraces, in the log tail a failed start reports.
+        let mut env = vec![
+            ("RUST_LOG", options.log_filter.as_str()),
+            ("RUST_BACKTRACE", "0"),
+        ];
         env.extend(options.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let mut process =
             ManagedProcess::spawn(&options.name, &options.binary, &args, &env, log_dir)?;
@@ -229,9 +254,10 @@ impl OperatorProcess {
         self.process.check_alive()
     }
 
-    /// Stops the process gracefully (SIGTERM, SIGKILL after `grace`).
-    pub fn stop(&mut self, grace: Duration) {
-        self.process.stop(grace);
+    /// Stops the process gracefully (SIGTERM, SIGKILL after `grace`); how it exited, unless
+    /// it had to be killed.
+    pub fn stop(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        self.process.stop(grace)
     }
 
     /// Kills the process at once (SIGKILL): a crash, with no chance to clean up.

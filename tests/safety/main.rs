@@ -10,4 +10,5 @@ mod support;
 mod concurrency;
 mod crash;
 mod rollout;
+mod shutdown;
 mod slow_api;
