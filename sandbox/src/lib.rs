@@ -20,6 +20,7 @@ pub mod operator;
 pub mod pki;
 pub mod process;
 pub mod proxy;
+pub mod soak;
 pub mod stack;
 pub mod workload;
 

@@ -244,6 +244,11 @@ impl OperatorProcess {
         })
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
     /// The operator's log file.
     pub fn log_path(&self) -> &Path {
         self.process.log_path()
