@@ -172,6 +172,7 @@ mod tests {
                 ("memory".into(), "16Gi".into()),
                 ("nvidia.com/gpu".into(), "1".into()),
             ]),
+            warnings: vec![],
         };
         assert_eq!(node_hourly(&group), None);
         group.pricing = Some(PriceList {

@@ -313,6 +313,10 @@ pub struct GroupStatus {
     /// Why the group is not served, when it is not (invalid annotation, replicas unset, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// Values that could not be used as written (ignored, or a bad item skipped) and inputs that
+    /// could not be read; the group is served regardless.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl From<ScalableKindName> for crate::capi::ScalableKind {
