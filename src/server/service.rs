@@ -412,7 +412,7 @@ impl CloudProvider for CloudProviderService {
                 meta.annotations.insert(TEMPLATE_GROUP_ANNOTATION.into(), group.id.clone());
             }
             let bytes = template::encode_node(&node);
-            Ok(proto::NodeGroupTemplateNodeInfoResponse { node_info: bytes.clone(), node_bytes: bytes, resource_slice_bytes: Vec::new() })
+            Ok(proto::NodeGroupTemplateNodeInfoResponse { node_info: bytes.clone(), node_bytes: bytes })
         })
         .await
     }
