@@ -838,4 +838,200 @@ mod tests {
             ]
         );
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        const OPTION_NAMES: [&str; 9] = [
+            "scaledownutilizationthreshold",
+            "scaledowngpuutilizationthreshold",
+            "scaledownunneededtime",
+            "scaledownunreadytime",
+            "maxnodeprovisiontime",
+            "maxnodestartuptime",
+            "ignoredaemonsetsutilization",
+            "zeroormaxnodescaling",
+            "unknownoption",
+        ];
+        const CAPACITY_NAMES: [&str; 8] = [
+            "cpu",
+            "memory",
+            "ephemeral-disk",
+            "gpu-type",
+            "gpu-count",
+            "maxPods",
+            "labels",
+            "taints",
+        ];
+
+        fn value() -> impl Strategy<Value = String> {
+            prop_oneof![any::<String>(), "[-+0-9.a-zA-Z=:,/ µ]{0,24}"]
+        }
+
+        fn dns_prefix() -> impl Strategy<Value = String> {
+            "[a-z0-9]{1,8}(\\.[a-z0-9]{1,8}){0,2}"
+        }
+
+        fn label_name() -> impl Strategy<Value = String> {
+            "[A-Za-z0-9]([A-Za-z0-9_.-]{0,20}[A-Za-z0-9])?"
+        }
+
+        fn label_key() -> impl Strategy<Value = String> {
+            (proptest::option::of(dns_prefix()), label_name()).prop_map(|(prefix, name)| {
+                match prefix {
+                    Some(p) => format!("{p}/{name}"),
+                    None => name,
+                }
+            })
+        }
+
+        fn label_value() -> impl Strategy<Value = String> {
+            prop_oneof![Just(String::new()), label_name()]
+        }
+
+        fn effect() -> impl Strategy<Value = &'static str> {
+            prop_oneof![
+                Just("NoSchedule"),
+                Just("PreferNoSchedule"),
+                Just("NoExecute")
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn bounds_never_panic_and_accept_exactly_ordered_non_negative_integers(
+                min in value(), max in value(),
+            ) {
+                let keys = CapiKeys::default();
+                let a = BTreeMap::from([
+                    (keys.min_size.clone(), min.clone()),
+                    (keys.max_size.clone(), max.clone()),
+                ]);
+                let ok = matches!(
+                    (min.trim().parse::<i32>(), max.trim().parse::<i32>()),
+                    (Ok(lo), Ok(hi)) if lo >= 0 && hi >= lo
+                );
+                prop_assert_eq!(parse_bounds(&a, &keys).is_ok(), ok);
+            }
+
+            #[test]
+            fn valid_bounds_are_read_back(min in 0..=i32::MAX, extra in 0..=i32::MAX) {
+                let max = min.saturating_add(extra);
+                let keys = CapiKeys::default();
+                let a = BTreeMap::from([
+                    (keys.min_size.clone(), min.to_string()),
+                    (keys.max_size.clone(), max.to_string()),
+                ]);
+                prop_assert_eq!(parse_bounds(&a, &keys), Ok(Bounds { min: Some(min), max: Some(max) }));
+            }
+
+            #[test]
+            fn options_never_panic_and_warn_once_per_unusable_known_option(
+                values in proptest::collection::vec((0..OPTION_NAMES.len(), value()), 0..8),
+            ) {
+                let keys = CapiKeys::default();
+                let a: BTreeMap<String, String> = values
+                    .iter()
+                    .map(|(i, v)| (format!("{}{}", keys.options_prefix, OPTION_NAMES[*i]), v.clone()))
+                    .collect();
+                let (options, warnings) = parse_options(&a, &keys);
+                prop_assert!(warnings.len() <= a.len());
+                for w in &warnings {
+                    prop_assert!(a.contains_key(&w.key));
+                    prop_assert_eq!(&w.fallback, &Fallback::Ignored);
+                    prop_assert!(!w.key.ends_with("unknownoption"));
+                }
+                for t in [options.scale_down_utilization_threshold, options.scale_down_gpu_utilization_threshold].into_iter().flatten() {
+                    prop_assert!((0.0..=1.0).contains(&t));
+                }
+            }
+
+            #[test]
+            fn formatted_options_are_read_back_without_warnings(
+                threshold in 0.0f64..=1.0,
+                nanos in 0..=i64::MAX as u64,
+                flag in any::<bool>(),
+            ) {
+                let keys = CapiKeys::default();
+                let d = Duration::from_nanos(nanos);
+                let key = |name: &str| format!("{}{name}", keys.options_prefix);
+                let a = BTreeMap::from([
+                    (key("scaledownutilizationthreshold"), threshold.to_string()),
+                    (key("scaledownunneededtime"), crate::duration::format(d)),
+                    (key("zeroormaxnodescaling"), flag.to_string().to_uppercase()),
+                ]);
+                let (options, warnings) = parse_options(&a, &keys);
+                prop_assert!(warnings.is_empty(), "{warnings:?}");
+                prop_assert_eq!(options.scale_down_utilization_threshold, Some(threshold));
+                prop_assert_eq!(options.scale_down_unneeded_time, Some(d));
+                prop_assert_eq!(options.zero_or_max_node_scaling, Some(flag));
+            }
+
+            #[test]
+            fn capacity_never_panics_and_keeps_only_usable_values(
+                values in proptest::collection::vec((0..CAPACITY_NAMES.len(), value()), 0..8),
+            ) {
+                let a: BTreeMap<String, String> = values
+                    .iter()
+                    .map(|(i, v)| (format!("{CAPACITY_PREFIX}{}", CAPACITY_NAMES[*i]), v.clone()))
+                    .collect();
+                let (hints, warnings) = parse_capacity(&a);
+                for w in &warnings {
+                    prop_assert!(a.contains_key(&w.key), "{}", w.key);
+                }
+                for q in [&hints.cpu, &hints.memory, &hints.ephemeral_storage].into_iter().flatten() {
+                    prop_assert!(crate::quantity::parse(q).is_ok_and(|n| n > 0.0), "{q}");
+                }
+                if let Some((gpu_type, count)) = &hints.gpu {
+                    prop_assert!(!gpu_type.is_empty() && *count > 0);
+                }
+                prop_assert!(hints.max_pods.is_none_or(|n| n > 0));
+            }
+
+            #[test]
+            fn label_lists_never_panic(list in value()) {
+                let (labels, warnings) = parse_label_list("k", &list);
+                prop_assert!(labels.len() + warnings.len() <= list.split(',').count() * 2);
+            }
+
+            #[test]
+            fn valid_label_lists_round_trip_without_warnings(
+                labels in proptest::collection::btree_map(label_key(), label_value(), 0..6),
+            ) {
+                let text = labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+                let (parsed, warnings) = parse_label_list("k", &text);
+                prop_assert!(warnings.is_empty(), "{warnings:?}");
+                prop_assert_eq!(parsed, labels);
+            }
+
+            #[test]
+            fn taint_lists_never_panic_and_keep_only_valid_keys(list in value()) {
+                let (taints, warnings) = parse_taint_list("k", &list);
+                for t in &taints {
+                    prop_assert!(crate::capi::autodiscovery::validate_label(&t.key, &t.value).is_ok());
+                }
+                prop_assert!(taints.len() + warnings.len() <= list.split(',').count() * 2);
+            }
+
+            #[test]
+            fn valid_taint_lists_round_trip_without_warnings(
+                taints in proptest::collection::vec((label_key(), label_value(), effect()), 0..6),
+            ) {
+                let text = taints
+                    .iter()
+                    .map(|(k, v, e)| if v.is_empty() { format!("{k}:{e}") } else { format!("{k}={v}:{e}") })
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let (parsed, warnings) = parse_taint_list("k", &text);
+                prop_assert!(warnings.is_empty(), "{warnings:?}");
+                let expected: Vec<Taint> = taints
+                    .iter()
+                    .map(|(k, v, e)| Taint { key: k.clone(), value: v.clone(), effect: (*e).into() })
+                    .collect();
+                prop_assert_eq!(parsed, expected);
+            }
+        }
+    }
 }
