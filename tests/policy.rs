@@ -459,6 +459,52 @@ async fn pricing_and_options_come_from_the_policy() {
         .into_inner()
         .price;
     assert!((price - 0.38).abs() < 1e-9, "2 hours at 0.19: {price}");
+    // CA <= 1.34 sends the window in the legacy metav1.Time fields.
+    let legacy = |h: i64| {
+        Some(proto::LegacyTime {
+            seconds: h * 3600,
+            nanos: 0,
+        })
+    };
+    let node = || {
+        Some(proto::ExternalGrpcNode {
+            name: "template-node".into(),
+            annotations: [(
+                "autoscaling.nodegroup.dev/node-group".to_string(),
+                id.clone(),
+            )]
+            .into(),
+            ..Default::default()
+        })
+    };
+    let legacy_price = client
+        .pricing_node_price(proto::PricingNodePriceRequest {
+            node: node(),
+            start_time: legacy(0),
+            end_time: legacy(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .price;
+    assert!((legacy_price - 0.19).abs() < 1e-9, "{legacy_price}");
+    let overflow = client
+        .pricing_node_price(proto::PricingNodePriceRequest {
+            node: node(),
+            start_timestamp: Some(prost_types::Timestamp {
+                seconds: i64::MIN,
+                nanos: 0,
+            }),
+            end_timestamp: Some(prost_types::Timestamp {
+                seconds: i64::MAX,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(overflow.code(), Code::InvalidArgument, "{overflow:?}");
 
     // A pod requesting 2 cores and 4Gi for one hour: 2*0.04 + 4*0.005.
     let pod: k8s_pb::api::core::v1::Pod = k8s_pb::api::core::v1::Pod {
