@@ -9,7 +9,7 @@ TEST_PEERS ?= etcd kube capi kwok helm cluster-autoscaler example-server conform
 # What `make demo` needs.
 DEMO_PEERS ?= etcd kube capi kwok cluster-autoscaler
 
-.PHONY: all build test unit e2e safety soak lint fmt crds upstream demo sandbox bench clean-upstream
+.PHONY: all build test unit e2e safety soak lint fmt crds upstream demo sandbox bench fuzz clean-upstream
 
 all: build
 
@@ -44,6 +44,14 @@ fmt:
 ## Read-path benchmark at 1,000 groups / 10,000 nodes; writes target/bench/index.json.
 bench:
 	$(CARGO) bench --locked --bench index
+
+## Fuzz the gRPC request decoders and the pure request handling (fuzz/; not part of `make test`).
+## Needs a nightly toolchain and cargo-fuzz (`rustup toolchain install nightly --profile minimal`,
+## `cargo install cargo-fuzz`). Runs for FUZZ_SECONDS; findings land in fuzz/artifacts/.
+FUZZ_SECONDS ?= 300
+FUZZ_TARGET ?= grpc_requests
+fuzz:
+	$(CARGO) +nightly fuzz run $(FUZZ_TARGET) -- -max_total_time=$(FUZZ_SECONDS) -max_len=4096
 
 crds:
 	$(CARGO) run --quiet -- crd > crds/nodegroup-operator.yaml

@@ -162,24 +162,6 @@ impl CloudProviderService {
     }
 }
 
-fn hours(
-    start: &Option<prost_types::Timestamp>,
-    end: &Option<prost_types::Timestamp>,
-) -> Result<f64, ProviderError> {
-    let (Some(start), Some(end)) = (start, end) else {
-        return Err(ProviderError::InvalidArgument(
-            "startTimestamp and endTimestamp are required".into(),
-        ));
-    };
-    let secs = (end.seconds - start.seconds) as f64 + f64::from(end.nanos - start.nanos) / 1e9;
-    if secs < 0.0 {
-        return Err(ProviderError::InvalidArgument(
-            "endTimestamp is before startTimestamp".into(),
-        ));
-    }
-    Ok(secs / 3600.0)
-}
-
 #[tonic::async_trait]
 impl CloudProvider for CloudProviderService {
     async fn node_groups(
@@ -233,7 +215,12 @@ impl CloudProvider for CloudProviderService {
             let node = request
                 .node
                 .ok_or_else(|| ProviderError::InvalidArgument("request has no node".into()))?;
-            let hours = hours(&request.start_timestamp, &request.end_timestamp)?;
+            let hours = pricing::window_hours(
+                &request.start_timestamp,
+                &request.end_timestamp,
+                &request.start_time,
+                &request.end_time,
+            )?;
             let snapshot = self.snapshot()?;
             let group = Self::group_for_node(&snapshot, &node)?;
             let hourly = group
@@ -263,7 +250,12 @@ impl CloudProvider for CloudProviderService {
     ) -> RpcResult<proto::PricingPodPriceResponse> {
         let request = request.into_inner();
         self.rpc("PricingPodPrice", async {
-            let hours = hours(&request.start_timestamp, &request.end_timestamp)?;
+            let hours = pricing::window_hours(
+                &request.start_timestamp,
+                &request.end_timestamp,
+                &request.start_time,
+                &request.end_time,
+            )?;
             let snapshot = self.snapshot()?;
             let prices = pricing::cheapest_resource_prices(&snapshot).ok_or_else(|| {
                 ProviderError::NotImplemented("no NodeGroupPolicy sets per-resource prices".into())
@@ -477,7 +469,7 @@ impl CloudProvider for CloudProviderService {
                 meta.annotations.insert(TEMPLATE_GROUP_ANNOTATION.into(), group.id.clone());
             }
             let bytes = template::encode_node(&node);
-            Ok(proto::NodeGroupTemplateNodeInfoResponse { node_info: bytes.clone(), node_bytes: bytes, resource_slice_bytes: Vec::new() })
+            Ok(proto::NodeGroupTemplateNodeInfoResponse { node_info: bytes.clone(), node_bytes: bytes })
         })
         .await
     }
