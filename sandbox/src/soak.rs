@@ -199,7 +199,9 @@ pub async fn run(sandbox: &Sandbox, options: &SoakOptions) -> anyhow::Result<Soa
     })
 }
 
-/// One call of the mix: 85% reads, 8% IncreaseSize(+1), 7% DeleteNodes of a running node.
+/// One call of the mix: 85% reads, 15% writes. A write raises a group near its minimum,
+/// deletes a running node of a group near its maximum, and otherwise does either, so groups
+/// keep moving between their bounds.
 async fn one_call(grpc: &CloudProviderClient<Channel>, ids: &[String], n: u64, tally: &Tally) {
     let mut grpc = grpc.clone();
     let id = ids[(n >> 33) as usize % ids.len()].clone();
@@ -240,13 +242,25 @@ async fn one_call(grpc: &CloudProviderClient<Channel>, ids: &[String], n: u64, t
             }
             ("NodeGroupNodes", nodes.map(|_| ()))
         }
-        85..=92 => (
-            "NodeGroupIncreaseSize",
-            grpc.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest { id, delta: 1 })
-                .await
-                .map(|_| ()),
-        ),
         _ => {
+            let target = grpc
+                .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: id.clone() })
+                .await
+                .map(|r| r.into_inner().target_size)
+                .unwrap_or_default();
+            let grow = match target {
+                ..=2 => true,
+                7.. => false,
+                _ => roll % 2 == 0,
+            };
+            if grow {
+                let result = grpc
+                    .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest { id, delta: 1 })
+                    .await
+                    .map(|_| ());
+                record(tally, "NodeGroupIncreaseSize", result);
+                return;
+            }
             let instances = grpc
                 .node_group_nodes(proto::NodeGroupNodesRequest { id: id.clone() })
                 .await
