@@ -891,11 +891,16 @@ async fn drop_in_migration_from_the_in_tree_clusterapi_provider() {
     .get("w")
     .await
     .expect("md");
-    assert_eq!(
-        before.annotations(),
-        after.annotations(),
-        "annotations unchanged"
-    );
+    // The user's objects are unchanged; the operator only adds its own bookkeeping (the
+    // scale-down ledger, under autoscaling.nodegroup.dev/).
+    let users = |md: &DynamicObject| {
+        md.annotations()
+            .clone()
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("autoscaling.nodegroup.dev/"))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    assert_eq!(users(&before), users(&after), "annotations unchanged");
     assert_eq!(before.labels(), after.labels(), "labels unchanged");
     let spec = |md: &DynamicObject| {
         let mut spec = md.data["spec"].clone();
