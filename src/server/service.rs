@@ -26,6 +26,15 @@ const TARGET_SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// Annotation on template nodes naming their group, so pricing can find it again.
 pub const TEMPLATE_GROUP_ANNOTATION: &str = "autoscaling.nodegroup.dev/node-group";
 
+/// The longest node group id that can exist: `<Kind>/<namespace>/<name>` with the longest
+/// kind, a namespace (a DNS label, 63 bytes) and an object name (a DNS subdomain, 253 bytes).
+/// Longer ids are refused as malformed instead of looked up and echoed back.
+const MAX_GROUP_ID_BYTES: usize = "MachineDeployment".len() + 1 + 63 + 1 + 253;
+
+/// Seconds of the earliest and latest valid `google.protobuf.Timestamp` (0001-01-01T00:00:00Z
+/// and 9999-12-31T23:59:59Z, as `timestamp.proto` defines them).
+const TIMESTAMP_SECONDS: std::ops::RangeInclusive<i64> = -62_135_596_800..=253_402_300_799;
+
 /// Serves cluster-autoscaler's `externalgrpc` protocol.
 ///
 /// Mutations run detached from their RPC (see [`CloudProviderService::detached`]): tonic
@@ -90,6 +99,12 @@ impl CloudProviderService {
             return Err(ProviderError::InvalidArgument(
                 "request has an empty node group id".into(),
             ));
+        }
+        if id.len() > MAX_GROUP_ID_BYTES {
+            return Err(ProviderError::InvalidArgument(format!(
+                "node group id is {} bytes long; ids are <Kind>/<namespace>/<name>, at most {MAX_GROUP_ID_BYTES} bytes",
+                id.len()
+            )));
         }
         snapshot
             .group(id)
@@ -162,6 +177,8 @@ impl CloudProviderService {
     }
 }
 
+/// Hours from `start` to `end`. Both are required, must be valid protobuf Timestamps, and
+/// `end` must not precede `start`.
 fn hours(
     start: &Option<prost_types::Timestamp>,
     end: &Option<prost_types::Timestamp>,
@@ -171,6 +188,15 @@ fn hours(
             "startTimestamp and endTimestamp are required".into(),
         ));
     };
+    for (name, t) in [("startTimestamp", start), ("endTimestamp", end)] {
+        if !TIMESTAMP_SECONDS.contains(&t.seconds) || !(0..1_000_000_000).contains(&t.nanos) {
+            return Err(ProviderError::InvalidArgument(format!(
+                "{name} {{seconds: {}, nanos: {}}} is not a valid timestamp (years 1 to 9999, nanos 0 to 999999999)",
+                t.seconds, t.nanos
+            )));
+        }
+    }
+    // In range, so neither difference can overflow.
     let secs = (end.seconds - start.seconds) as f64 + f64::from(end.nanos - start.nanos) / 1e9;
     if secs < 0.0 {
         return Err(ProviderError::InvalidArgument(
@@ -268,17 +294,30 @@ impl CloudProvider for CloudProviderService {
             let prices = pricing::cheapest_resource_prices(&snapshot).ok_or_else(|| {
                 ProviderError::NotImplemented("no NodeGroupPolicy sets per-resource prices".into())
             })?;
-            let bytes = if request.pod_bytes.is_empty() {
-                &request.pod
+            let (field, bytes) = if request.pod_bytes.is_empty() {
+                ("pod", &request.pod)
             } else {
-                &request.pod_bytes
+                ("pod_bytes", &request.pod_bytes)
             };
+            if bytes.is_empty() {
+                return Err(ProviderError::InvalidArgument(
+                    "request has no pod (neither pod_bytes nor pod is set)".into(),
+                ));
+            }
             let pod = k8s_pb::api::core::v1::Pod::decode(bytes.as_slice()).map_err(|e| {
-                ProviderError::InvalidArgument(format!("pod_bytes is not a protobuf v1.Pod: {e}"))
+                ProviderError::InvalidArgument(format!(
+                    "{field} ({} bytes) is not a protobuf v1.Pod: {e}",
+                    bytes.len()
+                ))
             })?;
-            Ok(proto::PricingPodPriceResponse {
-                price: pricing::pod_hourly(&pod, &prices) * hours,
-            })
+            let price = pricing::pod_hourly(&pod, &prices) * hours;
+            // The API server never admits such requests; a decoded pod can carry anything.
+            if !price.is_finite() || price < 0.0 {
+                return Err(ProviderError::InvalidArgument(format!(
+                    "the pod's resource requests price at {price}; requests must be finite, non-negative quantities"
+                )));
+            }
+            Ok(proto::PricingPodPriceResponse { price })
         })
         .await
     }
@@ -396,9 +435,11 @@ impl CloudProvider for CloudProviderService {
                     name: n.name,
                 })
                 .collect();
-            if let Some(bad) = nodes.iter().find(|n| n.id().is_empty()) {
+            if let Some(bad) = nodes.iter().position(|n| n.id().is_empty()) {
                 return Err(ProviderError::InvalidArgument(format!(
-                    "node {bad:?} has neither providerID nor name"
+                    "node {} of {} has neither providerID nor name",
+                    bad + 1,
+                    nodes.len()
                 )));
             }
             let actuator = self.actuator.clone();
