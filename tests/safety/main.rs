@@ -6,3 +6,5 @@
 
 #[path = "../support/mod.rs"]
 mod support;
+
+mod apiserver;
