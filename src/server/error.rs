@@ -129,24 +129,39 @@ fn bounded(mut message: String) -> String {
     message
 }
 
+/// What CA logs: the action, then what the API server said, or the full cause chain.
+fn describe(error: &ProviderError) -> String {
+    // The API server's own words (they name the verb, resource and user of a refusal), not
+    // kube's Display, which appends a Debug dump of the same Status.
+    if let ProviderError::Actuate(ActuateError::Api {
+        action,
+        source: kube::Error::Api(status),
+    }) = error
+    {
+        return format!(
+            "{action}: {} ({} {})",
+            status.message, status.code, status.reason
+        );
+    }
+    let mut message = match transport_failure(error) {
+        Some(failure) => format!("{failure}: {error}"),
+        None => error.to_string(),
+    };
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
 impl From<ProviderError> for Status {
     fn from(error: ProviderError) -> Self {
-        let code = error.code();
-        // Full cause chain, so CA's log line says what the API server said.
-        let mut message = match transport_failure(&error) {
-            Some(failure) => format!("{failure}: {error}"),
-            None => error.to_string(),
-        };
-        let mut source = std::error::Error::source(&error);
-        while let Some(cause) = source {
-            let text = cause.to_string();
-            if !message.contains(&text) {
-                message.push_str(": ");
-                message.push_str(&text);
-            }
-            source = cause.source();
-        }
-        Status::new(code, bounded(message))
+        Status::new(error.code(), bounded(describe(&error)))
     }
 }
 
@@ -180,6 +195,25 @@ mod tests {
         );
         let s = Status::from(ProviderError::from(ActuateError::NonPositiveIncrease(-1)));
         assert_eq!(s.code(), Code::InvalidArgument);
+    }
+
+    #[test]
+    fn api_refusals_are_quoted_once() {
+        let status = kube::core::Status {
+            code: 403,
+            reason: "Forbidden".into(),
+            message: r#"machinedeployments.cluster.x-k8s.io "md" is forbidden: User "u" cannot update resource "machinedeployments/scale""#.into(),
+            ..Default::default()
+        };
+        let s = Status::from(ProviderError::from(ActuateError::Api {
+            action: "writing the scale of MachineDeployment/ns/md".into(),
+            source: kube::Error::Api(Box::new(status)),
+        }));
+        assert_eq!(s.code(), Code::PermissionDenied);
+        assert_eq!(
+            s.message(),
+            r#"writing the scale of MachineDeployment/ns/md: machinedeployments.cluster.x-k8s.io "md" is forbidden: User "u" cannot update resource "machinedeployments/scale" (403 Forbidden)"#
+        );
     }
 
     #[test]
