@@ -9,7 +9,7 @@ TEST_PEERS ?= etcd kube capi kwok helm cluster-autoscaler example-server conform
 # What `make demo` needs.
 DEMO_PEERS ?= etcd kube capi kwok cluster-autoscaler
 
-.PHONY: all build test unit e2e safety lint fmt crds upstream demo sandbox bench clean-upstream
+.PHONY: all build test unit e2e safety soak lint fmt crds upstream demo sandbox bench fuzz clean-upstream
 
 all: build
 
@@ -45,6 +45,14 @@ fmt:
 bench:
 	$(CARGO) bench --locked --bench index
 
+## Fuzz the gRPC request decoders and the pure request handling (fuzz/; not part of `make test`).
+## Needs a nightly toolchain and cargo-fuzz (`rustup toolchain install nightly --profile minimal`,
+## `cargo install cargo-fuzz`). Runs for FUZZ_SECONDS; findings land in fuzz/artifacts/.
+FUZZ_SECONDS ?= 300
+FUZZ_TARGET ?= grpc_requests
+fuzz:
+	$(CARGO) +nightly fuzz run $(FUZZ_TARGET) -- -max_total_time=$(FUZZ_SECONDS) -max_len=4096
+
 crds:
 	$(CARGO) run --quiet -- crd > crds/nodegroup-operator.yaml
 	cp crds/nodegroup-operator.yaml charts/nodegroup-operator/crds/nodegroup-operator.yaml
@@ -60,6 +68,13 @@ demo:
 	@echo "--- building nodegroup-operator and ngo-sandbox"
 	$(CARGO) build --locked --workspace --bins
 	./target/debug/ngo-sandbox demo $(DEMO_FLAGS)
+
+## 10 minutes of mixed reads and writes from many clients against the operator binary on the
+## sandbox; writes target/soak/results.json (not part of `make test`).
+soak:
+	$(UPSTREAM) $(DEMO_PEERS)
+	$(CARGO) build --locked --workspace --bins
+	./target/debug/ngo-sandbox soak --minutes $${SOAK_MINUTES:-10}
 
 ## A sandbox that stays up (Ctrl-C or `./target/debug/ngo-sandbox down` stops it).
 sandbox:

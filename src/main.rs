@@ -10,7 +10,7 @@ use nodegroup_operator::capi::keys::DEFAULT_GROUP;
 use nodegroup_operator::runtime::leader::LeaderConfig;
 use nodegroup_operator::runtime::{self, Config};
 use nodegroup_operator::server::tls::TlsFiles;
-use nodegroup_operator::template::KNOWN_ARCHITECTURES;
+use nodegroup_operator::template::{self, FALLBACK_ARCHITECTURE};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -63,8 +63,9 @@ struct RunArgs {
     /// Cluster API version (default: the server's preferred version).
     #[arg(long, env = "CAPI_VERSION")]
     capi_version: Option<String>,
-    /// Architecture of scale-from-zero templates that do not say.
-    #[arg(long, env = "CAPI_SCALE_ZERO_DEFAULT_ARCH", default_value = "amd64", value_parser = clap::builder::PossibleValuesParser::new(KNOWN_ARCHITECTURES))]
+    /// Architecture of scale-from-zero templates that do not say: amd64, arm64, ppc64le or
+    /// s390x. Anything else falls back to amd64 with an error in the log, as upstream.
+    #[arg(long, env = "CAPI_SCALE_ZERO_DEFAULT_ARCH", default_value = FALLBACK_ARCHITECTURE)]
     scale_zero_default_arch: String,
     /// Kubeconfig (default: KUBECONFIG, ~/.kube/config, or in-cluster).
     #[arg(long, env = "KUBECONFIG_PATH")]
@@ -100,6 +101,11 @@ impl RunArgs {
                 "mTLS needs --tls-cert, --tls-key and --tls-client-ca (or --insecure to serve plaintext)"
             ),
         };
+        let default_arch = template::default_architecture(&self.scale_zero_default_arch)
+            .unwrap_or_else(|error| {
+                tracing::error!(%error, "CAPI_SCALE_ZERO_DEFAULT_ARCH / --scale-zero-default-arch");
+                FALLBACK_ARCHITECTURE
+            });
         Ok(Config {
             grpc_address: self.grpc_address,
             admin_address: self.admin_address,
@@ -108,7 +114,7 @@ impl RunArgs {
             capi_group: self.capi_group.clone(),
             capi_version: self.capi_version.clone().filter(|v| !v.is_empty()),
             auto_discovery: self.auto_discovery.clone(),
-            default_arch: self.scale_zero_default_arch.clone(),
+            default_arch: default_arch.into(),
             kubeconfig: self.kubeconfig.clone(),
             rebuild_delay: Duration::from_millis(self.rebuild_delay_ms),
             pod_name: std::env::var("POD_NAME").ok(),
@@ -176,4 +182,29 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("starting nodegroup-operator")?;
     running.run_until(shutdown_signal()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arch(value: &str) -> String {
+        let cli = Cli::try_parse_from([
+            "nodegroup-operator",
+            "--insecure",
+            "--scale-zero-default-arch",
+            value,
+        ])
+        .expect("an unknown architecture does not stop the process");
+        cli.run.config().unwrap().default_arch
+    }
+
+    #[test]
+    fn an_unknown_default_architecture_falls_back_to_amd64_as_upstream() {
+        assert_eq!(arch("x86_64"), "amd64");
+        assert_eq!(arch("AMD64"), "amd64");
+        assert_eq!(arch(""), "amd64");
+        assert_eq!(arch("arm64"), "arm64");
+        assert_eq!(arch("s390x"), "s390x");
+    }
 }

@@ -25,6 +25,12 @@ struct GroupLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WarningLabels {
+    node_group: String,
+    field: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: String,
 }
@@ -35,6 +41,7 @@ pub struct Metrics {
     group_size: Family<GroupLabels, Gauge>,
     index_objects: Family<KindLabels, Gauge>,
     excluded: Gauge,
+    config_warnings: Family<WarningLabels, Gauge>,
     snapshot_build: Histogram,
     marks_completed: OutcomeCounter,
     marks_rolled_back: OutcomeCounter,
@@ -80,6 +87,12 @@ impl Metrics {
             "Scalable resources with autoscaler annotations that are not served (invalid, paused, ...)",
             excluded.clone(),
         );
+        let config_warnings = Family::<WarningLabels, Gauge>::default();
+        registry.register(
+            "config_warnings",
+            "Values of a scalable resource's autoscaler configuration that were ignored or kept as written (the group is still served), by resource and annotation or field",
+            config_warnings.clone(),
+        );
         let snapshot_build =
             Histogram::new([0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0]);
         registry.register(
@@ -110,6 +123,7 @@ impl Metrics {
             group_size,
             index_objects,
             excluded,
+            config_warnings,
             snapshot_build,
             marks_completed,
             marks_rolled_back,
@@ -159,6 +173,22 @@ impl Metrics {
                 .set(n as i64);
         }
         self.excluded.set(snapshot.exclusions.len() as i64);
+        self.config_warnings.clear();
+        let warned = snapshot
+            .groups
+            .values()
+            .map(|g| (g.id.clone(), &g.warnings))
+            .chain(snapshot.exclusions.iter().map(|e| (e.id(), &e.warnings)));
+        for (node_group, warnings) in warned {
+            for w in warnings {
+                self.config_warnings
+                    .get_or_create(&WarningLabels {
+                        node_group: node_group.clone(),
+                        field: w.field.clone(),
+                    })
+                    .inc();
+            }
+        }
     }
 
     /// Records one sweep of expired scale-down marks.
@@ -180,3 +210,39 @@ impl Metrics {
 
 /// Counter type used for actuation outcomes.
 pub type OutcomeCounter = Counter<u64, AtomicU64>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::{ConfigWarning, Exclusion, ExclusionReason, IndexInputs, build_snapshot};
+
+    #[test]
+    fn config_warnings_are_counted_per_resource_and_field_and_cleared() {
+        let inputs = IndexInputs::default();
+        let mut snapshot = build_snapshot(&inputs);
+        let warning = |field: &str| ConfigWarning {
+            field: field.into(),
+            message: "m".into(),
+        };
+        snapshot.exclusions.push(Exclusion {
+            kind: crate::capi::ScalableKind::MachineDeployment,
+            namespace: "ns".into(),
+            name: "md".into(),
+            uid: String::new(),
+            reason: ExclusionReason::ReplicasUnset,
+            policy: None,
+            warnings: vec![warning("a/labels"), warning("a/labels"), warning("a/cpu")],
+        });
+        let metrics = Metrics::new();
+        metrics.observe_snapshot(&snapshot, Duration::ZERO);
+        let text = metrics.encode();
+        assert!(
+            text.contains(
+                "nodegroup_config_warnings{node_group=\"MachineDeployment/ns/md\",field=\"a/labels\"} 2"
+            ),
+            "{text}"
+        );
+        metrics.observe_snapshot(&build_snapshot(&inputs), Duration::ZERO);
+        assert!(!metrics.encode().contains("a/labels"));
+    }
+}

@@ -6,11 +6,87 @@
 use std::collections::BTreeMap;
 
 use k8s_pb::api::core::v1 as pb;
+use prost_types::Timestamp;
+use thiserror::Error;
 
 use crate::index::{NodeGroup, PriceList, Snapshot};
+use crate::proto::LegacyTime;
 use crate::quantity;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+const NANOS_PER_SECOND: i128 = 1_000_000_000;
+const SECONDS_PER_HOUR: f64 = 3600.0;
+/// Range of `google.protobuf.Timestamp` seconds: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
+const MIN_SECONDS: i64 = -62_135_596_800;
+const MAX_SECONDS: i64 = 253_402_300_799;
+
+/// A pricing request's time window that cannot be priced.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum WindowError {
+    /// Neither the current nor the legacy field carries this end of the window.
+    #[error("{0} is required (or, from cluster-autoscaler 1.34 and older, its legacy field)")]
+    Missing(&'static str),
+    /// A timestamp outside the range `google.protobuf.Timestamp` allows.
+    #[error(
+        "{field} is out of range: seconds {seconds}, nanos {nanos} (seconds must lie in years 1 to 9999, nanos in 0..=999999999)"
+    )]
+    OutOfRange {
+        /// Which end.
+        field: &'static str,
+        /// Seconds since the epoch.
+        seconds: i64,
+        /// Nanoseconds.
+        nanos: i32,
+    },
+    /// The window is negative.
+    #[error("endTimestamp is before startTimestamp")]
+    Reversed,
+    /// The difference does not fit (cannot happen within the checked range; kept as a guard).
+    #[error("the time window overflows")]
+    Overflow,
+}
+
+/// One end of a window, from the current field, else the legacy `metav1.Time` field that
+/// cluster-autoscaler 1.34 and older send (fields 2 and 3 of both pricing requests).
+fn point(
+    field: &'static str,
+    current: &Option<Timestamp>,
+    legacy: &Option<LegacyTime>,
+) -> Result<(i64, i32), WindowError> {
+    let (seconds, nanos) = match (current, legacy) {
+        (Some(t), _) => (t.seconds, t.nanos),
+        (None, Some(t)) => (t.seconds, t.nanos),
+        (None, None) => return Err(WindowError::Missing(field)),
+    };
+    if !(MIN_SECONDS..=MAX_SECONDS).contains(&seconds) || !(0..1_000_000_000).contains(&nanos) {
+        return Err(WindowError::OutOfRange {
+            field,
+            seconds,
+            nanos,
+        });
+    }
+    Ok((seconds, nanos))
+}
+
+/// Length in hours of a pricing request's window, from `startTimestamp`/`endTimestamp`, each
+/// falling back to the legacy `startTime`/`endTime` when absent. Every value a client can send
+/// is checked: a missing end, a timestamp out of range, or a negative window is an error
+/// (InvalidArgument), never an overflow or a negative price.
+pub fn window_hours(
+    start: &Option<Timestamp>,
+    end: &Option<Timestamp>,
+    legacy_start: &Option<LegacyTime>,
+    legacy_end: &Option<LegacyTime>,
+) -> Result<f64, WindowError> {
+    let (start_s, start_n) = point("startTimestamp", start, legacy_start)?;
+    let (end_s, end_n) = point("endTimestamp", end, legacy_end)?;
+    let seconds = end_s.checked_sub(start_s).ok_or(WindowError::Overflow)?;
+    let nanos = i128::from(seconds) * NANOS_PER_SECOND + i128::from(end_n) - i128::from(start_n);
+    if nanos < 0 {
+        return Err(WindowError::Reversed);
+    }
+    Ok(nanos as f64 / NANOS_PER_SECOND as f64 / SECONDS_PER_HOUR)
+}
 
 /// Hourly price of one node of `group`, if its policy prices nodes or resources.
 pub fn node_hourly(group: &NodeGroup) -> Option<f64> {
@@ -109,6 +185,72 @@ mod tests {
     use super::*;
     use k8s_pb::apimachinery::pkg::api::resource::Quantity;
 
+    fn ts(seconds: i64, nanos: i32) -> Option<Timestamp> {
+        Some(Timestamp { seconds, nanos })
+    }
+
+    fn legacy(seconds: i64, nanos: i32) -> Option<LegacyTime> {
+        Some(LegacyTime { seconds, nanos })
+    }
+
+    #[test]
+    fn window_hours_measures_the_window() {
+        assert_eq!(window_hours(&ts(0, 0), &ts(5400, 0), &None, &None), Ok(1.5));
+        assert_eq!(
+            window_hours(&ts(10, 500_000_000), &ts(3610, 500_000_000), &None, &None),
+            Ok(1.0)
+        );
+        assert_eq!(window_hours(&ts(7, 0), &ts(7, 0), &None, &None), Ok(0.0));
+    }
+
+    #[test]
+    fn window_hours_reads_the_legacy_fields_of_older_clients() {
+        assert_eq!(
+            window_hours(&None, &None, &legacy(0, 0), &legacy(7200, 0)),
+            Ok(2.0)
+        );
+        assert_eq!(
+            window_hours(&ts(0, 0), &ts(3600, 0), &legacy(0, 0), &legacy(7200, 0)),
+            Ok(1.0),
+            "current fields win"
+        );
+        assert_eq!(
+            window_hours(&None, &ts(3600, 0), &None, &None),
+            Err(WindowError::Missing("startTimestamp"))
+        );
+    }
+
+    #[test]
+    fn window_hours_rejects_extreme_and_reversed_values_without_overflowing() {
+        for (start, end) in [
+            (ts(i64::MIN, 0), ts(i64::MAX, 0)),
+            (ts(0, 0), ts(i64::MAX, 999_999_999)),
+            (ts(0, -1), ts(1, 0)),
+            (ts(0, 0), ts(1, 1_000_000_000)),
+            (ts(0, 0), ts(1, i32::MIN)),
+        ] {
+            assert!(
+                matches!(
+                    window_hours(&start, &end, &None, &None),
+                    Err(WindowError::OutOfRange { .. })
+                ),
+                "{start:?} {end:?}"
+            );
+        }
+        assert_eq!(
+            window_hours(&ts(10, 0), &ts(9, 999_999_999), &None, &None),
+            Err(WindowError::Reversed)
+        );
+        let widest = window_hours(
+            &ts(MIN_SECONDS, 0),
+            &ts(MAX_SECONDS, 999_999_999),
+            &None,
+            &None,
+        )
+        .unwrap();
+        assert!(widest > 87_000_000.0, "{widest}");
+    }
+
     fn q(s: &str) -> Quantity {
         Quantity {
             string: Some(s.into()),
@@ -172,6 +314,7 @@ mod tests {
                 ("memory".into(), "16Gi".into()),
                 ("nvidia.com/gpu".into(), "1".into()),
             ]),
+            warnings: vec![],
         };
         assert_eq!(node_hourly(&group), None);
         group.pricing = Some(PriceList {

@@ -15,16 +15,13 @@ mod support;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
-use ngo_sandbox::{self as sandbox, pki::CertificateAuthority};
+use ngo_sandbox::ca_client::CaClient;
+use ngo_sandbox::pki::CertificateAuthority;
 use nodegroup_operator::server::tls::TlsFiles;
 use serde_json::{Value, json};
 use support::*;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
-use tokio::sync::Mutex;
 
 const WAIT: Duration = Duration::from_secs(30);
 const CAPACITY: &str = "capacity.cluster-autoscaler.kubernetes.io/";
@@ -93,98 +90,19 @@ impl Pki {
     }
 }
 
-/// One cluster-autoscaler externalgrpc provider (CA's own client, in `nodegroup-conformance`),
-/// driven one call at a time as CA's core drives it: its caches last until the next `Refresh`.
-struct Ca {
-    child: Child,
-    /// Calls in, answers out; behind a lock so `call` takes `&self` and works from
-    /// `eventually` closures.
-    io: Mutex<(ChildStdin, Lines<BufReader<ChildStdout>>)>,
-    /// CA's klog output (-v=1: the RPC errors CA swallows, e.g. in NodeGroups).
-    log: PathBuf,
-}
-
-impl Ca {
-    /// Writes CA's cloud-config for `address` and `auth` into `dir` and starts the provider.
-    async fn start(dir: &Path, address: SocketAddr, auth: &Auth<'_>) -> Self {
-        let bin = sandbox::upstream_bin("nodegroup-conformance");
-        assert!(
-            bin.exists(),
-            "{} is missing: run tests/upstream/build.sh conformance",
-            bin.display()
-        );
-        let name = format!("ca-{}", rand::random::<u32>());
-        let mut config = json!({"address": address.to_string(), "grpc_timeout": "10s"});
-        if let Auth::Mtls { cert, key, cacert } = auth {
-            config["cert"] = json!(cert);
-            config["key"] = json!(key);
-            config["cacert"] = json!(cacert);
-        }
-        let config_path = dir.join(format!("{name}.cloud-config.yaml"));
-        std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
-        let log = dir.join(format!("{name}.log"));
-        let mut child = Command::new(&bin)
-            .arg("--cloud-config")
-            .arg(&config_path)
-            .arg("-v=1")
-            .env("NO_PROXY", "127.0.0.1,localhost")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-        Self {
-            child,
-            io: Mutex::new((stdin, stdout)),
-            log,
-        }
+/// Writes CA's cloud-config for `address` and `auth` into `dir` and starts CA's client.
+async fn start_ca(dir: &Path, address: SocketAddr, auth: &Auth<'_>) -> CaClient {
+    let name = format!("ca-{}", rand::random::<u32>());
+    let mut config = json!({"address": address.to_string(), "grpc_timeout": "10s"});
+    if let Auth::Mtls { cert, key, cacert } = auth {
+        config["cert"] = json!(cert);
+        config["key"] = json!(key);
+        config["cacert"] = json!(cacert);
     }
-
-    /// Calls one CA method, e.g. `{"call": "TargetSize", "group": id}`, and returns its result:
-    /// `value`, `error`, `notImplemented`, `code` (the gRPC status in the error) and `ms`.
-    async fn call(&self, call: Value) -> Value {
-        let mut io = self.io.lock().await;
-        let (stdin, stdout) = &mut *io;
-        let sent = stdin.write_all(format!("{call}\n").as_bytes()).await;
-        let reply = match sent {
-            Ok(()) => tokio::time::timeout(Duration::from_secs(60), stdout.next_line())
-                .await
-                .unwrap_or_else(|_| panic!("no answer to {call} within 60s"))
-                .unwrap_or_else(|e| panic!("reading the answer to {call}: {e}")),
-            Err(_) => None,
-        };
-        let Some(line) = reply else {
-            panic!(
-                "nodegroup-conformance ended at {call}:\n{}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-        };
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("answer to {call}: {e}: {line}"))
-    }
-
-    /// The value a call returned, which must be without error.
-    async fn value(&self, call: Value) -> Value {
-        let result = self.call(call).await;
-        assert_ok(&result);
-        result["value"].clone()
-    }
-
-    /// Ends the scenario; the program must exit cleanly.
-    async fn finish(mut self) {
-        drop(self.io.into_inner());
-        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
-            .await
-            .expect("nodegroup-conformance exits at the end of the scenario")
-            .unwrap();
-        assert!(
-            status.success(),
-            "nodegroup-conformance: {status}\n{}",
-            std::fs::read_to_string(&self.log).unwrap_or_default()
-        );
-    }
+    let config_path = dir.join(format!("{name}.cloud-config.yaml"));
+    std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    CaClient::start(&config_path, &dir.join(format!("{name}.log")))
+        .unwrap_or_else(|e| panic!("starting CA's client: {e}"))
 }
 
 /// A Node as CA's core holds it: what CA's client sends for it.
@@ -277,7 +195,7 @@ async fn cluster_autoscaler_client_view_over_mtls() {
     let pki = Pki::new(dir.path());
     let operator = pki.operator(&ns).await;
     let address = operator.grpc_address;
-    let ca = Ca::start(dir.path(), address, &pki.client()).await;
+    let ca = start_ca(dir.path(), address, &pki.client()).await;
 
     let md_id = format!("MachineDeployment/{n}/md");
     let zero_id = format!("MachineDeployment/{n}/zero");
@@ -655,7 +573,7 @@ async fn cluster_autoscaler_client_view_over_mtls() {
     assert_not_implemented(&ca.call(json!({"call": "NodePrice", "node": member})).await);
 
     assert_ok(&ca.call(json!({"call": "Cleanup"})).await);
-    ca.finish().await;
+    ca.finish().await.unwrap();
 
     // Clients without a valid certificate get no connection: Refresh fails with UNAVAILABLE,
     // and the group list is CA's empty fallback. CA cannot do TLS without a client certificate,
@@ -677,12 +595,12 @@ async fn cluster_autoscaler_client_view_over_mtls() {
         ("plaintext", Auth::Plaintext),
         ("client certificate from another CA", rogue),
     ] {
-        let ca = Ca::start(dir.path(), address, &auth).await;
+        let ca = start_ca(dir.path(), address, &auth).await;
         let refresh = ca.call(json!({"call": "Refresh"})).await;
         eprintln!("{what}: {}", refresh["error"]);
         assert_code(&refresh, "Unavailable");
         assert_eq!(ca.value(json!({"call": "NodeGroups"})).await, json!([]));
-        ca.finish().await;
+        ca.finish().await.unwrap();
     }
 
     operator.shutdown().await.unwrap();
@@ -701,7 +619,7 @@ async fn round_trips_are_not_held_back_by_delayed_acks() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let operator = pki.operator(&ns).await;
-    let ca = Ca::start(dir.path(), operator.grpc_address, &pki.client()).await;
+    let ca = start_ca(dir.path(), operator.grpc_address, &pki.client()).await;
     let id = format!("MachineDeployment/{}/tuned", ns.name);
     eventually("group served", WAIT, || {
         let ca = &ca;
@@ -726,7 +644,7 @@ async fn round_trips_are_not_held_back_by_delayed_acks() {
             ms.push(result["ms"].as_f64().unwrap());
         }
     }
-    ca.finish().await;
+    ca.finish().await.unwrap();
     ms.sort_by(f64::total_cmp);
     let median = ms[ms.len() / 2];
     eprintln!("RPC latency over mTLS through CA's client: median {median} ms, all {ms:?}");

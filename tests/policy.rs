@@ -213,12 +213,7 @@ async fn a_policy_that_selects_nothing_says_so() {
 async fn an_invalid_annotation_shows_on_the_policy_while_other_groups_work() {
     let ns = TestNs::new("ngp-badann").await;
     ns.machine_deployment("good", 1, json!({})).await;
-    ns.machine_deployment(
-        "bad",
-        1,
-        json!({"capacity.cluster-autoscaler.kubernetes.io/memory": "a lot"}),
-    )
-    .await;
+    ns.machine_deployment("bad", 1, json!({MAX: "a lot"})).await;
     ns.policy("all", json!({"selector": {}, "maxSize": 5}))
         .await
         .unwrap();
@@ -233,9 +228,7 @@ async fn an_invalid_annotation_shows_on_the_policy_while_other_groups_work() {
     let valid = condition(&status, "ResourcesValid").unwrap();
     assert_eq!(valid.reason, "InvalidConfiguration");
     assert!(
-        valid
-            .message
-            .contains("capacity.cluster-autoscaler.kubernetes.io/memory"),
+        valid.message.contains(MAX) && valid.message.contains("a lot"),
         "{}",
         valid.message
     );
@@ -263,6 +256,113 @@ async fn an_invalid_annotation_shows_on_the_policy_while_other_groups_work() {
             .iter()
             .any(|(r, _)| r == "InvalidAutoscalerConfiguration"),
         "{:?}",
+        events.1
+    );
+    operator.shutdown().await.unwrap();
+}
+
+/// Only unusable bounds exclude a group. Bad option, capacity, label and taint values leave it
+/// served, with the defaults (or the policy's values) in their place, and are reported on the
+/// resource (Event) and on the governing policy (status).
+#[tokio::test]
+async fn bad_option_capacity_label_and_taint_values_keep_the_group_served_and_reported() {
+    let ns = TestNs::new("ngp-tolerant").await;
+    ns.machine_deployment(
+        "md",
+        0,
+        json!({
+            "cluster.x-k8s.io/autoscaling-options-scaledownunneededtime": "10",
+            "cluster.x-k8s.io/autoscaling-options-scaledownutilizationthreshold": "1.1",
+            "capacity.cluster-autoscaler.kubernetes.io/cpu": "2",
+            "capacity.cluster-autoscaler.kubernetes.io/memory": "16GB",
+            "capacity.cluster-autoscaler.kubernetes.io/labels": "pool=a,foo",
+            "capacity.cluster-autoscaler.kubernetes.io/taints": "a=b:noschedule",
+        }),
+    )
+    .await;
+    ns.policy(
+        "p",
+        json!({"selector": {}, "maxSize": 3, "scaleFromZero": {"capacity": {"memory": "8Gi"}}}),
+    )
+    .await
+    .unwrap();
+    let (operator, mut client) = ns.operator().await;
+    let id = format!("MachineDeployment/{}/md", ns.name);
+    let served = wait_groups(&client, 1).await;
+    assert_eq!(
+        (served[0].id.as_str(), served[0].max_size),
+        (id.as_str(), 3)
+    );
+
+    // Scale from zero works with cpu from the annotation and memory from the policy, the
+    // good label and the taint as written.
+    let template = client
+        .node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest { id: id.clone() })
+        .await
+        .expect("template")
+        .into_inner();
+    let node =
+        <k8s_pb::api::core::v1::Node as prost::Message>::decode(template.node_bytes.as_slice())
+            .unwrap();
+    let capacity = node.status.unwrap().capacity;
+    assert_eq!(capacity["cpu"].string.as_deref(), Some("2"));
+    assert_eq!(capacity["memory"].string.as_deref(), Some("8Gi"));
+    let labels = node.metadata.unwrap().labels;
+    assert_eq!(labels.get("pool").map(String::as_str), Some("a"));
+    assert!(!labels.contains_key("foo"));
+    let taints = node.spec.unwrap().taints;
+    assert_eq!(
+        taints
+            .iter()
+            .map(|t| (t.key.as_deref(), t.value.as_deref(), t.effect.as_deref()))
+            .collect::<Vec<_>>(),
+        vec![(Some("a"), Some("b"), Some("noschedule"))]
+    );
+
+    // No usable option override: CA's defaults apply (UNIMPLEMENTED means "use yours").
+    let options = client
+        .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
+            id: id.clone(),
+            defaults: Some(proto::NodeGroupAutoscalingOptions {
+                scale_down_utilization_threshold: 0.5,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(options.code(), Code::Unimplemented);
+
+    let status = ns
+        .policy_status("p", |s| {
+            condition(s, "ResourcesValid").is_some_and(|c| c.reason == "InvalidValuesIgnored")
+        })
+        .await;
+    assert_eq!(condition(&status, "Ready").unwrap().status, "True");
+    let group = &status.groups[0];
+    assert_eq!(group.problem, None);
+    let warnings = group.warnings.join("\n");
+    for needle in [
+        "autoscaling-options-scaledownunneededtime=\"10\"",
+        "autoscaling-options-scaledownutilizationthreshold=\"1.1\"",
+        "capacity.cluster-autoscaler.kubernetes.io/memory=\"16GB\"",
+        "item \"foo\" skipped",
+        "item \"a=b:noschedule\" kept as written",
+    ] {
+        assert!(warnings.contains(needle), "{needle} in {warnings}");
+    }
+    let events = eventually("a warning event on the resource", WAIT, || {
+        let ns = &ns;
+        async move {
+            let events = ns.events_for("md").await;
+            events
+                .into_iter()
+                .find(|(reason, _)| reason == "AutoscalerConfigurationWarning")
+        }
+    })
+    .await;
+    assert!(
+        events.1.starts_with("served as a node group") && events.1.contains("16GB"),
+        "{}",
         events.1
     );
     operator.shutdown().await.unwrap();
@@ -356,6 +456,52 @@ async fn pricing_and_options_come_from_the_policy() {
         .into_inner()
         .price;
     assert!((price - 0.38).abs() < 1e-9, "2 hours at 0.19: {price}");
+    // CA <= 1.34 sends the window in the legacy metav1.Time fields.
+    let legacy = |h: i64| {
+        Some(proto::LegacyTime {
+            seconds: h * 3600,
+            nanos: 0,
+        })
+    };
+    let node = || {
+        Some(proto::ExternalGrpcNode {
+            name: "template-node".into(),
+            annotations: [(
+                "autoscaling.nodegroup.dev/node-group".to_string(),
+                id.clone(),
+            )]
+            .into(),
+            ..Default::default()
+        })
+    };
+    let legacy_price = client
+        .pricing_node_price(proto::PricingNodePriceRequest {
+            node: node(),
+            start_time: legacy(0),
+            end_time: legacy(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .price;
+    assert!((legacy_price - 0.19).abs() < 1e-9, "{legacy_price}");
+    let overflow = client
+        .pricing_node_price(proto::PricingNodePriceRequest {
+            node: node(),
+            start_timestamp: Some(prost_types::Timestamp {
+                seconds: i64::MIN,
+                nanos: 0,
+            }),
+            end_timestamp: Some(prost_types::Timestamp {
+                seconds: i64::MAX,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(overflow.code(), Code::InvalidArgument, "{overflow:?}");
 
     // A pod requesting 2 cores and 4Gi for one hour: 2*0.04 + 4*0.005.
     let pod: k8s_pb::api::core::v1::Pod = k8s_pb::api::core::v1::Pod {

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use ngo_sandbox::pki::{CertificateAuthority, IssuedCert};
 use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
-use nodegroup_operator::server::tls::TlsFiles;
+use nodegroup_operator::server::tls::{
+    HandshakeLimits, Listener, ReloadingTls, TlsFiles, incoming_with,
+};
 use support::*;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
@@ -185,4 +187,158 @@ async fn unusable_tls_files_stop_start_up_with_a_clear_error() {
         error.contains("server certificate") && error.contains("missing.crt"),
         "{error}"
     );
+}
+
+/// A TLS endpoint on the accept loop alone (no operator): its address, the stream of
+/// established connections, and what a client needs.
+struct Endpoint {
+    address: std::net::SocketAddr,
+    established: tokio_stream::wrappers::ReceiverStream<
+        Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>, std::io::Error>,
+    >,
+    ca: CertificateAuthority,
+    client: IssuedCert,
+    dir: tempfile::TempDir,
+    shutdown: tokio_util::sync::CancellationToken,
+}
+
+async fn endpoint(limits: HandshakeLimits) -> Endpoint {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = CertificateAuthority::new("ngo-accept-ca").unwrap();
+    let server = ca
+        .issue("nodegroup-operator", &["127.0.0.1", "localhost"], None)
+        .unwrap();
+    let client = ca.issue("cluster-autoscaler", &[], None).unwrap();
+    let tls = ReloadingTls::load(write_set(dir.path(), &server, &ca)).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let established = incoming_with(listener, tls, limits, shutdown.clone());
+    Endpoint {
+        address,
+        established,
+        ca,
+        client,
+        dir,
+        shutdown,
+    }
+}
+
+/// Completes a TLS handshake with a client certificate.
+async fn handshake(e: &Endpoint) -> std::io::Result<()> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(e.ca.cert_pem.as_bytes()).unwrap())
+        .unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(
+        vec![CertificateDer::from_pem_slice(e.client.cert_pem.as_bytes()).unwrap()],
+        PrivateKeyDer::from_pem_slice(e.client.key_pem.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    let stream = tokio::net::TcpStream::connect(e.address).await?;
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), stream)
+        .await?;
+    // TLS 1.3 verifies the client certificate after the client's handshake ends: read the
+    // server's reply (none comes; a refusal shows as an error or EOF before the timeout).
+    let mut buf = [0u8; 1];
+    match tokio::time::timeout(
+        Duration::from_millis(300),
+        tokio::io::AsyncReadExt::read(&mut tls, &mut buf),
+    )
+    .await
+    {
+        Err(_) => Ok(()),
+        Ok(Ok(0)) => Err(std::io::Error::other("closed by the server")),
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e),
+    }
+}
+
+#[tokio::test]
+async fn idle_connections_that_never_send_a_client_hello_do_not_keep_a_real_client_out() {
+    use futures::StreamExt;
+    use tokio::io::AsyncReadExt;
+    let mut e = endpoint(HandshakeLimits {
+        max_pending: 8,
+        timeout: Duration::from_secs(60),
+    })
+    .await;
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(tokio::net::TcpStream::connect(e.address).await.unwrap());
+    }
+    // A real client gets through at once although the bound is full of idle connections.
+    let start = std::time::Instant::now();
+    handshake(&e).await.expect("real client handshake");
+    let stream = tokio::time::timeout(Duration::from_secs(5), e.established.next())
+        .await
+        .expect("the real client's connection is established")
+        .expect("stream open");
+    assert!(stream.is_ok());
+    assert!(start.elapsed() < Duration::from_secs(5));
+    // The bound holds: all but the newest 8 handshakes were abandoned long before the
+    // 60-second timeout, so their connections are closed.
+    let mut closed = 0;
+    for conn in &mut idle {
+        let mut buf = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(200), conn.read(&mut buf)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(
+        closed >= 40 - 8,
+        "only {closed} of 40 idle connections closed"
+    );
+    e.shutdown.cancel();
+}
+
+/// A listener whose `accept()` always fails as it does when the process is out of file
+/// descriptors, counting the attempts.
+struct Exhausted(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Listener for Exhausted {
+    type Io = tokio::net::TcpStream;
+
+    async fn accept(&mut self) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Err(std::io::Error::from_raw_os_error(libc::EMFILE))
+    }
+}
+
+#[tokio::test]
+async fn failing_accepts_back_off_instead_of_spinning() {
+    let e = endpoint(HandshakeLimits::default()).await;
+    let attempts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tls = ReloadingTls::load(write_set(
+        e.dir.path(),
+        &e.ca
+            .issue("nodegroup-operator", &["localhost"], None)
+            .unwrap(),
+        &e.ca,
+    ))
+    .unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let _stream = incoming_with(
+        Exhausted(attempts.clone()),
+        tls,
+        HandshakeLimits::default(),
+        shutdown.clone(),
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let n = attempts.load(std::sync::atomic::Ordering::Relaxed);
+    // 5 + 10 + 20 + ... ms: about 8 attempts in 700 ms; a loop without a pause makes millions.
+    assert!((2..=15).contains(&n), "{n} accept attempts in 700 ms");
+    shutdown.cancel();
+    e.shutdown.cancel();
 }

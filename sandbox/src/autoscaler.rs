@@ -189,8 +189,8 @@ impl Autoscaler {
     }
 
     /// Stops the process (SIGTERM, SIGKILL after `grace`).
-    pub fn stop(&mut self, grace: Duration) {
-        self.process.stop(grace);
+    pub fn stop(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        self.process.stop(grace)
     }
 
     /// The status it last wrote into its ConfigMap; `None` before the first write.

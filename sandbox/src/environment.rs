@@ -25,6 +25,8 @@ pub const WORKER_TEMPLATE: &str = "worker";
 pub struct SandboxInfo {
     /// The admin kubeconfig.
     pub kubeconfig: PathBuf,
+    /// The API server, `https://127.0.0.1:<port>`.
+    pub server: String,
     /// The kubeconfig Cluster API uses to reach workload clusters (this API server).
     pub workload_kubeconfig: String,
     /// The directory of process logs.
@@ -88,6 +90,7 @@ impl Sandbox {
     pub fn info(&self) -> SandboxInfo {
         SandboxInfo {
             kubeconfig: self.plane.kubeconfig.clone(),
+            server: self.plane.server.clone(),
             workload_kubeconfig: self.workload_kubeconfig.clone(),
             log_dir: self.plane.log_dir.clone(),
             dir: self.plane.dir().to_path_buf(),

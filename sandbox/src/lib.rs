@@ -8,6 +8,7 @@
 //! process runs in a temp dir, on free loopback ports, and dies with its parent.
 
 pub mod autoscaler;
+pub mod ca_client;
 pub mod capi;
 pub mod controlplane;
 pub mod crds;
@@ -18,6 +19,8 @@ pub mod kwok;
 pub mod operator;
 pub mod pki;
 pub mod process;
+pub mod proxy;
+pub mod soak;
 pub mod stack;
 pub mod workload;
 

@@ -37,6 +37,19 @@ enum Command {
     },
     /// Stop the sandbox that `up` started.
     Down,
+    /// Soak the operator: many clients, mixed reads and writes, for a long time; writes
+    /// target/soak/results.json and fails on any unexpected error or stranded mark.
+    Soak {
+        /// Minutes of load.
+        #[arg(long, default_value_t = 10)]
+        minutes: u64,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// Node groups.
+        #[arg(long, default_value_t = 4)]
+        groups: usize,
+    },
     /// Run the demo: scale a MachineDeployment up and down through cluster-autoscaler.
     Demo {
         /// One line per change instead of a live table (the default when stdin or stdout is
@@ -92,6 +105,19 @@ fn main() -> anyhow::Result<()> {
             runtime.block_on(up(sandbox, &namespace, started))
         }
         Command::Down => down(),
+        Command::Soak {
+            minutes,
+            clients,
+            groups,
+        } => {
+            let sandbox = start_sandbox()?;
+            let options = ngo_sandbox::soak::SoakOptions {
+                duration: Duration::from_secs(minutes * 60),
+                clients,
+                groups,
+            };
+            runtime.block_on(soak(sandbox, &options))
+        }
         Command::Demo { plain } => {
             let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
             let output = if plain || !interactive {
@@ -200,6 +226,35 @@ fn down() -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(200));
     }
     println!("sandbox stopped");
+    Ok(())
+}
+
+async fn soak(sandbox: Sandbox, options: &ngo_sandbox::soak::SoakOptions) -> anyhow::Result<()> {
+    let results = ngo_sandbox::soak::run(&sandbox, options).await?;
+    let path = ngo_sandbox::workspace_root().join("target/soak/results.json");
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&path, serde_json::to_vec_pretty(&results)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    let errors: u64 = results.rpcs.values().map(|o| o.errors).sum();
+    println!(
+        "soak: {:.0}s, {:.0} RPC/s, {errors} unexpected errors, RSS {} -> {} KiB, {} stranded marks, \
+         replicas match machines: {}; results in {}",
+        results.duration_s,
+        results.throughput_rps,
+        results.rss_kib.start,
+        results.rss_kib.end,
+        results.stranded_marks,
+        results.replicas_match_machines,
+        path.display()
+    );
+    anyhow::ensure!(errors == 0, "unexpected RPC errors: see {}", path.display());
+    anyhow::ensure!(results.stranded_marks == 0, "stranded scale-down marks");
+    anyhow::ensure!(
+        results.replicas_match_machines,
+        "replicas do not match machines"
+    );
     Ok(())
 }
 

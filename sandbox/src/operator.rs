@@ -68,6 +68,42 @@ impl GrpcPki {
         })
     }
 
+    /// A gRPC client of the operator at `address`, authenticated with the default client
+    /// certificate (as cluster-autoscaler is).
+    pub async fn connect(
+        &self,
+        address: SocketAddr,
+    ) -> Result<
+        nodegroup_operator::proto::cloud_provider_client::CloudProviderClient<
+            tonic::transport::Channel,
+        >,
+        OperatorError,
+    > {
+        use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).map_err(io_err(format!("reading {}", path.display())))
+        };
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(&self.ca_cert)?))
+            .identity(Identity::from_pem(
+                read(&self.client.0)?,
+                read(&self.client.1)?,
+            ))
+            .domain_name("localhost");
+        let transport = |e: Box<dyn std::error::Error + Send + Sync>| OperatorError::Io {
+            action: format!("connecting to {address}"),
+            source: std::io::Error::other(e),
+        };
+        let channel = Channel::from_shared(format!("https://{address}"))
+            .map_err(|e| transport(e.into()))?
+            .tls_config(tls)
+            .map_err(|e| transport(e.into()))?
+            .connect()
+            .await
+            .map_err(|e| transport(e.into()))?;
+        Ok(nodegroup_operator::proto::cloud_provider_client::CloudProviderClient::new(channel))
+    }
+
     /// Issues another client certificate with common name `name`; returns (cert, key).
     pub fn issue_client(&self, name: &str) -> Result<(PathBuf, PathBuf), OperatorError> {
         Ok(self
@@ -92,6 +128,8 @@ pub struct OperatorOptions {
     pub log_filter: String,
     /// More flags, appended last.
     pub extra_args: Vec<String>,
+    /// More environment variables (e.g. `NGO_FAULT_PAUSE_AT` for a fault-injection build).
+    pub env: Vec<(String, String)>,
     /// Name of the process and its log file.
     pub name: String,
 }
@@ -106,6 +144,7 @@ impl OperatorOptions {
             leader_election_namespace: None,
             log_filter: "info".into(),
             extra_args: Vec::new(),
+            env: Vec::new(),
             name: "nodegroup-operator".into(),
         }
     }
@@ -140,8 +179,29 @@ pub struct OperatorProcess {
 
 impl OperatorProcess {
     /// Starts the operator with mTLS from `pki` and waits until `/readyz` answers 200
-    /// (caches synced). Blocking; spawn from a thread that outlives the process.
+    /// (caches synced). Blocking; spawn from a thread that outlives the process. Free ports
+    /// are picked before the process binds them; if another process took one meanwhile, the
+    /// start is retried with new ports.
     pub fn start(
+        options: &OperatorOptions,
+        pki: &GrpcPki,
+        log_dir: &Path,
+    ) -> Result<Self, OperatorError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::start_once(options, pki, log_dir) {
+                Err(OperatorError::Process(ProcessError::Exited { log_tail, .. }))
+                    if attempt < 3 && log_tail.contains("Address already in use") =>
+                {
+                    tracing::warn!(attempt, "a picked port was taken meanwhile; retrying");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn start_once(
         options: &OperatorOptions,
         pki: &GrpcPki,
         log_dir: &Path,
@@ -166,13 +226,14 @@ impl OperatorProcess {
             args.push(format!("--leader-election-namespace={namespace}"));
         }
         args.extend(options.extra_args.iter().cloned());
-        let mut process = ManagedProcess::spawn(
-            &options.name,
-            &options.binary,
-            &args,
-            &[("RUST_LOG", options.log_filter.as_str())],
-            log_dir,
-        )?;
+        // Errors, not backtraces, in the log tail a failed start reports.
+        let mut env = vec![
+            ("RUST_LOG", options.log_filter.as_str()),
+            ("RUST_BACKTRACE", "0"),
+        ];
+        env.extend(options.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let mut process =
+            ManagedProcess::spawn(&options.name, &options.binary, &args, &env, log_dir)?;
         process.wait_ready(Duration::from_secs(60), || {
             http_ok(admin_address, "/readyz")
         })?;
@@ -181,6 +242,11 @@ impl OperatorProcess {
             grpc_address,
             admin_address,
         })
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.process.id()
     }
 
     /// The operator's log file.
@@ -193,9 +259,15 @@ impl OperatorProcess {
         self.process.check_alive()
     }
 
-    /// Stops the process gracefully (SIGTERM, SIGKILL after `grace`).
-    pub fn stop(&mut self, grace: Duration) {
-        self.process.stop(grace);
+    /// Stops the process gracefully (SIGTERM, SIGKILL after `grace`); how it exited, unless
+    /// it had to be killed.
+    pub fn stop(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        self.process.stop(grace)
+    }
+
+    /// Kills the process at once (SIGKILL): a crash, with no chance to clean up.
+    pub fn kill(&mut self) {
+        self.process.kill();
     }
 }
 

@@ -178,11 +178,19 @@ impl ManagedProcess {
         }
     }
 
-    /// Stops the process: SIGTERM, then SIGKILL after `grace`.
-    pub fn stop(&mut self, grace: Duration) {
+    /// Kills the process at once (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
         let child = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Stops the process: SIGTERM, then SIGKILL after `grace`. Returns how it exited when
+    /// it did so by itself (`None`: it had to be killed).
+    pub fn stop(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
         }
         #[cfg(unix)]
         // SAFETY: plain kill(2) on our own child's pid.
@@ -191,19 +199,20 @@ impl ManagedProcess {
         }
         let start = Instant::now();
         while start.elapsed() < grace {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = child.kill();
         let _ = child.wait();
+        None
     }
 }
 
 impl Drop for ManagedProcess {
     fn drop(&mut self) {
-        self.stop(Duration::from_secs(5));
+        let _ = self.stop(Duration::from_secs(5));
     }
 }
 

@@ -84,21 +84,29 @@ impl AutoscaledCluster {
 
     /// Starts the operator (blocking until its caches have synced); replaces a running one.
     pub fn start_operator(&mut self, options: &OperatorOptions) -> Result<(), OperatorError> {
-        self.stop_operator();
+        let _ = self.stop_operator();
         self.operator = Some(OperatorProcess::start(options, &self.pki, &self.log_dir)?);
         Ok(())
     }
 
-    /// Stops the operator (SIGTERM, then SIGKILL after 10 s).
-    pub fn stop_operator(&mut self) {
-        if let Some(mut operator) = self.operator.take() {
-            operator.stop(Duration::from_secs(10));
-        }
+    /// Stops the operator (SIGTERM, then SIGKILL after 30 s); how it exited, unless it had to
+    /// be killed or was not running.
+    pub fn stop_operator(&mut self) -> Option<std::process::ExitStatus> {
+        self.operator
+            .take()
+            .and_then(|mut operator| operator.stop(Duration::from_secs(30)))
     }
 
     /// The running operator.
     pub fn operator(&mut self) -> Option<&mut OperatorProcess> {
         self.operator.as_mut()
+    }
+
+    /// Kills the operator at once (SIGKILL), as a crash would.
+    pub fn kill_operator(&mut self) {
+        if let Some(mut operator) = self.operator.take() {
+            operator.kill();
+        }
     }
 
     /// Writes the externalgrpc cloud-config for the running operator (mTLS with the default
@@ -157,7 +165,7 @@ impl AutoscaledCluster {
     /// Stops cluster-autoscaler.
     pub fn stop_autoscaler(&mut self) {
         if let Some(mut autoscaler) = self.autoscaler.take() {
-            autoscaler.stop(Duration::from_secs(10));
+            let _ = autoscaler.stop(Duration::from_secs(10));
         }
     }
 
@@ -187,6 +195,6 @@ impl Drop for AutoscaledCluster {
     fn drop(&mut self) {
         // cluster-autoscaler first: it must not act on an operator that is going away.
         self.stop_autoscaler();
-        self.stop_operator();
+        let _ = self.stop_operator();
     }
 }

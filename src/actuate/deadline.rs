@@ -18,8 +18,9 @@ use tokio::time::Instant;
 pub const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest client timeout honoured; a client without one is given the default.
 pub const MAX_CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long after the client gave up a started deletion may still finish.
-pub const FINISH_GRACE: Duration = Duration::from_secs(15);
+/// How long after the client gave up a started deletion may still finish (one decrement,
+/// retried on conflicts, or a rollback).
+pub const FINISH_GRACE: Duration = Duration::from_secs(10);
 
 /// Bounds of one mutation.
 #[derive(Clone, Copy, Debug)]

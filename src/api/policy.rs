@@ -143,7 +143,9 @@ pub struct AutoscalingOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub max_node_provision_time: Option<String>,
-    /// How long to wait for a registered node to become ready.
+    /// How long to wait for a registered node to become ready. Accepted for parity with the
+    /// in-tree provider, but no released cluster-autoscaler (up to 1.36.1) has a protocol
+    /// field to receive it, so it is not sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub max_node_startup_time: Option<String>,
@@ -313,6 +315,10 @@ pub struct GroupStatus {
     /// Why the group is not served, when it is not (invalid annotation, replicas unset, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// Values that could not be used as written (ignored, or a bad item skipped) and inputs that
+    /// could not be read; the group is served regardless.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl From<ScalableKindName> for crate::capi::ScalableKind {

@@ -1,8 +1,16 @@
 //! Parsing of the autoscaler annotations on scalable resources: bounds, per-group options and
-//! scale-from-zero hints. Every parser returns a precise error naming the annotation; the index
-//! turns it into "this group is not served" (and only this group).
+//! scale-from-zero hints.
+//!
+//! Only the bounds can make a resource unusable ([`parse_bounds`] returns an error). Every other
+//! annotation is parsed tolerantly, as cluster-autoscaler's in-tree `clusterapi` provider does: a
+//! value that cannot be used falls back to the default for its field, a bad item of a list is
+//! skipped, and each such case is returned as an [`AnnotationWarning`] for the caller to report.
+//! Where upstream tolerates a value, the functions below say which upstream function they match;
+//! where upstream is stricter (it drops all scale-from-zero capacity on one bad quantity) or
+//! passes a nonsensical value on, they say what we do instead and why.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -11,7 +19,7 @@ use super::keys::{CAPACITY_PREFIX, CapiKeys};
 use super::objects::Taint;
 use crate::{duration, quantity};
 
-/// An annotation value we cannot use.
+/// An annotation value we cannot use: only the min/max bounds produce these.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 #[error("annotation {key}={value:?}: {reason}")]
 pub struct AnnotationError {
@@ -33,6 +41,53 @@ impl AnnotationError {
     }
 }
 
+/// What was done with a value that could not be used as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// The annotation is ignored, as if it were absent: the policy's value or the default applies.
+    Ignored,
+    /// One item of a list annotation was skipped; the others apply.
+    ItemSkipped(String),
+    /// The item is kept as written, as upstream keeps it.
+    KeptAsWritten(String),
+}
+
+impl fmt::Display for Fallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fallback::Ignored => f.write_str("ignored, as if unset"),
+            Fallback::ItemSkipped(item) => write!(f, "item {item:?} skipped"),
+            Fallback::KeptAsWritten(item) => write!(f, "item {item:?} kept as written"),
+        }
+    }
+}
+
+/// An annotation value that could not be used as written. The group is still served; the
+/// warning says what was wrong and what applies instead.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("annotation {key}={value:?}: {reason}; {fallback}")]
+pub struct AnnotationWarning {
+    /// The annotation key.
+    pub key: String,
+    /// The whole value found.
+    pub value: String,
+    /// What is wrong with it.
+    pub reason: String,
+    /// What was done instead.
+    pub fallback: Fallback,
+}
+
+impl AnnotationWarning {
+    fn new(key: &str, value: &str, reason: impl Into<String>, fallback: Fallback) -> Self {
+        Self {
+            key: key.into(),
+            value: value.into(),
+            reason: reason.into(),
+            fallback,
+        }
+    }
+}
+
 /// Min/max as found in annotations; `None` where the annotation is absent.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Bounds {
@@ -43,7 +98,10 @@ pub struct Bounds {
 }
 
 /// Parses the min/max annotations. Values must be non-negative integers; when both are present,
-/// max must be >= min. Missing ones are `None` (callers decide defaults).
+/// max must be >= min. Missing ones are `None` (callers decide defaults). These are the only
+/// annotations whose bad values exclude a resource: without usable bounds there is no group to
+/// serve (upstream `parseScalingBounds` in `clusterapi_utils.go` fails the same values, and
+/// there one failure empties `NodeGroups` for every group).
 pub fn parse_bounds(
     annotations: &BTreeMap<String, String>,
     keys: &CapiKeys,
@@ -87,7 +145,8 @@ pub struct OptionOverrides {
     pub scale_down_unready_time: Option<Duration>,
     /// `maxnodeprovisiontime`.
     pub max_node_provision_time: Option<Duration>,
-    /// `maxnodestartuptime` (carried to clients that know field 11).
+    /// `maxnodestartuptime`. Read as upstream reads it, but no released externalgrpc client
+    /// (up to 1.36.1) has a field to receive it, so it is never sent.
     pub max_node_startup_time: Option<Duration>,
     /// `ignoredaemonsetsutilization` (read by us; upstream's provider ignores it).
     pub ignore_daemonsets_utilization: Option<bool>,
@@ -132,14 +191,40 @@ impl OptionOverrides {
     }
 }
 
-/// Parses `<group>/autoscaling-options-<name>` annotations. Names are case-sensitive and values
-/// are lower-cased, as upstream; empty values are ignored; unknown names are ignored. Unlike
-/// upstream, an unparsable value is an error instead of a silently kept default.
+/// A utilization threshold: a finite number in [0, 1].
+pub fn parse_threshold(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(t) if (0.0..=1.0).contains(&t) => Ok(t),
+        Ok(_) => Err("must be a number between 0 and 1".into()),
+        Err(_) => Err("is not a number (expected a value between 0 and 1)".into()),
+    }
+}
+
+/// A boolean in the words Go's `strconv.ParseBool` accepts, lower-cased.
+pub fn parse_flag(value: &str) -> Result<bool, String> {
+    match value {
+        "1" | "t" | "true" => Ok(true),
+        "0" | "f" | "false" => Ok(false),
+        _ => Err("must be true or false".into()),
+    }
+}
+
+/// Parses `<group>/autoscaling-options-<name>` annotations as upstream's `autoscalingOptions`
+/// (`clusterapi_utils.go`) and `GetOptions` (`clusterapi_nodegroup.go`) do: names are
+/// case-sensitive, values are lower-cased, empty values and unknown names are ignored, and a
+/// value that does not parse is ignored with a warning, so the policy's value or CA's default
+/// applies (upstream's `getFloat64Option` and `getDurationOption` log and keep CA's default).
+///
+/// Where we are stricter than upstream, the value is ignored with a warning too: a threshold
+/// must be a finite number in [0, 1] (upstream passes `1.1`, negatives or `NaN` on, and CA then
+/// treats every node as unneeded), and a duration must not be negative. The two booleans,
+/// which upstream does not read, take the words of Go's `strconv.ParseBool`.
 pub fn parse_options(
     annotations: &BTreeMap<String, String>,
     keys: &CapiKeys,
-) -> Result<OptionOverrides, AnnotationError> {
+) -> (OptionOverrides, Vec<AnnotationWarning>) {
     let mut out = OptionOverrides::default();
+    let mut warnings = Vec::new();
     for (key, raw) in annotations {
         let Some(name) = key.strip_prefix(&keys.options_prefix) else {
             continue;
@@ -148,55 +233,46 @@ pub fn parse_options(
         if value.is_empty() {
             continue;
         }
-        let threshold = || -> Result<f64, AnnotationError> {
-            match value.parse::<f64>() {
-                Ok(t) if (0.0..=1.0).contains(&t) => Ok(t),
-                _ => Err(AnnotationError::new(
-                    key,
-                    raw,
-                    "must be a number between 0 and 1",
-                )),
-            }
-        };
-        let dur =
-            || duration::parse(&value).map_err(|e| AnnotationError::new(key, raw, e.to_string()));
-        let flag = || -> Result<bool, AnnotationError> {
-            value
-                .parse::<bool>()
-                .map_err(|_| AnnotationError::new(key, raw, "must be true or false"))
-        };
-        match name {
+        let dur = |v: &str| duration::parse(v).map_err(|e| e.to_string());
+        let parsed = match name {
             "scaledownutilizationthreshold" => {
-                out.scale_down_utilization_threshold = Some(threshold()?)
+                parse_threshold(&value).map(|t| out.scale_down_utilization_threshold = Some(t))
             }
             "scaledowngpuutilizationthreshold" => {
-                out.scale_down_gpu_utilization_threshold = Some(threshold()?)
+                parse_threshold(&value).map(|t| out.scale_down_gpu_utilization_threshold = Some(t))
             }
-            "scaledownunneededtime" => out.scale_down_unneeded_time = Some(dur()?),
-            "scaledownunreadytime" => out.scale_down_unready_time = Some(dur()?),
-            "maxnodeprovisiontime" => out.max_node_provision_time = Some(dur()?),
-            "maxnodestartuptime" => out.max_node_startup_time = Some(dur()?),
-            "ignoredaemonsetsutilization" => out.ignore_daemonsets_utilization = Some(flag()?),
-            "zeroormaxnodescaling" => out.zero_or_max_node_scaling = Some(flag()?),
-            _ => {}
+            "scaledownunneededtime" => dur(&value).map(|d| out.scale_down_unneeded_time = Some(d)),
+            "scaledownunreadytime" => dur(&value).map(|d| out.scale_down_unready_time = Some(d)),
+            "maxnodeprovisiontime" => dur(&value).map(|d| out.max_node_provision_time = Some(d)),
+            "maxnodestartuptime" => dur(&value).map(|d| out.max_node_startup_time = Some(d)),
+            "ignoredaemonsetsutilization" => {
+                parse_flag(&value).map(|b| out.ignore_daemonsets_utilization = Some(b))
+            }
+            "zeroormaxnodescaling" => {
+                parse_flag(&value).map(|b| out.zero_or_max_node_scaling = Some(b))
+            }
+            _ => Ok(()),
+        };
+        if let Err(reason) = parsed {
+            warnings.push(AnnotationWarning::new(key, raw, reason, Fallback::Ignored));
         }
     }
-    Ok(out)
+    (out, warnings)
 }
 
 /// Scale-from-zero hints from the `capacity.cluster-autoscaler.kubernetes.io/*` annotations.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CapacityHints {
-    /// `cpu` (validated quantity string).
+    /// `cpu` (validated, positive quantity string).
     pub cpu: Option<String>,
-    /// `memory` (validated quantity string).
+    /// `memory` (validated, positive quantity string).
     pub memory: Option<String>,
-    /// `ephemeral-disk` (validated quantity string).
+    /// `ephemeral-disk` (validated, positive quantity string).
     pub ephemeral_storage: Option<String>,
     /// GPU resource name and count: from `gpu-type` + `gpu-count`, only when both are set and
     /// the count is non-zero.
     pub gpu: Option<(String, i64)>,
-    /// `maxPods`; `None` when absent (the template then decides, default 110).
+    /// `maxPods`; `None` when absent or 0 (the template then decides, default 110).
     pub max_pods: Option<i64>,
     /// `labels`: `k=v,k2=v2`.
     pub labels: BTreeMap<String, String>,
@@ -204,107 +280,209 @@ pub struct CapacityHints {
     pub taints: Vec<Taint>,
 }
 
-/// Parses the capacity annotations.
+/// Parses the capacity annotations, as upstream's `InstanceCapacity`, `Labels` and `Taints`
+/// (`clusterapi_unstructured.go`) read them: empty values and zero quantities or counts are
+/// treated as absent (`parseKey`, `parseIntKey`; a zero `maxPods` means the default 110).
+///
+/// Upstream is stricter for quantities and counts: one value that does not parse makes
+/// `InstanceCapacity` fail, so the group loses scale from zero altogether (and is not listed at
+/// all while at 0 replicas). Here only the bad annotation is ignored, with a warning; the other
+/// annotations, the policy and the infrastructure template still apply. Negative quantities and
+/// counts, which upstream passes into the template node, are ignored the same way.
 pub fn parse_capacity(
     annotations: &BTreeMap<String, String>,
-) -> Result<CapacityHints, AnnotationError> {
-    let get = |name: &str| -> Option<(String, &String)> {
+) -> (CapacityHints, Vec<AnnotationWarning>) {
+    let mut warnings = Vec::new();
+    let get = |name: &str| -> Option<(String, &str)> {
         let key = format!("{CAPACITY_PREFIX}{name}");
-        annotations.get(&key).map(|v| (key, v))
+        let value = annotations.get(&key)?;
+        Some((key, value.as_str()))
     };
-    let quantity = |name: &str| -> Result<Option<String>, AnnotationError> {
-        match get(name) {
-            None => Ok(None),
-            Some((key, v)) => {
-                quantity::parse(v).map_err(|e| AnnotationError::new(&key, v, e.to_string()))?;
-                Ok(Some(v.clone()))
+    let mut quantity = |name: &str| -> Option<String> {
+        let (key, raw) = get(name)?;
+        let value = raw.trim();
+        if value.is_empty() {
+            return None;
+        }
+        match quantity::parse(value) {
+            Ok(n) if n > 0.0 => Some(value.to_string()),
+            Ok(0.0) => None,
+            Ok(_) => {
+                warnings.push(AnnotationWarning::new(
+                    &key,
+                    raw,
+                    "must not be negative",
+                    Fallback::Ignored,
+                ));
+                None
+            }
+            Err(e) => {
+                warnings.push(AnnotationWarning::new(
+                    &key,
+                    raw,
+                    e.to_string(),
+                    Fallback::Ignored,
+                ));
+                None
             }
         }
     };
-    let integer = |name: &str| -> Result<Option<i64>, AnnotationError> {
-        match get(name) {
-            None => Ok(None),
-            Some((key, v)) => match v.trim().parse::<i64>() {
-                Ok(n) if n >= 0 => Ok(Some(n)),
-                _ => Err(AnnotationError::new(
+    let cpu = quantity("cpu");
+    let memory = quantity("memory");
+    let ephemeral_storage = quantity("ephemeral-disk");
+    let mut integer = |name: &str| -> Option<i64> {
+        let (key, raw) = get(name)?;
+        let value = raw.trim();
+        if value.is_empty() {
+            return None;
+        }
+        match value.parse::<i64>() {
+            Ok(0) => None,
+            Ok(n) if n > 0 => Some(n),
+            _ => {
+                warnings.push(AnnotationWarning::new(
                     &key,
-                    v,
+                    raw,
                     "must be a non-negative integer",
-                )),
-            },
+                    Fallback::Ignored,
+                ));
+                None
+            }
         }
     };
-    let gpu_count = integer("gpu-count")?;
+    let gpu_count = integer("gpu-count");
+    let max_pods = integer("maxPods");
     let gpu_type = get("gpu-type")
         .map(|(_, v)| v.trim().to_string())
         .filter(|t| !t.is_empty());
     let gpu = match (gpu_type, gpu_count) {
-        (Some(t), Some(n)) if n > 0 => Some((t, n)),
+        (Some(t), Some(n)) => Some((t, n)),
         _ => None,
     };
     let labels = match get("labels") {
         None => BTreeMap::new(),
-        Some((key, v)) => parse_label_list(&key, v)?,
+        Some((key, v)) => {
+            let (labels, bad) = parse_label_list(&key, v);
+            warnings.extend(bad);
+            labels
+        }
     };
     let taints = match get("taints") {
         None => Vec::new(),
-        Some((key, v)) => parse_taint_list(&key, v)?,
+        Some((key, v)) => {
+            let (taints, bad) = parse_taint_list(&key, v);
+            warnings.extend(bad);
+            taints
+        }
     };
-    Ok(CapacityHints {
-        cpu: quantity("cpu")?,
-        memory: quantity("memory")?,
-        ephemeral_storage: quantity("ephemeral-disk")?,
+    let hints = CapacityHints {
+        cpu,
+        memory,
+        ephemeral_storage,
         gpu,
-        max_pods: integer("maxPods")?,
+        max_pods,
         labels,
         taints,
-    })
+    };
+    (hints, warnings)
 }
 
-/// `k=v,k2=v2`: split on `,`, then on the first `=`. Items without `=` are errors here (upstream
-/// drops them silently).
+/// `k=v,k2=v2`, as upstream's `Labels()` (`clusterapi_unstructured.go`): split on `,`, then on
+/// the first `=`. An item without `=` is skipped, as upstream skips it (silently there; with a
+/// warning here). A key or value that is not a valid Kubernetes label is kept as written, as
+/// upstream keeps it, with a warning: a real Node could not carry it. Items are trimmed and
+/// empty ones ignored (upstream keeps the spaces around `a=b, c=d` in the key ` c`).
 pub fn parse_label_list(
     key: &str,
     value: &str,
-) -> Result<BTreeMap<String, String>, AnnotationError> {
+) -> (BTreeMap<String, String>, Vec<AnnotationWarning>) {
     let mut out = BTreeMap::new();
+    let mut warnings = Vec::new();
     for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let (k, v) = item.split_once('=').ok_or_else(|| {
-            AnnotationError::new(key, value, format!("label {item:?} is not key=value"))
-        })?;
-        super::autodiscovery::validate_label(k, v)
-            .map_err(|reason| AnnotationError::new(key, value, reason))?;
-        out.insert(k.to_string(), v.to_string());
-    }
-    Ok(out)
-}
-
-/// `key[=value][:Effect]` items separated by commas.
-pub fn parse_taint_list(key: &str, value: &str) -> Result<Vec<Taint>, AnnotationError> {
-    let mut out = Vec::new();
-    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let (kv, effect) = match item.rsplit_once(':') {
-            Some((kv, effect)) => (kv, effect),
-            None => (item, ""),
-        };
-        if !matches!(effect, "" | "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
-            return Err(AnnotationError::new(
+        let Some((k, v)) = item.split_once('=') else {
+            warnings.push(AnnotationWarning::new(
                 key,
                 value,
-                format!("taint {item:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"),
+                format!("label {item:?} is not key=value"),
+                Fallback::ItemSkipped(item.into()),
+            ));
+            continue;
+        };
+        if let Err(reason) = super::autodiscovery::validate_label(k, v) {
+            warnings.push(AnnotationWarning::new(
+                key,
+                value,
+                format!("label {item:?}: {reason}"),
+                Fallback::KeptAsWritten(item.into()),
             ));
         }
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        super::autodiscovery::validate_label(k, v).map_err(|reason| {
-            AnnotationError::new(key, value, format!("taint {item:?}: {reason}"))
-        })?;
-        out.push(Taint {
-            key: k.into(),
-            value: v.into(),
-            effect: effect.into(),
-        });
+        out.insert(k.to_string(), v.to_string());
     }
-    Ok(out)
+    (out, warnings)
+}
+
+/// Taint effects the scheduler acts on (and "" for a key-only taint).
+const KNOWN_EFFECTS: [&str; 4] = ["", "NoSchedule", "PreferNoSchedule", "NoExecute"];
+
+/// `key[=value][:Effect]` items separated by commas, as upstream's `parseTaint`
+/// (`clusterapi_unstructured.go`, adapted from kubectl's taint parser): an item with more than
+/// one `:`, or more than one `=` before the `:`, a key that is not a qualified name, or a value
+/// that is not a label value is skipped (logged at V4 upstream; a warning here). Without a `:`
+/// the whole item is the key, so `k=v` with no effect is skipped too. Upstream does not check
+/// the effect; an unknown one such as `noschedule` is kept as written, with a warning, because
+/// the scheduler only acts on NoSchedule, PreferNoSchedule and NoExecute. Items are trimmed
+/// and empty ones ignored (upstream skips ` k:NoSchedule` for its leading space).
+pub fn parse_taint_list(key: &str, value: &str) -> (Vec<Taint>, Vec<AnnotationWarning>) {
+    let mut out = Vec::new();
+    let mut warnings = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        match parse_taint(item) {
+            Ok(taint) => {
+                if !KNOWN_EFFECTS.contains(&taint.effect.as_str()) {
+                    warnings.push(AnnotationWarning::new(
+                        key,
+                        value,
+                        format!(
+                            "taint {item:?}: effect {:?} is not NoSchedule, PreferNoSchedule or NoExecute, so the scheduler ignores this taint",
+                            taint.effect
+                        ),
+                        Fallback::KeptAsWritten(item.into()),
+                    ));
+                }
+                out.push(taint);
+            }
+            Err(reason) => warnings.push(AnnotationWarning::new(
+                key,
+                value,
+                format!("taint {item:?}: {reason}"),
+                Fallback::ItemSkipped(item.into()),
+            )),
+        }
+    }
+    (out, warnings)
+}
+
+/// One `key[=value][:Effect]` item, with upstream `parseTaint`'s grammar.
+fn parse_taint(item: &str) -> Result<Taint, String> {
+    let parts: Vec<&str> = item.split(':').collect();
+    let (key, value, effect) = match parts.as_slice() {
+        [key] => (*key, "", ""),
+        [kv, effect] => {
+            let kv: Vec<&str> = kv.split('=').collect();
+            match kv.as_slice() {
+                [key] => (*key, "", *effect),
+                [key, value] => (*key, *value, *effect),
+                _ => return Err("more than one '=' before the effect".into()),
+            }
+        }
+        _ => return Err("more than one ':'".into()),
+    };
+    super::autodiscovery::validate_label(key, value)?;
+    Ok(Taint {
+        key: key.into(),
+        value: value.into(),
+        effect: effect.into(),
+    })
 }
 
 #[cfg(test)]
@@ -395,32 +573,13 @@ mod tests {
                 "TRUE",
             ),
         ]);
-        let o = parse_options(&a, &keys).unwrap();
+        let o = parse_options(&a, &keys).0;
         assert_eq!(o.scale_down_utilization_threshold, Some(0.7));
         assert_eq!(o.scale_down_unneeded_time, Some(Duration::from_secs(300)));
         assert_eq!(o.max_node_provision_time, None, "empty values are ignored");
         assert_eq!(o.scale_down_unready_time, None, "names are case-sensitive");
         assert_eq!(o.ignore_daemonsets_utilization, Some(true));
-        assert!(parse_options(&BTreeMap::new(), &keys).unwrap().is_empty());
-    }
-
-    #[test]
-    fn unparsable_options_are_errors_naming_the_annotation() {
-        let keys = CapiKeys::default();
-        let a = ann(&[(
-            "cluster.x-k8s.io/autoscaling-options-scaledownunneededtime",
-            "soon",
-        )]);
-        let e = parse_options(&a, &keys).unwrap_err();
-        assert_eq!(
-            e.key,
-            "cluster.x-k8s.io/autoscaling-options-scaledownunneededtime"
-        );
-        let a = ann(&[(
-            "cluster.x-k8s.io/autoscaling-options-scaledownutilizationthreshold",
-            "1.5",
-        )]);
-        assert!(parse_options(&a, &keys).is_err());
+        assert!(parse_options(&BTreeMap::new(), &keys).0.is_empty());
     }
 
     #[test]
@@ -466,7 +625,7 @@ mod tests {
                 "dedicated=gpu:NoSchedule,spot:PreferNoSchedule,plain",
             ),
         ]);
-        let c = parse_capacity(&a).unwrap();
+        let c = parse_capacity(&a).0;
         assert_eq!(c.cpu.as_deref(), Some("4"));
         assert_eq!(c.memory.as_deref(), Some("16Gi"));
         assert_eq!(c.ephemeral_storage.as_deref(), Some("100Gi"));
@@ -502,7 +661,7 @@ mod tests {
             "capacity.cluster-autoscaler.kubernetes.io/gpu-type",
             "nvidia.com/gpu",
         )]);
-        assert_eq!(parse_capacity(&only_type).unwrap().gpu, None);
+        assert_eq!(parse_capacity(&only_type).0.gpu, None);
         let zero = ann(&[
             (
                 "capacity.cluster-autoscaler.kubernetes.io/gpu-type",
@@ -510,24 +669,369 @@ mod tests {
             ),
             ("capacity.cluster-autoscaler.kubernetes.io/gpu-count", "0"),
         ]);
-        assert_eq!(parse_capacity(&zero).unwrap().gpu, None);
+        assert_eq!(parse_capacity(&zero).0.gpu, None);
         let only_count = ann(&[("capacity.cluster-autoscaler.kubernetes.io/gpu-count", "1")]);
-        assert_eq!(parse_capacity(&only_count).unwrap().gpu, None);
+        assert_eq!(parse_capacity(&only_count).0.gpu, None);
+    }
+
+    fn opts(pairs: &[(&str, &str)]) -> (OptionOverrides, Vec<AnnotationWarning>) {
+        let a = pairs
+            .iter()
+            .map(|(k, v)| {
+                (
+                    format!("cluster.x-k8s.io/autoscaling-options-{k}"),
+                    v.to_string(),
+                )
+            })
+            .collect();
+        parse_options(&a, &CapiKeys::default())
+    }
+
+    fn capacity(pairs: &[(&str, &str)]) -> (CapacityHints, Vec<AnnotationWarning>) {
+        let a = pairs
+            .iter()
+            .map(|(k, v)| (format!("{CAPACITY_PREFIX}{k}"), v.to_string()))
+            .collect();
+        parse_capacity(&a)
     }
 
     #[test]
-    fn bad_capacity_values_are_errors() {
-        for (k, v) in [
-            ("cpu", "four"),
-            ("memory", "16 GB"),
+    fn unparsable_options_are_ignored_with_a_warning_naming_the_annotation() {
+        let (o, w) = opts(&[
+            ("scaledownunneededtime", "10"),
+            ("scaledownunreadytime", "2m"),
+        ]);
+        assert_eq!(o.scale_down_unneeded_time, None, "CA's default applies");
+        assert_eq!(o.scale_down_unready_time, Some(Duration::from_secs(120)));
+        assert_eq!(w.len(), 1);
+        assert_eq!(
+            w[0].key,
+            "cluster.x-k8s.io/autoscaling-options-scaledownunneededtime"
+        );
+        assert_eq!(w[0].fallback, Fallback::Ignored);
+        assert!(
+            w[0].to_string().contains("ignored, as if unset"),
+            "{}",
+            w[0]
+        );
+    }
+
+    #[test]
+    fn thresholds_outside_zero_to_one_are_ignored_with_a_warning() {
+        for bad in ["1.1", "-0.1", "nan", "inf", "half"] {
+            let (o, w) = opts(&[("scaledownutilizationthreshold", bad)]);
+            assert_eq!(o.scale_down_utilization_threshold, None, "{bad}");
+            assert_eq!(w.len(), 1, "{bad}");
+        }
+        let (o, w) = opts(&[("scaledowngpuutilizationthreshold", "1")]);
+        assert_eq!(o.scale_down_gpu_utilization_threshold, Some(1.0));
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn negative_durations_and_bad_flags_are_ignored_with_a_warning() {
+        let (o, w) = opts(&[
+            ("maxnodeprovisiontime", "-5m"),
+            ("ignoredaemonsetsutilization", "yes"),
+            ("zeroormaxnodescaling", "T"),
+        ]);
+        assert_eq!(o.max_node_provision_time, None);
+        assert_eq!(o.ignore_daemonsets_utilization, None);
+        assert_eq!(
+            o.zero_or_max_node_scaling,
+            Some(true),
+            "Go's ParseBool words"
+        );
+        assert_eq!(w.len(), 2);
+    }
+
+    #[test]
+    fn a_bad_quantity_is_ignored_and_the_other_capacity_annotations_apply() {
+        let (c, w) = capacity(&[("cpu", "4"), ("memory", "16GB"), ("ephemeral-disk", "-1Gi")]);
+        assert_eq!(c.cpu.as_deref(), Some("4"));
+        assert_eq!(c.memory, None);
+        assert_eq!(c.ephemeral_storage, None);
+        assert_eq!(w.len(), 2);
+        assert_eq!(w[0].key, "capacity.cluster-autoscaler.kubernetes.io/memory");
+        assert!(w[1].reason.contains("negative"), "{}", w[1]);
+    }
+
+    #[test]
+    fn empty_and_zero_capacity_values_are_absent_without_warning_as_upstream() {
+        let (c, w) = capacity(&[
+            ("cpu", ""),
+            ("memory", "0"),
+            ("maxPods", "0"),
+            ("gpu-type", "nvidia.com/gpu"),
+            ("gpu-count", "0"),
+        ]);
+        assert_eq!(c, CapacityHints::default());
+        assert!(w.is_empty(), "{w:?}");
+    }
+
+    #[test]
+    fn bad_counts_are_ignored_with_a_warning() {
+        let (c, w) = capacity(&[
+            ("gpu-type", "nvidia.com/gpu"),
             ("gpu-count", "1.5"),
             ("maxPods", "-1"),
-            ("labels", "novalue"),
-            ("taints", "k=v:Sometimes"),
-        ] {
-            let a = ann(&[(&format!("capacity.cluster-autoscaler.kubernetes.io/{k}"), v)]);
-            let e = parse_capacity(&a).unwrap_err();
-            assert!(e.key.ends_with(k), "{e}");
+        ]);
+        assert_eq!((c.gpu, c.max_pods), (None, None));
+        assert_eq!(w.len(), 2);
+    }
+
+    #[test]
+    fn a_label_item_without_equals_is_skipped_and_the_rest_kept() {
+        let (c, w) = capacity(&[("labels", "pool=a,foo")]);
+        assert_eq!(
+            c.labels,
+            BTreeMap::from([("pool".to_string(), "a".to_string())])
+        );
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].fallback, Fallback::ItemSkipped("foo".into()));
+    }
+
+    #[test]
+    fn an_invalid_label_is_kept_as_written_with_a_warning_as_upstream() {
+        let (c, w) = capacity(&[("labels", "bad key=x,a=b=c")]);
+        assert_eq!(c.labels.get("bad key").map(String::as_str), Some("x"));
+        assert_eq!(
+            c.labels.get("a").map(String::as_str),
+            Some("b=c"),
+            "split on the first ="
+        );
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(matches!(w[0].fallback, Fallback::KeptAsWritten(_)));
+    }
+
+    #[test]
+    fn taints_follow_upstream_parse_taint() {
+        let (c, w) = capacity(&[(
+            "taints",
+            "a=b:noschedule, k=v ,x:y:NoSchedule,a=b=c:NoExecute,bad key:NoSchedule,ok:NoExecute,",
+        )]);
+        assert_eq!(
+            c.taints,
+            vec![
+                Taint {
+                    key: "a".into(),
+                    value: "b".into(),
+                    effect: "noschedule".into()
+                },
+                Taint {
+                    key: "ok".into(),
+                    value: "".into(),
+                    effect: "NoExecute".into()
+                },
+            ],
+            "unknown effects are kept as written; k=v without effect, two colons, two equals and bad keys are skipped"
+        );
+        let fallbacks: Vec<&Fallback> = w.iter().map(|w| &w.fallback).collect();
+        assert_eq!(
+            fallbacks,
+            vec![
+                &Fallback::KeptAsWritten("a=b:noschedule".into()),
+                &Fallback::ItemSkipped("k=v".into()),
+                &Fallback::ItemSkipped("x:y:NoSchedule".into()),
+                &Fallback::ItemSkipped("a=b=c:NoExecute".into()),
+                &Fallback::ItemSkipped("bad key:NoSchedule".into()),
+            ]
+        );
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        const OPTION_NAMES: [&str; 9] = [
+            "scaledownutilizationthreshold",
+            "scaledowngpuutilizationthreshold",
+            "scaledownunneededtime",
+            "scaledownunreadytime",
+            "maxnodeprovisiontime",
+            "maxnodestartuptime",
+            "ignoredaemonsetsutilization",
+            "zeroormaxnodescaling",
+            "unknownoption",
+        ];
+        const CAPACITY_NAMES: [&str; 8] = [
+            "cpu",
+            "memory",
+            "ephemeral-disk",
+            "gpu-type",
+            "gpu-count",
+            "maxPods",
+            "labels",
+            "taints",
+        ];
+
+        fn value() -> impl Strategy<Value = String> {
+            prop_oneof![any::<String>(), "[-+0-9.a-zA-Z=:,/ µ]{0,24}"]
+        }
+
+        fn dns_prefix() -> impl Strategy<Value = String> {
+            "[a-z0-9]{1,8}(\\.[a-z0-9]{1,8}){0,2}"
+        }
+
+        fn label_name() -> impl Strategy<Value = String> {
+            "[A-Za-z0-9]([A-Za-z0-9_.-]{0,20}[A-Za-z0-9])?"
+        }
+
+        fn label_key() -> impl Strategy<Value = String> {
+            (proptest::option::of(dns_prefix()), label_name()).prop_map(|(prefix, name)| {
+                match prefix {
+                    Some(p) => format!("{p}/{name}"),
+                    None => name,
+                }
+            })
+        }
+
+        fn label_value() -> impl Strategy<Value = String> {
+            prop_oneof![Just(String::new()), label_name()]
+        }
+
+        fn effect() -> impl Strategy<Value = &'static str> {
+            prop_oneof![
+                Just("NoSchedule"),
+                Just("PreferNoSchedule"),
+                Just("NoExecute")
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn bounds_never_panic_and_accept_exactly_ordered_non_negative_integers(
+                min in value(), max in value(),
+            ) {
+                let keys = CapiKeys::default();
+                let a = BTreeMap::from([
+                    (keys.min_size.clone(), min.clone()),
+                    (keys.max_size.clone(), max.clone()),
+                ]);
+                let ok = matches!(
+                    (min.trim().parse::<i32>(), max.trim().parse::<i32>()),
+                    (Ok(lo), Ok(hi)) if lo >= 0 && hi >= lo
+                );
+                prop_assert_eq!(parse_bounds(&a, &keys).is_ok(), ok);
+            }
+
+            #[test]
+            fn valid_bounds_are_read_back(min in 0..=i32::MAX, extra in 0..=i32::MAX) {
+                let max = min.saturating_add(extra);
+                let keys = CapiKeys::default();
+                let a = BTreeMap::from([
+                    (keys.min_size.clone(), min.to_string()),
+                    (keys.max_size.clone(), max.to_string()),
+                ]);
+                prop_assert_eq!(parse_bounds(&a, &keys), Ok(Bounds { min: Some(min), max: Some(max) }));
+            }
+
+            #[test]
+            fn options_never_panic_and_warn_once_per_unusable_known_option(
+                values in proptest::collection::vec((0..OPTION_NAMES.len(), value()), 0..8),
+            ) {
+                let keys = CapiKeys::default();
+                let a: BTreeMap<String, String> = values
+                    .iter()
+                    .map(|(i, v)| (format!("{}{}", keys.options_prefix, OPTION_NAMES[*i]), v.clone()))
+                    .collect();
+                let (options, warnings) = parse_options(&a, &keys);
+                prop_assert!(warnings.len() <= a.len());
+                for w in &warnings {
+                    prop_assert!(a.contains_key(&w.key));
+                    prop_assert_eq!(&w.fallback, &Fallback::Ignored);
+                    prop_assert!(!w.key.ends_with("unknownoption"));
+                }
+                for t in [options.scale_down_utilization_threshold, options.scale_down_gpu_utilization_threshold].into_iter().flatten() {
+                    prop_assert!((0.0..=1.0).contains(&t));
+                }
+            }
+
+            #[test]
+            fn formatted_options_are_read_back_without_warnings(
+                threshold in 0.0f64..=1.0,
+                nanos in 0..=i64::MAX as u64,
+                flag in any::<bool>(),
+            ) {
+                let keys = CapiKeys::default();
+                let d = Duration::from_nanos(nanos);
+                let key = |name: &str| format!("{}{name}", keys.options_prefix);
+                let a = BTreeMap::from([
+                    (key("scaledownutilizationthreshold"), threshold.to_string()),
+                    (key("scaledownunneededtime"), crate::duration::format(d)),
+                    (key("zeroormaxnodescaling"), flag.to_string().to_uppercase()),
+                ]);
+                let (options, warnings) = parse_options(&a, &keys);
+                prop_assert!(warnings.is_empty(), "{warnings:?}");
+                prop_assert_eq!(options.scale_down_utilization_threshold, Some(threshold));
+                prop_assert_eq!(options.scale_down_unneeded_time, Some(d));
+                prop_assert_eq!(options.zero_or_max_node_scaling, Some(flag));
+            }
+
+            #[test]
+            fn capacity_never_panics_and_keeps_only_usable_values(
+                values in proptest::collection::vec((0..CAPACITY_NAMES.len(), value()), 0..8),
+            ) {
+                let a: BTreeMap<String, String> = values
+                    .iter()
+                    .map(|(i, v)| (format!("{CAPACITY_PREFIX}{}", CAPACITY_NAMES[*i]), v.clone()))
+                    .collect();
+                let (hints, warnings) = parse_capacity(&a);
+                for w in &warnings {
+                    prop_assert!(a.contains_key(&w.key), "{}", w.key);
+                }
+                for q in [&hints.cpu, &hints.memory, &hints.ephemeral_storage].into_iter().flatten() {
+                    prop_assert!(crate::quantity::parse(q).is_ok_and(|n| n > 0.0), "{q}");
+                }
+                if let Some((gpu_type, count)) = &hints.gpu {
+                    prop_assert!(!gpu_type.is_empty() && *count > 0);
+                }
+                prop_assert!(hints.max_pods.is_none_or(|n| n > 0));
+            }
+
+            #[test]
+            fn label_lists_never_panic(list in value()) {
+                let (labels, warnings) = parse_label_list("k", &list);
+                prop_assert!(labels.len() + warnings.len() <= list.split(',').count() * 2);
+            }
+
+            #[test]
+            fn valid_label_lists_round_trip_without_warnings(
+                labels in proptest::collection::btree_map(label_key(), label_value(), 0..6),
+            ) {
+                let text = labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+                let (parsed, warnings) = parse_label_list("k", &text);
+                prop_assert!(warnings.is_empty(), "{warnings:?}");
+                prop_assert_eq!(parsed, labels);
+            }
+
+            #[test]
+            fn taint_lists_never_panic_and_keep_only_valid_keys(list in value()) {
+                let (taints, warnings) = parse_taint_list("k", &list);
+                for t in &taints {
+                    prop_assert!(crate::capi::autodiscovery::validate_label(&t.key, &t.value).is_ok());
+                }
+                prop_assert!(taints.len() + warnings.len() <= list.split(',').count() * 2);
+            }
+
+            #[test]
+            fn valid_taint_lists_round_trip_without_warnings(
+                taints in proptest::collection::vec((label_key(), label_value(), effect()), 0..6),
+            ) {
+                let text = taints
+                    .iter()
+                    .map(|(k, v, e)| if v.is_empty() { format!("{k}:{e}") } else { format!("{k}={v}:{e}") })
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let (parsed, warnings) = parse_taint_list("k", &text);
+                prop_assert!(warnings.is_empty(), "{warnings:?}");
+                let expected: Vec<Taint> = taints
+                    .iter()
+                    .map(|(k, v, e)| Taint { key: k.clone(), value: v.clone(), effect: (*e).into() })
+                    .collect();
+                prop_assert_eq!(parsed, expected);
+            }
         }
     }
 }

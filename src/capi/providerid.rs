@@ -125,4 +125,63 @@ mod tests {
         assert!(has_synthetic_prefix("pending-machine-nounderscore"));
         assert!(!has_synthetic_prefix("kwok://node"));
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        fn kind() -> impl Strategy<Value = SyntheticKind> {
+            prop_oneof![
+                Just(SyntheticKind::Pending),
+                Just(SyntheticKind::Failed),
+                Just(SyntheticKind::Deleting),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn normalize_is_an_idempotent_suffix(id in any::<String>()) {
+                let n = normalize(&id);
+                prop_assert!(id.ends_with(n));
+                prop_assert_eq!(normalize(n), n);
+            }
+
+            #[test]
+            fn normalize_keeps_only_the_last_segment(segments in proptest::collection::vec("[a-z0-9:.-]{0,8}", 1..6)) {
+                let id = segments.join("/");
+                prop_assert_eq!(normalize(&id), segments.last().unwrap().as_str());
+            }
+
+            #[test]
+            fn synthetic_ids_round_trip(
+                kind in kind(),
+                namespace in "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?",
+                name in "[a-z0-9_.-]{1,30}",
+            ) {
+                let id = synthetic_id(kind, &namespace, &name);
+                prop_assert!(has_synthetic_prefix(&id));
+                let parsed = parse_synthetic(&id).unwrap();
+                prop_assert_eq!(parsed, SyntheticId { kind, namespace: &namespace, name: &name });
+            }
+
+            #[test]
+            fn parsing_arbitrary_ids_never_panics_and_is_consistent(id in any::<String>()) {
+                if let Some(parsed) = parse_synthetic(&id) {
+                    prop_assert!(has_synthetic_prefix(&id));
+                    prop_assert_eq!(synthetic_id(parsed.kind, parsed.namespace, parsed.name), id.clone());
+                }
+            }
+
+            #[test]
+            fn prefixed_arbitrary_ids_never_panic(kind in kind(), rest in any::<String>()) {
+                let id = synthetic_id(kind, "", "").replace('_', "") + &rest;
+                if let Some(parsed) = parse_synthetic(&id) {
+                    prop_assert_eq!(parsed.kind, kind);
+                    prop_assert!(!parsed.namespace.is_empty() && !parsed.name.is_empty());
+                    prop_assert!(!parsed.namespace.contains('_'));
+                }
+            }
+        }
+    }
 }

@@ -4,15 +4,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::model::{
-    Exclusion, ExclusionReason, IndexCounts, Instance, InstanceError, InstanceState, MachineEntry,
-    NodeGroup, PolicyReport, ProviderIdOwner, Snapshot, Source, TemplateInputs,
+    ConfigWarning, Exclusion, ExclusionReason, IndexCounts, Instance, InstanceError, InstanceState,
+    MachineEntry, NodeGroup, PolicyReport, ProviderIdOwner, Snapshot, Source, TemplateInputs,
 };
 use super::policy::PolicyRules;
 use crate::capi::CapiKeys;
 use crate::capi::annotations::{self, CapacityHints};
 use crate::capi::autodiscovery::{DiscoveryFilter, DiscoveryTarget};
 use crate::capi::keys::PAUSED_ANNOTATION;
-use crate::capi::objects::{InfraTemplate, Machine, ScalableKind, ScalableResource};
+use crate::capi::objects::{InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource};
 use crate::capi::providerid::{self, SyntheticKind};
 use crate::capi::scale_down;
 use crate::template;
@@ -47,6 +47,18 @@ pub struct TemplateKey {
     pub name: String,
 }
 
+/// What the index knows about an infrastructure template kind (its watch).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum TemplateKindState {
+    /// The watch is starting or has not synced yet.
+    #[default]
+    Syncing,
+    /// The watch has synced: a template missing from the cache does not exist.
+    Ready,
+    /// The kind cannot be watched (not served, forbidden, ...): the reason.
+    Unavailable(String),
+}
+
 /// Everything a snapshot is built from.
 #[derive(Clone, Debug, Default)]
 pub struct IndexInputs {
@@ -64,6 +76,9 @@ pub struct IndexInputs {
     pub nodes: Vec<NodeView>,
     /// Cached infrastructure templates.
     pub templates: HashMap<TemplateKey, InfraTemplate>,
+    /// State of the watch of each infrastructure template kind, by (group, kind). A kind
+    /// without an entry has no watch yet and counts as syncing.
+    pub template_kinds: HashMap<(String, String), TemplateKindState>,
     /// NodeGroupPolicies.
     pub policies: Vec<PolicyRules>,
 }
@@ -122,18 +137,20 @@ pub fn build_snapshot(inputs: &IndexInputs) -> Snapshot {
         }
         let report = governing.and_then(|p| reports.get_mut(&p.reference.key()));
         match assess(inputs, resource, governing) {
-            Ok(Some(group)) => {
+            Assessment::NotConfigured => {}
+            Assessment::Served(group) => {
                 if let Some(report) = report {
                     report.governed.push(group.id.clone());
+                    note_warnings(report, &group.id, &group.warnings);
                 }
-                groups.insert(group.id.clone(), group);
+                groups.insert(group.id.clone(), *group);
             }
-            Ok(None) => {}
-            Err(reason) => {
+            Assessment::Excluded(reason, warnings) => {
                 if let Some(report) = report {
                     report
                         .excluded
                         .push((resource.group_id(), reason.describe()));
+                    note_warnings(report, &resource.group_id(), &warnings);
                 }
                 exclusions.push(Exclusion {
                     kind: resource.kind,
@@ -142,6 +159,7 @@ pub fn build_snapshot(inputs: &IndexInputs) -> Snapshot {
                     uid: resource.uid.clone(),
                     reason,
                     policy: governing.map(|p| p.reference.clone()),
+                    warnings,
                 });
             }
         }
@@ -243,31 +261,59 @@ fn allowed(inputs: &IndexInputs, r: &ScalableResource) -> bool {
     })
 }
 
-/// Decides whether a resource is a served group. `Ok(None)`: not autoscaler-configured at all.
-/// Annotations win field by field; the governing policy fills the rest.
-fn assess(
-    inputs: &IndexInputs,
-    r: &ScalableResource,
-    policy: Option<&PolicyRules>,
-) -> Result<Option<NodeGroup>, ExclusionReason> {
+fn note_warnings(report: &mut PolicyReport, id: &str, warnings: &[ConfigWarning]) {
+    if !warnings.is_empty() {
+        report.warnings.insert(
+            id.to_string(),
+            warnings.iter().map(|w| w.message.clone()).collect(),
+        );
+    }
+}
+
+/// What the index makes of one scalable resource.
+enum Assessment {
+    /// Neither annotated nor governed by a policy: not autoscaler configuration at all.
+    NotConfigured,
+    /// A served group (possibly with warnings).
+    Served(Box<NodeGroup>),
+    /// Carries autoscaler configuration but is not served.
+    Excluded(ExclusionReason, Vec<ConfigWarning>),
+}
+
+/// Field path named in warnings about the infrastructure template.
+const INFRA_REF_FIELD: &str = "spec.template.spec.infrastructureRef";
+
+/// Decides whether a resource is a served group. Annotations win field by field; the governing
+/// policy fills the rest. Only unusable bounds exclude a group for a bad value: every other bad
+/// annotation is ignored (or its bad item skipped) and comes back as a warning on the group.
+fn assess(inputs: &IndexInputs, r: &ScalableResource, policy: Option<&PolicyRules>) -> Assessment {
     let keys = &inputs.keys;
     let annotated =
         r.annotations.contains_key(&keys.min_size) || r.annotations.contains_key(&keys.max_size);
     if !annotated && policy.is_none() {
-        return Ok(None);
+        return Assessment::NotConfigured;
     }
     if r.annotations.contains_key(PAUSED_ANNOTATION) {
-        return Err(ExclusionReason::Paused);
+        return Assessment::Excluded(ExclusionReason::Paused, Vec::new());
     }
-    let invalid = |e: annotations::AnnotationError| ExclusionReason::Invalid(e.to_string());
-    let bounds = annotations::parse_bounds(&r.annotations, keys).map_err(invalid)?;
+    let (options, option_warnings) = annotations::parse_options(&r.annotations, keys);
+    let (hints, capacity_warnings) = annotations::parse_capacity(&r.annotations);
+    let mut warnings: Vec<ConfigWarning> = option_warnings
+        .into_iter()
+        .chain(capacity_warnings)
+        .map(ConfigWarning::from)
+        .collect();
+    let bounds = match annotations::parse_bounds(&r.annotations, keys) {
+        Ok(bounds) => bounds,
+        Err(e) => return Assessment::Excluded(ExclusionReason::Invalid(e.to_string()), warnings),
+    };
     let (max, max_source) = match (bounds.max, policy.and_then(|p| p.max)) {
         (Some(max), _) => (max, Source::Annotation),
         (None, Some(max)) => (max, Source::Policy),
-        (None, None) => return Err(ExclusionReason::NotAutoscaled),
+        (None, None) => return Assessment::Excluded(ExclusionReason::NotAutoscaled, Vec::new()),
     };
     if max == 0 {
-        return Err(ExclusionReason::NotAutoscaled);
+        return Assessment::Excluded(ExclusionReason::NotAutoscaled, Vec::new());
     }
     let (min, min_source) = match (bounds.min, policy.and_then(|p| p.min)) {
         (Some(min), _) => (min, Source::Annotation),
@@ -275,22 +321,45 @@ fn assess(
         (None, None) => (0, Source::Default),
     };
     if min > max {
-        return Err(ExclusionReason::Invalid(format!(
+        let reason = ExclusionReason::Invalid(format!(
             "effective min size {min} (from {min_source:?}) is greater than max size {max} (from {max_source:?})"
-        )));
+        ));
+        return Assessment::Excluded(reason, warnings);
     }
-    let options = annotations::parse_options(&r.annotations, keys).map_err(invalid)?;
     let options = match policy {
         Some(p) => options.or(&p.options),
         None => options,
     };
-    let hints = annotations::parse_capacity(&r.annotations).map_err(invalid)?;
-    let template = template_inputs(inputs, r, hints, policy);
-    let target = r.replicas.ok_or(ExclusionReason::ReplicasUnset)?;
-    if target == 0 && template.is_none() {
-        return Err(ExclusionReason::ZeroWithoutTemplate);
+    let infra = infra_lookup(inputs, r);
+    let template = template_inputs(inputs, r, hints, policy, infra.template());
+    let Some(target) = r.replicas else {
+        return Assessment::Excluded(ExclusionReason::ReplicasUnset, warnings);
+    };
+    match &infra {
+        // The template cannot be read (no RBAC, kind not served): waiting would hide the group
+        // forever, so it is served, with a warning, and without what the template would add.
+        // At 0 replicas without other capacity, TemplateNodeInfo is then UNIMPLEMENTED and CA
+        // skips the group for scale-up, as it does for any group it has no template for.
+        InfraLookup::Unavailable { reference, reason } => {
+            let consequence = if target == 0 && template.is_none() {
+                "served without a scale-from-zero template until it can be read"
+            } else {
+                "scale-from-zero templates use the annotations and the policy only"
+            };
+            warnings.push(ConfigWarning {
+                field: INFRA_REF_FIELD.into(),
+                message: format!(
+                    "infrastructure template {reference} is not readable: {reason}; {consequence}"
+                ),
+            });
+        }
+        other if target == 0 && template.is_none() => {
+            let detail = other.missing_capacity();
+            return Assessment::Excluded(ExclusionReason::ZeroWithoutTemplate(detail), warnings);
+        }
+        _ => {}
     }
-    Ok(Some(NodeGroup {
+    Assessment::Served(Box::new(NodeGroup {
         id: r.group_id(),
         kind: r.kind,
         namespace: r.namespace.clone(),
@@ -310,7 +379,89 @@ fn assess(
         policy: policy.map(|p| p.reference.clone()),
         pricing: policy.and_then(|p| p.pricing),
         node_capacity: BTreeMap::new(),
+        warnings,
     }))
+}
+
+/// The infrastructure template of a resource, as far as the caches know it.
+enum InfraLookup<'a> {
+    /// The resource names no infrastructure template.
+    NoReference,
+    /// The template is cached.
+    Found(&'a InfraTemplate, String),
+    /// Its kind's watch has not synced yet.
+    Syncing(String),
+    /// Its kind's watch has synced and the template does not exist.
+    NotFound(String),
+    /// Its kind cannot be watched.
+    Unavailable { reference: String, reason: String },
+}
+
+impl InfraLookup<'_> {
+    fn template(&self) -> Option<InfraTemplate> {
+        match self {
+            InfraLookup::Found(t, _) => Some((*t).clone()),
+            _ => None,
+        }
+    }
+
+    /// Why a group at 0 replicas has no cpu and memory, for its exclusion reason.
+    fn missing_capacity(&self) -> String {
+        const NO_HINTS: &str =
+            "no capacity annotation or policy template gives both cpu and memory";
+        match self {
+            InfraLookup::NoReference => {
+                format!("{NO_HINTS}, and there is no infrastructure template")
+            }
+            InfraLookup::Found(_, reference) => {
+                format!(
+                    "{NO_HINTS}, nor does the status.capacity of infrastructure template {reference}"
+                )
+            }
+            InfraLookup::Syncing(reference) => {
+                format!("{NO_HINTS}, and infrastructure template {reference} is not synced yet")
+            }
+            InfraLookup::NotFound(reference) => {
+                format!("{NO_HINTS}, and infrastructure template {reference} does not exist")
+            }
+            InfraLookup::Unavailable { reference, reason } => {
+                format!(
+                    "{NO_HINTS}, and infrastructure template {reference} is not readable: {reason}"
+                )
+            }
+        }
+    }
+}
+
+fn infra_lookup<'a>(inputs: &'a IndexInputs, r: &ScalableResource) -> InfraLookup<'a> {
+    let Some(ir) = r.infra_ref.as_ref() else {
+        return InfraLookup::NoReference;
+    };
+    let reference = describe_infra(ir, &r.namespace);
+    let key = TemplateKey {
+        group: ir.group.clone(),
+        kind: ir.kind.clone(),
+        namespace: r.namespace.clone(),
+        name: ir.name.clone(),
+    };
+    if let Some(t) = inputs.templates.get(&key) {
+        return InfraLookup::Found(t, reference);
+    }
+    match inputs
+        .template_kinds
+        .get(&(ir.group.clone(), ir.kind.clone()))
+    {
+        Some(TemplateKindState::Ready) => InfraLookup::NotFound(reference),
+        Some(TemplateKindState::Unavailable(reason)) => InfraLookup::Unavailable {
+            reference,
+            reason: reason.clone(),
+        },
+        Some(TemplateKindState::Syncing) | None => InfraLookup::Syncing(reference),
+    }
+}
+
+fn describe_infra(ir: &InfraRef, namespace: &str) -> String {
+    format!("{}.{} {namespace}/{}", ir.kind, ir.group, ir.name)
 }
 
 fn template_inputs(
@@ -318,18 +469,8 @@ fn template_inputs(
     r: &ScalableResource,
     hints: CapacityHints,
     policy: Option<&PolicyRules>,
+    infra: Option<InfraTemplate>,
 ) -> Option<TemplateInputs> {
-    let infra = r.infra_ref.as_ref().and_then(|ir| {
-        inputs
-            .templates
-            .get(&TemplateKey {
-                group: ir.group.clone(),
-                kind: ir.kind.clone(),
-                namespace: r.namespace.clone(),
-                name: ir.name.clone(),
-            })
-            .cloned()
-    });
     let t = TemplateInputs {
         hints,
         infra,

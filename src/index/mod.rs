@@ -6,10 +6,10 @@ mod handle;
 mod model;
 mod policy;
 
-pub use build::{IndexInputs, NodeView, TemplateKey, build_snapshot};
+pub use build::{IndexInputs, NodeView, TemplateKey, TemplateKindState, build_snapshot};
 pub use handle::{SnapshotHandle, SnapshotPublisher, channel};
 pub use model::{
-    Exclusion, ExclusionReason, Instance, InstanceError, InstanceState, MachineEntry, NodeGroup,
-    NodeGroupLookup, PolicyReport, Snapshot, Source, TemplateInputs,
+    ConfigWarning, Exclusion, ExclusionReason, Instance, InstanceError, InstanceState,
+    MachineEntry, NodeGroup, NodeGroupLookup, PolicyReport, Snapshot, Source, TemplateInputs,
 };
 pub use policy::{PolicyRef, PolicyRules, PolicyTemplate, PriceList};

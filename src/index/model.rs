@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::policy::{PolicyRef, PolicyTemplate, PriceList};
-use crate::capi::annotations::{CapacityHints, OptionOverrides};
+use crate::capi::annotations::{AnnotationWarning, CapacityHints, OptionOverrides};
 use crate::capi::objects::{InfraTemplate, ScalableKind, Taint};
 use crate::capi::providerid;
 
@@ -17,6 +17,25 @@ pub enum Source {
     Policy,
     /// The built-in default.
     Default,
+}
+
+/// A configuration problem that does not stop a group from being served: a value that was
+/// ignored or kept as written, or an input that could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConfigWarning {
+    /// Where the problem is: an annotation key, or a field path of the scalable resource.
+    pub field: String,
+    /// A sentence for Events, status and logs.
+    pub message: String,
+}
+
+impl From<AnnotationWarning> for ConfigWarning {
+    fn from(w: AnnotationWarning) -> Self {
+        Self {
+            message: w.to_string(),
+            field: w.key,
+        }
+    }
 }
 
 /// State of one instance as reported to cluster-autoscaler.
@@ -123,6 +142,8 @@ pub struct NodeGroup {
     pub pricing: Option<PriceList>,
     /// Capacity of one node (template, else a live node), for per-resource node prices.
     pub node_capacity: BTreeMap<String, String>,
+    /// Values that were ignored or kept as written; the group is served regardless.
+    pub warnings: Vec<ConfigWarning>,
 }
 
 impl NodeGroup {
@@ -144,8 +165,9 @@ pub enum ExclusionReason {
     Paused,
     /// No max size (or max 0): not a node group.
     NotAutoscaled,
-    /// `spec.replicas` is 0 and there is no cpu+memory capacity for scale from zero.
-    ZeroWithoutTemplate,
+    /// `spec.replicas` is 0 and there is no cpu+memory capacity for scale from zero; the detail
+    /// says which source is missing or not readable yet.
+    ZeroWithoutTemplate(String),
     /// `spec.replicas` is unset.
     ReplicasUnset,
 }
@@ -165,6 +187,8 @@ pub struct Exclusion {
     pub reason: ExclusionReason,
     /// The policy that governs the resource, if any.
     pub policy: Option<PolicyRef>,
+    /// Values that were ignored or kept as written (reported alongside the reason).
+    pub warnings: Vec<ConfigWarning>,
 }
 
 impl Exclusion {
@@ -183,8 +207,8 @@ impl ExclusionReason {
             ExclusionReason::NotAutoscaled => {
                 "no max size (annotation or policy), so not autoscaled".into()
             }
-            ExclusionReason::ZeroWithoutTemplate => {
-                "at 0 replicas without cpu and memory capacity for scale from zero".into()
+            ExclusionReason::ZeroWithoutTemplate(detail) => {
+                format!("at 0 replicas and cannot scale from zero: {detail}")
             }
             ExclusionReason::ReplicasUnset => "spec.replicas is unset".into(),
         }
@@ -202,6 +226,9 @@ pub struct PolicyReport {
     pub excluded: Vec<(String, String)>,
     /// Resources it selects that an older policy governs: (id, governing policy key).
     pub conflicts: Vec<(String, String)>,
+    /// Resources it governs, served or not, with values that were ignored or kept as written:
+    /// id -> warning messages.
+    pub warnings: BTreeMap<String, Vec<String>>,
     /// Why its spec is unusable.
     pub invalid: Option<String>,
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DynamicObject};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::discovery::{ApiResource, Discovery};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -24,7 +24,9 @@ use crate::capi::CapiKeys;
 use crate::capi::autodiscovery::DiscoveryFilter;
 use crate::capi::objects::{InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource};
 use crate::capi::resources::CapiResources;
-use crate::index::{self, IndexInputs, NodeView, SnapshotPublisher, TemplateKey};
+use crate::index::{
+    self, IndexInputs, NodeView, SnapshotPublisher, TemplateKey, TemplateKindState,
+};
 use crate::metrics::Metrics;
 
 /// How long to wait before retrying an infrastructure template kind that could not be watched.
@@ -74,10 +76,25 @@ struct Inner {
     shutdown: CancellationToken,
 }
 
+/// The watch of one infrastructure template kind.
 enum TemplateWatch {
+    /// Resolving the kind, checking access and syncing.
     Starting,
+    /// Synced.
     Watching(Store<DynamicObject>),
-    Failed(Instant),
+    /// Cannot be watched (kind not served, list forbidden, ...), since the instant, for the
+    /// reason; retried after [`TEMPLATE_RETRY`].
+    Failed(Instant, String),
+}
+
+impl TemplateWatch {
+    fn state(&self) -> TemplateKindState {
+        match self {
+            TemplateWatch::Starting => TemplateKindState::Syncing,
+            TemplateWatch::Watching(_) => TemplateKindState::Ready,
+            TemplateWatch::Failed(_, reason) => TemplateKindState::Unavailable(reason.clone()),
+        }
+    }
 }
 
 impl Watches {
@@ -248,6 +265,10 @@ impl Watches {
         let nodes = inner.nodes.state().iter().map(|n| node_view(n)).collect();
         let mut templates = HashMap::new();
         let watches = inner.templates.lock().unwrap_or_else(|p| p.into_inner());
+        let template_kinds = watches
+            .iter()
+            .map(|(key, watch)| (key.clone(), watch.state()))
+            .collect();
         for ((group, kind), watch) in watches.iter() {
             let TemplateWatch::Watching(store) = watch else {
                 continue;
@@ -270,6 +291,7 @@ impl Watches {
             machines,
             nodes,
             templates,
+            template_kinds,
             policies: self.policies().iter().map(|p| p.rules()).collect(),
         }
     }
@@ -294,7 +316,7 @@ impl Watches {
             let key = (infra.group.clone(), infra.kind.clone());
             match watches.get(&key) {
                 Some(TemplateWatch::Starting | TemplateWatch::Watching(_)) => continue,
-                Some(TemplateWatch::Failed(at)) if at.elapsed() < TEMPLATE_RETRY => continue,
+                Some(TemplateWatch::Failed(at, _)) if at.elapsed() < TEMPLATE_RETRY => continue,
                 _ => {}
             }
             watches.insert(key, TemplateWatch::Starting);
@@ -302,38 +324,29 @@ impl Watches {
         }
     }
 
+    /// Watches one infrastructure template kind. The kind is resolved and one list is tried
+    /// first, so a kind that is not served or not readable (RBAC) becomes `Failed` with the API
+    /// server's answer instead of a reflector that retries forever without syncing; the index
+    /// then serves the groups that need it with a warning (see `index::build`). A failed kind is
+    /// retried after [`TEMPLATE_RETRY`].
     async fn watch_template(self, infra: InfraRef) {
         let inner = &self.inner;
         let key = (infra.group.clone(), infra.kind.clone());
-        let state = match resolve_kind(&inner.client, &infra).await {
-            Ok(ar) => {
-                let api = match &inner.namespace {
-                    Some(ns) => {
-                        Api::<DynamicObject>::namespaced_with(inner.client.clone(), ns, &ar)
-                    }
-                    None => Api::<DynamicObject>::all_with(inner.client.clone(), &ar),
-                };
-                let mut tasks = JoinSet::new();
-                let store = spawn_reflector(
-                    &mut tasks,
-                    api,
-                    ar.clone(),
-                    inner.changed.clone(),
-                    inner.shutdown.clone(),
-                    |_| {},
-                    None,
-                );
-                tasks.detach_all();
-                if store.wait_until_ready().await.is_err() {
-                    return;
-                }
-                tracing::info!(kind = %ar.kind, version = %ar.version, "watching infrastructure templates");
-                TemplateWatch::Watching(store)
-            }
+        let state = match self.start_template_watch(&infra).await {
+            Ok(Some(store)) => TemplateWatch::Watching(store),
+            Ok(None) => return,
             Err(reason) => {
                 tracing::warn!(group = %infra.group, kind = %infra.kind, %reason,
-                    "cannot watch infrastructure templates; scale from zero uses annotations only");
-                TemplateWatch::Failed(Instant::now())
+                    "cannot watch infrastructure templates; groups that need them are served with a warning, and scale from zero uses annotations and policies only");
+                let changed = inner.changed.clone();
+                let shutdown = inner.shutdown.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => {}
+                        _ = tokio::time::sleep(TEMPLATE_RETRY) => changed.notify_one(),
+                    }
+                });
+                TemplateWatch::Failed(Instant::now(), reason)
             }
         };
         inner
@@ -342,6 +355,38 @@ impl Watches {
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, state);
         inner.changed.notify_one();
+    }
+
+    /// The synced store of a template kind; `Ok(None)` when shutting down.
+    async fn start_template_watch(
+        &self,
+        infra: &InfraRef,
+    ) -> Result<Option<Store<DynamicObject>>, String> {
+        let inner = &self.inner;
+        let ar = resolve_kind(&inner.client, infra).await?;
+        let api = match &inner.namespace {
+            Some(ns) => Api::<DynamicObject>::namespaced_with(inner.client.clone(), ns, &ar),
+            None => Api::<DynamicObject>::all_with(inner.client.clone(), &ar),
+        };
+        api.list_metadata(&ListParams::default().limit(1))
+            .await
+            .map_err(|e| format!("listing {}: {e}", ar.plural))?;
+        let mut tasks = JoinSet::new();
+        let store = spawn_reflector(
+            &mut tasks,
+            api,
+            ar.clone(),
+            inner.changed.clone(),
+            inner.shutdown.clone(),
+            |_| {},
+            None,
+        );
+        tasks.detach_all();
+        if store.wait_until_ready().await.is_err() {
+            return Ok(None);
+        }
+        tracing::info!(kind = %ar.kind, version = %ar.version, "watching infrastructure templates");
+        Ok(Some(store))
     }
 }
 

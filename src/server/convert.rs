@@ -3,6 +3,7 @@
 use crate::index::{Instance as ModelInstance, InstanceState, NodeGroup as ModelGroup};
 use crate::proto;
 
+/// A group as `NodeGroups` and `NodeGroupForNode` report it.
 pub fn node_group(g: &ModelGroup) -> proto::NodeGroup {
     proto::NodeGroup {
         id: g.id.clone(),
@@ -12,6 +13,7 @@ pub fn node_group(g: &ModelGroup) -> proto::NodeGroup {
     }
 }
 
+/// An instance as `NodeGroupNodes` reports it.
 pub fn instance(i: &ModelInstance) -> proto::Instance {
     let state = match i.state {
         InstanceState::Unspecified => proto::instance_status::InstanceState::Unspecified,

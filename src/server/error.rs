@@ -30,6 +30,9 @@ pub enum ProviderError {
     /// The index is inconsistent for this request (e.g. provider-ID collision).
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A pricing request's time window cannot be priced.
+    #[error(transparent)]
+    PricingWindow(#[from] crate::pricing::WindowError),
     /// A scaling request was refused or failed.
     #[error(transparent)]
     Actuate(#[from] ActuateError),
@@ -44,7 +47,9 @@ impl ProviderError {
         match self {
             ProviderError::NotSynced => Code::Unavailable,
             ProviderError::GroupNotFound(_) => Code::NotFound,
-            ProviderError::InvalidArgument(_) => Code::InvalidArgument,
+            ProviderError::InvalidArgument(_) | ProviderError::PricingWindow(_) => {
+                Code::InvalidArgument
+            }
             ProviderError::NotImplemented(_) => Code::Unimplemented,
             ProviderError::FailedPrecondition(_) => Code::FailedPrecondition,
             ProviderError::Internal(_) => Code::Internal,

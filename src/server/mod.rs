@@ -1,9 +1,9 @@
 //! The `externalgrpc` CloudProvider service: reads from the current snapshot, writes through
 //! the actuator, maps every error to a gRPC status in one place (`error`).
 
-mod convert;
+pub mod convert;
 mod error;
-mod options;
+pub mod options;
 mod service;
 pub mod tls;
 

@@ -1,6 +1,6 @@
 //! GetOptions: CA replaces its options wholesale with the reply, so every field the group does
 //! not override is echoed from the request's defaults (trap 1). Defaults are read from the
-//! current fields (8-11) and, for clients before 1.35, the legacy ones (3-5).
+//! current fields (8-10) and, for clients before 1.35, the legacy ones (3-5).
 
 use std::time::Duration;
 
@@ -38,12 +38,6 @@ pub fn merge(
         &defaults.max_node_provision_time,
         overrides.max_node_provision_time,
     );
-    let startup = overrides.max_node_startup_time.or_else(|| {
-        defaults
-            .max_node_startup_duration
-            .as_ref()
-            .and_then(from_proto)
-    });
     NodeGroupAutoscalingOptions {
         scale_down_utilization_threshold: overrides
             .scale_down_utilization_threshold
@@ -57,29 +51,27 @@ pub fn merge(
         ignore_daemon_sets_utilization: overrides
             .ignore_daemonsets_utilization
             .unwrap_or(defaults.ignore_daemon_sets_utilization),
-        allow_non_atomic_scale_up_to_max: defaults.allow_non_atomic_scale_up_to_max,
         scale_down_unneeded_duration: unneeded.map(to_proto),
         scale_down_unready_duration: unready.map(to_proto),
         max_node_provision_duration: provision.map(to_proto),
-        max_node_startup_duration: startup.map(to_proto),
         scale_down_unneeded_time: unneeded.map(to_legacy),
         scale_down_unready_time: unready.map(to_legacy),
         max_node_provision_time: provision.map(to_legacy),
     }
 }
 
-/// The overrides a client can receive. Clients that do not send `maxNodeStartupDuration`
-/// (field 11; CA <= 1.36) cannot read it back either, and any options reply makes them use a
-/// start-up time of 0 for the group; so an override of only that field must not produce a reply.
+/// The overrides a client can receive. No released cluster-autoscaler (up to 1.36.1) has a
+/// field for the node start-up time, and any options reply makes CA >= 1.35 use a start-up time
+/// of 0 for the group; so that override is dropped, and an override of only that field must
+/// not produce a reply.
 pub fn receivable(
-    defaults: &NodeGroupAutoscalingOptions,
+    _defaults: &NodeGroupAutoscalingOptions,
     overrides: &OptionOverrides,
 ) -> OptionOverrides {
-    let mut out = overrides.clone();
-    if defaults.max_node_startup_duration.is_none() {
-        out.max_node_startup_time = None;
+    OptionOverrides {
+        max_node_startup_time: None,
+        ..overrides.clone()
     }
-    out
 }
 
 fn from_proto(d: &prost_types::Duration) -> Option<Duration> {
@@ -112,7 +104,6 @@ mod tests {
             scale_down_unneeded_duration: Some(to_proto(Duration::from_secs(600))),
             scale_down_unready_duration: Some(to_proto(Duration::from_secs(1200))),
             max_node_provision_duration: Some(to_proto(Duration::from_secs(900))),
-            max_node_startup_duration: Some(to_proto(Duration::from_secs(900))),
             ..Default::default()
         }
     }
@@ -132,10 +123,6 @@ mod tests {
         );
         assert_eq!(
             out.max_node_provision_duration,
-            Some(to_proto(Duration::from_secs(900)))
-        );
-        assert_eq!(
-            out.max_node_startup_duration,
             Some(to_proto(Duration::from_secs(900)))
         );
         assert_eq!(
@@ -168,15 +155,20 @@ mod tests {
     }
 
     #[test]
-    fn a_startup_time_override_is_dropped_for_clients_without_field_11() {
+    fn a_startup_time_override_is_dropped_as_no_released_client_can_receive_it() {
         let overrides = OptionOverrides {
             max_node_startup_time: Some(Duration::from_secs(60)),
             ..Default::default()
         };
-        let mut old_client = defaults();
-        old_client.max_node_startup_duration = None;
-        assert!(receivable(&old_client, &overrides).is_empty());
-        assert_eq!(receivable(&defaults(), &overrides), overrides);
+        assert!(receivable(&defaults(), &overrides).is_empty());
+        let both = OptionOverrides {
+            scale_down_utilization_threshold: Some(0.3),
+            ..overrides
+        };
+        assert_eq!(
+            receivable(&defaults(), &both).scale_down_utilization_threshold,
+            Some(0.3)
+        );
     }
 
     #[test]

@@ -31,10 +31,6 @@ pub const TEMPLATE_GROUP_ANNOTATION: &str = "autoscaling.nodegroup.dev/node-grou
 /// Longer ids are refused as malformed instead of looked up and echoed back.
 const MAX_GROUP_ID_BYTES: usize = "MachineDeployment".len() + 1 + 63 + 1 + 253;
 
-/// Seconds of the earliest and latest valid `google.protobuf.Timestamp` (0001-01-01T00:00:00Z
-/// and 9999-12-31T23:59:59Z, as `timestamp.proto` defines them).
-const TIMESTAMP_SECONDS: std::ops::RangeInclusive<i64> = -62_135_596_800..=253_402_300_799;
-
 /// Serves cluster-autoscaler's `externalgrpc` protocol.
 ///
 /// Mutations run detached from their RPC (see [`CloudProviderService::detached`]): tonic
@@ -177,35 +173,6 @@ impl CloudProviderService {
     }
 }
 
-/// Hours from `start` to `end`. Both are required, must be valid protobuf Timestamps, and
-/// `end` must not precede `start`.
-fn hours(
-    start: &Option<prost_types::Timestamp>,
-    end: &Option<prost_types::Timestamp>,
-) -> Result<f64, ProviderError> {
-    let (Some(start), Some(end)) = (start, end) else {
-        return Err(ProviderError::InvalidArgument(
-            "startTimestamp and endTimestamp are required".into(),
-        ));
-    };
-    for (name, t) in [("startTimestamp", start), ("endTimestamp", end)] {
-        if !TIMESTAMP_SECONDS.contains(&t.seconds) || !(0..1_000_000_000).contains(&t.nanos) {
-            return Err(ProviderError::InvalidArgument(format!(
-                "{name} {{seconds: {}, nanos: {}}} is not a valid timestamp (years 1 to 9999, nanos 0 to 999999999)",
-                t.seconds, t.nanos
-            )));
-        }
-    }
-    // In range, so neither difference can overflow.
-    let secs = (end.seconds - start.seconds) as f64 + f64::from(end.nanos - start.nanos) / 1e9;
-    if secs < 0.0 {
-        return Err(ProviderError::InvalidArgument(
-            "endTimestamp is before startTimestamp".into(),
-        ));
-    }
-    Ok(secs / 3600.0)
-}
-
 #[tonic::async_trait]
 impl CloudProvider for CloudProviderService {
     async fn node_groups(
@@ -259,7 +226,12 @@ impl CloudProvider for CloudProviderService {
             let node = request
                 .node
                 .ok_or_else(|| ProviderError::InvalidArgument("request has no node".into()))?;
-            let hours = hours(&request.start_timestamp, &request.end_timestamp)?;
+            let hours = pricing::window_hours(
+                &request.start_timestamp,
+                &request.end_timestamp,
+                &request.start_time,
+                &request.end_time,
+            )?;
             let snapshot = self.snapshot()?;
             let group = Self::group_for_node(&snapshot, &node)?;
             let hourly = group
@@ -289,7 +261,12 @@ impl CloudProvider for CloudProviderService {
     ) -> RpcResult<proto::PricingPodPriceResponse> {
         let request = request.into_inner();
         self.rpc("PricingPodPrice", async {
-            let hours = hours(&request.start_timestamp, &request.end_timestamp)?;
+            let hours = pricing::window_hours(
+                &request.start_timestamp,
+                &request.end_timestamp,
+                &request.start_time,
+                &request.end_time,
+            )?;
             let snapshot = self.snapshot()?;
             let prices = pricing::cheapest_resource_prices(&snapshot).ok_or_else(|| {
                 ProviderError::NotImplemented("no NodeGroupPolicy sets per-resource prices".into())
@@ -518,7 +495,7 @@ impl CloudProvider for CloudProviderService {
                 meta.annotations.insert(TEMPLATE_GROUP_ANNOTATION.into(), group.id.clone());
             }
             let bytes = template::encode_node(&node);
-            Ok(proto::NodeGroupTemplateNodeInfoResponse { node_info: bytes.clone(), node_bytes: bytes, resource_slice_bytes: Vec::new() })
+            Ok(proto::NodeGroupTemplateNodeInfoResponse { node_info: bytes.clone(), node_bytes: bytes })
         })
         .await
     }

@@ -2,20 +2,28 @@
 //! certificates must chain to (client certificates are required). The files are re-read when
 //! their contents change, so rotated certificates (cert-manager, Secret updates) apply without
 //! a restart; a broken new set is refused and the previous one stays in use.
+//!
+//! The accept loop protects itself: a failing `accept()` (EMFILE, ENFILE, ENOBUFS) backs off
+//! instead of spinning, and handshakes in progress are bounded and timed out, the oldest being
+//! abandoned when the bound is reached, so connections that never send a ClientHello cannot
+//! keep a real client out for longer than its own handshake takes.
 
+use std::collections::VecDeque;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -23,6 +31,15 @@ use tokio_util::sync::CancellationToken;
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes in progress at once. cluster-autoscaler holds one connection, so this only has to
+/// cover reconnect bursts of a few replicas and the odd probe.
+const MAX_PENDING_HANDSHAKES: usize = 64;
+/// First delay after a failed `accept()`; it doubles up to [`ACCEPT_BACKOFF_MAX`].
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+/// Longest delay between `accept()` attempts while they keep failing.
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// At most one warning per this interval about abandoned handshakes.
+const ABANDON_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Paths of the PEM files.
 #[derive(Clone, Debug)]
@@ -198,46 +215,167 @@ impl ReloadingTls {
     }
 }
 
+/// Limits on TLS handshakes in progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandshakeLimits {
+    /// Handshakes running at once; a new connection beyond this abandons the oldest one.
+    pub max_pending: usize,
+    /// How long a client may take to finish its handshake.
+    pub timeout: Duration,
+}
+
+impl Default for HandshakeLimits {
+    fn default() -> Self {
+        Self {
+            max_pending: MAX_PENDING_HANDSHAKES,
+            timeout: HANDSHAKE_TIMEOUT,
+        }
+    }
+}
+
+/// Where connections come from: a [`TcpListener`], or a stand-in in tests.
+pub trait Listener: Send + 'static {
+    /// The connection type.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// The next connection and its peer address.
+    fn accept(&mut self) -> impl Future<Output = std::io::Result<(Self::Io, SocketAddr)>> + Send;
+}
+
+impl Listener for TcpListener {
+    type Io = TcpStream;
+
+    async fn accept(&mut self) -> std::io::Result<(TcpStream, SocketAddr)> {
+        let (stream, peer) = TcpListener::accept(self).await?;
+        // gRPC is request/response: without this, replies wait for delayed ACKs (~40 ms).
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "could not set TCP_NODELAY");
+        }
+        Ok((stream, peer))
+    }
+}
+
+/// Exponential back-off between failing `accept()` calls, reset by a success.
+#[derive(Debug, Default)]
+struct AcceptBackoff {
+    next: Option<Duration>,
+}
+
+impl AcceptBackoff {
+    fn failed(&mut self) -> Duration {
+        let delay = self.next.unwrap_or(ACCEPT_BACKOFF_MIN);
+        self.next = Some((delay * 2).min(ACCEPT_BACKOFF_MAX));
+        delay
+    }
+
+    fn succeeded(&mut self) {
+        self.next = None;
+    }
+}
+
 /// Accepts TCP connections and completes TLS handshakes concurrently, yielding established
-/// streams for tonic. Failed handshakes (no or untrusted client certificate) are logged.
+/// streams for tonic, with the default [`HandshakeLimits`]. Failed handshakes (no or untrusted
+/// client certificate) are logged.
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<ReloadingTls>,
     shutdown: CancellationToken,
 ) -> ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>> {
+    incoming_with(listener, tls, HandshakeLimits::default(), shutdown)
+}
+
+/// [`incoming`] for any [`Listener`] and explicit limits.
+pub fn incoming_with<L: Listener>(
+    listener: L,
+    tls: Arc<ReloadingTls>,
+    limits: HandshakeLimits,
+    shutdown: CancellationToken,
+) -> ReceiverStream<Result<TlsStream<L::Io>, std::io::Error>> {
     let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(async move {
-        loop {
-            let (stream, peer) = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(error) => {
-                        tracing::warn!(%error, "accepting gRPC connection");
-                        continue;
-                    }
-                },
-            };
-            // gRPC is request/response: without this, replies wait for delayed ACKs (~40 ms).
-            if let Err(error) = stream.set_nodelay(true) {
-                tracing::debug!(%error, "could not set TCP_NODELAY");
-            }
-            let acceptor = tls.acceptor();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(tls_stream)) => {
-                        let _ = tx.send(Ok(tls_stream)).await;
-                    }
-                    Ok(Err(error)) => log_handshake_failure(peer, &error.to_string()),
-                    Err(_) => log_handshake_failure(peer, "handshake timed out"),
-                }
-            });
-        }
-    });
+    tokio::spawn(accept_loop(listener, tls, limits, tx, shutdown));
     ReceiverStream::new(rx)
+}
+
+async fn accept_loop<L: Listener>(
+    mut listener: L,
+    tls: Arc<ReloadingTls>,
+    limits: HandshakeLimits,
+    tx: mpsc::Sender<Result<TlsStream<L::Io>, std::io::Error>>,
+    shutdown: CancellationToken,
+) {
+    let max_pending = limits.max_pending.max(1);
+    let mut pending: VecDeque<AbortHandle> = VecDeque::new();
+    let mut backoff = AcceptBackoff::default();
+    let mut abandoned = 0u64;
+    let mut last_abandon_log: Option<Instant> = None;
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => {
+                backoff.succeeded();
+                accepted
+            }
+            Err(error) => {
+                // EMFILE and friends fail again at once: retrying without a pause spins a core.
+                let delay = backoff.failed();
+                tracing::warn!(%error, ?delay, "accepting gRPC connection failed; retrying after a pause");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => continue,
+                }
+            }
+        };
+        pending.retain(|h| !h.is_finished());
+        if pending.len() >= max_pending
+            && let Some(oldest) = pending.pop_front()
+        {
+            // The oldest handshake has had the longest to finish; a real client finishes in
+            // milliseconds, so under a flood of idle connections it is the idle ones that go.
+            oldest.abort();
+            abandoned += 1;
+            if last_abandon_log.is_none_or(|at| at.elapsed() >= ABANDON_LOG_INTERVAL) {
+                tracing::warn!(
+                    max_pending,
+                    abandoned,
+                    "too many TLS handshakes in progress; abandoning the oldest"
+                );
+                last_abandon_log = Some(Instant::now());
+            }
+        }
+        let acceptor = tls.acceptor();
+        let tx = tx.clone();
+        let handshake = tokio::spawn(async move {
+            match tokio::time::timeout(limits.timeout, acceptor.accept(stream)).await {
+                Ok(Ok(tls_stream)) => {
+                    let _ = tx.send(Ok(tls_stream)).await;
+                }
+                Ok(Err(error)) => log_handshake_failure(peer, &error.to_string()),
+                Err(_) => log_handshake_failure(peer, "handshake timed out"),
+            }
+        });
+        pending.push_back(handshake.abort_handle());
+    }
 }
 
 fn log_handshake_failure(peer: SocketAddr, reason: &str) {
     tracing::warn!(%peer, reason, "rejected gRPC connection: TLS handshake failed (is the client certificate signed by --tls-client-ca?)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_backoff_doubles_to_a_cap_and_resets_on_success() {
+        let mut b = AcceptBackoff::default();
+        let delays: Vec<Duration> = (0..10).map(|_| b.failed()).collect();
+        assert_eq!(delays[0], ACCEPT_BACKOFF_MIN);
+        assert_eq!(delays[1], ACCEPT_BACKOFF_MIN * 2);
+        assert!(delays.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(delays[9], ACCEPT_BACKOFF_MAX);
+        b.succeeded();
+        assert_eq!(b.failed(), ACCEPT_BACKOFF_MIN);
+    }
 }

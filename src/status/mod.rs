@@ -16,7 +16,9 @@ use crate::index::{PolicyReport, Snapshot, Source};
 pub const READY: &str = "Ready";
 /// Condition type: some selected resources are governed by an older policy.
 pub const CONFLICT: &str = "Conflict";
-/// Condition type: every governed resource has valid autoscaler configuration.
+/// Condition type: every governed resource has valid autoscaler configuration. False when a
+/// resource is not served for it (`InvalidConfiguration`) or when served groups have values
+/// that were ignored (`InvalidValuesIgnored`).
 pub const RESOURCES_VALID: &str = "ResourcesValid";
 
 fn source(s: Source) -> String {
@@ -66,12 +68,14 @@ pub fn compute(
             last_scale_up: recent.last_scale_up.map(to_time),
             last_scale_down: recent.last_scale_down.map(to_time),
             problem: None,
+            warnings: g.warnings.iter().map(|w| w.message.clone()).collect(),
         });
     }
     for (id, why) in &report.excluded {
         groups.push(GroupStatus {
             id: id.clone(),
             problem: Some(why.clone()),
+            warnings: report.warnings.get(id).cloned().unwrap_or_default(),
             ..Default::default()
         });
     }
@@ -152,14 +156,13 @@ pub fn compute(
         .iter()
         .filter(|(_, why)| !why.starts_with("paused") && !why.starts_with("no max size"))
         .collect();
-    let valid = if invalid.is_empty() {
-        DesiredCondition {
-            type_: RESOURCES_VALID,
-            status: true,
-            reason: "AllValid".into(),
-            message: "every governed resource is valid".into(),
-        }
-    } else {
+    let warned = || {
+        report
+            .warnings
+            .iter()
+            .map(|(id, warnings)| format!("{id}: {}", warnings.join("; ")))
+    };
+    let valid = if !invalid.is_empty() {
         DesiredCondition {
             type_: RESOURCES_VALID,
             status: false,
@@ -167,8 +170,26 @@ pub fn compute(
             message: invalid
                 .iter()
                 .map(|(id, why)| format!("{id}: {why}"))
+                .chain(warned())
                 .collect::<Vec<_>>()
                 .join("; "),
+        }
+    } else if !report.warnings.is_empty() {
+        DesiredCondition {
+            type_: RESOURCES_VALID,
+            status: false,
+            reason: "InvalidValuesIgnored".into(),
+            message: format!(
+                "served with defaults for values that could not be used: {}",
+                warned().collect::<Vec<_>>().join("; ")
+            ),
+        }
+    } else {
+        DesiredCondition {
+            type_: RESOURCES_VALID,
+            status: true,
+            reason: "AllValid".into(),
+            message: "every governed resource is valid".into(),
         }
     };
     let previous = policy

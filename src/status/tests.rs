@@ -33,6 +33,7 @@ fn group(id: &str) -> NodeGroup {
         policy: None,
         pricing: None,
         node_capacity: Default::default(),
+        warnings: vec![],
     }
 }
 
@@ -186,4 +187,34 @@ fn invalid_resources_are_listed_with_their_problem() {
         "True",
         "other groups keep being served"
     );
+}
+
+#[test]
+fn served_groups_with_ignored_values_keep_the_policy_ready_and_list_the_warnings() {
+    let id = "MachineDeployment/ns/md";
+    let warning = "annotation capacity.cluster-autoscaler.kubernetes.io/labels=\"pool=a,foo\": label \"foo\" is not key=value; item \"foo\" skipped";
+    let mut r = report();
+    r.governed = vec![id.into()];
+    r.warnings.insert(id.into(), vec![warning.into()]);
+    let mut s = snapshot(r, &[]);
+    let mut g = group(id);
+    g.warnings = vec![crate::index::ConfigWarning {
+        field: "capacity.cluster-autoscaler.kubernetes.io/labels".into(),
+        message: warning.into(),
+    }];
+    s.groups.insert(id.into(), Arc::new(g));
+    let status = compute(&policy(), &s, &ActivityLog::default(), &now());
+    let valid = condition(&status, RESOURCES_VALID);
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("False", "InvalidValuesIgnored")
+    );
+    assert!(
+        valid.message.contains(id) && valid.message.contains("foo"),
+        "{}",
+        valid.message
+    );
+    assert_eq!(status.groups[0].warnings, vec![warning.to_string()]);
+    assert_eq!(status.groups[0].problem, None);
+    assert_eq!(condition(&status, READY).status, "True");
 }

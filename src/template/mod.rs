@@ -8,6 +8,7 @@ use k8s_pb::api::core::v1 as pb;
 use k8s_pb::apimachinery::pkg::api::resource::Quantity;
 use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
 use prost::Message;
+use thiserror::Error;
 
 use crate::capi::objects::Taint;
 use crate::index::TemplateInputs;
@@ -28,6 +29,29 @@ const COPIED_NODE_LABELS: [&str; 7] = [
 
 /// Architectures accepted for `CAPI_SCALE_ZERO_DEFAULT_ARCH`.
 pub const KNOWN_ARCHITECTURES: [&str; 4] = ["amd64", "arm64", "ppc64le", "s390x"];
+/// The architecture used when `CAPI_SCALE_ZERO_DEFAULT_ARCH` names none of
+/// [`KNOWN_ARCHITECTURES`] (upstream's `DefaultArch`).
+pub const FALLBACK_ARCHITECTURE: &str = "amd64";
+
+/// `CAPI_SCALE_ZERO_DEFAULT_ARCH` names no architecture we know.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error(
+    "unrecognized scale-from-zero default architecture {0:?} (expected amd64, arm64, ppc64le or s390x, exactly); falling back to {FALLBACK_ARCHITECTURE}"
+)]
+pub struct UnknownArchitecture(pub String);
+
+/// The default architecture of template nodes, as upstream's
+/// `GetDefaultScaleFromZeroArchitecture` (`clusterapi_utils.go`) reads it: one of
+/// [`KNOWN_ARCHITECTURES`], compared exactly; anything else (`x86_64`, `AMD64`, empty) is an
+/// error whose fallback is [`FALLBACK_ARCHITECTURE`], so the caller can log it loudly and go
+/// on, as upstream does, instead of refusing to start.
+pub fn default_architecture(value: &str) -> Result<&'static str, UnknownArchitecture> {
+    KNOWN_ARCHITECTURES
+        .iter()
+        .find(|a| **a == value)
+        .copied()
+        .ok_or_else(|| UnknownArchitecture(value.into()))
+}
 
 /// Labels from a machine template that Cluster API syncs to Nodes (and so belong in templates).
 pub fn managed_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {

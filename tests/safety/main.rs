@@ -8,3 +8,8 @@
 mod support;
 
 mod apiserver;
+mod concurrency;
+mod crash;
+mod rollout;
+mod shutdown;
+mod slow_api;

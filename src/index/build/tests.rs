@@ -229,9 +229,13 @@ fn paused_resources_are_excluded_and_their_nodes_have_no_group() {
 #[test]
 fn replicas_zero_is_served_only_with_scale_from_zero_capacity() {
     let snap = build_snapshot(&deployment(0, bounds("0", "3"), 0));
-    assert_eq!(
-        snap.exclusions[0].reason,
-        ExclusionReason::ZeroWithoutTemplate
+    assert!(
+        matches!(
+            &snap.exclusions[0].reason,
+            ExclusionReason::ZeroWithoutTemplate(d) if d.contains("no infrastructure template")
+        ),
+        "{:?}",
+        snap.exclusions[0].reason
     );
     let mut annotations = bounds("0", "3");
     annotations["capacity.cluster-autoscaler.kubernetes.io/cpu"] = json!("2");
@@ -507,21 +511,157 @@ fn machine_pool_reports_its_provider_id_list_verbatim() {
 }
 
 #[test]
-fn invalid_options_or_capacity_exclude_the_group_with_the_annotation_named() {
+fn bad_option_capacity_label_and_taint_values_keep_the_group_served_with_warnings() {
     let mut a = bounds("1", "3");
-    a["cluster.x-k8s.io/autoscaling-options-scaledownunneededtime"] = json!("later");
+    for (k, v) in [
+        (
+            "cluster.x-k8s.io/autoscaling-options-scaledownunneededtime",
+            "10",
+        ),
+        (
+            "cluster.x-k8s.io/autoscaling-options-scaledownutilizationthreshold",
+            "1.1",
+        ),
+        (
+            "cluster.x-k8s.io/autoscaling-options-scaledownunreadytime",
+            "5m",
+        ),
+        ("capacity.cluster-autoscaler.kubernetes.io/cpu", "2"),
+        ("capacity.cluster-autoscaler.kubernetes.io/memory", "16GB"),
+        (
+            "capacity.cluster-autoscaler.kubernetes.io/labels",
+            "pool=a,foo",
+        ),
+        (
+            "capacity.cluster-autoscaler.kubernetes.io/taints",
+            "a=b:noschedule",
+        ),
+    ] {
+        a[k] = json!(v);
+    }
     let snap = build_snapshot(&deployment(1, a, 1));
-    let ExclusionReason::Invalid(m) = &snap.exclusions[0].reason else {
-        panic!()
-    };
-    assert!(
-        m.contains("autoscaling-options-scaledownunneededtime"),
-        "{m}"
+    assert!(snap.exclusions.is_empty(), "{:?}", snap.exclusions);
+    let g = &snap.groups["MachineDeployment/ns/md"];
+    assert_eq!(g.options.scale_down_unneeded_time, None, "CA's default");
+    assert_eq!(
+        g.options.scale_down_utilization_threshold, None,
+        "CA's default"
     );
-    let mut a = bounds("1", "3");
-    a["capacity.cluster-autoscaler.kubernetes.io/memory"] = json!("lots");
+    assert_eq!(
+        g.options.scale_down_unready_time,
+        Some(std::time::Duration::from_secs(300))
+    );
+    assert!(
+        g.template.is_none(),
+        "memory was ignored, so no scale from zero"
+    );
+    let fields: Vec<&str> = g.warnings.iter().map(|w| w.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        vec![
+            "cluster.x-k8s.io/autoscaling-options-scaledownunneededtime",
+            "cluster.x-k8s.io/autoscaling-options-scaledownutilizationthreshold",
+            "capacity.cluster-autoscaler.kubernetes.io/memory",
+            "capacity.cluster-autoscaler.kubernetes.io/labels",
+            "capacity.cluster-autoscaler.kubernetes.io/taints",
+        ]
+    );
+}
+
+#[test]
+fn a_bad_bound_still_excludes_and_reports_the_other_warnings_too() {
+    let mut a = bounds("1", "three");
+    a["capacity.cluster-autoscaler.kubernetes.io/labels"] = json!("foo");
     let snap = build_snapshot(&deployment(1, a, 1));
     assert!(snap.groups.is_empty());
+    assert!(matches!(
+        snap.exclusions[0].reason,
+        ExclusionReason::Invalid(_)
+    ));
+    assert_eq!(snap.exclusions[0].warnings.len(), 1);
+}
+
+fn with_infra_ref(mut i: IndexInputs) -> IndexInputs {
+    i.resources[0].infra_ref = Some(crate::capi::InfraRef {
+        group: "infrastructure.cluster.x-k8s.io".into(),
+        version: None,
+        kind: "TestMachineTemplate".into(),
+        name: "tpl".into(),
+    });
+    i
+}
+
+fn kind_state(i: &mut IndexInputs, state: TemplateKindState) {
+    i.template_kinds.insert(
+        (
+            "infrastructure.cluster.x-k8s.io".into(),
+            "TestMachineTemplate".into(),
+        ),
+        state,
+    );
+}
+
+#[test]
+fn zero_replicas_without_a_readable_template_says_precisely_why() {
+    let zero = || with_infra_ref(deployment(0, bounds("0", "3"), 0));
+    let reason = |i: &IndexInputs| build_snapshot(i).exclusions[0].reason.describe();
+
+    let syncing = zero();
+    assert!(
+        reason(&syncing).contains(
+            "TestMachineTemplate.infrastructure.cluster.x-k8s.io ns/tpl is not synced yet"
+        ),
+        "{}",
+        reason(&syncing)
+    );
+    let mut missing = zero();
+    kind_state(&mut missing, TemplateKindState::Ready);
+    assert!(
+        reason(&missing).contains("does not exist"),
+        "{}",
+        reason(&missing)
+    );
+    let mut empty = zero();
+    kind_state(&mut empty, TemplateKindState::Ready);
+    empty.templates.insert(
+        TemplateKey {
+            group: "infrastructure.cluster.x-k8s.io".into(),
+            kind: "TestMachineTemplate".into(),
+            namespace: "ns".into(),
+            name: "tpl".into(),
+        },
+        InfraTemplate::default(),
+    );
+    assert!(
+        reason(&empty).contains("nor does the status.capacity of infrastructure template"),
+        "{}",
+        reason(&empty)
+    );
+}
+
+#[test]
+fn an_unreadable_template_kind_serves_the_group_with_a_warning_instead_of_hiding_it() {
+    let mut i = with_infra_ref(deployment(0, bounds("0", "3"), 0));
+    kind_state(
+        &mut i,
+        TemplateKindState::Unavailable("testmachinetemplates is forbidden".into()),
+    );
+    let snap = build_snapshot(&i);
+    assert!(snap.exclusions.is_empty(), "{:?}", snap.exclusions);
+    let g = &snap.groups["MachineDeployment/ns/md"];
+    assert!(g.template.is_none(), "TemplateNodeInfo stays UNIMPLEMENTED");
+    assert_eq!(g.warnings.len(), 1);
+    assert_eq!(g.warnings[0].field, "spec.template.spec.infrastructureRef");
+    assert!(
+        g.warnings[0]
+            .message
+            .contains("is not readable: testmachinetemplates is forbidden")
+            && g.warnings[0]
+                .message
+                .contains("served without a scale-from-zero template"),
+        "{}",
+        g.warnings[0].message
+    );
 }
 
 #[test]

@@ -1,0 +1,348 @@
+//! `make soak`: many clients hammer the operator binary with a mix of reads and writes for a
+//! long time, on the sandbox with the real Cluster API manager, while its resident memory is
+//! sampled. At the end the load stops, the sweeper gets time to act, and the results (throughput,
+//! outcomes per RPC, RSS over time, stranded marks, replicas versus machines) go to
+//! `target/soak/results.json`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use nodegroup_operator::capi::scale_down::MARK_ANNOTATION;
+use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
+use serde::Serialize;
+use serde_json::json;
+use tonic::transport::Channel;
+
+use crate::capi;
+use crate::environment::{Sandbox, WORKER_TEMPLATE};
+use crate::stack::AutoscaledCluster;
+
+/// Soak parameters.
+#[derive(Clone, Debug)]
+pub struct SoakOptions {
+    /// How long the load runs.
+    pub duration: Duration,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Node groups (MachineDeployments of min 1, max 8).
+    pub groups: usize,
+}
+
+/// Outcomes of one RPC method.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Outcomes {
+    /// Answered OK.
+    pub ok: u64,
+    /// Refused as the contract says (above max, below min, not a member any more).
+    pub refused: u64,
+    /// Anything else (the figure that must stay 0).
+    pub errors: u64,
+    /// The distinct unexpected errors seen, with counts.
+    pub error_kinds: BTreeMap<String, u64>,
+}
+
+/// What `target/soak/results.json` holds.
+#[derive(Clone, Debug, Serialize)]
+pub struct SoakResults {
+    /// Seconds of load.
+    pub duration_s: f64,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Node groups.
+    pub groups: usize,
+    /// All RPCs per second.
+    pub throughput_rps: f64,
+    /// Outcomes per RPC method.
+    pub rpcs: BTreeMap<String, Outcomes>,
+    /// Operator RSS in KiB: after warm-up, at the end, and every sample in between.
+    pub rss_kib: RssSamples,
+    /// Machines (not deleting) still carrying our scale-down mark once the sweeper had time.
+    pub stranded_marks: usize,
+    /// Per group at the end: (spec.replicas, machines not deleting) once Cluster API settled.
+    pub groups_final: BTreeMap<String, (i64, usize)>,
+    /// True when every group's replicas equal its machines.
+    pub replicas_match_machines: bool,
+}
+
+/// Resident memory samples.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RssSamples {
+    /// After warm-up.
+    pub start: u64,
+    /// At the end of the load.
+    pub end: u64,
+    /// (seconds since start, KiB).
+    pub samples: Vec<(u64, u64)>,
+}
+
+type Tally = Arc<Mutex<BTreeMap<String, Outcomes>>>;
+
+/// Runs the soak on a started sandbox.
+pub async fn run(sandbox: &Sandbox, options: &SoakOptions) -> anyhow::Result<SoakResults> {
+    let mut cluster = AutoscaledCluster::create(&sandbox.info(), "soak", "soak", json!({})).await?;
+    let client = cluster.client().await?;
+    let mut ids = Vec::new();
+    for i in 0..options.groups {
+        let name = format!("g{i}");
+        let md = capi::machine_deployment(
+            "soak",
+            "soak",
+            &name,
+            3,
+            json!({"cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "1",
+                   "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "8"}),
+            WORKER_TEMPLATE,
+        )?;
+        Api::<DynamicObject>::namespaced_with(client.clone(), "soak", &capi::machine_deployments())
+            .create(&PostParams::default(), &md)
+            .await?;
+        ids.push(format!("MachineDeployment/soak/{name}"));
+    }
+    let mut operator = cluster.operator_options();
+    operator.log_filter = "warn".into();
+    cluster.start_operator(&operator)?;
+    let (address, pid) = {
+        let op = cluster
+            .operator()
+            .ok_or_else(|| anyhow::anyhow!("operator not running"))?;
+        (op.grpc_address, op.pid())
+    };
+    let grpc = cluster.pki.connect(address).await?;
+    // Warm-up: every group served with its nodes.
+    let warm = Instant::now();
+    loop {
+        let groups = grpc
+            .clone()
+            .node_groups(proto::NodeGroupsRequest {})
+            .await?;
+        if groups.into_inner().node_groups.len() == options.groups {
+            break;
+        }
+        anyhow::ensure!(
+            warm.elapsed() < Duration::from_secs(120),
+            "groups never served"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let mut rss = RssSamples {
+        start: rss_kib(pid)?,
+        ..Default::default()
+    };
+    println!(
+        "soak: {} clients, {} groups, {:?}; operator RSS {} KiB after warm-up",
+        options.clients, options.groups, options.duration, rss.start
+    );
+
+    let tally: Tally = Arc::default();
+    let started = Instant::now();
+    let deadline = started + options.duration;
+    let mut workers = Vec::new();
+    for worker in 0..options.clients {
+        let grpc = grpc.clone();
+        let ids = ids.clone();
+        let tally = tally.clone();
+        workers.push(tokio::spawn(async move {
+            let mut n: u64 = worker as u64;
+            while Instant::now() < deadline {
+                n = n
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                one_call(&grpc, &ids, n, &tally).await;
+            }
+        }));
+    }
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(30).min(deadline - Instant::now())).await;
+        let kib = rss_kib(pid)?;
+        let at = started.elapsed().as_secs();
+        rss.samples.push((at, kib));
+        let calls: u64 = tally
+            .lock()
+            .map(|t| t.values().map(|o| o.ok + o.refused + o.errors).sum())
+            .unwrap_or_default();
+        println!("soak: {at:>4}s {calls} calls, RSS {kib} KiB");
+    }
+    for worker in workers {
+        worker.await?;
+    }
+    let elapsed = started.elapsed();
+    rss.end = rss_kib(pid)?;
+
+    // Let every mark's deadline pass and the sweeper run, then let Cluster API settle.
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let stranded = marked_machines(&client).await?;
+    let mut groups_final = BTreeMap::new();
+    for _ in 0..60 {
+        groups_final = sizes(&client, options.groups).await?;
+        if groups_final.values().all(|(r, m)| *r == *m as i64) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    cluster.check_alive()?;
+    let rpcs = tally.lock().map(|t| t.clone()).unwrap_or_default();
+    let total: u64 = rpcs.values().map(|o| o.ok + o.refused + o.errors).sum();
+    Ok(SoakResults {
+        duration_s: elapsed.as_secs_f64(),
+        clients: options.clients,
+        groups: options.groups,
+        throughput_rps: total as f64 / elapsed.as_secs_f64(),
+        rpcs,
+        rss_kib: rss,
+        stranded_marks: stranded,
+        replicas_match_machines: groups_final.values().all(|(r, m)| *r == *m as i64),
+        groups_final,
+    })
+}
+
+/// One call of the mix: 85% reads, 8% IncreaseSize(+1), 7% DeleteNodes of a running node.
+async fn one_call(grpc: &CloudProviderClient<Channel>, ids: &[String], n: u64, tally: &Tally) {
+    let mut grpc = grpc.clone();
+    let id = ids[(n >> 33) as usize % ids.len()].clone();
+    let roll = (n >> 40) % 100;
+    let (method, result) = match roll {
+        0..=24 => (
+            "NodeGroups",
+            grpc.node_groups(proto::NodeGroupsRequest {})
+                .await
+                .map(|_| ()),
+        ),
+        25..=49 => (
+            "NodeGroupTargetSize",
+            grpc.node_group_target_size(proto::NodeGroupTargetSizeRequest { id })
+                .await
+                .map(|_| ()),
+        ),
+        50..=84 => {
+            let nodes = grpc
+                .node_group_nodes(proto::NodeGroupNodesRequest { id: id.clone() })
+                .await;
+            let pick = nodes.as_ref().ok().and_then(|r| {
+                let instances = &r.get_ref().instances;
+                instances
+                    .get((n >> 20) as usize % instances.len().max(1))
+                    .cloned()
+            });
+            if let Some(instance) = pick {
+                let node = proto::ExternalGrpcNode {
+                    provider_id: instance.id,
+                    ..Default::default()
+                };
+                let found = grpc
+                    .node_group_for_node(proto::NodeGroupForNodeRequest { node: Some(node) })
+                    .await
+                    .map(|_| ());
+                record(tally, "NodeGroupForNode", found);
+            }
+            ("NodeGroupNodes", nodes.map(|_| ()))
+        }
+        85..=92 => (
+            "NodeGroupIncreaseSize",
+            grpc.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest { id, delta: 1 })
+                .await
+                .map(|_| ()),
+        ),
+        _ => {
+            let instances = grpc
+                .node_group_nodes(proto::NodeGroupNodesRequest { id: id.clone() })
+                .await
+                .map(|r| r.into_inner().instances)
+                .unwrap_or_default();
+            let running: Vec<_> = instances
+                .into_iter()
+                .filter(|i| i.status.as_ref().is_some_and(|s| s.instance_state == 1))
+                .collect();
+            let Some(victim) = running.get((n >> 24) as usize % running.len().max(1)) else {
+                return;
+            };
+            let node = proto::ExternalGrpcNode {
+                provider_id: victim.id.clone(),
+                ..Default::default()
+            };
+            (
+                "NodeGroupDeleteNodes",
+                grpc.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+                    id,
+                    nodes: vec![node],
+                })
+                .await
+                .map(|_| ()),
+            )
+        }
+    };
+    record(tally, method, result);
+}
+
+fn record(tally: &Tally, method: &str, result: Result<(), tonic::Status>) {
+    let Ok(mut tally) = tally.lock() else { return };
+    let outcome = tally.entry(method.to_string()).or_default();
+    match result {
+        Ok(()) => outcome.ok += 1,
+        // The contract's refusals: bounds, and nodes that left the group meanwhile.
+        Err(s)
+            if matches!(
+                s.code(),
+                tonic::Code::FailedPrecondition | tonic::Code::NotFound
+            ) =>
+        {
+            outcome.refused += 1
+        }
+        Err(s) => {
+            outcome.errors += 1;
+            *outcome
+                .error_kinds
+                .entry(format!("{:?}: {}", s.code(), s.message()))
+                .or_default() += 1;
+        }
+    }
+}
+
+/// Resident memory of process `pid`, from `/proc/<pid>/status`.
+fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmRSS for process {pid}"))
+}
+
+async fn marked_machines(client: &Client) -> anyhow::Result<usize> {
+    let machines = Api::<DynamicObject>::namespaced_with(client.clone(), "soak", &capi::machines())
+        .list(&ListParams::default())
+        .await?;
+    Ok(machines
+        .items
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+        .filter(|m| m.annotations().contains_key(MARK_ANNOTATION))
+        .count())
+}
+
+async fn sizes(client: &Client, groups: usize) -> anyhow::Result<BTreeMap<String, (i64, usize)>> {
+    let mds =
+        Api::<DynamicObject>::namespaced_with(client.clone(), "soak", &capi::machine_deployments());
+    let machines = Api::<DynamicObject>::namespaced_with(client.clone(), "soak", &capi::machines())
+        .list(&ListParams::default())
+        .await?;
+    let mut out = BTreeMap::new();
+    for i in 0..groups {
+        let name = format!("g{i}");
+        let replicas = mds.get(&name).await?.data["spec"]["replicas"]
+            .as_i64()
+            .unwrap_or_default();
+        let count = machines
+            .items
+            .iter()
+            .filter(|m| m.metadata.deletion_timestamp.is_none())
+            .filter(|m| m.labels().get(capi::DEPLOYMENT_NAME_LABEL) == Some(&name))
+            .count();
+        out.insert(name, (replicas, count));
+    }
+    Ok(out)
+}

@@ -1,0 +1,353 @@
+//! DeleteNodes against the real Cluster API manager, with the operator binary killed
+//! (SIGKILL) at each step of the mutation, over many iterations; and cluster-autoscaler's own
+//! client timing out against a slow API server.
+
+use std::collections::BTreeSet;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::{Client, ResourceExt};
+use ngo_sandbox::capi;
+use ngo_sandbox::environment::{SandboxInfo, WORKER_TEMPLATE, start_for_process};
+use ngo_sandbox::stack::AutoscaledCluster;
+use nodegroup_operator::capi::scale_down::{LEDGER_ANNOTATION, MARK_ANNOTATION};
+use nodegroup_operator::proto;
+use serde_json::json;
+
+pub const DELETE_MACHINE: &str = "cluster.x-k8s.io/delete-machine";
+const WAIT: Duration = Duration::from_secs(120);
+
+/// The Cluster API sandbox of this test binary.
+pub fn sandbox() -> &'static SandboxInfo {
+    static SANDBOX: OnceLock<SandboxInfo> = OnceLock::new();
+    SANDBOX.get_or_init(|| start_for_process().unwrap_or_else(|e| panic!("{e:#}")))
+}
+
+/// A namespace with a Cluster and a MachineDeployment `w` of `replicas` Running machines.
+pub struct Group {
+    pub cluster: AutoscaledCluster,
+    pub client: Client,
+    pub id: String,
+}
+
+impl Group {
+    pub async fn new(prefix: &str, replicas: i32) -> Self {
+        let namespace = format!("{prefix}-{}", rand::random::<u32>() % 100_000);
+        let cluster = AutoscaledCluster::create(sandbox(), &namespace, "c1", json!({}))
+            .await
+            .unwrap_or_else(|e| panic!("creating {namespace}: {e:#}"));
+        let client = cluster.client().await.expect("client");
+        let md = capi::machine_deployment(
+            &namespace,
+            "c1",
+            "w",
+            replicas,
+            json!({"cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "1",
+                   "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "100"}),
+            WORKER_TEMPLATE,
+        )
+        .expect("md");
+        Api::<DynamicObject>::namespaced_with(
+            client.clone(),
+            &namespace,
+            &capi::machine_deployments(),
+        )
+        .create(&Default::default(), &md)
+        .await
+        .expect("create md");
+        let group = Self {
+            cluster,
+            client,
+            id: format!("MachineDeployment/{namespace}/w"),
+        };
+        group.wait_running(replicas as usize).await;
+        group
+    }
+
+    pub fn ns(&self) -> &str {
+        &self.cluster.namespace
+    }
+
+    pub fn log(&self, what: &str) {
+        eprintln!("[{}] {what}", self.ns());
+    }
+
+    pub async fn machines(&self) -> Vec<DynamicObject> {
+        Api::<DynamicObject>::namespaced_with(self.client.clone(), self.ns(), &capi::machines())
+            .list(&ListParams::default())
+            .await
+            .expect("machines")
+            .items
+    }
+
+    pub async fn replicas(&self) -> i64 {
+        let md = Api::<DynamicObject>::namespaced_with(
+            self.client.clone(),
+            self.ns(),
+            &capi::machine_deployments(),
+        )
+        .get("w")
+        .await
+        .expect("md");
+        md.data["spec"]["replicas"].as_i64().unwrap_or_default()
+    }
+
+    /// Machines with a Node (providerID and nodeRef), not deleting: name -> providerID.
+    pub async fn running(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = self
+            .machines()
+            .await
+            .into_iter()
+            .filter(|m| m.metadata.deletion_timestamp.is_none())
+            .filter(|m| m.data["status"]["nodeRef"]["name"].is_string())
+            .filter_map(|m| {
+                let pid = m.data["spec"]["providerID"].as_str()?.to_string();
+                Some((m.name_any(), pid))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    pub async fn wait_running(&self, n: usize) -> Vec<(String, String)> {
+        poll(
+            &format!("{n} running machines in {}", self.ns()),
+            || async {
+                let running = self.running().await;
+                let all = self.machines().await.len();
+                (running.len() == n && all == n).then_some(running)
+            },
+        )
+        .await
+    }
+
+    /// Machines (not deleting) that carry a delete-machine annotation or our mark.
+    pub async fn marked(&self) -> BTreeSet<String> {
+        self.machines()
+            .await
+            .into_iter()
+            .filter(|m| m.metadata.deletion_timestamp.is_none())
+            .filter(|m| {
+                let a = m.annotations();
+                a.contains_key(DELETE_MACHINE) || a.contains_key(MARK_ANNOTATION)
+            })
+            .map(|m| m.name_any())
+            .collect()
+    }
+
+    pub async fn ledger(&self) -> String {
+        let md = Api::<DynamicObject>::namespaced_with(
+            self.client.clone(),
+            self.ns(),
+            &capi::machine_deployments(),
+        )
+        .get("w")
+        .await
+        .expect("md");
+        md.annotations()
+            .get(LEDGER_ANNOTATION)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// A node as cluster-autoscaler sends it in DeleteNodes.
+pub fn node(name: &str, provider_id: &str) -> proto::ExternalGrpcNode {
+    proto::ExternalGrpcNode {
+        provider_id: provider_id.into(),
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+pub async fn poll<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Where the operator stopped, and what must hold once a new operator has swept.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// Nothing written yet: nothing changes.
+    BeforeMark,
+    /// Marked, replicas not lowered: the sweeper rolls the mark back.
+    AfterMark,
+    /// Marked and lowered: Cluster API deletes exactly the victim.
+    AfterDecrement,
+}
+
+impl Step {
+    fn point(self) -> &'static str {
+        match self {
+            Step::BeforeMark => "delete-nodes:before-mark",
+            Step::AfterMark => "delete-nodes:after-mark",
+            Step::AfterDecrement => "delete-nodes:after-decrement",
+        }
+    }
+}
+
+/// How many times each step is killed (`NGO_SAFETY_ITERATIONS` raises it).
+fn iterations() -> usize {
+    std::env::var("NGO_SAFETY_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_killed_at_any_step_of_delete_nodes_strands_no_mark() {
+    let steps = [Step::BeforeMark, Step::AfterMark, Step::AfterDecrement];
+    let rounds = iterations();
+    let total = rounds * steps.len();
+    let mut group = Group::new("crash", (total + 2) as i32).await;
+    let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_nodegroup-operator"));
+    let mut expected_replicas = group.replicas().await;
+    let mut gone = BTreeSet::new();
+    let mut rolled_back = 0;
+    let started = Instant::now();
+    for round in 0..rounds {
+        for step in steps {
+            let running = group.running().await;
+            let (victim, pid) = running
+                .iter()
+                .find(|(name, _)| !gone.contains(name))
+                .cloned()
+                .expect("a machine to delete");
+            let others: BTreeSet<String> = running
+                .iter()
+                .map(|(n, _)| n.clone())
+                .filter(|n| *n != victim)
+                .collect();
+            group.log(&format!(
+                "round {round}: killing the operator at {step:?} while deleting {victim}"
+            ));
+
+            let mut options = group.cluster.operator_options();
+            options.binary = binary.clone();
+            options.extra_args = vec!["--sweep-interval-secs=1".into()];
+            options.env = vec![("NGO_FAULT_PAUSE_AT".into(), step.point().into())];
+            group.cluster.start_operator(&options).expect("operator");
+            let address = group.cluster.operator().expect("operator").grpc_address;
+            let log = group
+                .cluster
+                .operator()
+                .expect("operator")
+                .log_path()
+                .to_path_buf();
+            let mut client = group.cluster.pki.connect(address).await.expect("client");
+            let mut request = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
+                id: group.id.clone(),
+                nodes: vec![node(&victim, &pid)],
+            });
+            request.set_timeout(Duration::from_secs(1));
+            let call = tokio::spawn(async move { client.node_group_delete_nodes(request).await });
+            poll("the fault point", || async {
+                std::fs::read_to_string(&log)
+                    .ok()
+                    .filter(|l| l.contains("fault point reached"))
+                    .map(|_| ())
+            })
+            .await;
+            group.cluster.kill_operator();
+            let answer = call.await.expect("rpc task");
+            assert!(
+                answer.is_err(),
+                "the killed operator never answered OK: {answer:?}"
+            );
+
+            // A new operator (no fault) starts; its sweeper resolves what the dead one left.
+            options.env.clear();
+            group
+                .cluster
+                .start_operator(&options)
+                .expect("operator restarts");
+            match step {
+                Step::BeforeMark => {
+                    assert_eq!(group.replicas().await, expected_replicas);
+                    assert!(group.marked().await.is_empty(), "nothing was marked");
+                }
+                Step::AfterMark => {
+                    poll("the stranded mark rolled back", || async {
+                        group.marked().await.is_empty().then_some(())
+                    })
+                    .await;
+                    rolled_back += 1;
+                    assert_eq!(
+                        group.replicas().await,
+                        expected_replicas,
+                        "replicas untouched"
+                    );
+                }
+                Step::AfterDecrement => {
+                    expected_replicas -= 1;
+                    assert_eq!(group.replicas().await, expected_replicas, "one decrement");
+                }
+            }
+
+            // cluster-autoscaler asks again; whatever happened before, the result is exact. (A
+            // node already removed is unknown by now: CA would not ask for it.)
+            let address = group.cluster.operator().expect("operator").grpc_address;
+            let mut client = group.cluster.pki.connect(address).await.expect("client");
+            let retry = client
+                .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+                    id: group.id.clone(),
+                    nodes: vec![node(&victim, &pid)],
+                })
+                .await;
+            match step {
+                Step::AfterDecrement => assert!(
+                    retry.is_ok()
+                        || retry
+                            .as_ref()
+                            .is_err_and(|s| s.code() == tonic::Code::NotFound),
+                    "{retry:?}"
+                ),
+                _ => {
+                    retry.expect("DeleteNodes on retry");
+                    expected_replicas -= 1;
+                }
+            }
+            assert_eq!(
+                group.replicas().await,
+                expected_replicas,
+                "exactly one decrement"
+            );
+            gone.insert(victim.clone());
+            poll(&format!("{victim} deleted and only it"), || async {
+                let names: BTreeSet<String> = group
+                    .machines()
+                    .await
+                    .iter()
+                    .map(|m| m.name_any())
+                    .collect();
+                (!names.contains(&victim) && others.is_subset(&names)).then_some(())
+            })
+            .await;
+            assert!(group.marked().await.is_empty(), "no mark left behind");
+            let _ = client
+                .node_groups(proto::NodeGroupsRequest {})
+                .await
+                .expect("still serving");
+        }
+    }
+    group.cluster.stop_operator();
+    let machines = group.machines().await.len() as i64;
+    assert_eq!(machines, expected_replicas, "machines match replicas");
+    group.log(&format!(
+        "{total} kills survived in {:.0}s: {rolled_back} stranded marks rolled back by the sweeper, \
+         0 left; ledger: {}",
+        started.elapsed().as_secs_f64(),
+        group.ledger().await
+    ));
+}
