@@ -1,6 +1,6 @@
 //! The Helm chart: renders with the real helm, grants no wildcard, and its RBAC is enough for
-//! every operation (the operator runs as a user bound to the chart's roles against a real API
-//! server).
+//! every operation (the whole suite runs the operator as the chart's ServiceAccount, see
+//! `support::rbac`); a permission taken away is reported as PermissionDenied naming it.
 
 mod support;
 
@@ -8,41 +8,17 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Api, Patch, PatchParams};
-use ngo_sandbox as sandbox;
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{Api, PostParams};
 use nodegroup_operator::proto;
 use serde_json::json;
 use support::*;
-
-fn render(namespace: &str) -> Vec<serde_json::Value> {
-    let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts/nodegroup-operator");
-    let out = std::process::Command::new(sandbox::upstream_bin("helm"))
-        .args(["template", "ngo"])
-        .arg(&chart)
-        .args(["--namespace", namespace, "--include-crds"])
-        .output()
-        .expect("helm runs");
-    assert!(
-        out.status.success(),
-        "helm template: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| {
-            serde_json::to_value(
-                <serde_yaml::Value as serde::Deserialize>::deserialize(doc).unwrap(),
-            )
-            .unwrap()
-        })
-        .filter(|v| !v.is_null())
-        .collect()
-}
+use tonic::Code;
 
 #[test]
 fn chart_renders_and_grants_no_wildcards() {
-    let docs = render("ngo-system");
+    let docs = rbac::render_chart("ngo-system", &[]).unwrap();
     let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
     for kind in [
         "CustomResourceDefinition",
@@ -88,55 +64,19 @@ fn chart_renders_and_grants_no_wildcards() {
 #[tokio::test]
 async fn the_charts_rbac_is_enough_to_run_the_operator() {
     let ns = TestNs::new("chart-rbac").await;
-    let docs = render(&ns.name);
-    let pp = PatchParams::apply("ngo-tests").force();
-    let user = format!("system:serviceaccount:{}:nodegroup-operator", ns.name);
-    for doc in &docs {
-        match doc["kind"].as_str().unwrap() {
-            "ClusterRole" => {
-                let mut role: ClusterRole = serde_json::from_value(doc.clone()).unwrap();
-                let name = format!("{}-{}", ns.name, role.metadata.name.clone().unwrap());
-                role.metadata.name = Some(name.clone());
-                Api::<ClusterRole>::all(ns.client.clone())
-                    .patch(&name, &pp, &Patch::Apply(&role))
-                    .await
-                    .unwrap();
-                let binding: ClusterRoleBinding = serde_json::from_value(json!({
-                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                    "metadata": {"name": name},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
-                }))
-                .unwrap();
-                Api::<ClusterRoleBinding>::all(ns.client.clone())
-                    .patch(&name, &pp, &Patch::Apply(&binding))
-                    .await
-                    .unwrap();
-            }
-            "Role" => {
-                let role: Role = serde_json::from_value(doc.clone()).unwrap();
-                let name = role.metadata.name.clone().unwrap();
-                Api::<Role>::namespaced(ns.client.clone(), &ns.name)
-                    .patch(&name, &pp, &Patch::Apply(&role))
-                    .await
-                    .unwrap();
-                let binding: RoleBinding = serde_json::from_value(json!({
-                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                    "metadata": {"name": name, "namespace": ns.name},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
-                }))
-                .unwrap();
-                Api::<RoleBinding>::namespaced(ns.client.clone(), &ns.name)
-                    .patch(&name, &pp, &Patch::Apply(&binding))
-                    .await
-                    .unwrap();
-            }
-            _ => {}
-        }
-    }
-    // The chart's service account, as a client-certificate user with the same name.
-    let kubeconfig = shared_user_kubeconfig(&user);
+    // The suite's operator identity is the chart's ServiceAccount with a bound token.
+    let as_operator = ngo_sandbox::controlplane::client_for(&shared().operator_kubeconfig)
+        .await
+        .unwrap();
+    let review: SelfSubjectReview = Api::<SelfSubjectReview>::all(as_operator)
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .unwrap();
+    let user = review.status.and_then(|s| s.user_info).unwrap_or_default();
+    assert_eq!(
+        user.username.as_deref(),
+        Some("system:serviceaccount:ngo-system:nodegroup-operator")
+    );
 
     let md = ns.machine_deployment("md", 2, bounds(1, 4)).await;
     let ms = ns.machine_set("md-ms", 2, json!({}), Some(&md)).await;
@@ -151,7 +91,7 @@ async fn the_charts_rbac_is_enough_to_run_the_operator() {
     ns.policy("p", json!({"selector": {}, "maxSize": 4}))
         .await
         .unwrap();
-    let (operator, mut client) = ns.operator_with(kubeconfig, None).await;
+    let (operator, mut client) = ns.operator().await;
     let id = format!("MachineDeployment/{}/md", ns.name);
     eventually("group", Duration::from_secs(20), || {
         let mut c = client.clone();
@@ -201,6 +141,72 @@ async fn the_charts_rbac_is_enough_to_run_the_operator() {
     assert!(
         scaled_up(&events),
         "events written with the chart's RBAC: {events:?}"
+    );
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_permission_missing_from_the_role_is_reported_as_permission_denied_naming_it() {
+    let ns = TestNs::new("chart-missing").await;
+    deployment_with_nodes(&ns, "md", 1, 5, 2).await;
+    // The chart's ClusterRole without `update` on the scale subresources.
+    let mut role: ClusterRole = serde_json::from_value(
+        rbac::of_kind(rbac::rendered(), "ClusterRole")
+            .next()
+            .unwrap()
+            .clone(),
+    )
+    .unwrap();
+    let name = format!("{}-no-scale-update", ns.name);
+    role.metadata = kube::api::ObjectMeta {
+        name: Some(name.clone()),
+        ..Default::default()
+    };
+    let mut removed = 0;
+    for rule in role.rules.iter_mut().flatten() {
+        if rule
+            .resources
+            .iter()
+            .flatten()
+            .any(|r| r == "machinedeployments/scale")
+        {
+            rule.verbs.retain(|v| v != "update");
+            removed += 1;
+        }
+    }
+    assert_eq!(removed, 1, "the chart grants update on /scale in one rule");
+    let token = rbac::service_account_with(&ns.client, &name, &role, &ns.name)
+        .await
+        .unwrap();
+    let kubeconfig = shared_token_kubeconfig(&name, &token);
+    let (operator, mut client) = ns.operator_with(kubeconfig, None).await;
+    wait_groups(&client, 1).await;
+    let md = ns.api(&machine_deployments()).get("md").await.unwrap();
+
+    let denied = client
+        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: format!("MachineDeployment/{}/md", ns.name),
+            delta: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        denied.code(),
+        Code::PermissionDenied,
+        "{}",
+        denied.message()
+    );
+    assert_eq!(
+        denied.message(),
+        format!(
+            r#"writing the scale of MachineDeployment/{ns}/md: machinedeployments.cluster.x-k8s.io "md" is forbidden: User "system:serviceaccount:ngo-system:{name}" cannot update resource "machinedeployments/scale" in API group "cluster.x-k8s.io" in the namespace "{ns}" (403 Forbidden)"#,
+            ns = ns.name
+        )
+    );
+    let after = ns.api(&machine_deployments()).get("md").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version,
+        md.metadata.resource_version
     );
     operator.shutdown().await.unwrap();
 }

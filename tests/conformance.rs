@@ -75,7 +75,7 @@ impl Pki {
             key: self.server.1.clone(),
             client_ca: self.ca_cert.clone(),
         };
-        ns.operator_with(shared().kubeconfig.clone(), Some(tls))
+        ns.operator_with(shared().operator_kubeconfig.clone(), Some(tls))
             .await
             .0
     }

@@ -32,7 +32,7 @@ use nodegroup_operator::proto::{self, ExternalGrpcNode};
 use nodegroup_operator::runtime::{self, Running};
 use prost::Message;
 use serde_json::{Value, json};
-use support::{DELETE_MACHINE, MAX, MIN, TestNs, bounds, operator_config};
+use support::{DELETE_MACHINE, MAX, MIN, TestNs, bounds, operator_config_as};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -113,7 +113,7 @@ impl Env {
             .await
             .expect("create template");
 
-        let operator = runtime::start(operator_config(&name, e2e.kubeconfig.clone(), None))
+        let operator = runtime::start(operator_config_as(&name, e2e.kubeconfig.clone(), None))
             .await
             .expect("operator starts");
         let channel = Channel::from_shared(format!("http://{}", operator.grpc_address))

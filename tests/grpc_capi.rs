@@ -879,7 +879,7 @@ async fn admin_endpoints_report_health_and_metrics() {
 async fn v1beta1_can_be_chosen_with_capi_version() {
     let ns = TestNs::new("v1beta1").await;
     deployment_with_nodes(&ns, "md", 1, 3, 1).await;
-    let mut config = operator_config(&ns.name, shared().kubeconfig.clone(), None);
+    let mut config = operator_config(&ns.name, None);
     config.capi_version = Some("v1beta1".into());
     let operator = nodegroup_operator::runtime::start(config).await.unwrap();
     let channel =
@@ -902,7 +902,7 @@ async fn v1beta1_can_be_chosen_with_capi_version() {
     .await;
     assert_eq!(ids[0].id, format!("MachineDeployment/{}/md", ns.name));
     assert_eq!((ids[0].min_size, ids[0].max_size), (1, 3));
-    let mut config = operator_config(&ns.name, shared().kubeconfig.clone(), None);
+    let mut config = operator_config(&ns.name, None);
     config.capi_version = Some("v9".into());
     let error = match nodegroup_operator::runtime::start(config).await {
         Ok(_) => panic!("an unserved version must fail start-up"),

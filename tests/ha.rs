@@ -16,7 +16,7 @@ async fn one_replica_leads_and_another_takes_over_when_it_stops() {
         .await
         .unwrap();
     let start = |identity: &str| {
-        let mut config = operator_config(&ns.name, shared().kubeconfig.clone(), None);
+        let mut config = operator_config(&ns.name, None);
         if let Some(election) = config.leader_election.as_mut() {
             election.identity = identity.into();
             election.lease_duration = Duration::from_secs(3);

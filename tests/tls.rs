@@ -1,5 +1,5 @@
-//! mTLS on the gRPC endpoint: client certificates are required and must chain to the
-//! configured CA; rotated files take effect without a restart.
+//! mTLS on the gRPC endpoint: client certificates are required, must chain to the configured
+//! CA and be within their validity; rotated files take effect without a restart.
 
 mod support;
 
@@ -67,7 +67,7 @@ async fn client_certificates_are_required_and_rotation_needs_no_restart() {
     let client = ca.issue("cluster-autoscaler", &[], None).unwrap();
     let files = write_set(dir.path(), &server, &ca);
     let (operator, _) = ns
-        .operator_with(shared().kubeconfig.clone(), Some(files))
+        .operator_with(shared().operator_kubeconfig.clone(), Some(files))
         .await;
     let address = operator.grpc_address;
 
@@ -128,6 +128,47 @@ async fn client_certificates_are_required_and_rotation_needs_no_restart() {
 }
 
 #[tokio::test]
+async fn expired_and_foreign_client_certificates_are_refused() {
+    let ns = TestNs::new("mtls-expired").await;
+    ns.machine_deployment("md", 1, bounds(0, 3)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = CertificateAuthority::new("ngo-test-ca").unwrap();
+    let server = ca
+        .issue("nodegroup-operator", &["127.0.0.1", "localhost"], None)
+        .unwrap();
+    let files = write_set(dir.path(), &server, &ca);
+    let (operator, _) = ns
+        .operator_with(shared().operator_kubeconfig.clone(), Some(files))
+        .await;
+    let address = operator.grpc_address;
+    let valid = ca.issue("cluster-autoscaler", &[], None).unwrap();
+    eventually("mTLS call succeeds", Duration::from_secs(20), || {
+        let (ca, valid) = (ca.cert_pem.clone(), valid.clone());
+        async move { call(address, &ca, Some(&valid)).await.ok() }
+    })
+    .await;
+
+    let expired = ca.issue_expired("cluster-autoscaler", &[], None).unwrap();
+    let refused = call(address, &ca.cert_pem, Some(&expired)).await;
+    assert!(
+        refused.is_err(),
+        "an expired client certificate must be refused: {refused:?}"
+    );
+    let foreign = CertificateAuthority::new("rogue")
+        .unwrap()
+        .issue("cluster-autoscaler", &[], None)
+        .unwrap();
+    let refused = call(address, &ca.cert_pem, Some(&foreign)).await;
+    assert!(
+        refused.is_err(),
+        "a certificate signed by another CA must be refused: {refused:?}"
+    );
+    // Refusals do not disturb the listener.
+    assert_eq!(call(address, &ca.cert_pem, Some(&valid)).await, Ok(1));
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn unusable_tls_files_stop_start_up_with_a_clear_error() {
     let ns = TestNs::new("mtls-bad").await;
     let dir = tempfile::tempdir().unwrap();
@@ -137,7 +178,7 @@ async fn unusable_tls_files_stop_start_up_with_a_clear_error() {
         key: path.clone(),
         client_ca: path,
     };
-    let config = operator_config(&ns.name, shared().kubeconfig.clone(), Some(files));
+    let config = operator_config(&ns.name, Some(files));
     let error = match nodegroup_operator::runtime::start(config).await {
         Ok(_) => panic!("start must fail"),
         Err(e) => format!("{e:#}"),

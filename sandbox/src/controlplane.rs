@@ -23,6 +23,12 @@ pub struct ControlPlaneOptions {
 /// A running control plane. Dropping it stops every process and removes its directory.
 pub struct ControlPlane {
     processes: Vec<ManagedProcess>,
+    /// Position of kube-apiserver in `processes`.
+    apiserver: usize,
+    /// Its arguments, to start it again on the same port against the same etcd.
+    apiserver_args: Vec<String>,
+    /// How many times kube-apiserver was started again (names the restarts' log files).
+    apiserver_restarts: usize,
     /// Certificate authority of the cluster (signs serving and client certificates).
     pub ca: CertificateAuthority,
     /// Admin kubeconfig (system:masters).
@@ -131,6 +137,7 @@ impl ControlPlane {
             &log_dir,
         )?;
         processes.push(apiserver);
+        let apiserver = processes.len() - 1;
 
         let kubeconfig = dir.path().join("admin.kubeconfig");
         write_kubeconfig(
@@ -140,25 +147,13 @@ impl ControlPlane {
             &admin_crt,
             &admin_key,
         )?;
-        let probe_runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let probe_client = probe_runtime.block_on(client_for(&kubeconfig))?;
-        let ready = || {
-            probe_runtime.block_on(async {
-                let request = http::Request::get("/readyz")
-                    .body(Vec::new())
-                    .expect("static request");
-                tokio::time::timeout(Duration::from_secs(2), probe_client.request_text(request))
-                    .await
-                    .is_ok_and(|r| r.is_ok_and(|body| body.trim() == "ok"))
-            })
-        };
-        let last = processes.len() - 1;
-        processes[last].wait_ready(Duration::from_secs(60), ready)?;
+        wait_apiserver_ready(&mut processes[apiserver], &kubeconfig)?;
 
         let mut plane = Self {
             processes,
+            apiserver,
+            apiserver_args: api_args,
+            apiserver_restarts: 0,
             ca,
             kubeconfig,
             server,
@@ -238,6 +233,48 @@ impl ControlPlane {
         Ok(path)
     }
 
+    /// Writes a kubeconfig that authenticates with a bearer `token` (e.g. a service account's,
+    /// from the TokenRequest API).
+    pub fn token_kubeconfig(&self, name: &str, token: &str) -> anyhow::Result<PathBuf> {
+        let path = self.dir.path().join(format!("{name}.kubeconfig"));
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: sandbox\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
+             users:\n- name: {name}\n  user:\n    token: {token}\n\
+             contexts:\n- name: sandbox\n  context:\n    cluster: sandbox\n    user: {name}\ncurrent-context: sandbox\n",
+            server = self.server,
+            ca = self.pki_dir.join("ca.crt").display(),
+        );
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    }
+
+    /// Stops kube-apiserver (SIGTERM, SIGKILL after 5 s) and leaves etcd and everything else
+    /// running: clients see connections refused until [`Self::restart_apiserver`].
+    pub fn stop_apiserver(&mut self) {
+        self.processes[self.apiserver].stop(Duration::from_secs(5));
+    }
+
+    /// Starts kube-apiserver again with the same arguments (same port, certificates and etcd
+    /// data, so resourceVersions and service-account tokens stay valid) and waits until it is
+    /// ready. Blocking; call it from the thread that started the control plane (children die
+    /// with their spawning thread).
+    pub fn restart_apiserver(&mut self) -> anyhow::Result<()> {
+        self.processes[self.apiserver].stop(Duration::from_secs(5));
+        self.apiserver_restarts += 1;
+        // A log of its own per start, so the previous run's log survives for a post-mortem.
+        let mut process = ManagedProcess::spawn(
+            &format!("kube-apiserver.{}", self.apiserver_restarts),
+            &upstream_bin("kube-apiserver"),
+            &self.apiserver_args,
+            &[],
+            &self.log_dir,
+        )?;
+        wait_apiserver_ready(&mut process, &self.kubeconfig)
+            .context("restarting kube-apiserver")?;
+        self.processes[self.apiserver] = process;
+        Ok(())
+    }
+
     /// Adds a process to the sandbox (stopped with it).
     pub fn adopt(&mut self, process: ManagedProcess) {
         self.processes.push(process);
@@ -269,6 +306,26 @@ impl Drop for ControlPlane {
             p.stop(Duration::from_secs(5));
         }
     }
+}
+
+/// Waits until kube-apiserver answers `/readyz` with `ok` (as the admin of `kubeconfig`).
+fn wait_apiserver_ready(apiserver: &mut ManagedProcess, kubeconfig: &Path) -> anyhow::Result<()> {
+    let probe_runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let probe_client = probe_runtime.block_on(client_for(kubeconfig))?;
+    let ready = || {
+        probe_runtime.block_on(async {
+            let Ok(request) = http::Request::get("/readyz").body(Vec::new()) else {
+                return false;
+            };
+            tokio::time::timeout(Duration::from_secs(2), probe_client.request_text(request))
+                .await
+                .is_ok_and(|r| r.is_ok_and(|body| body.trim() == "ok"))
+        })
+    };
+    apiserver.wait_ready(Duration::from_secs(60), ready)?;
+    Ok(())
 }
 
 /// A kube client from a kubeconfig file.

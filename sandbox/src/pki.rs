@@ -82,6 +82,29 @@ impl CertificateAuthority {
         hosts: &[&str],
         organization: Option<&str>,
     ) -> Result<IssuedCert, PkiError> {
+        self.issue_valid(common_name, hosts, organization, false)
+    }
+
+    /// Like [`Self::issue`], but valid only during 2020 (expired ever since), to test that
+    /// expired certificates are refused.
+    pub fn issue_expired(
+        &self,
+        common_name: &str,
+        hosts: &[&str],
+        organization: Option<&str>,
+    ) -> Result<IssuedCert, PkiError> {
+        self.issue_valid(common_name, hosts, organization, true)
+    }
+
+    /// Issues a certificate valid from 1975 to 4096 (rcgen's default), or only during 2020
+    /// when `expired`.
+    fn issue_valid(
+        &self,
+        common_name: &str,
+        hosts: &[&str],
+        organization: Option<&str>,
+        expired: bool,
+    ) -> Result<IssuedCert, PkiError> {
         let err = |source| PkiError::Generate {
             name: common_name.into(),
             source,
@@ -106,6 +129,10 @@ impl CertificateAuthority {
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        }
         params.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,

@@ -32,6 +32,15 @@ use crate::metrics::Metrics;
 /// How long to wait before retrying an infrastructure template kind that could not be watched.
 const TEMPLATE_RETRY: Duration = Duration::from_secs(60);
 
+/// First delay before a failed watch is retried (client-go's reflector starts at 800 ms too).
+const WATCH_RETRY_MIN: Duration = Duration::from_millis(800);
+/// Longest delay between retries of a failed watch. client-go's reflector (and kube's
+/// `DefaultBackoff`) go up to 30 s; then a view served to cluster-autoscaler stays stale for up
+/// to 30 s after the API server returns. A retry is one request per watched kind (a watch from
+/// the last resourceVersion, or a LIST), so retrying every few seconds costs a recovering API
+/// server little.
+const WATCH_RETRY_MAX: Duration = Duration::from_secs(5);
+
 /// What to watch.
 pub struct WatchSpec {
     /// Cluster API resources in use.
@@ -452,7 +461,7 @@ where
     let store = writer.as_reader();
     let stream = watcher(api, watcher::Config::default().any_semantic())
         .modify(trim)
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .reflect(writer);
     tasks.spawn(async move {
         let mut stream = std::pin::pin!(stream);
@@ -476,6 +485,38 @@ where
         }
     });
     store
+}
+
+/// Retry delays of a failed watch: [`WATCH_RETRY_MIN`] doubling up to [`WATCH_RETRY_MAX`],
+/// each stretched by up to a quarter so that reflectors (and replicas) do not retry in
+/// lockstep; reset by the first event after a failure.
+struct WatchBackoff {
+    next: Duration,
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self {
+            next: WATCH_RETRY_MIN,
+        }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let delay = self.next;
+        self.next = (delay * 2).min(WATCH_RETRY_MAX);
+        let spread = u64::from(jiff::Timestamp::now().subsec_nanosecond().unsigned_abs()) % 1000;
+        Some(delay + delay.mul_f64(spread as f64 / 4000.0))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = WATCH_RETRY_MIN;
+    }
 }
 
 fn relevant<K: Resource>(
@@ -510,4 +551,26 @@ fn node_fingerprint(node: &Node) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
     node_view(node).hash(&mut hasher);
     hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::utils::Backoff as _;
+
+    #[test]
+    fn watch_retries_back_off_to_a_few_seconds_and_reset() {
+        let mut backoff = WatchBackoff::default();
+        let delays: Vec<Duration> = backoff.by_ref().take(8).collect();
+        let bases = [0.8, 1.6, 3.2, 5.0, 5.0, 5.0, 5.0, 5.0];
+        for (delay, base) in delays.iter().zip(bases) {
+            let base = Duration::from_secs_f64(base);
+            assert!(
+                *delay >= base && *delay <= base.mul_f64(1.25),
+                "{delay:?} for {base:?}"
+            );
+        }
+        backoff.reset();
+        assert!(backoff.next().is_some_and(|d| d < Duration::from_secs(1)));
+    }
 }

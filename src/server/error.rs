@@ -7,6 +7,11 @@ use tonic::{Code, Status};
 
 use crate::actuate::ActuateError;
 
+/// Longest status message sent. Messages quote request fields (ids, provider IDs), and a
+/// hostile request must not turn its answer into a header larger than HTTP/2 peers accept
+/// (a reset stream instead of a status).
+const MAX_MESSAGE_BYTES: usize = 4096;
+
 /// Why an RPC did not succeed.
 #[derive(Debug, Error)]
 pub enum ProviderError {
@@ -84,21 +89,84 @@ fn api_code(error: &kube::Error) -> Code {
     }
 }
 
+/// How a request to the API server failed without an answer, if it did: the status says so
+/// before the cause chain, since "ServiceError: client error (Connect)" alone does not.
+fn transport_failure(error: &ProviderError) -> Option<&'static str> {
+    let ProviderError::Actuate(ActuateError::Api {
+        source: source @ (kube::Error::HyperError(_) | kube::Error::Service(_)),
+        ..
+    }) = error
+    else {
+        return None;
+    };
+    // Refused or unroutable connections: the request was never sent.
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::HostUnreachable
+                    | std::io::ErrorKind::NetworkUnreachable
+                    | std::io::ErrorKind::AddrNotAvailable
+            )
+        {
+            return Some("could not reach the Kubernetes API server");
+        }
+        cause = e.source();
+    }
+    // Reset connections, timeouts, TLS failures: sent or not, no answer came back.
+    Some("no answer from the Kubernetes API server")
+}
+
+/// `message` cut to [`MAX_MESSAGE_BYTES`] on a character boundary, saying how much was cut.
+fn bounded(mut message: String) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message;
+    }
+    let total = message.len();
+    let mut end = MAX_MESSAGE_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message.truncate(end);
+    message.push_str(&format!("... ({} of {total} bytes cut)", total - end));
+    message
+}
+
+/// What CA logs: the action, then what the API server said, or the full cause chain.
+fn describe(error: &ProviderError) -> String {
+    // The API server's own words (they name the verb, resource and user of a refusal), not
+    // kube's Display, which appends a Debug dump of the same Status.
+    if let ProviderError::Actuate(ActuateError::Api {
+        action,
+        source: kube::Error::Api(status),
+    }) = error
+    {
+        return format!(
+            "{action}: {} ({} {})",
+            status.message, status.code, status.reason
+        );
+    }
+    let mut message = match transport_failure(error) {
+        Some(failure) => format!("{failure}: {error}"),
+        None => error.to_string(),
+    };
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
 impl From<ProviderError> for Status {
     fn from(error: ProviderError) -> Self {
-        let code = error.code();
-        // Full cause chain, so CA's log line says what the API server said.
-        let mut message = error.to_string();
-        let mut source = std::error::Error::source(&error);
-        while let Some(cause) = source {
-            let text = cause.to_string();
-            if !message.contains(&text) {
-                message.push_str(": ");
-                message.push_str(&text);
-            }
-            source = cause.source();
-        }
-        Status::new(code, message)
+        Status::new(error.code(), bounded(describe(&error)))
     }
 }
 
@@ -132,5 +200,80 @@ mod tests {
         );
         let s = Status::from(ProviderError::from(ActuateError::NonPositiveIncrease(-1)));
         assert_eq!(s.code(), Code::InvalidArgument);
+    }
+
+    #[test]
+    fn api_refusals_are_quoted_once() {
+        let status = kube::core::Status {
+            code: 403,
+            reason: "Forbidden".into(),
+            message: r#"machinedeployments.cluster.x-k8s.io "md" is forbidden: User "u" cannot update resource "machinedeployments/scale""#.into(),
+            ..Default::default()
+        };
+        let s = Status::from(ProviderError::from(ActuateError::Api {
+            action: "writing the scale of MachineDeployment/ns/md".into(),
+            source: kube::Error::Api(Box::new(status)),
+        }));
+        assert_eq!(s.code(), Code::PermissionDenied);
+        assert_eq!(
+            s.message(),
+            r#"writing the scale of MachineDeployment/ns/md: machinedeployments.cluster.x-k8s.io "md" is forbidden: User "u" cannot update resource "machinedeployments/scale" (403 Forbidden)"#
+        );
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary() {
+        let id = "é".repeat(1 << 20);
+        let s = Status::from(ProviderError::GroupNotFound(id));
+        assert_eq!(s.code(), Code::NotFound);
+        assert!(
+            s.message().len() < MAX_MESSAGE_BYTES + 64,
+            "{}",
+            s.message().len()
+        );
+        assert!(
+            s.message().starts_with("node group \"éé"),
+            "{}",
+            &s.message()[..32]
+        );
+        assert!(s.message().ends_with("bytes cut)"));
+        let short = Status::from(ProviderError::GroupNotFound("g".into()));
+        assert_eq!(short.message(), "node group \"g\" not found");
+    }
+
+    #[test]
+    fn an_unreachable_api_server_is_unavailable_and_says_so() {
+        let refused =
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let s = Status::from(ProviderError::from(ActuateError::Api {
+            action: "reading the scale of MachineDeployment/ns/md".into(),
+            source: kube::Error::Service(Box::new(refused)),
+        }));
+        assert_eq!(s.code(), Code::Unavailable);
+        assert!(
+            s.message().starts_with(
+                "could not reach the Kubernetes API server: reading the scale of MachineDeployment/ns/md"
+            ),
+            "{}",
+            s.message()
+        );
+        assert!(
+            s.message().contains("connection refused"),
+            "{}",
+            s.message()
+        );
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let s = Status::from(ProviderError::from(ActuateError::Api {
+            action: "writing the scale of MachineDeployment/ns/md".into(),
+            source: kube::Error::Service(Box::new(reset)),
+        }));
+        assert_eq!(s.code(), Code::Unavailable);
+        assert!(
+            s.message().starts_with(
+                "no answer from the Kubernetes API server: writing the scale of MachineDeployment/ns/md"
+            ),
+            "{}",
+            s.message()
+        );
     }
 }

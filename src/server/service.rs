@@ -26,6 +26,11 @@ const TARGET_SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// Annotation on template nodes naming their group, so pricing can find it again.
 pub const TEMPLATE_GROUP_ANNOTATION: &str = "autoscaling.nodegroup.dev/node-group";
 
+/// The longest node group id that can exist: `<Kind>/<namespace>/<name>` with the longest
+/// kind, a namespace (a DNS label, 63 bytes) and an object name (a DNS subdomain, 253 bytes).
+/// Longer ids are refused as malformed instead of looked up and echoed back.
+const MAX_GROUP_ID_BYTES: usize = "MachineDeployment".len() + 1 + 63 + 1 + 253;
+
 /// Serves cluster-autoscaler's `externalgrpc` protocol.
 ///
 /// Mutations run detached from their RPC (see [`CloudProviderService::detached`]): tonic
@@ -90,6 +95,12 @@ impl CloudProviderService {
             return Err(ProviderError::InvalidArgument(
                 "request has an empty node group id".into(),
             ));
+        }
+        if id.len() > MAX_GROUP_ID_BYTES {
+            return Err(ProviderError::InvalidArgument(format!(
+                "node group id is {} bytes long; ids are <Kind>/<namespace>/<name>, at most {MAX_GROUP_ID_BYTES} bytes",
+                id.len()
+            )));
         }
         snapshot
             .group(id)
@@ -260,17 +271,30 @@ impl CloudProvider for CloudProviderService {
             let prices = pricing::cheapest_resource_prices(&snapshot).ok_or_else(|| {
                 ProviderError::NotImplemented("no NodeGroupPolicy sets per-resource prices".into())
             })?;
-            let bytes = if request.pod_bytes.is_empty() {
-                &request.pod
+            let (field, bytes) = if request.pod_bytes.is_empty() {
+                ("pod", &request.pod)
             } else {
-                &request.pod_bytes
+                ("pod_bytes", &request.pod_bytes)
             };
+            if bytes.is_empty() {
+                return Err(ProviderError::InvalidArgument(
+                    "request has no pod (neither pod_bytes nor pod is set)".into(),
+                ));
+            }
             let pod = k8s_pb::api::core::v1::Pod::decode(bytes.as_slice()).map_err(|e| {
-                ProviderError::InvalidArgument(format!("pod_bytes is not a protobuf v1.Pod: {e}"))
+                ProviderError::InvalidArgument(format!(
+                    "{field} ({} bytes) is not a protobuf v1.Pod: {e}",
+                    bytes.len()
+                ))
             })?;
-            Ok(proto::PricingPodPriceResponse {
-                price: pricing::pod_hourly(&pod, &prices) * hours,
-            })
+            let price = pricing::pod_hourly(&pod, &prices) * hours;
+            // The API server never admits such requests; a decoded pod can carry anything.
+            if !price.is_finite() || price < 0.0 {
+                return Err(ProviderError::InvalidArgument(format!(
+                    "the pod's resource requests price at {price}; requests must be finite, non-negative quantities"
+                )));
+            }
+            Ok(proto::PricingPodPriceResponse { price })
         })
         .await
     }
@@ -388,9 +412,11 @@ impl CloudProvider for CloudProviderService {
                     name: n.name,
                 })
                 .collect();
-            if let Some(bad) = nodes.iter().find(|n| n.id().is_empty()) {
+            if let Some(bad) = nodes.iter().position(|n| n.id().is_empty()) {
                 return Err(ProviderError::InvalidArgument(format!(
-                    "node {bad:?} has neither providerID nor name"
+                    "node {} of {} has neither providerID nor name",
+                    bad + 1,
+                    nodes.len()
                 )));
             }
             let actuator = self.actuator.clone();

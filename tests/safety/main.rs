@@ -7,6 +7,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod apiserver;
 mod concurrency;
 mod crash;
 mod rollout;

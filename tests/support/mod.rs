@@ -1,6 +1,9 @@
 //! Test support: one real control plane (etcd + kube-apiserver + Cluster API CRDs) per test
-//! binary, namespaces for isolation, Cluster API fixtures, and an in-process operator.
+//! binary, namespaces for isolation, Cluster API fixtures, and an in-process operator that
+//! runs as the Helm chart's ServiceAccount, bound only to the chart's RBAC ([`rbac`]).
 #![allow(dead_code)]
+
+pub mod rbac;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -27,7 +30,10 @@ pub const CAPI_VERSION: &str = "v1beta2";
 
 /// Paths of the shared control plane.
 pub struct Shared {
+    /// Admin (system:masters): for fixtures and assertions.
     pub kubeconfig: PathBuf,
+    /// The operator's identity: the chart's ServiceAccount, with only the chart's RBAC.
+    pub operator_kubeconfig: PathBuf,
     /// A user bound only to the `ngo-no-scale` ClusterRole (no replica writes: neither
     /// `/scale` nor patches of scalable resources).
     pub no_scale_kubeconfig: PathBuf,
@@ -54,14 +60,16 @@ pub fn shared() -> &'static Shared {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()?;
-                rt.block_on(async {
+                let operator_kubeconfig = rt.block_on(async {
                     let client = plane.client().await?;
                     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
                     sandbox::capi::install_crds(&client, &[&root.join("crds")]).await?;
-                    create_no_scale_role(&client).await
+                    create_no_scale_role(&client).await?;
+                    rbac::install_operator_identity(&plane, &client).await
                 })?;
                 let shared = Shared {
                     kubeconfig: plane.kubeconfig.clone(),
+                    operator_kubeconfig,
                     no_scale_kubeconfig: plane.user_kubeconfig("ngo-no-scale", None)?,
                 };
                 *PLANE.lock().unwrap() = Some(plane);
@@ -169,8 +177,14 @@ pub struct TestNs {
 }
 
 impl TestNs {
+    /// A namespace in the shared control plane.
     pub async fn new(prefix: &str) -> Self {
-        let client = admin_client().await;
+        Self::new_with(admin_client().await, prefix).await
+    }
+
+    /// A namespace created through `client` (an admin of its control plane), with the
+    /// chart's namespaced Roles (leader election) bound to the operator's ServiceAccount.
+    pub async fn new_with(client: Client, prefix: &str) -> Self {
         let name = format!("{prefix}-{}", rand::random::<u32>() % 1_000_000);
         let ns = Namespace {
             metadata: ObjectMeta {
@@ -183,6 +197,9 @@ impl TestNs {
             .create(&PostParams::default(), &ns)
             .await
             .expect("create namespace");
+        rbac::bind_namespaced_roles(&client, &name)
+            .await
+            .unwrap_or_else(|e| panic!("binding the chart's Roles in {name}: {e:#}"));
         Self { name, client }
     }
 
@@ -391,9 +408,11 @@ impl TestNs {
             .collect()
     }
 
-    /// Starts an operator limited to this namespace; returns it and a connected client.
+    /// Starts an operator limited to this namespace, as the chart's ServiceAccount; returns
+    /// it and a connected client.
     pub async fn operator(&self) -> (Running, CloudProviderClient<Channel>) {
-        self.operator_with(shared().kubeconfig.clone(), None).await
+        self.operator_with(shared().operator_kubeconfig.clone(), None)
+            .await
     }
 
     pub async fn operator_with(
@@ -401,7 +420,7 @@ impl TestNs {
         kubeconfig: PathBuf,
         tls: Option<TlsFiles>,
     ) -> (Running, CloudProviderClient<Channel>) {
-        let running = runtime::start(operator_config(&self.name, kubeconfig, tls.clone()))
+        let running = runtime::start(operator_config_as(&self.name, kubeconfig, tls.clone()))
             .await
             .expect("operator starts");
         let client = if tls.is_none() {
@@ -430,7 +449,15 @@ impl TestNs {
     }
 }
 
-pub fn operator_config(namespace: &str, kubeconfig: PathBuf, tls: Option<TlsFiles>) -> Config {
+/// The configuration of an operator limited to `namespace`, running as the chart's
+/// ServiceAccount in the shared control plane.
+pub fn operator_config(namespace: &str, tls: Option<TlsFiles>) -> Config {
+    operator_config_as(namespace, shared().operator_kubeconfig.clone(), tls)
+}
+
+/// Like [`operator_config`], as the identity of `kubeconfig` (tests of another permission
+/// set, or another control plane).
+pub fn operator_config_as(namespace: &str, kubeconfig: PathBuf, tls: Option<TlsFiles>) -> Config {
     Config {
         grpc_address: "127.0.0.1:0".parse().unwrap(),
         admin_address: "127.0.0.1:0".parse().unwrap(),
@@ -577,6 +604,18 @@ pub fn shared_user_kubeconfig(user: &str) -> PathBuf {
         .expect("control plane")
         .user_kubeconfig(user, None)
         .expect("user kubeconfig")
+}
+
+/// A kubeconfig for the shared control plane authenticating with `token` (e.g. from
+/// [`rbac::service_account_with`]).
+pub fn shared_token_kubeconfig(name: &str, token: &str) -> PathBuf {
+    shared();
+    let plane = PLANE.lock().unwrap();
+    plane
+        .as_ref()
+        .expect("control plane")
+        .token_kubeconfig(name, token)
+        .expect("token kubeconfig")
 }
 
 /// Waits until NodeGroups returns exactly `n` groups, and returns them.
