@@ -126,6 +126,7 @@ async fn main() -> anyhow::Result<()> {
             &kube::core::GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Machine"),
             "machines",
         ),
+        clusters: None,
     };
     let actuator = nodegroup_operator::actuate::CapiActuator::new(
         client,

@@ -8,7 +8,8 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use nodegroup_operator::capi::keys::DEFAULT_GROUP;
 use nodegroup_operator::runtime::leader::LeaderConfig;
-use nodegroup_operator::runtime::{self, Config};
+use nodegroup_operator::runtime::{self, Config, WorkloadNodes};
+use nodegroup_operator::server::identity::IdentitySource;
 use nodegroup_operator::server::tls::TlsFiles;
 use nodegroup_operator::template::{self, FALLBACK_ARCHITECTURE};
 
@@ -83,6 +84,24 @@ struct RunArgs {
     /// Log as JSON.
     #[arg(long, env = "NGO_LOG_JSON")]
     log_json: bool,
+    /// Where Nodes are read from: `same-cluster` (self-hosted), `cluster-secrets` (the operator
+    /// runs in the management cluster and reads each workload cluster through Cluster API's
+    /// `<cluster>-kubeconfig` Secret) or `kubeconfig` (the operator runs in the workload
+    /// cluster: Nodes from --workload-kubeconfig or in-cluster, Cluster API objects from
+    /// --kubeconfig).
+    #[arg(long, default_value = "same-cluster", value_parser = ["same-cluster", "cluster-secrets", "kubeconfig"])]
+    workload_nodes: String,
+    /// Kubeconfig of the workload cluster for `--workload-nodes=kubeconfig` (default:
+    /// in-cluster).
+    #[arg(long)]
+    workload_kubeconfig: Option<PathBuf>,
+    /// Scope each client to the Cluster its certificate names: `off`, `uri-san` (a URI SAN
+    /// `<prefix><namespace>/<name>`) or `common-name`.
+    #[arg(long, default_value = "off", value_parser = ["off", "uri-san", "common-name"])]
+    client_identity: String,
+    /// Prefix of the identity naming a Cluster in client certificates.
+    #[arg(long, default_value = nodegroup_operator::server::identity::DEFAULT_PREFIX)]
+    client_identity_prefix: String,
     /// Seconds between sweeps for stranded scale-down marks (leader only; also at start).
     #[arg(long, default_value_t = 15)]
     sweep_interval_secs: u64,
@@ -119,6 +138,16 @@ impl RunArgs {
             rebuild_delay: Duration::from_millis(self.rebuild_delay_ms),
             pod_name: std::env::var("POD_NAME").ok(),
             sweep_interval: Duration::from_secs(self.sweep_interval_secs.max(1)),
+            workload_nodes: match self.workload_nodes.as_str() {
+                "cluster-secrets" => WorkloadNodes::ClusterSecrets,
+                "kubeconfig" => WorkloadNodes::Kubeconfig(self.workload_kubeconfig.clone()),
+                _ => WorkloadNodes::SameCluster,
+            },
+            client_identity: IdentitySource::parse(
+                &self.client_identity,
+                &self.client_identity_prefix,
+            )
+            .map_err(|e| anyhow::anyhow!(e))?,
             leader_election: self
                 .leader_election_namespace
                 .clone()

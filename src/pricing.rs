@@ -9,7 +9,7 @@ use k8s_pb::api::core::v1 as pb;
 use prost_types::Timestamp;
 use thiserror::Error;
 
-use crate::index::{NodeGroup, PriceList, Snapshot};
+use crate::index::{NodeGroup, PriceList};
 use crate::proto::LegacyTime;
 use crate::quantity;
 
@@ -99,14 +99,16 @@ pub fn node_hourly(group: &NodeGroup) -> Option<f64> {
         .then(|| resources_hourly(&prices, &capacity_amounts(&group.node_capacity)))
 }
 
-/// The lowest price of each resource among all served groups' policies.
-pub fn cheapest_resource_prices(snapshot: &Snapshot) -> Option<PriceList> {
+/// The lowest price of each resource among `groups`' policies.
+pub fn cheapest_resource_prices<'a>(
+    groups: impl IntoIterator<Item = &'a std::sync::Arc<NodeGroup>>,
+) -> Option<PriceList> {
     let min = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
     let mut out: Option<PriceList> = None;
-    for prices in snapshot.groups.values().filter_map(|g| g.pricing) {
+    for prices in groups.into_iter().filter_map(|g| g.pricing) {
         if !prices.has_resource_prices() {
             continue;
         }
@@ -295,6 +297,7 @@ mod tests {
             kind: crate::capi::ScalableKind::MachineDeployment,
             namespace: "ns".into(),
             name: "g".into(),
+            cluster: Default::default(),
             uid: String::new(),
             min: 0,
             max: 1,

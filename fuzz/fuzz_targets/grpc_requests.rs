@@ -268,7 +268,7 @@ fuzz_target!(|data: &[u8]| {
                     assert!(hours.is_finite() && hours >= 0.0);
                 }
                 pod_price(if r.pod_bytes.is_empty() { &r.pod } else { &r.pod_bytes });
-                let _ = pricing::cheapest_resource_prices(snapshot);
+                let _ = pricing::cheapest_resource_prices(snapshot.groups.values());
             }
         }
         4 => pod_price(bytes),

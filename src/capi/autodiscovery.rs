@@ -141,14 +141,16 @@ impl DiscoveryFilter {
         self.specs.is_empty() || self.specs.iter().any(|s| s.allows(target))
     }
 
-    /// The single namespace every spec is limited to, if they all agree; watches can then be
-    /// namespaced. `None` means all namespaces must be watched.
-    pub fn single_namespace(&self) -> Option<&str> {
-        let first = self.specs.first()?.namespace.as_str();
-        if first.is_empty() || self.specs.iter().any(|s| s.namespace != first) {
+    /// The namespaces the specs are limited to, when every spec names one: watches (and the
+    /// operator's RBAC) can then be namespaced. `None` means all namespaces must be watched.
+    pub fn namespaces(&self) -> Option<Vec<String>> {
+        if self.specs.is_empty() || self.specs.iter().any(|s| s.namespace.is_empty()) {
             return None;
         }
-        Some(first)
+        let mut namespaces: Vec<String> = self.specs.iter().map(|s| s.namespace.clone()).collect();
+        namespaces.sort();
+        namespaces.dedup();
+        Some(namespaces)
     }
 }
 
@@ -289,8 +291,18 @@ mod tests {
         assert!(two.allows(&t("a")));
         assert!(two.allows(&t("b")));
         assert!(!two.allows(&t("c")));
-        assert_eq!(two.single_namespace(), None);
+        assert_eq!(
+            two.namespaces(),
+            Some(vec!["a".to_string(), "b".to_string()])
+        );
+        let any = DiscoveryFilter::parse(&["clusterapi:namespace=a", "clusterapi:clusterName=c"])
+            .unwrap();
+        assert_eq!(
+            any.namespaces(),
+            None,
+            "one spec without a namespace needs all"
+        );
         let one = DiscoveryFilter::parse(&["clusterapi:namespace=a,x=y"]).unwrap();
-        assert_eq!(one.single_namespace(), Some("a"));
+        assert_eq!(one.namespaces(), Some(vec!["a".to_string()]));
     }
 }

@@ -63,6 +63,8 @@ pub struct CapiResources {
     pub machine_pools: Option<ApiResource>,
     /// Machines.
     pub machines: ApiResource,
+    /// Clusters, when served (they scope node groups to workload clusters).
+    pub clusters: Option<ApiResource>,
 }
 
 impl CapiResources {
@@ -117,6 +119,7 @@ impl CapiResources {
             machine_sets: required("MachineSet")?,
             machine_pools: find("MachinePool"),
             machines: required("Machine")?,
+            clusters: find("Cluster"),
             version,
         })
     }

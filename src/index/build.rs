@@ -4,8 +4,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::model::{
-    ConfigWarning, Exclusion, ExclusionReason, IndexCounts, Instance, InstanceError, InstanceState,
-    MachineEntry, NodeGroup, PolicyReport, ProviderIdOwner, Snapshot, Source, TemplateInputs,
+    ClusterKey, ConfigWarning, Exclusion, ExclusionReason, IndexCounts, Instance, InstanceError,
+    InstanceState, MachineEntry, NodeGroup, PolicyReport, ProviderIdOwner, Snapshot, Source,
+    TemplateInputs, WorkloadState,
 };
 use super::policy::PolicyRules;
 use crate::capi::CapiKeys;
@@ -32,6 +33,9 @@ pub struct NodeView {
     pub ready: bool,
     /// `status.capacity` (quantity strings).
     pub capacity: BTreeMap<String, String>,
+    /// The workload cluster it was read from (management topology); `None` when Nodes and
+    /// Cluster API objects share one view (self-hosted, or one workload kubeconfig).
+    pub cluster: Option<ClusterKey>,
 }
 
 /// Identifies an infrastructure template independent of its API version.
@@ -81,22 +85,76 @@ pub struct IndexInputs {
     pub template_kinds: HashMap<(String, String), TemplateKindState>,
     /// NodeGroupPolicies.
     pub policies: Vec<PolicyRules>,
+    /// The Cluster API Clusters seen.
+    pub clusters: Vec<ClusterKey>,
+    /// Management topology: the state of each workload cluster's Node cache. Groups of a
+    /// cluster whose Nodes were never read are not served. `None` when Nodes come from one
+    /// view shared by every cluster.
+    pub workload: Option<BTreeMap<ClusterKey, WorkloadState>>,
+}
+
+/// Nodes by name and by normalized provider ID. Each remembers the workload cluster it came
+/// from: a machine's Node is looked for in its own cluster first, then among Nodes read from
+/// a view shared by every cluster.
+struct NodeLookup<'a> {
+    by_name: HashMap<&'a str, Vec<&'a NodeView>>,
+    by_pid: HashMap<&'a str, Vec<&'a NodeView>>,
+}
+
+impl<'a> NodeLookup<'a> {
+    fn new(nodes: &'a [NodeView]) -> Self {
+        let mut by_name: HashMap<&str, Vec<&NodeView>> = HashMap::with_capacity(nodes.len());
+        let mut by_pid: HashMap<&str, Vec<&NodeView>> = HashMap::with_capacity(nodes.len());
+        for n in nodes {
+            by_name.entry(n.name.as_str()).or_default().push(n);
+            if let Some(pid) = n.provider_id.as_deref().filter(|p| !p.is_empty()) {
+                by_pid
+                    .entry(providerid::normalize(pid))
+                    .or_default()
+                    .push(n);
+            }
+        }
+        Self { by_name, by_pid }
+    }
+
+    fn pick(candidates: Option<&Vec<&'a NodeView>>, cluster: &ClusterKey) -> Option<&'a NodeView> {
+        let candidates = candidates?;
+        candidates
+            .iter()
+            .find(|n| n.cluster.as_ref() == Some(cluster))
+            .or_else(|| candidates.iter().find(|n| n.cluster.is_none()))
+            .copied()
+    }
+
+    fn by_pid(&self, pid: &str, cluster: &ClusterKey) -> Option<&'a NodeView> {
+        Self::pick(self.by_pid.get(providerid::normalize(pid)), cluster)
+    }
+
+    fn by_name(&self, name: &str, cluster: &ClusterKey) -> Option<&'a NodeView> {
+        Self::pick(self.by_name.get(name), cluster)
+    }
+}
+
+/// Why the groups of `cluster` cannot be served yet (management topology only).
+fn workload_not_synced(inputs: &IndexInputs, cluster: &ClusterKey) -> Option<String> {
+    let states = inputs.workload.as_ref()?;
+    match states.get(cluster) {
+        Some(state) if state.ever_synced() => None,
+        Some(WorkloadState::NeverSynced(reason)) => Some(format!(
+            "the Nodes of workload cluster {cluster} cannot be read: {reason}"
+        )),
+        Some(_) => Some(format!(
+            "the Nodes of workload cluster {cluster} are not synced yet"
+        )),
+        None => Some(format!(
+            "no Cluster {cluster} (the scalable resource's spec.clusterName) is known"
+        )),
+    }
 }
 
 /// Builds the snapshot. One bad resource only excludes itself.
 pub fn build_snapshot(inputs: &IndexInputs) -> Snapshot {
-    let nodes_by_name: HashMap<&str, &NodeView> =
-        inputs.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
-    let nodes_by_pid: HashMap<&str, &NodeView> = inputs
-        .nodes
-        .iter()
-        .filter_map(|n| {
-            n.provider_id
-                .as_deref()
-                .filter(|p| !p.is_empty())
-                .map(|p| (providerid::normalize(p), n))
-        })
-        .collect();
+    let nodes = NodeLookup::new(&inputs.nodes);
     let resources: HashMap<(ScalableKind, &str, &str), &ScalableResource> = inputs
         .resources
         .iter()
@@ -136,7 +194,17 @@ pub fn build_snapshot(inputs: &IndexInputs) -> Snapshot {
             }
         }
         let report = governing.and_then(|p| reports.get_mut(&p.reference.key()));
-        match assess(inputs, resource, governing) {
+        let assessment = match assess(inputs, resource, governing) {
+            Assessment::Served(group) => match workload_not_synced(inputs, &group.cluster) {
+                Some(detail) => Assessment::Excluded(
+                    ExclusionReason::WorkloadClusterNotSynced(detail),
+                    group.warnings,
+                ),
+                None => Assessment::Served(group),
+            },
+            other => other,
+        };
+        match assessment {
             Assessment::NotConfigured => {}
             Assessment::Served(group) => {
                 if let Some(report) = report {
@@ -174,7 +242,7 @@ pub fn build_snapshot(inputs: &IndexInputs) -> Snapshot {
         if let Some(id) = &group
             && let Some(g) = groups.get_mut(id)
             && g.kind != ScalableKind::MachinePool
-            && let Some(instance) = instance_for(machine, &nodes_by_name, &nodes_by_pid)
+            && let Some(instance) = instance_for(machine, &nodes)
         {
             g.instances.push(instance);
         }
@@ -219,10 +287,10 @@ pub fn build_snapshot(inputs: &IndexInputs) -> Snapshot {
     for g in groups.values_mut() {
         let mut first_node = None;
         for instance in g.instances.iter().filter(|i| i.is_real()) {
-            if let Some(node) = nodes_by_pid.get(providerid::normalize(&instance.id)) {
+            if let Some(node) = nodes.by_pid(&instance.id, &g.cluster) {
                 g.registered += 1;
                 g.ready += usize::from(node.ready);
-                first_node.get_or_insert(*node);
+                first_node.get_or_insert(node);
             }
         }
         if let (Some(t), Some(node)) = (g.template.as_mut(), first_node) {
@@ -250,6 +318,8 @@ pub fn build_snapshot(inputs: &IndexInputs) -> Snapshot {
             machines: inputs.machines.len(),
             nodes: inputs.nodes.len(),
         },
+        clusters: inputs.clusters.iter().cloned().collect(),
+        workload: inputs.workload.clone().unwrap_or_default(),
     }
 }
 
@@ -364,6 +434,10 @@ fn assess(inputs: &IndexInputs, r: &ScalableResource, policy: Option<&PolicyRule
         kind: r.kind,
         namespace: r.namespace.clone(),
         name: r.name.clone(),
+        cluster: ClusterKey {
+            namespace: r.namespace.clone(),
+            name: r.cluster_name.clone(),
+        },
         uid: r.uid.clone(),
         min,
         max,
@@ -510,11 +584,11 @@ fn owning_group(
 }
 
 /// The instance for a machine, in upstream's order of precedence; `None` drops the machine.
-fn instance_for(
-    m: &Machine,
-    nodes_by_name: &HashMap<&str, &NodeView>,
-    nodes_by_pid: &HashMap<&str, &NodeView>,
-) -> Option<Instance> {
+fn instance_for(m: &Machine, nodes: &NodeLookup<'_>) -> Option<Instance> {
+    let cluster = ClusterKey {
+        namespace: m.namespace.clone(),
+        name: m.cluster_name.clone(),
+    };
     let synthetic = |kind| providerid::synthetic_id(kind, &m.namespace, &m.name);
     let machine = Some(m.key());
     let with = |id, state, error| {
@@ -561,7 +635,7 @@ fn instance_for(
     let registered = m
         .provider_id
         .as_deref()
-        .is_some_and(|p| nodes_by_pid.contains_key(providerid::normalize(p)));
+        .is_some_and(|p| nodes.by_pid(p, &cluster).is_some());
     if m.node_ref_name.is_none() && !registered {
         return with(
             synthetic(SyntheticKind::Pending),
@@ -578,7 +652,7 @@ fn instance_for(
     {
         return None;
     }
-    let node = nodes_by_name.get(m.node_ref_name.as_deref()?)?;
+    let node = nodes.by_name(m.node_ref_name.as_deref()?, &cluster)?;
     with(
         node.provider_id.clone().unwrap_or_default(),
         InstanceState::Running,

@@ -9,7 +9,8 @@ mod policy;
 pub use build::{IndexInputs, NodeView, TemplateKey, TemplateKindState, build_snapshot};
 pub use handle::{SnapshotHandle, SnapshotPublisher, channel};
 pub use model::{
-    ConfigWarning, Exclusion, ExclusionReason, Instance, InstanceError, InstanceState,
+    ClusterKey, ConfigWarning, Exclusion, ExclusionReason, Instance, InstanceError, InstanceState,
     MachineEntry, NodeGroup, NodeGroupLookup, PolicyReport, Snapshot, Source, TemplateInputs,
+    WorkloadState,
 };
 pub use policy::{PolicyRef, PolicyRules, PolicyTemplate, PriceList};

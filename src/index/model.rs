@@ -8,6 +8,41 @@ use crate::capi::annotations::{AnnotationWarning, CapacityHints, OptionOverrides
 use crate::capi::objects::{InfraTemplate, ScalableKind, Taint};
 use crate::capi::providerid;
 
+/// A Cluster API Cluster (`spec.clusterName` of a scalable resource, in its namespace).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClusterKey {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl std::fmt::Display for ClusterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The Node cache of a workload cluster (management topology).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkloadState {
+    /// Connecting and listing for the first time.
+    Syncing,
+    /// Never synced: the reason (Secret missing, unreachable, forbidden, ...).
+    NeverSynced(String),
+    /// Synced and watching.
+    Synced,
+    /// Synced once, unreachable now: the reason. The last known Nodes are used.
+    Unreachable(String),
+}
+
+impl WorkloadState {
+    /// True once the Nodes were listed at least once.
+    pub fn ever_synced(&self) -> bool {
+        matches!(self, WorkloadState::Synced | WorkloadState::Unreachable(_))
+    }
+}
+
 /// Where an effective value comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Source {
@@ -112,6 +147,8 @@ pub struct NodeGroup {
     pub namespace: String,
     /// Name of the scalable resource.
     pub name: String,
+    /// The Cluster it belongs to.
+    pub cluster: ClusterKey,
     /// UID of the scalable resource (for Events).
     pub uid: String,
     /// Effective min size.
@@ -170,6 +207,9 @@ pub enum ExclusionReason {
     ZeroWithoutTemplate(String),
     /// `spec.replicas` is unset.
     ReplicasUnset,
+    /// The Nodes of its workload cluster have never been read: serving it could report
+    /// registered machines as unregistered. The detail says why.
+    WorkloadClusterNotSynced(String),
 }
 
 /// A scalable resource that carries autoscaler configuration but is not served.
@@ -211,6 +251,7 @@ impl ExclusionReason {
                 format!("at 0 replicas and cannot scale from zero: {detail}")
             }
             ExclusionReason::ReplicasUnset => "spec.replicas is unset".into(),
+            ExclusionReason::WorkloadClusterNotSynced(detail) => detail.clone(),
         }
     }
 }
@@ -276,6 +317,10 @@ pub struct Snapshot {
     pub counts: IndexCounts,
     /// Per policy (`<namespace>/<name>`), what it governs.
     pub policies: BTreeMap<String, PolicyReport>,
+    /// The Cluster API Clusters seen (identities of scoped clients must name one).
+    pub clusters: std::collections::BTreeSet<ClusterKey>,
+    /// Per workload cluster, its Node cache (management topology only; empty otherwise).
+    pub workload: BTreeMap<ClusterKey, WorkloadState>,
 }
 
 /// Sizes of the inputs a snapshot was built from.

@@ -6,6 +6,7 @@ mod admin;
 mod exclusions;
 pub mod leader;
 mod watches;
+mod workload;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -31,7 +32,7 @@ use crate::server::CloudProviderService;
 use crate::server::tls::{self, ReloadingTls, TlsFiles};
 use crate::status::writer::StatusWriter;
 
-pub use watches::{WatchSpec, Watches};
+pub use watches::{NodeSource, WatchSpec, Watches};
 
 /// Everything `run` needs.
 #[derive(Clone, Debug)]
@@ -62,6 +63,25 @@ pub struct Config {
     pub leader_election: Option<leader::LeaderConfig>,
     /// How often the leader sweeps stranded scale-down marks.
     pub sweep_interval: Duration,
+    /// Where Nodes come from (the topology).
+    pub workload_nodes: WorkloadNodes,
+    /// Scoping of clients to Clusters by their certificate.
+    pub client_identity: crate::server::identity::IdentitySource,
+}
+
+/// Where Nodes come from: the topology the operator runs in.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum WorkloadNodes {
+    /// Self-hosted: Nodes and Cluster API objects live in the same cluster.
+    #[default]
+    SameCluster,
+    /// The operator runs in a workload cluster: Cluster API objects come from `--kubeconfig`
+    /// (the management cluster), Nodes from this kubeconfig, or from the in-cluster
+    /// configuration when `None`.
+    Kubeconfig(Option<PathBuf>),
+    /// The operator runs in the management cluster: each workload cluster's Nodes are read
+    /// through Cluster API's `<cluster>-kubeconfig` Secret.
+    ClusterSecrets,
 }
 
 /// A started operator.
@@ -176,6 +196,30 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
 
+    let nodes = match &config.workload_nodes {
+        WorkloadNodes::SameCluster => NodeSource::Local,
+        WorkloadNodes::ClusterSecrets => NodeSource::ClusterSecrets,
+        WorkloadNodes::Kubeconfig(path) => {
+            let kube_config = match path {
+                Some(path) => {
+                    let kubeconfig =
+                        kube::config::Kubeconfig::read_from(path).with_context(|| {
+                            format!("reading workload kubeconfig {}", path.display())
+                        })?;
+                    kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                        .await
+                        .with_context(|| {
+                            format!("loading workload kubeconfig {}", path.display())
+                        })?
+                }
+                None => kube::Config::incluster()
+                    .context("in-cluster configuration for the workload cluster's Nodes")?,
+            };
+            NodeSource::Cluster(
+                Client::try_from(kube_config).context("building the workload cluster client")?,
+            )
+        }
+    };
     let watches = Watches::start(
         client.clone(),
         WatchSpec {
@@ -184,6 +228,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             filter,
             default_arch: config.default_arch.clone(),
             with_policies,
+            nodes,
+            watch_clusters: config.client_identity
+                != crate::server::identity::IdentitySource::Off,
         },
         &mut tasks,
         shutdown.clone(),
@@ -261,7 +308,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         actuator,
         metrics.clone(),
         mutations.clone(),
-    );
+    )
+    .scoped(config.client_identity.clone());
 
     let grpc_listener = TcpListener::bind(config.grpc_address)
         .await

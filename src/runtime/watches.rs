@@ -19,13 +19,14 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::workload::WorkloadClusters;
 use crate::api::NodeGroupPolicy;
 use crate::capi::CapiKeys;
 use crate::capi::autodiscovery::DiscoveryFilter;
 use crate::capi::objects::{InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource};
 use crate::capi::resources::CapiResources;
 use crate::index::{
-    self, IndexInputs, NodeView, SnapshotPublisher, TemplateKey, TemplateKindState,
+    self, ClusterKey, IndexInputs, NodeView, SnapshotPublisher, TemplateKey, TemplateKindState,
 };
 use crate::metrics::Metrics;
 
@@ -41,6 +42,18 @@ const WATCH_RETRY_MIN: Duration = Duration::from_millis(800);
 /// server little.
 const WATCH_RETRY_MAX: Duration = Duration::from_secs(5);
 
+/// Where Nodes are read from (see [`super::workload`]).
+#[derive(Clone)]
+pub enum NodeSource {
+    /// The cluster that holds the Cluster API objects (self-hosted).
+    Local,
+    /// One other cluster: the operator runs in a workload cluster and reads Cluster API objects
+    /// from the management cluster.
+    Cluster(Client),
+    /// Every workload cluster, through Cluster API's `<cluster>-kubeconfig` Secrets.
+    ClusterSecrets,
+}
+
 /// What to watch.
 pub struct WatchSpec {
     /// Cluster API resources in use.
@@ -53,6 +66,40 @@ pub struct WatchSpec {
     pub default_arch: String,
     /// Watch NodeGroupPolicies (their CRD is installed).
     pub with_policies: bool,
+    /// Where Nodes come from.
+    pub nodes: NodeSource,
+    /// Watch Cluster API Clusters: needed to read workload clusters and to scope clients to
+    /// Clusters, and otherwise not watched (nor needed in RBAC).
+    pub watch_clusters: bool,
+}
+
+/// One kind's reflector stores: one per watched namespace, or one for all namespaces.
+struct Stores<K>(Vec<Store<K>>)
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone;
+
+impl<K> Stores<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    fn state(&self) -> Vec<Arc<K>> {
+        self.0.iter().flat_map(Store::state).collect()
+    }
+
+    async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        for store in &self.0 {
+            store.wait_until_ready().await?;
+        }
+        Ok(())
+    }
+}
+
+/// Nodes: one cache, or one per workload cluster.
+enum NodeStores {
+    Single(Store<Node>),
+    PerCluster(WorkloadClusters),
 }
 
 /// The caches the index is built from. Cheap to clone.
@@ -63,14 +110,16 @@ pub struct Watches {
 
 struct Inner {
     client: Client,
-    namespace: Option<String>,
+    /// Watched namespaces; `None`: all.
+    namespaces: Option<Vec<String>>,
     keys: CapiKeys,
     filter: DiscoveryFilter,
     default_arch: String,
-    scalables: Vec<(ScalableKind, Store<DynamicObject>)>,
-    machines: Store<DynamicObject>,
-    nodes: Store<Node>,
-    policies: Option<Store<NodeGroupPolicy>>,
+    scalables: Vec<(ScalableKind, Stores<DynamicObject>)>,
+    machines: Stores<DynamicObject>,
+    clusters: Stores<DynamicObject>,
+    nodes: NodeStores,
+    policies: Option<Stores<NodeGroupPolicy>>,
     templates: Mutex<HashMap<(String, String), TemplateWatch>>,
     changed: Arc<Notify>,
     shutdown: CancellationToken,
@@ -81,7 +130,7 @@ enum TemplateWatch {
     /// Resolving the kind, checking access and syncing.
     Starting,
     /// Synced.
-    Watching(Store<DynamicObject>),
+    Watching(Stores<DynamicObject>),
     /// Cannot be watched (kind not served, list forbidden, ...), since the instant, for the
     /// reason; retried after [`TEMPLATE_RETRY`].
     Failed(Instant, String),
@@ -111,80 +160,116 @@ impl Watches {
             filter,
             default_arch,
             with_policies,
+            nodes,
+            watch_clusters,
         } = spec;
         let changed = Arc::new(Notify::new());
-        let namespace = filter.single_namespace().map(String::from);
-        let dynamic_api = |ar: &ApiResource| match &namespace {
-            Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, ar),
-            None => Api::<DynamicObject>::all_with(client.clone(), ar),
+        let namespaces = filter.namespaces();
+        // One API per watched namespace, or one for all.
+        let scopes: Vec<Option<String>> = match &namespaces {
+            Some(list) => list.iter().cloned().map(Some).collect(),
+            None => vec![None],
+        };
+        let dynamic = |tasks: &mut JoinSet<anyhow::Result<()>>, ar: &ApiResource| {
+            Stores(
+                scopes
+                    .iter()
+                    .map(|scope| {
+                        let api = match scope {
+                            Some(ns) => {
+                                Api::<DynamicObject>::namespaced_with(client.clone(), ns, ar)
+                            }
+                            None => Api::<DynamicObject>::all_with(client.clone(), ar),
+                        };
+                        spawn_reflector(
+                            tasks,
+                            api,
+                            ar.clone(),
+                            changed.clone(),
+                            shutdown.clone(),
+                            |_| {},
+                            None,
+                        )
+                    })
+                    .collect(),
+            )
         };
         let mut scalables = Vec::new();
         for kind in ScalableKind::ALL {
             if let Some(ar) = resources.scalable(kind) {
-                let store = spawn_reflector(
-                    tasks,
-                    dynamic_api(ar),
-                    ar.clone(),
-                    changed.clone(),
-                    shutdown.clone(),
-                    |_| {},
-                    None,
-                );
-                scalables.push((kind, store));
+                scalables.push((kind, dynamic(tasks, ar)));
             }
         }
-        let machines = spawn_reflector(
-            tasks,
-            dynamic_api(&resources.machines),
-            resources.machines.clone(),
-            changed.clone(),
-            shutdown.clone(),
-            |_| {},
-            None,
-        );
-        let nodes = spawn_reflector(
-            tasks,
-            Api::<Node>::all(client.clone()),
-            (),
-            changed.clone(),
-            shutdown.clone(),
-            |node: &mut Node| {
-                // Only metadata, providerID and the Ready condition are used; drop the bulk.
-                node.managed_fields_mut().clear();
-                if let Some(status) = node.status.as_mut() {
-                    status.images = None;
-                    status.volumes_attached = None;
-                    status.volumes_in_use = None;
-                }
-            },
-            Some(node_fingerprint),
-        );
-        let policies_api = match &namespace {
-            Some(ns) => Api::<NodeGroupPolicy>::namespaced(client.clone(), ns),
-            None => Api::<NodeGroupPolicy>::all(client.clone()),
+        let machines = dynamic(tasks, &resources.machines);
+        let clusters = match &resources.clusters {
+            Some(ar) if watch_clusters || matches!(nodes, NodeSource::ClusterSecrets) => {
+                dynamic(tasks, ar)
+            }
+            _ => Stores(Vec::new()),
+        };
+        let nodes = match nodes {
+            NodeSource::Local | NodeSource::Cluster(_) => {
+                let node_client = match &nodes {
+                    NodeSource::Cluster(c) => c.clone(),
+                    _ => client.clone(),
+                };
+                NodeStores::Single(spawn_reflector(
+                    tasks,
+                    Api::<Node>::all(node_client),
+                    (),
+                    changed.clone(),
+                    shutdown.clone(),
+                    trim_node,
+                    Some(node_fingerprint),
+                ))
+            }
+            NodeSource::ClusterSecrets => {
+                let workload = WorkloadClusters::default();
+                tasks.spawn(workload.clone().run(
+                    client.clone(),
+                    clusters.0.clone(),
+                    trim_node,
+                    node_fingerprint,
+                    changed.clone(),
+                    shutdown.clone(),
+                ));
+                NodeStores::PerCluster(workload)
+            }
         };
         let policies = with_policies.then(|| {
-            spawn_reflector(
-                tasks,
-                policies_api,
-                (),
-                changed.clone(),
-                shutdown.clone(),
-                |p: &mut NodeGroupPolicy| {
-                    p.managed_fields_mut().clear();
-                },
-                None,
+            Stores(
+                scopes
+                    .iter()
+                    .map(|scope| {
+                        let api = match scope {
+                            Some(ns) => Api::<NodeGroupPolicy>::namespaced(client.clone(), ns),
+                            None => Api::<NodeGroupPolicy>::all(client.clone()),
+                        };
+                        spawn_reflector(
+                            tasks,
+                            api,
+                            (),
+                            changed.clone(),
+                            shutdown.clone(),
+                            |p: &mut NodeGroupPolicy| {
+                                p.managed_fields_mut().clear();
+                            },
+                            None,
+                        )
+                    })
+                    .collect(),
             )
         });
         Self {
             inner: Arc::new(Inner {
                 client,
-                namespace,
+                namespaces,
                 keys,
                 filter,
                 default_arch,
                 scalables,
                 machines,
+                clusters,
                 nodes,
                 policies,
                 templates: Mutex::default(),
@@ -231,12 +316,17 @@ impl Watches {
         }
     }
 
+    /// Waits for the caches of the management view. Workload clusters sync one by one; the
+    /// index holds back each cluster's groups until its Nodes are read.
     async fn wait_synced(&self) -> anyhow::Result<()> {
         for (_, store) in &self.inner.scalables {
             store.wait_until_ready().await?;
         }
         self.inner.machines.wait_until_ready().await?;
-        self.inner.nodes.wait_until_ready().await?;
+        self.inner.clusters.wait_until_ready().await?;
+        if let NodeStores::Single(nodes) = &self.inner.nodes {
+            nodes.wait_until_ready().await?;
+        }
         if let Some(policies) = &self.inner.policies {
             policies.wait_until_ready().await?;
         }
@@ -262,7 +352,30 @@ impl Watches {
             .iter()
             .map(|m| Machine::from_dynamic(m))
             .collect();
-        let nodes = inner.nodes.state().iter().map(|n| node_view(n)).collect();
+        let (nodes, workload) = match &inner.nodes {
+            NodeStores::Single(store) => (
+                store.state().iter().map(|n| node_view(n, None)).collect(),
+                None,
+            ),
+            NodeStores::PerCluster(workload) => {
+                let mut nodes = Vec::new();
+                let mut states = std::collections::BTreeMap::new();
+                for (cluster, state, cached) in workload.snapshot() {
+                    nodes.extend(cached.iter().map(|n| node_view(n, Some(cluster.clone()))));
+                    states.insert(cluster, state);
+                }
+                (nodes, Some(states))
+            }
+        };
+        let clusters = inner
+            .clusters
+            .state()
+            .iter()
+            .map(|c| ClusterKey {
+                namespace: c.namespace().unwrap_or_default(),
+                name: c.name_any(),
+            })
+            .collect();
         let mut templates = HashMap::new();
         let watches = inner.templates.lock().unwrap_or_else(|p| p.into_inner());
         let template_kinds = watches
@@ -293,6 +406,8 @@ impl Watches {
             templates,
             template_kinds,
             policies: self.policies().iter().map(|p| p.rules()).collect(),
+            clusters,
+            workload,
         }
     }
 
@@ -301,7 +416,7 @@ impl Watches {
         self.inner
             .policies
             .as_ref()
-            .map(Store::state)
+            .map(Stores::state)
             .unwrap_or_default()
     }
 
@@ -361,32 +476,43 @@ impl Watches {
     async fn start_template_watch(
         &self,
         infra: &InfraRef,
-    ) -> Result<Option<Store<DynamicObject>>, String> {
+    ) -> Result<Option<Stores<DynamicObject>>, String> {
         let inner = &self.inner;
         let ar = resolve_kind(&inner.client, infra).await?;
-        let api = match &inner.namespace {
-            Some(ns) => Api::<DynamicObject>::namespaced_with(inner.client.clone(), ns, &ar),
-            None => Api::<DynamicObject>::all_with(inner.client.clone(), &ar),
+        let apis: Vec<Api<DynamicObject>> = match &inner.namespaces {
+            Some(list) => list
+                .iter()
+                .map(|ns| Api::<DynamicObject>::namespaced_with(inner.client.clone(), ns, &ar))
+                .collect(),
+            None => vec![Api::<DynamicObject>::all_with(inner.client.clone(), &ar)],
         };
-        api.list_metadata(&ListParams::default().limit(1))
-            .await
-            .map_err(|e| format!("listing {}: {e}", ar.plural))?;
+        for api in &apis {
+            api.list_metadata(&ListParams::default().limit(1))
+                .await
+                .map_err(|e| format!("listing {}: {e}", ar.plural))?;
+        }
         let mut tasks = JoinSet::new();
-        let store = spawn_reflector(
-            &mut tasks,
-            api,
-            ar.clone(),
-            inner.changed.clone(),
-            inner.shutdown.clone(),
-            |_| {},
-            None,
+        let stores = Stores(
+            apis.into_iter()
+                .map(|api| {
+                    spawn_reflector(
+                        &mut tasks,
+                        api,
+                        ar.clone(),
+                        inner.changed.clone(),
+                        inner.shutdown.clone(),
+                        |_| {},
+                        None,
+                    )
+                })
+                .collect(),
         );
         tasks.detach_all();
-        if store.wait_until_ready().await.is_err() {
+        if stores.wait_until_ready().await.is_err() {
             return Ok(None);
         }
         tracing::info!(kind = %ar.kind, version = %ar.version, "watching infrastructure templates");
-        Ok(Some(store))
+        Ok(Some(stores))
     }
 }
 
@@ -415,7 +541,17 @@ async fn resolve_kind(client: &Client, infra: &InfraRef) -> Result<ApiResource, 
         .ok_or_else(|| format!("kind {} is not served in {versions:?}", infra.kind))
 }
 
-fn node_view(node: &Node) -> NodeView {
+/// Only metadata, providerID, the Ready condition and capacity are used; drop the bulk.
+fn trim_node(node: &mut Node) {
+    node.managed_fields_mut().clear();
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.volumes_attached = None;
+        status.volumes_in_use = None;
+    }
+}
+
+fn node_view(node: &Node, cluster: Option<ClusterKey>) -> NodeView {
     let ready = node
         .status
         .as_ref()
@@ -437,6 +573,7 @@ fn node_view(node: &Node) -> NodeView {
             .and_then(|s| s.capacity.as_ref())
             .map(|c| c.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
             .unwrap_or_default(),
+        cluster,
     }
 }
 
@@ -519,7 +656,9 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
     }
 }
 
-fn relevant<K: Resource>(
+/// True when `event` may change the index: with a `fingerprint`, only changes of what the
+/// index reads count.
+pub(super) fn relevant<K: Resource>(
     event: &watcher::Event<K>,
     fingerprint: Option<fn(&K) -> u64>,
     seen: &mut HashMap<String, u64>,
@@ -549,7 +688,7 @@ fn relevant<K: Resource>(
 
 fn node_fingerprint(node: &Node) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
-    node_view(node).hash(&mut hasher);
+    node_view(node, None).hash(&mut hasher);
     hasher.finish()
 }
 

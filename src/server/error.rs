@@ -36,6 +36,13 @@ pub enum ProviderError {
     /// A scaling request was refused or failed.
     #[error(transparent)]
     Actuate(#[from] ActuateError),
+    /// The caller may not see or act on this (its client certificate names another Cluster,
+    /// or none).
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// The caller's workload cluster has not been read yet.
+    #[error("{0}")]
+    ClusterNotSynced(String),
     /// A bug: a mutation task failed without an answer.
     #[error("internal error: {0}")]
     Internal(String),
@@ -53,6 +60,8 @@ impl ProviderError {
             ProviderError::NotImplemented(_) => Code::Unimplemented,
             ProviderError::FailedPrecondition(_) => Code::FailedPrecondition,
             ProviderError::Internal(_) => Code::Internal,
+            ProviderError::PermissionDenied(_) => Code::PermissionDenied,
+            ProviderError::ClusterNotSynced(_) => Code::Unavailable,
             ProviderError::Actuate(e) => match e {
                 ActuateError::NonPositiveIncrease(_) | ActuateError::NonNegativeDecrease(_) => {
                     Code::InvalidArgument

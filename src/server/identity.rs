@@ -2,11 +2,11 @@
 //! management cluster serves the cluster-autoscaler of every workload cluster; each must see
 //! and scale only its own cluster's node groups, and holds a client certificate naming it.
 
-use std::fmt;
-
 use rustls::pki_types::CertificateDer;
 use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::{FromDer, X509Certificate};
+
+use crate::index::ClusterKey;
 
 /// Default prefix of the identity naming a cluster: `nodegroup.dev/cluster/<namespace>/<name>`.
 pub const DEFAULT_PREFIX: &str = "nodegroup.dev/cluster/";
@@ -46,28 +46,13 @@ impl IdentitySource {
     }
 }
 
-/// A Cluster API Cluster.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ClusterRef {
-    /// Namespace of the Cluster.
-    pub namespace: String,
-    /// Name of the Cluster.
-    pub name: String,
-}
-
-impl fmt::Display for ClusterRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
 /// What a caller may see.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Scope {
     /// Everything (scoping off).
     All,
     /// The node groups of one Cluster.
-    Cluster(ClusterRef),
+    Cluster(ClusterKey),
 }
 
 /// Why a client has no scope.
@@ -80,7 +65,9 @@ pub enum IdentityError {
     #[error("client certificate cannot be parsed: {0}")]
     Unparsable(String),
     /// No identity of the expected form.
-    #[error("client certificate has no {what} of the form {prefix}<namespace>/<name> (found: {found})")]
+    #[error(
+        "client certificate has no {what} of the form {prefix}<namespace>/<name> (found: {found})"
+    )]
     NoIdentity {
         /// URI SAN or common name.
         what: &'static str,
@@ -92,7 +79,10 @@ pub enum IdentityError {
 }
 
 /// The scope of a caller presenting `certs` (leaf first).
-pub fn scope(source: &IdentitySource, certs: Option<&[CertificateDer<'_>]>) -> Result<Scope, IdentityError> {
+pub fn scope(
+    source: &IdentitySource,
+    certs: Option<&[CertificateDer<'_>]>,
+) -> Result<Scope, IdentityError> {
     let (what, prefix) = match source {
         IdentitySource::Off => return Ok(Scope::All),
         IdentitySource::UriSan { prefix } => ("URI SAN", prefix),
@@ -141,12 +131,12 @@ pub fn scope(source: &IdentitySource, certs: Option<&[CertificateDer<'_>]>) -> R
 }
 
 /// `<prefix><namespace>/<name>` (after an optional `scheme://`) as a cluster.
-fn cluster_of(value: &str, prefix: &str) -> Option<ClusterRef> {
+fn cluster_of(value: &str, prefix: &str) -> Option<ClusterKey> {
     let value = value.split_once("://").map_or(value, |(_, rest)| rest);
     let rest = value.strip_prefix(prefix)?;
     let (namespace, name) = rest.split_once('/')?;
     let valid = |s: &str| !s.is_empty() && !s.contains('/');
-    (valid(namespace) && valid(name)).then(|| ClusterRef {
+    (valid(namespace) && valid(name)).then(|| ClusterKey {
         namespace: namespace.to_string(),
         name: name.to_string(),
     })
@@ -180,29 +170,40 @@ mod tests {
         let c = cert("cluster-autoscaler", &["nodegroup.dev/cluster/team-a/prod"]);
         assert_eq!(
             scope(&uri(), Some(&[c])),
-            Ok(Scope::Cluster(ClusterRef {
+            Ok(Scope::Cluster(ClusterKey {
                 namespace: "team-a".into(),
                 name: "prod".into()
             }))
         );
         let with_scheme = cert("x", &["spiffe://nodegroup.dev/cluster/ns/c1"]);
-        assert!(matches!(scope(&uri(), Some(&[with_scheme])), Ok(Scope::Cluster(c)) if c.name == "c1"));
+        assert!(
+            matches!(scope(&uri(), Some(&[with_scheme])), Ok(Scope::Cluster(c)) if c.name == "c1")
+        );
     }
 
     #[test]
     fn a_common_name_names_the_cluster_when_configured() {
         let source = IdentitySource::parse("common-name", "cluster:").unwrap();
         let c = cert("cluster:ns/c2", &[]);
-        assert!(matches!(scope(&source, Some(&[c])), Ok(Scope::Cluster(c)) if c.namespace == "ns" && c.name == "c2"));
+        assert!(
+            matches!(scope(&source, Some(&[c])), Ok(Scope::Cluster(c)) if c.namespace == "ns" && c.name == "c2")
+        );
     }
 
     #[test]
     fn certificates_without_an_identity_are_refused_with_what_they_have() {
         let c = cert("cluster-autoscaler", &["https://example.com/x"]);
         let error = scope(&uri(), Some(&[c])).unwrap_err();
-        assert!(error.to_string().contains("https://example.com/x"), "{error}");
+        assert!(
+            error.to_string().contains("https://example.com/x"),
+            "{error}"
+        );
         assert_eq!(scope(&uri(), None), Err(IdentityError::NoCertificate));
-        for bad in ["nodegroup.dev/cluster/ns", "nodegroup.dev/cluster//c", "nodegroup.dev/cluster/a/b/c"] {
+        for bad in [
+            "nodegroup.dev/cluster/ns",
+            "nodegroup.dev/cluster//c",
+            "nodegroup.dev/cluster/a/b/c",
+        ] {
             assert!(scope(&uri(), Some(&[cert("x", &[bad])])).is_err(), "{bad}");
         }
     }

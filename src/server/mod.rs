@@ -3,6 +3,7 @@
 
 pub mod convert;
 mod error;
+pub mod identity;
 pub mod options;
 mod service;
 pub mod tls;

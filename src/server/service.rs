@@ -8,6 +8,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert;
 use super::error::ProviderError;
+use super::identity::{self, IdentityError, IdentitySource, Scope};
 use super::options;
 use crate::actuate::deadline::parse_grpc_timeout;
 use crate::actuate::{ActuateError, CapiActuator, MutationDeadline, NodeRef};
@@ -41,13 +42,15 @@ pub struct CloudProviderService {
     actuator: Arc<CapiActuator>,
     metrics: Arc<Metrics>,
     mutations: TaskTracker,
+    identity: IdentitySource,
 }
 
 type RpcResult<T> = Result<Response<T>, Status>;
 
 impl CloudProviderService {
     /// A service reading `snapshots` and writing through `actuator`.
-    /// Mutations are spawned on `mutations`, which shutdown waits for.
+    /// Mutations are spawned on `mutations`, which shutdown waits for. With scoping off, every
+    /// authenticated client sees every group; see [`Self::scoped`].
     pub fn new(
         snapshots: SnapshotHandle,
         actuator: Arc<CapiActuator>,
@@ -59,7 +62,51 @@ impl CloudProviderService {
             actuator,
             metrics,
             mutations,
+            identity: IdentitySource::Off,
         }
+    }
+
+    /// Scopes every caller to the Cluster its client certificate names (`identity`): it sees
+    /// and scales only that Cluster's node groups.
+    pub fn scoped(mut self, identity: IdentitySource) -> Self {
+        self.identity = identity;
+        self
+    }
+
+    /// The scope a request's client certificate grants (certificates are parsed here, before
+    /// the request is consumed).
+    fn caller<T>(&self, request: &Request<T>) -> Result<Scope, IdentityError> {
+        if self.identity == IdentitySource::Off {
+            return Ok(Scope::All);
+        }
+        let certs = request.peer_certs();
+        identity::scope(&self.identity, certs.as_deref().map(Vec::as_slice))
+    }
+
+    /// Checks the caller's scope against what is served: its Cluster must exist, and (in the
+    /// management topology) its Nodes must have been read.
+    fn authorize(
+        caller: &Result<Scope, IdentityError>,
+        snapshot: &Snapshot,
+    ) -> Result<Scope, ProviderError> {
+        let scope = caller
+            .clone()
+            .map_err(|e| ProviderError::PermissionDenied(e.to_string()))?;
+        if let Scope::Cluster(cluster) = &scope {
+            if !snapshot.clusters.contains(cluster) {
+                return Err(ProviderError::PermissionDenied(format!(
+                    "the client certificate names Cluster {cluster}, which this operator does not serve"
+                )));
+            }
+            if let Some(state) = snapshot.workload.get(cluster)
+                && !state.ever_synced()
+            {
+                return Err(ProviderError::ClusterNotSynced(format!(
+                    "the Nodes of workload cluster {cluster} are not read yet ({state:?})"
+                )));
+            }
+        }
+        Ok(scope)
     }
 
     /// Runs `mutation` as a task of its own and waits for its result. If this RPC is dropped
@@ -90,7 +137,12 @@ impl CloudProviderService {
         self.snapshots.current().ok_or(ProviderError::NotSynced)
     }
 
-    fn group(snapshot: &Snapshot, id: &str) -> Result<Arc<NodeGroup>, ProviderError> {
+    /// The group `id`, which the caller's `scope` must include.
+    fn group(
+        snapshot: &Snapshot,
+        id: &str,
+        scope: &Scope,
+    ) -> Result<Arc<NodeGroup>, ProviderError> {
         if id.is_empty() {
             return Err(ProviderError::InvalidArgument(
                 "request has an empty node group id".into(),
@@ -102,10 +154,27 @@ impl CloudProviderService {
                 id.len()
             )));
         }
-        snapshot
+        let group = snapshot
             .group(id)
             .cloned()
-            .ok_or_else(|| ProviderError::GroupNotFound(id.into()))
+            .ok_or_else(|| ProviderError::GroupNotFound(id.into()))?;
+        match scope {
+            Scope::Cluster(cluster) if *cluster != group.cluster => {
+                Err(ProviderError::PermissionDenied(format!(
+                    "node group {id} belongs to Cluster {}; this client's certificate names Cluster {cluster}",
+                    group.cluster
+                )))
+            }
+            _ => Ok(group),
+        }
+    }
+
+    /// Whether `scope` includes `group`.
+    fn visible(scope: &Scope, group: &NodeGroup) -> bool {
+        match scope {
+            Scope::All => true,
+            Scope::Cluster(cluster) => *cluster == group.cluster,
+        }
     }
 
     /// Runs one RPC body, records its latency and code, and logs failures.
@@ -177,14 +246,17 @@ impl CloudProviderService {
 impl CloudProvider for CloudProviderService {
     async fn node_groups(
         &self,
-        _: Request<proto::NodeGroupsRequest>,
+        request: Request<proto::NodeGroupsRequest>,
     ) -> RpcResult<proto::NodeGroupsResponse> {
+        let caller = self.caller(&request);
         self.rpc("NodeGroups", async {
             let snapshot = self.snapshot()?;
+            let scope = Self::authorize(&caller, &snapshot)?;
             Ok(proto::NodeGroupsResponse {
                 node_groups: snapshot
                     .groups
                     .values()
+                    .filter(|g| Self::visible(&scope, g))
                     .map(|g| convert::node_group(g))
                     .collect(),
             })
@@ -196,20 +268,25 @@ impl CloudProvider for CloudProviderService {
         &self,
         request: Request<proto::NodeGroupForNodeRequest>,
     ) -> RpcResult<proto::NodeGroupForNodeResponse> {
+        let caller = self.caller(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupForNode", async {
             let node = request
                 .node
                 .ok_or_else(|| ProviderError::InvalidArgument("request has no node".into()))?;
             let snapshot = self.snapshot()?;
+            let scope = Self::authorize(&caller, &snapshot)?;
             let group = match snapshot.group_for_provider_id(&node.provider_id) {
-                NodeGroupLookup::Group(g) => convert::node_group(&g),
-                NodeGroupLookup::None => proto::NodeGroup::default(),
-                NodeGroupLookup::Ambiguous(_) => {
-                    let g = Self::group_for_node(&snapshot, &node)?;
-                    g.map(|g| convert::node_group(&g)).unwrap_or_default()
-                }
+                NodeGroupLookup::Group(g) => Some(g),
+                NodeGroupLookup::None => None,
+                NodeGroupLookup::Ambiguous(_) => Self::group_for_node(&snapshot, &node)?,
             };
+            // Another cluster's node is "not autoscaled" to this caller, as CA expects for
+            // nodes of no group.
+            let group = group
+                .filter(|g| Self::visible(&scope, g))
+                .map(|g| convert::node_group(&g))
+                .unwrap_or_default();
             Ok(proto::NodeGroupForNodeResponse {
                 node_group: Some(group),
             })
@@ -221,6 +298,7 @@ impl CloudProvider for CloudProviderService {
         &self,
         request: Request<proto::PricingNodePriceRequest>,
     ) -> RpcResult<proto::PricingNodePriceResponse> {
+        let caller = self.caller(&request);
         let request = request.into_inner();
         self.rpc("PricingNodePrice", async {
             let node = request
@@ -233,7 +311,9 @@ impl CloudProvider for CloudProviderService {
                 &request.end_time,
             )?;
             let snapshot = self.snapshot()?;
-            let group = Self::group_for_node(&snapshot, &node)?;
+            let scope = Self::authorize(&caller, &snapshot)?;
+            let group =
+                Self::group_for_node(&snapshot, &node)?.filter(|g| Self::visible(&scope, g));
             let hourly = group
                 .as_deref()
                 .and_then(pricing::node_hourly)
@@ -259,6 +339,7 @@ impl CloudProvider for CloudProviderService {
         &self,
         request: Request<proto::PricingPodPriceRequest>,
     ) -> RpcResult<proto::PricingPodPriceResponse> {
+        let caller = self.caller(&request);
         let request = request.into_inner();
         self.rpc("PricingPodPrice", async {
             let hours = pricing::window_hours(
@@ -268,7 +349,11 @@ impl CloudProvider for CloudProviderService {
                 &request.end_time,
             )?;
             let snapshot = self.snapshot()?;
-            let prices = pricing::cheapest_resource_prices(&snapshot).ok_or_else(|| {
+            let scope = Self::authorize(&caller, &snapshot)?;
+            let prices = pricing::cheapest_resource_prices(
+                snapshot.groups.values().filter(|g| Self::visible(&scope, g)),
+            )
+            .ok_or_else(|| {
                 ProviderError::NotImplemented("no NodeGroupPolicy sets per-resource prices".into())
             })?;
             let (field, bytes) = if request.pod_bytes.is_empty() {
@@ -301,9 +386,11 @@ impl CloudProvider for CloudProviderService {
 
     async fn gpu_label(
         &self,
-        _: Request<proto::GpuLabelRequest>,
+        request: Request<proto::GpuLabelRequest>,
     ) -> RpcResult<proto::GpuLabelResponse> {
+        let caller = self.caller(&request);
         self.rpc("GPULabel", async {
+            caller.map_err(|e| ProviderError::PermissionDenied(e.to_string()))?;
             Ok(proto::GpuLabelResponse {
                 label: GPU_LABEL.into(),
             })
@@ -313,13 +400,16 @@ impl CloudProvider for CloudProviderService {
 
     async fn get_available_gpu_types(
         &self,
-        _: Request<proto::GetAvailableGpuTypesRequest>,
+        request: Request<proto::GetAvailableGpuTypesRequest>,
     ) -> RpcResult<proto::GetAvailableGpuTypesResponse> {
+        let caller = self.caller(&request);
         self.rpc("GetAvailableGPUTypes", async {
             let snapshot = self.snapshot()?;
+            let scope = Self::authorize(&caller, &snapshot)?;
             let gpu_types = snapshot
                 .groups
                 .values()
+                .filter(|g| Self::visible(&scope, g))
                 .filter_map(|g| {
                     g.template
                         .as_ref()?
@@ -337,20 +427,26 @@ impl CloudProvider for CloudProviderService {
 
     async fn cleanup(
         &self,
-        _: Request<proto::CleanupRequest>,
+        request: Request<proto::CleanupRequest>,
     ) -> RpcResult<proto::CleanupResponse> {
-        self.rpc("Cleanup", async { Ok(proto::CleanupResponse {}) })
-            .await
+        let caller = self.caller(&request);
+        self.rpc("Cleanup", async {
+            caller.map_err(|e| ProviderError::PermissionDenied(e.to_string()))?;
+            Ok(proto::CleanupResponse {})
+        })
+        .await
     }
 
     async fn refresh(
         &self,
-        _: Request<proto::RefreshRequest>,
+        request: Request<proto::RefreshRequest>,
     ) -> RpcResult<proto::RefreshResponse> {
+        let caller = self.caller(&request);
         // The index is kept current by watches; Refresh only reports whether it is usable, so CA
         // skips a loop instead of acting on an empty view while caches sync.
         self.rpc("Refresh", async {
-            self.snapshot()?;
+            let snapshot = self.snapshot()?;
+            Self::authorize(&caller, &snapshot)?;
             Ok(proto::RefreshResponse {})
         })
         .await
@@ -360,10 +456,12 @@ impl CloudProvider for CloudProviderService {
         &self,
         request: Request<proto::NodeGroupTargetSizeRequest>,
     ) -> RpcResult<proto::NodeGroupTargetSizeResponse> {
+        let caller = self.caller(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupTargetSize", async {
             let snapshot = self.snapshot()?;
-            let group = Self::group(&snapshot, &request.id)?;
+            let scope = Self::authorize(&caller, &snapshot)?;
+            let group = Self::group(&snapshot, &request.id, &scope)?;
             Ok(proto::NodeGroupTargetSizeResponse {
                 target_size: group.target,
             })
@@ -375,11 +473,13 @@ impl CloudProvider for CloudProviderService {
         &self,
         request: Request<proto::NodeGroupIncreaseSizeRequest>,
     ) -> RpcResult<proto::NodeGroupIncreaseSizeResponse> {
+        let caller = self.caller(&request);
         let deadline = Self::deadline(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupIncreaseSize", async {
             let snapshot = self.snapshot()?;
-            let group = Self::group(&snapshot, &request.id)?;
+            let scope = Self::authorize(&caller, &snapshot)?;
+            let group = Self::group(&snapshot, &request.id, &scope)?;
             let actuator = self.actuator.clone();
             let id = group.id.clone();
             let target = self
@@ -399,11 +499,13 @@ impl CloudProvider for CloudProviderService {
         &self,
         request: Request<proto::NodeGroupDeleteNodesRequest>,
     ) -> RpcResult<proto::NodeGroupDeleteNodesResponse> {
+        let caller = self.caller(&request);
         let deadline = Self::deadline(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupDeleteNodes", async {
             let snapshot = self.snapshot()?;
-            let group = Self::group(&snapshot, &request.id)?;
+            let scope = Self::authorize(&caller, &snapshot)?;
+            let group = Self::group(&snapshot, &request.id, &scope)?;
             let nodes: Vec<NodeRef> = request
                 .nodes
                 .into_iter()
@@ -441,11 +543,13 @@ impl CloudProvider for CloudProviderService {
         &self,
         request: Request<proto::NodeGroupDecreaseTargetSizeRequest>,
     ) -> RpcResult<proto::NodeGroupDecreaseTargetSizeResponse> {
+        let caller = self.caller(&request);
         let deadline = Self::deadline(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupDecreaseTargetSize", async {
             let snapshot = self.snapshot()?;
-            let group = Self::group(&snapshot, &request.id)?;
+            let scope = Self::authorize(&caller, &snapshot)?;
+            let group = Self::group(&snapshot, &request.id, &scope)?;
             let actuator = self.actuator.clone();
             let id = group.id.clone();
             let target = self
@@ -465,10 +569,12 @@ impl CloudProvider for CloudProviderService {
         &self,
         request: Request<proto::NodeGroupNodesRequest>,
     ) -> RpcResult<proto::NodeGroupNodesResponse> {
+        let caller = self.caller(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupNodes", async {
             let snapshot = self.snapshot()?;
-            let group = Self::group(&snapshot, &request.id)?;
+            let scope = Self::authorize(&caller, &snapshot)?;
+            let group = Self::group(&snapshot, &request.id, &scope)?;
             Ok(proto::NodeGroupNodesResponse {
                 instances: group.instances.iter().map(convert::instance).collect(),
             })
@@ -480,10 +586,12 @@ impl CloudProvider for CloudProviderService {
         &self,
         request: Request<proto::NodeGroupTemplateNodeInfoRequest>,
     ) -> RpcResult<proto::NodeGroupTemplateNodeInfoResponse> {
+        let caller = self.caller(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupTemplateNodeInfo", async {
             let snapshot = self.snapshot()?;
-            let group = Self::group(&snapshot, &request.id)?;
+            let scope = Self::authorize(&caller, &snapshot)?;
+            let group = Self::group(&snapshot, &request.id, &scope)?;
             let inputs = group.template.as_ref().ok_or_else(|| {
                 ProviderError::NotImplemented(format!(
                     "node group {} cannot scale from zero: neither capacity annotations nor the infrastructure template give cpu and memory",
@@ -504,10 +612,12 @@ impl CloudProvider for CloudProviderService {
         &self,
         request: Request<proto::NodeGroupAutoscalingOptionsRequest>,
     ) -> RpcResult<proto::NodeGroupAutoscalingOptionsResponse> {
+        let caller = self.caller(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupGetOptions", async {
             let snapshot = self.snapshot()?;
-            let group = Self::group(&snapshot, &request.id)?;
+            let scope = Self::authorize(&caller, &snapshot)?;
+            let group = Self::group(&snapshot, &request.id, &scope)?;
             let defaults = request
                 .defaults
                 .ok_or_else(|| ProviderError::InvalidArgument("request has no defaults".into()))?;

@@ -18,6 +18,7 @@ fn group(id: &str) -> NodeGroup {
         kind: crate::capi::ScalableKind::MachineDeployment,
         namespace: "ns".into(),
         name: "md".into(),
+        cluster: Default::default(),
         uid: String::new(),
         min: 1,
         max: 5,

@@ -1,0 +1,333 @@
+//! Where Nodes come from, per topology:
+//!
+//! - **self-hosted** (default): the Nodes of the cluster the operator talks to;
+//! - **workload kubeconfig**: the Nodes of one other cluster (the operator runs in the
+//!   workload cluster and reads Cluster API objects from the management cluster, as CA's
+//!   in-tree provider does with `--cloud-config`);
+//! - **cluster secrets**: the operator runs in the management cluster and reads the Nodes of
+//!   every workload cluster through Cluster API's `<cluster>-kubeconfig` Secret, as Cluster
+//!   API's own cluster cache does. A connection is opened when a Cluster appears, closed when
+//!   it goes, and re-opened when its Secret changes; one unreachable cluster affects only its
+//!   own groups.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::api::{Api, DynamicObject};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::index::{ClusterKey, WorkloadState};
+
+/// How often Cluster Secrets are read again (rotation) and vanished Clusters closed.
+const RECONCILE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The Node caches of every workload cluster, by Cluster.
+#[derive(Clone, Default)]
+pub struct WorkloadClusters {
+    connections: Arc<Mutex<HashMap<ClusterKey, Connection>>>,
+}
+
+struct Connection {
+    store: Store<Node>,
+    state: Arc<Mutex<WorkloadState>>,
+    /// resourceVersion of the Secret the connection was made from.
+    secret_version: String,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl WorkloadClusters {
+    /// Keeps one connection per Cluster in `clusters` until `shutdown`: opened when a Cluster
+    /// appears (or its kubeconfig Secret changes), closed when it goes.
+    pub async fn run(
+        self,
+        management: Client,
+        clusters: Vec<Store<DynamicObject>>,
+        trim: fn(&mut Node),
+        fingerprint: fn(&Node) -> u64,
+        changed: Arc<Notify>,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
+        for store in &clusters {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                ready = store.wait_until_ready() => ready?,
+            }
+        }
+        loop {
+            let wanted: BTreeMap<ClusterKey, ()> = clusters
+                .iter()
+                .flat_map(Store::state)
+                .filter(|c| c.metadata.deletion_timestamp.is_none())
+                .map(|c| {
+                    (
+                        ClusterKey {
+                            namespace: c.namespace().unwrap_or_default(),
+                            name: c.name_any(),
+                        },
+                        (),
+                    )
+                })
+                .collect();
+            self.close_vanished(&wanted, &changed);
+            for cluster in wanted.keys() {
+                self.connect(&management, cluster, trim, fingerprint, &changed, &shutdown)
+                    .await;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(RECONCILE_INTERVAL) => {}
+                _ = changed.notified() => {
+                    // Also woken by Node changes: reconciling is cheap (one map lookup per
+                    // Cluster); Secrets are read at most once per interval.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+
+    fn close_vanished(&self, wanted: &BTreeMap<ClusterKey, ()>, changed: &Notify) {
+        let mut connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        let before = connections.len();
+        connections.retain(|key, _| {
+            let keep = wanted.contains_key(key);
+            if !keep {
+                tracing::info!(cluster = %key, "Cluster gone; closing its connection");
+            }
+            keep
+        });
+        if connections.len() != before {
+            changed.notify_one();
+        }
+    }
+
+    /// Opens (or re-opens, after a Secret change) the connection to `cluster`.
+    async fn connect(
+        &self,
+        management: &Client,
+        cluster: &ClusterKey,
+        trim: fn(&mut Node),
+        fingerprint: fn(&Node) -> u64,
+        changed: &Arc<Notify>,
+        shutdown: &CancellationToken,
+    ) {
+        let secrets: Api<Secret> = Api::namespaced(management.clone(), &cluster.namespace);
+        let secret_name = format!("{}-kubeconfig", cluster.name);
+        let secret = match secrets.get_opt(&secret_name).await {
+            Ok(Some(secret)) => secret,
+            Ok(None) => {
+                self.fail(
+                    cluster,
+                    format!("Secret {}/{secret_name} does not exist", cluster.namespace),
+                    changed,
+                );
+                return;
+            }
+            Err(error) => {
+                self.fail(
+                    cluster,
+                    format!(
+                        "reading Secret {}/{secret_name}: {error}",
+                        cluster.namespace
+                    ),
+                    changed,
+                );
+                return;
+            }
+        };
+        let version = secret.resource_version().unwrap_or_default();
+        {
+            let connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+            if connections
+                .get(cluster)
+                .is_some_and(|c| c.secret_version == version)
+            {
+                return;
+            }
+        }
+        let client = match client_from_secret(&secret).await {
+            Ok(client) => client,
+            Err(reason) => {
+                self.fail(
+                    cluster,
+                    format!("Secret {}/{secret_name}: {reason}", cluster.namespace),
+                    changed,
+                );
+                return;
+            }
+        };
+        tracing::info!(%cluster, "connecting to workload cluster");
+        let connection = watch_nodes(
+            cluster.clone(),
+            client,
+            version,
+            trim,
+            fingerprint,
+            changed.clone(),
+            shutdown.child_token(),
+        );
+        self.connections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(cluster.clone(), connection);
+        changed.notify_one();
+    }
+
+    /// Records a connection that cannot be made (no Secret, bad kubeconfig). A connection
+    /// made from an earlier Secret stays until a new one works.
+    fn fail(&self, cluster: &ClusterKey, reason: String, changed: &Notify) {
+        let mut connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(existing) = connections.get(cluster)
+            && !existing.secret_version.is_empty()
+        {
+            tracing::warn!(%cluster, %reason, "cannot read the workload cluster's kubeconfig; keeping the existing connection");
+            return;
+        }
+        let state = WorkloadState::NeverSynced(reason.clone());
+        let unchanged = connections
+            .get(cluster)
+            .is_some_and(|c| *c.state.lock().unwrap_or_else(|p| p.into_inner()) == state);
+        if unchanged {
+            return;
+        }
+        tracing::warn!(%cluster, %reason, "cannot connect to workload cluster");
+        connections.insert(
+            cluster.clone(),
+            Connection {
+                store: reflector::store::Writer::<Node>::default().as_reader(),
+                state: Arc::new(Mutex::new(state)),
+                secret_version: String::new(),
+                shutdown: CancellationToken::new(),
+            },
+        );
+        changed.notify_one();
+    }
+
+    /// Every workload cluster's Nodes and connection state.
+    pub fn snapshot(&self) -> Vec<(ClusterKey, WorkloadState, Vec<Arc<Node>>)> {
+        let connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        connections
+            .iter()
+            .map(|(key, c)| {
+                let state = c.state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                (key.clone(), state, c.store.state())
+            })
+            .collect()
+    }
+}
+
+/// A client from Cluster API's kubeconfig Secret (key `value`). Exec and auth-provider
+/// credentials are refused, as Cluster API's cluster cache refuses them.
+async fn client_from_secret(secret: &Secret) -> Result<Client, String> {
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("value"))
+        .ok_or("it has no key \"value\"")?;
+    let text = std::str::from_utf8(&bytes.0).map_err(|_| "its value is not UTF-8")?;
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(text)
+        .map_err(|e| format!("its value is not a kubeconfig: {e}"))?;
+    if kubeconfig.auth_infos.iter().any(|a| {
+        a.auth_info
+            .as_ref()
+            .is_some_and(|i| i.exec.is_some() || i.auth_provider.is_some())
+    }) {
+        return Err("exec and auth-provider credentials are not supported".into());
+    }
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .map_err(|e| format!("unusable kubeconfig: {e}"))?;
+    Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))
+}
+
+/// Watches the Nodes of one cluster, tracking whether it is reachable.
+fn watch_nodes(
+    cluster: ClusterKey,
+    client: Client,
+    secret_version: String,
+    trim: fn(&mut Node),
+    fingerprint: fn(&Node) -> u64,
+    changed: Arc<Notify>,
+    shutdown: CancellationToken,
+) -> Connection {
+    let writer = reflector::store::Writer::<Node>::default();
+    let store = writer.as_reader();
+    let state = Arc::new(Mutex::new(WorkloadState::Syncing));
+    let stream = watcher(
+        Api::<Node>::all(client),
+        watcher::Config::default().any_semantic(),
+    )
+    .modify(trim)
+    .default_backoff()
+    .reflect(writer);
+    let task_state = state.clone();
+    let task_shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut seen: HashMap<String, u64> = HashMap::new();
+        loop {
+            let event = tokio::select! {
+                _ = task_shutdown.cancelled() => return,
+                event = stream.next() => event,
+            };
+            let set = |next: WorkloadState| {
+                let mut state = task_state.lock().unwrap_or_else(|p| p.into_inner());
+                if *state != next {
+                    tracing::info!(%cluster, from = ?*state, to = ?next, "workload cluster connection");
+                    *state = next;
+                    changed.notify_one();
+                }
+            };
+            match event {
+                Some(Ok(event)) => {
+                    let reachable = {
+                        let state = task_state.lock().unwrap_or_else(|p| p.into_inner());
+                        !matches!(
+                            *state,
+                            WorkloadState::Syncing | WorkloadState::NeverSynced(_)
+                        )
+                    };
+                    match &event {
+                        watcher::Event::InitDone => set(WorkloadState::Synced),
+                        _ if reachable => set(WorkloadState::Synced),
+                        _ => {}
+                    }
+                    if super::watches::relevant(&event, Some(fingerprint), &mut seen) {
+                        changed.notify_one();
+                    }
+                }
+                Some(Err(error)) => {
+                    let was_synced = !matches!(
+                        *task_state.lock().unwrap_or_else(|p| p.into_inner()),
+                        WorkloadState::Syncing | WorkloadState::NeverSynced(_)
+                    );
+                    let reason = error.to_string();
+                    set(if was_synced {
+                        WorkloadState::Unreachable(reason)
+                    } else {
+                        WorkloadState::NeverSynced(reason)
+                    });
+                }
+                None => return,
+            }
+        }
+    });
+    Connection {
+        store,
+        state,
+        secret_version,
+        shutdown,
+    }
+}
