@@ -46,7 +46,13 @@ pub struct Metrics {
     marks_completed: OutcomeCounter,
     marks_rolled_back: OutcomeCounter,
     marks_unresolved: Gauge,
+    workload_reachable: Family<ClusterLabels, Gauge>,
     registry: Registry,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterLabels {
+    cluster: String,
 }
 
 impl Default for Metrics {
@@ -118,7 +124,14 @@ impl Metrics {
             "Expired scale-down marks the last sweep could not resolve (API errors); alert when it stays above 0",
             marks_unresolved.clone(),
         );
+        let workload_reachable = Family::<ClusterLabels, Gauge>::default();
+        registry.register(
+            "workload_cluster_reachable",
+            "1 while the Nodes of a workload cluster can be read, 0 otherwise (management topology)",
+            workload_reachable.clone(),
+        );
         Self {
+            workload_reachable,
             rpc_duration,
             group_size,
             index_objects,
@@ -173,6 +186,14 @@ impl Metrics {
                 .set(n as i64);
         }
         self.excluded.set(snapshot.exclusions.len() as i64);
+        self.workload_reachable.clear();
+        for (cluster, state) in &snapshot.workload {
+            self.workload_reachable
+                .get_or_create(&ClusterLabels {
+                    cluster: cluster.to_string(),
+                })
+                .set(i64::from(*state == crate::index::WorkloadState::Synced));
+        }
         self.config_warnings.clear();
         let warned = snapshot
             .groups

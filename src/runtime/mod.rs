@@ -229,8 +229,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             default_arch: config.default_arch.clone(),
             with_policies,
             nodes,
-            watch_clusters: config.client_identity
-                != crate::server::identity::IdentitySource::Off,
+            watch_clusters: config.client_identity != crate::server::identity::IdentitySource::Off,
         },
         &mut tasks,
         shutdown.clone(),

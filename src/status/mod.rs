@@ -10,7 +10,7 @@ use crate::actuate::ActivityLog;
 use crate::actuate::activity::Direction;
 use crate::api::conditions::{self, DesiredCondition};
 use crate::api::policy::{GroupStatus, NodeGroupPolicy, NodeGroupPolicyStatus};
-use crate::index::{PolicyReport, Snapshot, Source};
+use crate::index::{PolicyReport, Snapshot, Source, WorkloadState};
 
 /// Condition type: the policy governs at least one served group and nothing is failing.
 pub const READY: &str = "Ready";
@@ -20,6 +20,10 @@ pub const CONFLICT: &str = "Conflict";
 /// resource is not served for it (`InvalidConfiguration`) or when served groups have values
 /// that were ignored (`InvalidValuesIgnored`).
 pub const RESOURCES_VALID: &str = "ResourcesValid";
+
+/// Condition type: the workload clusters of the governed groups can be read (management
+/// topology; always True when Nodes come from one cluster).
+pub const WORKLOAD_CLUSTERS_REACHABLE: &str = "WorkloadClustersReachable";
 
 fn source(s: Source) -> String {
     format!("{s:?}")
@@ -192,6 +196,7 @@ pub fn compute(
             message: "every governed resource is valid".into(),
         }
     };
+    let reachable = workload_condition(report, snapshot);
     let previous = policy
         .status
         .as_ref()
@@ -199,11 +204,76 @@ pub fn compute(
         .unwrap_or_default();
     NodeGroupPolicyStatus {
         observed_generation: generation,
-        conditions: conditions::merge(previous, &[ready, conflict, valid], generation, now),
+        conditions: conditions::merge(
+            previous,
+            &[ready, conflict, valid, reachable],
+            generation,
+            now,
+        ),
         group_count: served as i32,
         target_nodes: groups.iter().map(|g| g.target).sum(),
         ready_nodes: groups.iter().map(|g| g.ready).sum(),
         groups,
+    }
+}
+
+/// Whether the workload clusters of the groups a policy governs (served, or held back because
+/// their cluster was never read) can be read.
+fn workload_condition(report: &PolicyReport, snapshot: &Snapshot) -> DesiredCondition {
+    if snapshot.workload.is_empty() {
+        return DesiredCondition {
+            type_: WORKLOAD_CLUSTERS_REACHABLE,
+            status: true,
+            reason: "SameCluster".into(),
+            message: "Nodes are read from the cluster that holds the Cluster API objects".into(),
+        };
+    }
+    let mut clusters = std::collections::BTreeSet::new();
+    for id in &report.governed {
+        if let Some(g) = snapshot.group(id) {
+            clusters.insert(g.cluster.clone());
+        }
+    }
+    for (_, why) in &report.excluded {
+        clusters.extend(
+            snapshot
+                .workload
+                .keys()
+                .filter(|c| why.contains(&format!("workload cluster {c}")))
+                .cloned(),
+        );
+    }
+    let problems: Vec<String> = clusters
+        .iter()
+        .filter_map(|c| match snapshot.workload.get(c) {
+            Some(WorkloadState::Synced) => None,
+            Some(WorkloadState::Unreachable(reason)) => Some(format!(
+                "{c} is unreachable ({reason}); its groups are served from the last known Nodes"
+            )),
+            Some(WorkloadState::NeverSynced(reason)) => Some(format!(
+                "{c} cannot be read ({reason}); its groups are not served"
+            )),
+            Some(WorkloadState::Syncing) => Some(format!("{c} is being read for the first time")),
+            None => Some(format!("{c} is not a known Cluster")),
+        })
+        .collect();
+    if problems.is_empty() {
+        DesiredCondition {
+            type_: WORKLOAD_CLUSTERS_REACHABLE,
+            status: true,
+            reason: "Reachable".into(),
+            message: format!(
+                "the Nodes of {} workload cluster(s) are read",
+                clusters.len()
+            ),
+        }
+    } else {
+        DesiredCondition {
+            type_: WORKLOAD_CLUSTERS_REACHABLE,
+            status: false,
+            reason: "WorkloadClusterUnreachable".into(),
+            message: problems.join("; "),
+        }
     }
 }
 

@@ -42,6 +42,7 @@ impl StatusWriter {
     /// Runs until `shutdown`.
     pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let mut reported_invalid: HashMap<String, String> = HashMap::new();
+        let mut reported_unreachable: HashMap<String, String> = HashMap::new();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
@@ -66,6 +67,8 @@ impl StatusWriter {
                     policy.namespace().unwrap_or_default(),
                     policy.name_any()
                 );
+                self.report_workload(&policy, &key, &status, &mut reported_unreachable)
+                    .await;
                 match snapshot.policies.get(&key).and_then(|r| r.invalid.clone()) {
                     Some(reason) if reported_invalid.get(&key) != Some(&reason) => {
                         let reference = policy_reference(&PolicyRef {
@@ -90,6 +93,49 @@ impl StatusWriter {
                     }
                 }
             }
+        }
+    }
+
+    /// A Warning Event on the policy when its workload clusters become unreachable (or their
+    /// problem changes), a Normal one when they are reachable again.
+    async fn report_workload(
+        &self,
+        policy: &NodeGroupPolicy,
+        key: &str,
+        status: &crate::api::NodeGroupPolicyStatus,
+        reported: &mut std::collections::HashMap<String, String>,
+    ) {
+        let Some(condition) = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == super::WORKLOAD_CLUSTERS_REACHABLE)
+        else {
+            return;
+        };
+        let reference = policy_reference(&PolicyRef {
+            namespace: policy.namespace().unwrap_or_default(),
+            name: policy.name_any(),
+            uid: policy.uid().unwrap_or_default(),
+        });
+        if condition.status == "False" {
+            if reported.get(key) != Some(&condition.message) {
+                self.events.queue(
+                    &reference,
+                    Severity::Warning,
+                    "WorkloadClusterUnreachable",
+                    "ReadNodes",
+                    condition.message.clone(),
+                );
+                reported.insert(key.to_string(), condition.message.clone());
+            }
+        } else if reported.remove(key).is_some() {
+            self.events.queue(
+                &reference,
+                Severity::Normal,
+                "WorkloadClusterReachable",
+                "ReadNodes",
+                condition.message.clone(),
+            );
         }
     }
 
