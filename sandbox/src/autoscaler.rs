@@ -23,10 +23,14 @@ pub enum CloudProvider {
         cloud_config: PathBuf,
     },
     /// `--cloud-provider=clusterapi`: the in-tree Cluster API provider, reading Cluster API
-    /// objects of the API server in `--kubeconfig` (self-hosted topology).
+    /// objects of the API server in `--kubeconfig` (self-hosted topology), or in
+    /// `management_kubeconfig` when given.
     ClusterApi {
         /// `--node-group-auto-discovery` specs (`clusterapi:namespace=..`).
         auto_discovery: Vec<String>,
+        /// `--cloud-config`: the management cluster's kubeconfig, when `--kubeconfig` is a
+        /// workload cluster.
+        management_kubeconfig: Option<PathBuf>,
     },
 }
 
@@ -90,8 +94,14 @@ impl AutoscalerOptions {
                 "--cloud-provider=externalgrpc".to_string(),
                 format!("--cloud-config={}", cloud_config.display()),
             ],
-            CloudProvider::ClusterApi { auto_discovery } => {
+            CloudProvider::ClusterApi {
+                auto_discovery,
+                management_kubeconfig,
+            } => {
                 let mut args = vec!["--cloud-provider=clusterapi".to_string()];
+                if let Some(kubeconfig) = management_kubeconfig {
+                    args.push(format!("--cloud-config={}", kubeconfig.display()));
+                }
                 args.extend(
                     auto_discovery
                         .iter()

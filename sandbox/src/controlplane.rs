@@ -12,23 +12,35 @@ use crate::pki::{self, CertificateAuthority};
 use crate::process::{ManagedProcess, free_port, http_ok};
 use crate::upstream_bin;
 
+/// How long kube-apiserver may take to exit after SIGTERM before it is killed. It keeps no
+/// state of its own (etcd does), and while a client (the Cluster API manager's cluster
+/// cache, say) still holds a connection it stops listening at once but takes more than 5 s
+/// to exit.
+pub const APISERVER_GRACE: Duration = Duration::from_secs(2);
+
 /// What to start besides etcd and kube-apiserver.
 #[derive(Clone, Debug, Default)]
 pub struct ControlPlaneOptions {
     /// Also run kube-controller-manager and kube-scheduler (garbage collection, Deployments,
     /// scheduling). Integration tests of the index do not need them.
     pub controllers: bool,
+    /// Create the control plane's directory inside this one (default: the system temp
+    /// directory), e.g. to keep a workload cluster inside its sandbox's directory.
+    pub parent_dir: Option<PathBuf>,
+    /// Names the cluster in its directory (`ngo-sandbox-<name>-*`) and its CA's common name
+    /// (`nodegroup-sandbox-<name>-ca`), so certificate errors say which cluster they are
+    /// about.
+    pub name: Option<String>,
 }
 
 /// A running control plane. Dropping it stops every process and removes its directory.
 pub struct ControlPlane {
+    etcd: ManagedProcess,
+    apiserver: ManagedProcess,
+    /// Set by [`ControlPlane::stop_apiserver`] until [`ControlPlane::start_apiserver`].
+    apiserver_stopped: bool,
+    /// Controllers and adopted processes, in start order.
     processes: Vec<ManagedProcess>,
-    /// Position of kube-apiserver in `processes`.
-    apiserver: usize,
-    /// Its arguments, to start it again on the same port against the same etcd.
-    apiserver_args: Vec<String>,
-    /// How many times kube-apiserver was started again (names the restarts' log files).
-    apiserver_restarts: usize,
     /// Certificate authority of the cluster (signs serving and client certificates).
     pub ca: CertificateAuthority,
     /// Admin kubeconfig (system:masters).
@@ -46,10 +58,17 @@ impl ControlPlane {
     /// Starts the control plane and waits until the API server is ready. Blocking; call it
     /// from a thread that outlives the sandbox (children die with their spawning thread).
     pub fn start(options: &ControlPlaneOptions) -> anyhow::Result<Self> {
-        let mut dir = tempfile::Builder::new()
-            .prefix("ngo-sandbox-")
-            .tempdir()
-            .context("creating sandbox dir")?;
+        let prefix = match &options.name {
+            Some(name) => format!("ngo-sandbox-{name}-"),
+            None => "ngo-sandbox-".into(),
+        };
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(&prefix);
+        let mut dir = match &options.parent_dir {
+            Some(parent) => builder.tempdir_in(parent),
+            None => builder.tempdir(),
+        }
+        .context("creating sandbox dir")?;
         // NGO_KEEP_SANDBOX=1 keeps the directory (logs, certificates) for a post-mortem.
         if std::env::var_os("NGO_KEEP_SANDBOX").is_some_and(|v| v != "0") {
             dir.disable_cleanup(true);
@@ -59,7 +78,11 @@ impl ControlPlane {
         std::fs::create_dir_all(&pki_dir)?;
         std::fs::create_dir_all(&log_dir)?;
 
-        let ca = CertificateAuthority::new("nodegroup-sandbox-ca")?;
+        let ca_name = match &options.name {
+            Some(name) => format!("nodegroup-sandbox-{name}-ca"),
+            None => "nodegroup-sandbox-ca".into(),
+        };
+        let ca = CertificateAuthority::new(&ca_name)?;
         ca.write_cert(&pki_dir.join("ca.crt"))?;
         let serving = ca.issue(
             "kube-apiserver",
@@ -81,7 +104,6 @@ impl ControlPlane {
         pki::write(&pki_dir.join("sa.key"), &sa_private)?;
         pki::write(&pki_dir.join("sa.pub"), &sa_public)?;
 
-        let mut processes = Vec::new();
         let etcd_port = free_port()?;
         let peer_port = free_port()?;
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
@@ -102,7 +124,6 @@ impl ControlPlane {
             ManagedProcess::spawn("etcd", &upstream_bin("etcd"), &etcd_args, &[], &log_dir)?;
         let etcd_addr: SocketAddr = format!("127.0.0.1:{etcd_port}").parse()?;
         etcd.wait_ready(Duration::from_secs(30), || http_ok(etcd_addr, "/health"))?;
-        processes.push(etcd);
 
         let api_port = free_port()?;
         let server = format!("https://127.0.0.1:{api_port}");
@@ -129,15 +150,13 @@ impl ControlPlane {
             format!("--cert-dir={}", p(&dir.path().join("apiserver-certs"))),
             "--v=1".into(),
         ];
-        let apiserver = ManagedProcess::spawn(
+        let mut apiserver = ManagedProcess::spawn(
             "kube-apiserver",
             &upstream_bin("kube-apiserver"),
             &api_args,
             &[],
             &log_dir,
         )?;
-        processes.push(apiserver);
-        let apiserver = processes.len() - 1;
 
         let kubeconfig = dir.path().join("admin.kubeconfig");
         write_kubeconfig(
@@ -147,13 +166,13 @@ impl ControlPlane {
             &admin_crt,
             &admin_key,
         )?;
-        wait_apiserver_ready(&mut processes[apiserver], &kubeconfig)?;
+        wait_apiserver_ready(&mut apiserver, &kubeconfig)?;
 
         let mut plane = Self {
-            processes,
+            etcd,
             apiserver,
-            apiserver_args: api_args,
-            apiserver_restarts: 0,
+            apiserver_stopped: false,
+            processes: Vec::new(),
             ca,
             kubeconfig,
             server,
@@ -217,6 +236,31 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Stops kube-apiserver (SIGTERM, SIGKILL after [`APISERVER_GRACE`]) and leaves
+    /// everything else running: clients of this cluster see connection errors until
+    /// [`ControlPlane::start_apiserver`].
+    pub fn stop_apiserver(&mut self) {
+        self.apiserver.stop(APISERVER_GRACE);
+        self.apiserver_stopped = true;
+    }
+
+    /// Starts kube-apiserver again, with the same flags (same port, certificates and etcd,
+    /// so the same data), its log appended, and waits until it is ready. Blocking; the new
+    /// process dies with the calling thread, as every [`ManagedProcess`] does.
+    pub fn start_apiserver(&mut self) -> anyhow::Result<()> {
+        self.apiserver
+            .respawn(APISERVER_GRACE)
+            .context("restarting kube-apiserver")?;
+        self.apiserver_stopped = false;
+        wait_apiserver_ready(&mut self.apiserver, &self.kubeconfig)
+    }
+
+    /// Whether kube-apiserver runs (false between [`ControlPlane::stop_apiserver`] and
+    /// [`ControlPlane::start_apiserver`]).
+    pub fn apiserver_running(&self) -> bool {
+        !self.apiserver_stopped
+    }
+
     /// Writes a kubeconfig for user `name` in `groups` (client certificate signed by the
     /// cluster CA), e.g. to test with restricted RBAC.
     pub fn user_kubeconfig(&self, name: &str, groups: Option<&str>) -> anyhow::Result<PathBuf> {
@@ -248,31 +292,10 @@ impl ControlPlane {
         Ok(path)
     }
 
-    /// Stops kube-apiserver (SIGTERM, SIGKILL after 5 s) and leaves etcd and everything else
-    /// running: clients see connections refused until [`Self::restart_apiserver`].
-    pub fn stop_apiserver(&mut self) {
-        self.processes[self.apiserver].stop(Duration::from_secs(5));
-    }
-
-    /// Starts kube-apiserver again with the same arguments (same port, certificates and etcd
-    /// data, so resourceVersions and service-account tokens stay valid) and waits until it is
-    /// ready. Blocking; call it from the thread that started the control plane (children die
-    /// with their spawning thread).
+    /// [`Self::stop_apiserver`], then [`Self::start_apiserver`].
     pub fn restart_apiserver(&mut self) -> anyhow::Result<()> {
-        self.processes[self.apiserver].stop(Duration::from_secs(5));
-        self.apiserver_restarts += 1;
-        // A log of its own per start, so the previous run's log survives for a post-mortem.
-        let mut process = ManagedProcess::spawn(
-            &format!("kube-apiserver.{}", self.apiserver_restarts),
-            &upstream_bin("kube-apiserver"),
-            &self.apiserver_args,
-            &[],
-            &self.log_dir,
-        )?;
-        wait_apiserver_ready(&mut process, &self.kubeconfig)
-            .context("restarting kube-apiserver")?;
-        self.processes[self.apiserver] = process;
-        Ok(())
+        self.stop_apiserver();
+        self.start_apiserver()
     }
 
     /// Adds a process to the sandbox (stopped with it).
@@ -292,6 +315,10 @@ impl ControlPlane {
 
     /// Fails if any process has exited.
     pub fn check_alive(&self) -> anyhow::Result<()> {
+        self.etcd.check_alive()?;
+        if !self.apiserver_stopped {
+            self.apiserver.check_alive()?;
+        }
         for p in &self.processes {
             p.check_alive()?;
         }
@@ -305,10 +332,13 @@ impl Drop for ControlPlane {
         while let Some(mut p) = self.processes.pop() {
             p.stop(Duration::from_secs(5));
         }
+        self.apiserver.stop(APISERVER_GRACE);
+        self.etcd.stop(Duration::from_secs(5));
     }
 }
 
-/// Waits until kube-apiserver answers `/readyz` with `ok` (as the admin of `kubeconfig`).
+/// Waits (up to 60 s) until kube-apiserver answers `/readyz` with `ok` to the admin user of
+/// `kubeconfig`, or fails early if the process exits.
 fn wait_apiserver_ready(apiserver: &mut ManagedProcess, kubeconfig: &Path) -> anyhow::Result<()> {
     let probe_runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -1,6 +1,8 @@
 //! The whole sandbox in one value: a control plane with controllers, every CRD (Cluster API
 //! core, the test infrastructure kinds, the operator's own), the Cluster API manager and
-//! kwok; and, per namespace, a Cluster whose machines become kwok Nodes.
+//! kwok; optionally workload clusters with API servers of their own; and, per namespace, a
+//! Cluster whose machines become kwok Nodes, in the sandbox itself (self-hosted) or in a
+//! workload cluster.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -15,6 +17,9 @@ use crate::controlplane::{ControlPlane, ControlPlaneOptions, client_for};
 use crate::crds;
 use crate::kwok::{self, KwokOptions};
 use crate::process::ManagedProcess;
+use crate::workload_cluster::{
+    PendingWorkloadCluster, WorkloadCluster, WorkloadClusterInfo, WorkloadClusterOptions,
+};
 
 /// Name of the `TestMachineTemplate` every sandbox cluster namespace gets.
 pub const WORKER_TEMPLATE: &str = "worker";
@@ -27,8 +32,12 @@ pub struct SandboxInfo {
     pub kubeconfig: PathBuf,
     /// The API server, `https://127.0.0.1:<port>`.
     pub server: String,
-    /// The kubeconfig Cluster API uses to reach workload clusters (this API server).
+    /// The kubeconfig through which Cluster API reaches self-hosted clusters (this API
+    /// server).
     pub workload_kubeconfig: String,
+    /// The workload clusters, in the order [`SandboxOptions::workload_clusters`] numbered
+    /// them.
+    pub workload_clusters: Vec<WorkloadClusterInfo>,
     /// The directory of process logs.
     pub log_dir: PathBuf,
     /// The sandbox directory (removed when the sandbox stops).
@@ -49,9 +58,18 @@ impl SandboxInfo {
     }
 }
 
+/// What a sandbox has besides its management cluster.
+#[derive(Clone, Debug, Default)]
+pub struct SandboxOptions {
+    /// How many workload clusters to start, named `workload-0`, `workload-1`, ...
+    pub workload_clusters: usize,
+}
+
 /// A running sandbox. Dropping it stops every process (the operator and cluster-autoscaler
-/// too, when [`Sandbox::adopt`]ed) and removes its directory.
+/// too, when [`Sandbox::adopt`]ed; the workload clusters first) and removes its directory.
 pub struct Sandbox {
+    /// Stopped before the management plane (see `Drop`).
+    workload_clusters: Vec<WorkloadCluster>,
     plane: ControlPlane,
     /// A self-contained admin kubeconfig for the `<cluster>-kubeconfig` Secrets through
     /// which Cluster API reaches the (same) API server.
@@ -64,7 +82,44 @@ impl Sandbox {
     /// from a thread that outlives the sandbox (children die with the thread that spawned
     /// them).
     pub fn start() -> anyhow::Result<Self> {
-        let mut plane = ControlPlane::start(&ControlPlaneOptions { controllers: true })?;
+        Self::start_with(&SandboxOptions::default())
+    }
+
+    /// [`Sandbox::start`], plus workload clusters ([`WorkloadCluster`], inside the sandbox
+    /// directory), started on threads of their own while the management cluster gets its
+    /// CRDs, the Cluster API manager and kwok.
+    pub fn start_with(options: &SandboxOptions) -> anyhow::Result<Self> {
+        let mut plane = ControlPlane::start(&ControlPlaneOptions {
+            controllers: true,
+            ..Default::default()
+        })?;
+        let pending = (0..options.workload_clusters)
+            .map(|i| {
+                WorkloadCluster::spawn(&WorkloadClusterOptions {
+                    name: format!("workload-{i}"),
+                    parent_dir: Some(plane.dir().to_path_buf()),
+                })
+            })
+            .collect::<anyhow::Result<Vec<PendingWorkloadCluster>>>()?;
+        let management = Self::set_up_management(&mut plane);
+        // Wait for every workload cluster, also when the management cluster failed: their
+        // directories are inside its directory.
+        let waited: Vec<_> = pending
+            .into_iter()
+            .map(PendingWorkloadCluster::wait)
+            .collect();
+        let workload_kubeconfig = management?;
+        let workload_clusters = waited.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Self {
+            workload_clusters,
+            plane,
+            workload_kubeconfig,
+        })
+    }
+
+    /// Installs the CRDs, starts the Cluster API manager and kwok; returns the kubeconfig
+    /// for self-hosted clusters.
+    fn set_up_management(plane: &mut ControlPlane) -> anyhow::Result<String> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -75,15 +130,11 @@ impl Sandbox {
             crds::apply(&client, &ours).await?;
             anyhow::Ok(())
         })?;
-        let manager = capi::start_manager(&plane, &ManagerOptions::default())?;
+        let manager = capi::start_manager(plane, &ManagerOptions::default())?;
         plane.adopt(manager);
-        let kwok = kwok::start_kwok(&plane, &KwokOptions::default())?;
+        let kwok = kwok::start_kwok(plane, &KwokOptions::default())?;
         plane.adopt(kwok);
-        let workload_kubeconfig = capi::workload_kubeconfig(&plane, "capi-workload")?;
-        Ok(Self {
-            plane,
-            workload_kubeconfig,
-        })
+        Ok(capi::workload_kubeconfig(plane, "capi-workload")?)
     }
 
     /// Its paths and kubeconfigs.
@@ -92,6 +143,11 @@ impl Sandbox {
             kubeconfig: self.plane.kubeconfig.clone(),
             server: self.plane.server.clone(),
             workload_kubeconfig: self.workload_kubeconfig.clone(),
+            workload_clusters: self
+                .workload_clusters
+                .iter()
+                .map(|c| c.info().clone())
+                .collect(),
             log_dir: self.plane.log_dir.clone(),
             dir: self.plane.dir().to_path_buf(),
         }
@@ -117,9 +173,25 @@ impl Sandbox {
         &self.plane
     }
 
+    /// The workload clusters.
+    pub fn workload_clusters(&self) -> &[WorkloadCluster] {
+        &self.workload_clusters
+    }
+
     /// Stops `process` with the sandbox.
     pub fn adopt(&mut self, process: ManagedProcess) {
         self.plane.adopt(process);
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        // Workload clusters stop in parallel, before the management plane (the fields'
+        // drop) removes the directory holding theirs.
+        for cluster in &self.workload_clusters {
+            cluster.begin_shutdown();
+        }
+        self.workload_clusters.clear();
     }
 }
 
@@ -136,11 +208,18 @@ extern "C" fn stop_background_sandbox() {
 /// normally. For test binaries: call it once (e.g. behind a `OnceLock`) and share the
 /// returned paths between tests.
 pub fn start_for_process() -> anyhow::Result<SandboxInfo> {
+    start_for_process_with(&SandboxOptions::default())
+}
+
+/// [`start_for_process`] with workload clusters. Their API servers can be stopped and
+/// started from any thread through [`WorkloadClusterInfo::api_server`].
+pub fn start_for_process_with(options: &SandboxOptions) -> anyhow::Result<SandboxInfo> {
     let (tx, rx) = std::sync::mpsc::channel();
+    let options = options.clone();
     std::thread::Builder::new()
         .name("ngo-sandbox".into())
         .spawn(move || {
-            let started = Sandbox::start();
+            let started = Sandbox::start_with(&options);
             let info = started
                 .as_ref()
                 .map(Sandbox::info)
@@ -165,9 +244,12 @@ pub fn start_for_process() -> anyhow::Result<SandboxInfo> {
 }
 
 /// Creates `namespace` (if missing) with a Cluster API `Cluster` named `cluster` whose
-/// machines run in the sandbox itself, and a `TestMachineTemplate` [`WORKER_TEMPLATE`]
-/// (4 CPUs, 16 GiB, `node_labels` on every Node); waits until Cluster API has connected to
-/// the cluster, so Nodes are linked to Machines as soon as they register.
+/// machines become Nodes of the API server `workload_kubeconfig` points at (the sandbox
+/// itself with [`SandboxInfo::workload_kubeconfig`], a workload cluster with
+/// [`WorkloadClusterInfo::capi_kubeconfig`]), and a `TestMachineTemplate`
+/// [`WORKER_TEMPLATE`] (4 CPUs, 16 GiB, `node_labels` on every Node); waits until Cluster
+/// API has connected to the cluster, so Nodes are linked to Machines as soon as they
+/// register.
 pub async fn create_cluster(
     client: &Client,
     workload_kubeconfig: &str,

@@ -16,6 +16,13 @@
 //! on the reconcile that the status change triggers. When a `TestMachine` is deleted the
 //! Node is deleted and the finalizer removed.
 //!
+//! The Node goes to the API server of the machine's Cluster (label
+//! `cluster.x-k8s.io/cluster-name`, else `spec.clusterName` of its Machine): the one in the
+//! Secret `<cluster>-kubeconfig` (key `value`) of the machine's namespace, as Cluster API's
+//! own `ClusterCache` reads it. A client per Cluster is cached and rebuilt when the Secret
+//! changes; for a self-hosted Cluster the Secret points back at the management API server.
+//! A machine with no Cluster at all gets its Node in the management cluster.
+//!
 //! For every `TestMachinePool` that a `MachinePool` owns, it keeps as many `TestMachine`s
 //! (labelled `cluster.x-k8s.io/pool-name`/`cluster-name`, owned by the pool without being
 //! its controller) as the MachinePool's `spec.replicas`, and opts into "MachinePool
@@ -29,14 +36,20 @@
 //! - [`NEVER_REGISTER_ANNOTATION`]`: "true"` provisions (providerID, provisioned) but never
 //!   creates the Node: an instance that never registers;
 //! - [`PROVISION_DELAY_ANNOTATION`]`: "<seconds>"` waits that long after the machine was
-//!   created before provisioning it, so the "being created" state is observable.
+//!   created before provisioning it, so the "being created" state is observable;
+//! - [`OMIT_PROVIDER_ID_ANNOTATION`]`: "true"` creates the Node (with its providerID) but
+//!   never sets the machine's `spec.providerID`. Cluster API then never marks the Machine's
+//!   infrastructure provisioned, never copies a providerID to the Machine and never sets
+//!   its `status.nodeRef` (it finds Nodes only by providerID: `reconcileNode` in
+//!   `machine_controller_noderef.go`): a Machine stuck provisioning whose instance did
+//!   register.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
 use kube::runtime::controller::{Action, Controller};
@@ -54,6 +67,8 @@ pub const FINALIZER: &str = "test.nodegroup.dev/node";
 pub const NEVER_REGISTER_ANNOTATION: &str = "test.nodegroup.dev/never-register";
 /// Seconds after creation before a `TestMachine` is provisioned.
 pub const PROVISION_DELAY_ANNOTATION: &str = "test.nodegroup.dev/provision-delay-seconds";
+/// `"true"` on a `TestMachine`: create its Node, but leave its `spec.providerID` unset.
+pub const OMIT_PROVIDER_ID_ANNOTATION: &str = "test.nodegroup.dev/omit-provider-id";
 /// Annotation on each Node naming its `TestMachine` (`<namespace>/<name>`).
 pub const TEST_MACHINE_ANNOTATION: &str = "test.nodegroup.dev/test-machine";
 /// The kwok annotation selecting the Nodes kwok manages.
@@ -113,6 +128,27 @@ pub enum ProviderError {
         #[source]
         source: serde_json::Error,
     },
+    /// The Cluster of a machine has no kubeconfig Secret (yet).
+    #[error(
+        "Secret {namespace}/{cluster}-kubeconfig not found: no API server for the Nodes of Cluster {cluster}"
+    )]
+    NoKubeconfig {
+        /// Namespace of the Cluster.
+        namespace: String,
+        /// Cluster name.
+        cluster: String,
+    },
+    /// The kubeconfig Secret of a Cluster does not make a client.
+    #[error("Secret {namespace}/{cluster}-kubeconfig: {source}")]
+    Kubeconfig {
+        /// Namespace of the Cluster.
+        namespace: String,
+        /// Cluster name.
+        cluster: String,
+        /// Cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The finalizer helper failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<finalizer::Error<ProviderError>>),
@@ -124,8 +160,12 @@ fn api_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> ProviderErr
 }
 
 struct Context {
+    /// The management cluster.
     client: Client,
     resource: ApiResource,
+    /// Clients of the Clusters' API servers by (namespace, cluster), with the
+    /// resourceVersion of the Secret each was built from.
+    clusters: Mutex<HashMap<(String, String), (String, Client)>>,
 }
 
 /// The running provider (two controllers); aborted when dropped.
@@ -156,6 +196,7 @@ impl InfraProvider {
             Arc::new(Context {
                 client: client.clone(),
                 resource: machines.clone(),
+                clusters: Mutex::default(),
             }),
         )
         .for_each(|result| async move {
@@ -206,6 +247,7 @@ impl InfraProvider {
                     Arc::new(Context {
                         client,
                         resource: pools,
+                        clusters: Mutex::default(),
                     }),
                 )
                 .for_each(|result| async move {
@@ -298,13 +340,14 @@ async fn provision(
     }
     let pid = provider_id(&namespace, &name);
     let node = node_name(&namespace, &name);
-    let never_register = annotations
-        .get(NEVER_REGISTER_ANNOTATION)
-        .is_some_and(|v| v == "true");
+    let flag = |annotation: &str| annotations.get(annotation).is_some_and(|v| v == "true");
+    let never_register = flag(NEVER_REGISTER_ANNOTATION);
+    let omit_provider_id = flag(OMIT_PROVIDER_ID_ANNOTATION);
     if !never_register {
-        create_node(ctx, machine, &node, &pid).await?;
+        let nodes = node_client(ctx, machine).await?;
+        create_node(&nodes, machine, &node, &pid).await?;
     }
-    if machine.data["spec"]["providerID"].as_str() != Some(pid.as_str()) {
+    if !omit_provider_id && machine.data["spec"]["providerID"].as_str() != Some(pid.as_str()) {
         api.patch(
             &name,
             &PatchParams::default(),
@@ -329,8 +372,90 @@ async fn provision(
     Ok(Action::await_change())
 }
 
-async fn create_node(
+/// The client for the API server that holds the Nodes of `machine`'s Cluster (see the
+/// module documentation).
+async fn node_client(ctx: &Context, machine: &DynamicObject) -> Result<Client, ProviderError> {
+    let namespace = machine.namespace().unwrap_or_default();
+    let Some(cluster) = cluster_of(ctx, machine).await? else {
+        return Ok(ctx.client.clone());
+    };
+    let secret_name = format!("{cluster}-kubeconfig");
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &namespace)
+        .get_opt(&secret_name)
+        .await
+        .map_err(api_err(format!("reading Secret {namespace}/{secret_name}")))?
+        .ok_or_else(|| ProviderError::NoKubeconfig {
+            namespace: namespace.clone(),
+            cluster: cluster.clone(),
+        })?;
+    let version = secret.resource_version().unwrap_or_default();
+    let key = (namespace.clone(), cluster.clone());
+    if let Some((cached_version, client)) = ctx.clusters().get(&key)
+        && *cached_version == version
+    {
+        return Ok(client.clone());
+    }
+    let kubeconfig_err =
+        |source: Box<dyn std::error::Error + Send + Sync>| ProviderError::Kubeconfig {
+            namespace: namespace.clone(),
+            cluster: cluster.clone(),
+            source,
+        };
+    let text = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("value"))
+        .ok_or_else(|| kubeconfig_err("no key `value`".into()))?;
+    let text = std::str::from_utf8(&text.0).map_err(|e| kubeconfig_err(e.into()))?;
+    let kubeconfig =
+        kube::config::Kubeconfig::from_yaml(text).map_err(|e| kubeconfig_err(e.into()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .map_err(|e| kubeconfig_err(e.into()))?;
+    let server = config.cluster_url.to_string();
+    let client = Client::try_from(config).map_err(|e| kubeconfig_err(e.into()))?;
+    tracing::debug!(%namespace, %cluster, %server, "test infrastructure provider: client for the Nodes of a Cluster");
+    ctx.clusters().insert(key, (version, client.clone()));
+    Ok(client)
+}
+
+/// The Cluster `machine` belongs to: its `cluster.x-k8s.io/cluster-name` label (Cluster API
+/// sets it with the controller ownerRef), else `spec.clusterName` of its Machine.
+async fn cluster_of(
     ctx: &Context,
+    machine: &DynamicObject,
+) -> Result<Option<String>, ProviderError> {
+    if let Some(cluster) = machine.labels().get(CLUSTER_NAME_LABEL) {
+        return Ok(Some(cluster.clone()));
+    }
+    let namespace = machine.namespace().unwrap_or_default();
+    let Some(owner) = machine
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "Machine" && o.api_version.starts_with(CAPI_GROUP))
+    else {
+        return Ok(None);
+    };
+    let machines: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &namespace, &crate::capi::machines());
+    let owner = machines
+        .get_opt(&owner.name)
+        .await
+        .map_err(api_err(format!(
+            "reading Machine {namespace}/{}",
+            owner.name
+        )))?;
+    Ok(owner.and_then(|m| m.data["spec"]["clusterName"].as_str().map(String::from)))
+}
+
+impl Context {
+    fn clusters(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (String, Client)>> {
+        self.clusters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+async fn create_node(
+    nodes: &Client,
     machine: &DynamicObject,
     node: &str,
     pid: &str,
@@ -377,7 +502,7 @@ async fn create_node(
         name: node.into(),
         source,
     })?;
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let nodes: Api<Node> = Api::all(nodes.clone());
     match nodes.create(&PostParams::default(), &body).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
@@ -391,7 +516,18 @@ async fn create_node(
 async fn release(ctx: &Context, machine: &DynamicObject) -> Result<Action, ProviderError> {
     let namespace = machine.namespace().unwrap_or_default();
     let node = node_name(&namespace, &machine.name_any());
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let client = match node_client(ctx, machine).await {
+        Ok(client) => client,
+        // The Secret went first (its namespace is being deleted): the client built from it
+        // while it existed, else the management cluster, as before workload clusters.
+        Err(ProviderError::NoKubeconfig { namespace, cluster }) => ctx
+            .clusters()
+            .get(&(namespace, cluster))
+            .map(|(_, client)| client.clone())
+            .unwrap_or_else(|| ctx.client.clone()),
+        Err(e) => return Err(e),
+    };
+    let nodes: Api<Node> = Api::all(client);
     match nodes.delete(&node, &DeleteParams::default()).await {
         Ok(_) => {
             tracing::info!(node, "test machine deleted; node deleted");

@@ -23,6 +23,7 @@ pub mod proxy;
 pub mod soak;
 pub mod stack;
 pub mod workload;
+pub mod workload_cluster;
 
 use std::path::PathBuf;
 

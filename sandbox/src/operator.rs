@@ -111,6 +111,40 @@ impl GrpcPki {
             .issue(name, &[], None)?
             .write(&self.dir, &format!("grpc-client-{name}"))?)
     }
+
+    /// Issues a client-only certificate with common name `name` and the URI SANs `uris`,
+    /// written as `grpc-client-<name>.{crt,key}`; returns (cert, key).
+    pub fn issue_client_with_uris(
+        &self,
+        name: &str,
+        uris: &[&str],
+    ) -> Result<(PathBuf, PathBuf), OperatorError> {
+        Ok(self
+            .ca
+            .issue_client(name, uris)?
+            .write(&self.dir, &format!("grpc-client-{name}"))?)
+    }
+
+    /// Issues the client certificate of the cluster-autoscaler of Cluster
+    /// `namespace/cluster`: common name `cluster-autoscaler`, URI SAN
+    /// [`cluster_identity`]; written as `grpc-client-<namespace>-<cluster>.{crt,key}`.
+    pub fn issue_cluster_client(
+        &self,
+        namespace: &str,
+        cluster: &str,
+    ) -> Result<(PathBuf, PathBuf), OperatorError> {
+        let uri = cluster_identity(namespace, cluster);
+        Ok(self
+            .ca
+            .issue_client("cluster-autoscaler", &[&uri])?
+            .write(&self.dir, &format!("grpc-client-{namespace}-{cluster}"))?)
+    }
+}
+
+/// The URI SAN naming the Cluster API `Cluster` `namespace/cluster` whose
+/// cluster-autoscaler presents the certificate: `nodegroup.dev/cluster/<namespace>/<cluster>`.
+pub fn cluster_identity(namespace: &str, cluster: &str) -> String {
+    format!("nodegroup.dev/cluster/{namespace}/{cluster}")
 }
 
 /// How to run the operator.

@@ -109,6 +109,58 @@ impl CertificateAuthority {
             name: common_name.into(),
             source,
         };
+        let mut sans = Vec::new();
+        for host in hosts {
+            sans.push(match host.parse::<IpAddr>() {
+                Ok(ip) => SanType::IpAddress(ip),
+                Err(_) => SanType::DnsName((*host).try_into().map_err(err)?),
+            });
+        }
+        self.sign(
+            common_name,
+            sans,
+            organization,
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            expired,
+        )
+    }
+
+    /// Issues a client-only certificate (extended key usage `clientAuth`) whose identity is
+    /// `common_name` and the URI SANs `uris` (e.g. `spiffe://...`), as mTLS servers that
+    /// authorize by URI SAN expect.
+    pub fn issue_client(&self, common_name: &str, uris: &[&str]) -> Result<IssuedCert, PkiError> {
+        let err = |source| PkiError::Generate {
+            name: common_name.into(),
+            source,
+        };
+        let sans = uris
+            .iter()
+            .map(|uri| Ok(SanType::URI((*uri).try_into().map_err(err)?)))
+            .collect::<Result<Vec<_>, PkiError>>()?;
+        self.sign(
+            common_name,
+            sans,
+            None,
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
+            false,
+        )
+    }
+
+    fn sign(
+        &self,
+        common_name: &str,
+        sans: Vec<SanType>,
+        organization: Option<&str>,
+        extended_key_usages: Vec<ExtendedKeyUsagePurpose>,
+        expired: bool,
+    ) -> Result<IssuedCert, PkiError> {
+        let err = |source| PkiError::Generate {
+            name: common_name.into(),
+            source,
+        };
         let mut params = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
         params
             .distinguished_name
@@ -118,13 +170,7 @@ impl CertificateAuthority {
                 .distinguished_name
                 .push(DnType::OrganizationName, org);
         }
-        for host in hosts {
-            let san = match host.parse::<IpAddr>() {
-                Ok(ip) => SanType::IpAddress(ip),
-                Err(_) => SanType::DnsName((*host).try_into().map_err(err)?),
-            };
-            params.subject_alt_names.push(san);
-        }
+        params.subject_alt_names = sans;
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
@@ -133,10 +179,7 @@ impl CertificateAuthority {
             params.not_before = rcgen::date_time_ymd(2020, 1, 1);
             params.not_after = rcgen::date_time_ymd(2021, 1, 1);
         }
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
+        params.extended_key_usages = extended_key_usages;
         let key = KeyPair::generate().map_err(err)?;
         let issuer = Issuer::from_params(&self.params, &self.key);
         let cert = params.signed_by(&key, &issuer).map_err(err)?;
@@ -178,4 +221,36 @@ pub fn write(path: &Path, pem: &str) -> Result<(), PkiError> {
         path: path.into(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn der(pem: &str) -> Vec<u8> {
+        let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+        let bytes: k8s_openapi::ByteString =
+            serde_json::from_value(serde_json::Value::String(body)).expect("base64");
+        bytes.0
+    }
+
+    fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+        haystack.windows(needle.len()).any(|w| w == needle)
+    }
+
+    #[test]
+    fn client_certificates_carry_their_uri_and_only_client_auth() {
+        let ca = CertificateAuthority::new("test-ca").expect("CA");
+        let uri = "nodegroup.dev/cluster/team-a/prod";
+        let cert = ca.issue_client("cluster-autoscaler", &[uri]).expect("cert");
+        let der = der(&cert.cert_pem);
+        // GeneralName uniformResourceIdentifier: context tag [6], IA5String bytes.
+        let mut san = vec![0x86, uri.len() as u8];
+        san.extend_from_slice(uri.as_bytes());
+        assert!(contains(&der, &san), "URI SAN present");
+        let client_auth = [0x06, 0x08, 0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x03, 0x02];
+        let server_auth = [0x06, 0x08, 0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x03, 0x01];
+        assert!(contains(&der, &client_auth), "clientAuth");
+        assert!(!contains(&der, &server_auth), "no serverAuth");
+    }
 }

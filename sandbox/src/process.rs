@@ -1,6 +1,5 @@
 //! Child processes that log to a file, die with their parent, and are stopped on drop.
 
-use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -53,6 +52,9 @@ pub struct ManagedProcess {
     /// Behind a lock so that liveness checks need only a shared reference.
     child: std::sync::Mutex<Child>,
     log: PathBuf,
+    binary: PathBuf,
+    args: Vec<String>,
+    envs: Vec<(String, String)>,
 }
 
 impl ManagedProcess {
@@ -71,49 +73,37 @@ impl ManagedProcess {
                 binary: binary.into(),
             });
         }
-        let spawn_err = |source| ProcessError::Spawn {
-            name: name.into(),
-            source,
-        };
         let log = log_dir.join(format!("{name}.log"));
-        let out = File::create(&log).map_err(spawn_err)?;
-        let err = out.try_clone().map_err(spawn_err)?;
-        let mut command = Command::new(binary);
-        command
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        command
-            .env("NO_PROXY", "127.0.0.1,localhost")
-            .env("no_proxy", "127.0.0.1,localhost");
-        for (k, v) in envs {
-            command.env(k, v);
-        }
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: prctl and setpgid are async-signal-safe and touch no memory of the parent.
-            unsafe {
-                command.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    // A process group of its own: a terminal's Ctrl-C reaches the sandbox,
-                    // which then stops its children in order.
-                    if libc::setpgid(0, 0) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
-        let child = command.spawn().map_err(spawn_err)?;
+        let envs: Vec<(String, String)> = envs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let child = launch(name, binary, args, &envs, &log, false)?;
         Ok(Self {
             name: name.into(),
             child: std::sync::Mutex::new(child),
             log,
+            binary: binary.into(),
+            args: args.to_vec(),
+            envs,
         })
+    }
+
+    /// Stops the process if it still runs (SIGTERM, SIGKILL after `grace`) and starts the
+    /// same command again, appending to the same log. The same rule as for
+    /// [`ManagedProcess::spawn`] applies: the new child dies with the calling thread.
+    pub fn respawn(&mut self, grace: Duration) -> Result<(), ProcessError> {
+        self.stop(grace);
+        let child = launch(
+            &self.name,
+            &self.binary,
+            &self.args,
+            &self.envs,
+            &self.log,
+            true,
+        )?;
+        *self.child.get_mut().unwrap_or_else(|p| p.into_inner()) = child;
+        Ok(())
     }
 
     fn child(&self) -> std::sync::MutexGuard<'_, Child> {
@@ -214,6 +204,61 @@ impl Drop for ManagedProcess {
     fn drop(&mut self) {
         let _ = self.stop(Duration::from_secs(5));
     }
+}
+
+/// Spawns `binary args...` with stdout and stderr to `log` (appended or truncated), in a
+/// process group of its own, receiving SIGKILL when the calling thread exits (Linux).
+fn launch(
+    name: &str,
+    binary: &Path,
+    args: &[String],
+    envs: &[(String, String)],
+    log: &Path,
+    append: bool,
+) -> Result<Child, ProcessError> {
+    let spawn_err = |source| ProcessError::Spawn {
+        name: name.into(),
+        source,
+    };
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(log)
+        .map_err(spawn_err)?;
+    let err = out.try_clone().map_err(spawn_err)?;
+    let mut command = Command::new(binary);
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    command
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost");
+    for (k, v) in envs {
+        command.env(k, v);
+    }
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl and setpgid are async-signal-safe and touch no memory of the parent.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // A process group of its own: a terminal's Ctrl-C reaches the sandbox,
+                // which then stops its children in order.
+                if libc::setpgid(0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    command.spawn().map_err(spawn_err)
 }
 
 /// A free TCP port on 127.0.0.1 (racy by nature; callers retry on bind failures).

@@ -251,7 +251,7 @@ async fn one_call(grpc: &CloudProviderClient<Channel>, ids: &[String], n: u64, t
             let grow = match target {
                 ..=2 => true,
                 7.. => false,
-                _ => roll % 2 == 0,
+                _ => roll.is_multiple_of(2),
             };
             if grow {
                 let result = grpc

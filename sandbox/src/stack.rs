@@ -1,6 +1,10 @@
-//! One autoscaled cluster inside a [`Sandbox`]: a namespace with a Cluster API `Cluster`, the
-//! test infrastructure provider for it, the operator binary serving its node groups over
-//! mTLS, and the real cluster-autoscaler driving them — the setup users run, on loopback.
+//! One autoscaled cluster inside a [`Sandbox`](crate::environment::Sandbox): a namespace
+//! with a Cluster API `Cluster`, the test infrastructure provider for it, the operator binary
+//! serving its node groups over mTLS, and the real cluster-autoscaler driving them — the
+//! setup users run, on loopback.
+//! The Cluster's Nodes live in the sandbox itself ([`AutoscaledCluster::create`]) or in a
+//! workload cluster ([`AutoscaledCluster::create_on`]); the operator always runs against
+//! the management cluster, cluster-autoscaler against the cluster holding the Nodes.
 //!
 //! Processes die with the thread that started them: call the `start_*` methods from a
 //! thread that lives as long as the process should (a test's own thread, the main thread
@@ -19,6 +23,7 @@ use crate::operator::{
     GrpcPki, OperatorError, OperatorOptions, OperatorProcess, write_cloud_config,
 };
 use crate::process::ProcessError;
+use crate::workload_cluster::{SYSTEM_NAMESPACE, WorkloadClusterInfo};
 
 /// How cluster-autoscaler reaches the operator (per-RPC `grpc_timeout` of its cloud-config).
 pub const GRPC_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,7 +36,16 @@ pub struct AutoscaledCluster {
     pub cluster: String,
     /// Certificates for the operator's gRPC endpoint.
     pub pki: GrpcPki,
+    /// The client certificate cluster-autoscaler presents: the default one of `pki` for a
+    /// self-hosted Cluster, one naming the Cluster ([`GrpcPki::issue_cluster_client`]) for
+    /// a Cluster on a workload cluster.
+    pub autoscaler_cert: (PathBuf, PathBuf),
+    /// The management cluster's admin kubeconfig (the operator's).
     kubeconfig: PathBuf,
+    /// Admin kubeconfig of the cluster holding the Nodes (cluster-autoscaler's).
+    nodes_kubeconfig: PathBuf,
+    /// cluster-autoscaler's `--namespace` in that cluster.
+    autoscaler_namespace: String,
     log_dir: PathBuf,
     dir: PathBuf,
     operator: Option<OperatorProcess>,
@@ -40,32 +54,66 @@ pub struct AutoscaledCluster {
 }
 
 impl AutoscaledCluster {
-    /// Creates `namespace` with Cluster `cluster` (see [`create_cluster`]; `node_labels` go
-    /// on every Node of the `worker` template) and starts the infrastructure provider for
-    /// it on the current tokio runtime. The operator and cluster-autoscaler are started
-    /// separately.
+    /// Creates `namespace` with self-hosted Cluster `cluster` (see [`create_cluster`];
+    /// `node_labels` go on every Node of the `worker` template) and starts the
+    /// infrastructure provider for it on the current tokio runtime. The operator and
+    /// cluster-autoscaler are started separately; cluster-autoscaler reports into
+    /// `namespace`.
     pub async fn create(
         sandbox: &SandboxInfo,
         namespace: &str,
         cluster: &str,
         node_labels: Value,
     ) -> anyhow::Result<Self> {
+        Self::create_in(sandbox, None, namespace, cluster, node_labels).await
+    }
+
+    /// [`AutoscaledCluster::create`] for a Cluster whose Nodes live in `workload` (its
+    /// kubeconfig Secret points there). cluster-autoscaler then watches `workload` and
+    /// reports into its [`SYSTEM_NAMESPACE`], and presents a client certificate naming the
+    /// Cluster.
+    pub async fn create_on(
+        sandbox: &SandboxInfo,
+        workload: &WorkloadClusterInfo,
+        namespace: &str,
+        cluster: &str,
+        node_labels: Value,
+    ) -> anyhow::Result<Self> {
+        Self::create_in(sandbox, Some(workload), namespace, cluster, node_labels).await
+    }
+
+    async fn create_in(
+        sandbox: &SandboxInfo,
+        workload: Option<&WorkloadClusterInfo>,
+        namespace: &str,
+        cluster: &str,
+        node_labels: Value,
+    ) -> anyhow::Result<Self> {
         let client = sandbox.client().await?;
-        create_cluster(
-            &client,
-            &sandbox.workload_kubeconfig,
-            namespace,
-            cluster,
-            node_labels,
-        )
-        .await?;
+        let capi_kubeconfig = workload.map_or(&sandbox.workload_kubeconfig, |w| &w.capi_kubeconfig);
+        create_cluster(&client, capi_kubeconfig, namespace, cluster, node_labels).await?;
         let dir = sandbox.scratch(namespace)?;
         let pki = GrpcPki::generate(&dir.join("pki"))?;
+        let (autoscaler_cert, nodes_kubeconfig, autoscaler_namespace) = match workload {
+            Some(w) => (
+                pki.issue_cluster_client(namespace, cluster)?,
+                w.kubeconfig.clone(),
+                SYSTEM_NAMESPACE.to_string(),
+            ),
+            None => (
+                pki.client.clone(),
+                sandbox.kubeconfig.clone(),
+                namespace.to_string(),
+            ),
+        };
         Ok(Self {
             namespace: namespace.into(),
             cluster: cluster.into(),
             pki,
+            autoscaler_cert,
             kubeconfig: sandbox.kubeconfig.clone(),
+            nodes_kubeconfig,
+            autoscaler_namespace,
             log_dir: sandbox.log_dir.clone(),
             dir,
             operator: None,
@@ -109,8 +157,8 @@ impl AutoscaledCluster {
         }
     }
 
-    /// Writes the externalgrpc cloud-config for the running operator (mTLS with the default
-    /// client certificate) and returns its path.
+    /// Writes the externalgrpc cloud-config for the running operator (mTLS with
+    /// [`AutoscaledCluster::autoscaler_cert`]) and returns its path.
     pub fn cloud_config(&self) -> Result<PathBuf, OperatorError> {
         let address = self
             .operator
@@ -124,7 +172,7 @@ impl AutoscaledCluster {
         write_cloud_config(
             &path,
             &address,
-            &self.pki.client,
+            &self.autoscaler_cert,
             &self.pki.ca_cert,
             GRPC_TIMEOUT,
         )?;
@@ -132,7 +180,7 @@ impl AutoscaledCluster {
     }
 
     /// cluster-autoscaler options for the externalgrpc provider and the running operator,
-    /// reporting into this namespace, logging to `<namespace>-cluster-autoscaler.log`.
+    /// watching the cluster holding the Nodes, logging to `<namespace>-cluster-autoscaler.log`.
     pub fn externalgrpc_autoscaler(&self) -> Result<AutoscalerOptions, OperatorError> {
         let provider = CloudProvider::ExternalGrpc {
             cloud_config: self.cloud_config()?,
@@ -143,13 +191,17 @@ impl AutoscaledCluster {
     /// cluster-autoscaler options for its in-tree `clusterapi` provider, discovering node
     /// groups in this namespace: what users run before they migrate.
     pub fn in_tree_autoscaler(&self) -> AutoscalerOptions {
+        let management_kubeconfig =
+            (self.nodes_kubeconfig != self.kubeconfig).then(|| self.kubeconfig.clone());
         self.autoscaler_options(CloudProvider::ClusterApi {
             auto_discovery: vec![format!("clusterapi:namespace={}", self.namespace)],
+            management_kubeconfig,
         })
     }
 
     fn autoscaler_options(&self, provider: CloudProvider) -> AutoscalerOptions {
-        let mut options = AutoscalerOptions::new(provider, &self.kubeconfig, &self.namespace);
+        let mut options =
+            AutoscalerOptions::new(provider, &self.nodes_kubeconfig, &self.autoscaler_namespace);
         options.name = format!("{}-cluster-autoscaler", self.namespace);
         options
     }
@@ -185,9 +237,15 @@ impl AutoscaledCluster {
         Ok(())
     }
 
-    /// An admin client of the sandbox.
+    /// An admin client of the sandbox (the management cluster).
     pub async fn client(&self) -> anyhow::Result<Client> {
         crate::controlplane::client_for(&self.kubeconfig).await
+    }
+
+    /// An admin client of the cluster holding this Cluster's Nodes and Pods (the one
+    /// cluster-autoscaler watches and reports into).
+    pub async fn nodes_client(&self) -> anyhow::Result<Client> {
+        crate::controlplane::client_for(&self.nodes_kubeconfig).await
     }
 }
 
