@@ -627,7 +627,7 @@ where
 /// Retry delays of a failed watch: [`WATCH_RETRY_MIN`] doubling up to [`WATCH_RETRY_MAX`],
 /// each stretched by up to a quarter so that reflectors (and replicas) do not retry in
 /// lockstep; reset by the first event after a failure.
-struct WatchBackoff {
+pub(super) struct WatchBackoff {
     next: Duration,
 }
 

@@ -25,8 +25,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::index::{ClusterKey, WorkloadState};
 
-/// How often Cluster Secrets are read again (rotation) and vanished Clusters closed.
-const RECONCILE_INTERVAL: Duration = Duration::from_secs(30);
+/// How often the set of Clusters is compared with the open connections.
+const RECONCILE_INTERVAL: Duration = Duration::from_secs(2);
+/// How often each Cluster's kubeconfig Secret is read again (rotation, a Secret that appeared).
+const SECRET_INTERVAL: Duration = Duration::from_secs(30);
 
 /// The Node caches of every workload cluster, by Cluster.
 #[derive(Clone, Default)]
@@ -66,6 +68,7 @@ impl WorkloadClusters {
                 ready = store.wait_until_ready() => ready?,
             }
         }
+        let mut secrets_read: HashMap<ClusterKey, tokio::time::Instant> = HashMap::new();
         loop {
             let wanted: BTreeMap<ClusterKey, ()> = clusters
                 .iter()
@@ -82,18 +85,21 @@ impl WorkloadClusters {
                 })
                 .collect();
             self.close_vanished(&wanted, &changed);
+            secrets_read.retain(|k, _| wanted.contains_key(k));
             for cluster in wanted.keys() {
-                self.connect(&management, cluster, trim, fingerprint, &changed, &shutdown)
-                    .await;
+                let due = secrets_read
+                    .get(cluster)
+                    .is_none_or(|at| at.elapsed() >= SECRET_INTERVAL);
+                if due {
+                    secrets_read.insert(cluster.clone(), tokio::time::Instant::now());
+                    self.connect(&management, cluster, trim, fingerprint, &changed, &shutdown)
+                        .await;
+                }
             }
+            // `changed` belongs to the index rebuild loop (one waiter): poll instead.
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = tokio::time::sleep(RECONCILE_INTERVAL) => {}
-                _ = changed.notified() => {
-                    // Also woken by Node changes: reconciling is cheap (one map lookup per
-                    // Cluster); Secrets are read at most once per interval.
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
             }
         }
     }
@@ -270,7 +276,7 @@ fn watch_nodes(
         watcher::Config::default().any_semantic(),
     )
     .modify(trim)
-    .default_backoff()
+    .backoff(super::watches::WatchBackoff::default())
     .reflect(writer);
     let task_state = state.clone();
     let task_shutdown = shutdown.clone();
