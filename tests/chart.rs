@@ -61,6 +61,112 @@ fn chart_renders_and_grants_no_wildcards() {
     );
 }
 
+/// Every (apiGroup, resource, verb) a set of rendered Roles/ClusterRoles grants, with the
+/// namespace of a Role (`None` for a ClusterRole).
+fn grants(docs: &[serde_json::Value]) -> Vec<(Option<String>, String, String, String)> {
+    let mut out = Vec::new();
+    for doc in docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+    {
+        let namespace = doc["metadata"]["namespace"].as_str().map(String::from);
+        for rule in doc["rules"].as_array().unwrap() {
+            for group in rule["apiGroups"].as_array().unwrap() {
+                for resource in rule["resources"].as_array().unwrap() {
+                    for verb in rule["verbs"].as_array().unwrap() {
+                        out.push((
+                            namespace.clone(),
+                            group.as_str().unwrap().to_string(),
+                            resource.as_str().unwrap().to_string(),
+                            verb.as_str().unwrap().to_string(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn grants_anywhere(grants: &[(Option<String>, String, String, String)], resource: &str) -> bool {
+    grants.iter().any(|(_, _, r, _)| r == resource)
+}
+
+#[test]
+fn each_topology_renders_only_the_rbac_it_needs() {
+    // Self-hosted, every namespace: Nodes, no Clusters or Secrets.
+    let docs = rbac::render_chart("ngo-system", &[]).unwrap();
+    let g = grants(&docs);
+    assert!(grants_anywhere(&g, "nodes"));
+    assert!(!grants_anywhere(&g, "secrets"));
+    assert!(!grants_anywhere(&g, "clusters"));
+
+    // Management cluster serving workload clusters, scoped by certificate, two namespaces.
+    let docs = rbac::render_chart(
+        "ngo-system",
+        &[
+            "--set",
+            "topology.workloadNodes=cluster-secrets",
+            "--set",
+            "topology.clientIdentity=uri-san",
+            "--set-json",
+            r#"rbac.namespaces=["team-a","team-b"]"#,
+            "--set-json",
+            r#"autoDiscovery=["clusterapi:namespace=team-a","clusterapi:namespace=team-b"]"#,
+        ],
+    )
+    .unwrap();
+    let g = grants(&docs);
+    assert!(
+        !grants_anywhere(&g, "nodes"),
+        "no Node access in the management cluster"
+    );
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "ClusterRole"),
+        "namespaced Roles only"
+    );
+    for ns in ["team-a", "team-b"] {
+        let here = |resource: &str, verb: &str| {
+            g.iter()
+                .any(|(n, _, r, v)| n.as_deref() == Some(ns) && r == resource && v == verb)
+        };
+        assert!(here("secrets", "get"), "{ns}: kubeconfig Secrets");
+        assert!(
+            !here("secrets", "list"),
+            "{ns}: Secrets are read by name only"
+        );
+        assert!(here("clusters", "watch"), "{ns}: Clusters");
+        assert!(here("machinedeployments", "patch"), "{ns}: replicas");
+    }
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("--workload-nodes=cluster-secrets"), "{args}");
+    assert!(args.contains("--client-identity=uri-san"), "{args}");
+
+    // One client certificate per workload cluster, naming its Cluster.
+    let docs = rbac::render_chart(
+        "ngo-system",
+        &[
+            "--set",
+            "grpc.certManager.enabled=true",
+            "--set-json",
+            r#"grpc.certManager.clients=[{"name":"a","cluster":"team-a/prod"}]"#,
+        ],
+    )
+    .unwrap();
+    let client = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "Certificate" && d["metadata"]["name"] == "nodegroup-operator-client-a"
+        })
+        .expect("client certificate");
+    assert_eq!(
+        client["spec"]["uris"],
+        json!(["spiffe://nodegroup.dev/cluster/team-a/prod"])
+    );
+    assert_eq!(client["spec"]["usages"], json!(["client auth"]));
+}
+
 #[tokio::test]
 async fn the_charts_rbac_is_enough_to_run_the_operator() {
     let ns = TestNs::new("chart-rbac").await;

@@ -687,3 +687,81 @@ fn live_node_labels_are_copied_into_the_template() {
     );
     assert!(!t.node_labels.contains_key("unrelated"));
 }
+
+fn cluster(name: &str) -> ClusterKey {
+    ClusterKey {
+        namespace: "ns".into(),
+        name: name.into(),
+    }
+}
+
+/// Management topology: machines of Cluster c1, Nodes read from two workload clusters that
+/// reuse node names (kubelets name nodes per cluster).
+fn two_workload_clusters(states: Vec<(&str, WorkloadState)>) -> IndexInputs {
+    let mut inputs = deployment(0, bounds("1", "5"), 2);
+    inputs.machines = vec![
+        // A provider that never sets Machine.spec.providerID: only nodeRef links the Node.
+        machine("m0", "md-ms", None, Some("worker-0"), json!({}), false),
+        machine(
+            "m1",
+            "md-ms",
+            Some("test:////c1-1"),
+            Some("worker-1"),
+            json!({}),
+            false,
+        ),
+    ];
+    let in_cluster = |name: &str, pid: &str, c: &str| NodeView {
+        cluster: Some(cluster(c)),
+        ..node(name, pid, true)
+    };
+    inputs.nodes = vec![
+        in_cluster("worker-0", "test:////c1-0", "c1"),
+        in_cluster("worker-1", "test:////c1-1", "c1"),
+        // Same names in another workload cluster, other providerIDs.
+        in_cluster("worker-0", "test:////c2-0", "c2"),
+        in_cluster("worker-1", "test:////c2-1", "c2"),
+    ];
+    inputs.clusters = vec![cluster("c1"), cluster("c2")];
+    inputs.workload = Some(states.into_iter().map(|(c, s)| (cluster(c), s)).collect());
+    inputs
+}
+
+#[test]
+fn machines_are_matched_to_nodes_of_their_own_workload_cluster() {
+    let snap = build_snapshot(&two_workload_clusters(vec![
+        ("c1", WorkloadState::Synced),
+        ("c2", WorkloadState::Synced),
+    ]));
+    let g = &snap.groups["MachineDeployment/ns/md"];
+    assert_eq!(g.cluster, cluster("c1"));
+    let mut ids: Vec<&str> = g.instances.iter().map(|i| i.id.as_str()).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        vec!["test:////c1-0", "test:////c1-1"],
+        "the Machine without providerID is matched through its own cluster's Node, by nodeRef"
+    );
+    assert_eq!((g.registered, g.ready), (2, 2));
+}
+
+#[test]
+fn groups_of_a_workload_cluster_never_read_are_held_back_and_unreachable_ones_served() {
+    let snap = build_snapshot(&two_workload_clusters(vec![(
+        "c1",
+        WorkloadState::NeverSynced("Secret ns/c1-kubeconfig does not exist".into()),
+    )]));
+    assert!(snap.groups.is_empty());
+    assert!(matches!(
+        &snap.exclusions[0].reason,
+        ExclusionReason::WorkloadClusterNotSynced(why) if why.contains("c1-kubeconfig")
+    ));
+
+    let snap = build_snapshot(&two_workload_clusters(vec![(
+        "c1",
+        WorkloadState::Unreachable("connection refused".into()),
+    )]));
+    let g = &snap.groups["MachineDeployment/ns/md"];
+    assert_eq!(g.registered, 2, "the last known Nodes are used");
+    assert_eq!(snap.workload.len(), 1);
+}
