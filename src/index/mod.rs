@@ -5,6 +5,8 @@ pub mod build;
 mod handle;
 mod model;
 mod policy;
+mod sharded;
+pub mod state;
 
 pub use build::{IndexInputs, NodeView, TemplateKey, TemplateKindState, build_snapshot};
 pub use handle::{SnapshotHandle, SnapshotPublisher, channel};
@@ -14,3 +16,5 @@ pub use model::{
     WorkloadState,
 };
 pub use policy::{PolicyRef, PolicyRules, PolicyTemplate, PriceList};
+pub use sharded::ShardedMap;
+pub use state::IndexState;

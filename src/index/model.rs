@@ -1,9 +1,10 @@
 //! Types of the node-group model. Plain data; no Kubernetes client types.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::policy::{PolicyRef, PolicyTemplate, PriceList};
+use super::sharded::ShardedMap;
 use crate::capi::annotations::{AnnotationWarning, CapacityHints, OptionOverrides};
 use crate::capi::objects::{InfraTemplate, ScalableKind, Taint};
 use crate::capi::providerid;
@@ -303,16 +304,16 @@ pub enum NodeGroupLookup {
 }
 
 /// An immutable view of every node group and the lookup tables the RPCs need.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     /// Served groups by id (sorted, so NodeGroups answers in a stable order).
     pub groups: BTreeMap<String, Arc<NodeGroup>>,
     /// Resources with autoscaler configuration that are not served, and why.
     pub exclusions: Vec<Exclusion>,
     /// Machines by `<namespace>/<name>`.
-    pub machines: HashMap<String, MachineEntry>,
+    pub machines: ShardedMap<String, MachineEntry>,
     /// Normalized provider ID -> machine key(s) or MachinePool group.
-    pub(crate) by_provider_id: HashMap<String, ProviderIdOwner>,
+    pub(crate) by_provider_id: ShardedMap<String, ProviderIdOwner>,
     /// Objects indexed, for metrics.
     pub counts: IndexCounts,
     /// Per policy (`<namespace>/<name>`), what it governs.
