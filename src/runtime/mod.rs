@@ -3,6 +3,7 @@
 //! these concerns.
 
 mod admin;
+mod changes;
 mod exclusions;
 pub mod leader;
 mod watches;
