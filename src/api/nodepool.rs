@@ -224,9 +224,6 @@ pub struct NodePoolStatus {
     /// What one server of the pool's plan offers, as last read from the backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine_type: Option<MachineType>,
-    /// Last time the cloud was listed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_sync_time: Option<Time>,
     /// Last scale-up (server creation) started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scale_up_time: Option<Time>,

@@ -2,4 +2,6 @@
 //! ([`view`]); the leader's reconciler converges each pool's cloud servers towards
 //! `spec.replicas` through the pool's backend.
 
+pub mod bootstrap;
+pub mod render;
 pub mod view;

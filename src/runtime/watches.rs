@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::changes::{Changes, Pending, Track};
 use super::workload::WorkloadClusters;
-use crate::api::NodeGroupPolicy;
+use crate::api::{NodeGroupPolicy, NodePool};
 use crate::capi::CapiKeys;
 use crate::capi::autodiscovery::DiscoveryFilter;
 use crate::capi::objects::{InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource};
@@ -31,6 +31,7 @@ use crate::index::{
     ClusterKey, IndexInputs, NodeView, Snapshot, SnapshotPublisher, TemplateKey, TemplateKindState,
 };
 use crate::metrics::Metrics;
+use crate::nodepool;
 
 /// How long to wait before retrying an infrastructure template kind that could not be watched.
 const TEMPLATE_RETRY: Duration = Duration::from_secs(60);
@@ -68,6 +69,8 @@ pub struct WatchSpec {
     pub default_arch: String,
     /// Watch NodeGroupPolicies (their CRD is installed).
     pub with_policies: bool,
+    /// Watch NodePools (their CRD is installed).
+    pub with_node_pools: bool,
     /// Where Nodes come from.
     pub nodes: NodeSource,
     /// Watch Cluster API Clusters: needed to read workload clusters and to scope clients to
@@ -127,6 +130,7 @@ struct Inner {
     clusters: Stores<DynamicObject>,
     nodes: NodeStores,
     policies: Option<Stores<NodeGroupPolicy>>,
+    node_pools: Option<Stores<NodePool>>,
     templates: Mutex<HashMap<(String, String), TemplateWatch>>,
     changes: Arc<Changes>,
     shutdown: CancellationToken,
@@ -167,6 +171,7 @@ impl Watches {
             filter,
             default_arch,
             with_policies,
+            with_node_pools,
             nodes,
             watch_clusters,
         } = spec;
@@ -270,6 +275,30 @@ impl Watches {
                     .collect(),
             )
         });
+        let node_pools = with_node_pools.then(|| {
+            Stores(
+                scopes
+                    .iter()
+                    .map(|scope| {
+                        let api = match scope {
+                            Some(ns) => Api::<NodePool>::namespaced(client.clone(), ns),
+                            None => Api::<NodePool>::all(client.clone()),
+                        };
+                        spawn_reflector(
+                            tasks,
+                            api,
+                            (),
+                            (changes.clone(), Track::Scalable(ScalableKind::NodePool)),
+                            shutdown.clone(),
+                            |p: &mut NodePool| {
+                                p.managed_fields_mut().clear();
+                            },
+                            None,
+                        )
+                    })
+                    .collect(),
+            )
+        });
         Self {
             inner: Arc::new(Inner {
                 client,
@@ -282,6 +311,7 @@ impl Watches {
                 clusters,
                 nodes,
                 policies,
+                node_pools,
                 templates: Mutex::default(),
                 changes,
                 shutdown,
@@ -410,6 +440,9 @@ impl Watches {
         if let Some(policies) = &self.inner.policies {
             policies.wait_until_ready().await?;
         }
+        if let Some(pools) = &self.inner.node_pools {
+            pools.wait_until_ready().await?;
+        }
         Ok(())
     }
 
@@ -425,6 +458,11 @@ impl Watches {
                     .into_iter()
                     .map(|o| ScalableResource::from_dynamic(*kind, &o, &inner.keys))
             })
+            .chain(
+                self.node_pools()
+                    .iter()
+                    .map(|p| nodepool::view::resource_view(p)),
+            )
             .collect();
         let machines = inner
             .machines
@@ -506,6 +544,11 @@ impl Watches {
 
     /// The cached scalable resource `key` names.
     fn resource(&self, (kind, namespace, name): &ResourceKey) -> Option<ScalableResource> {
+        if *kind == ScalableKind::NodePool {
+            let key = reflector::ObjectRef::<NodePool>::new(name).within(namespace);
+            let pool = self.inner.node_pools.as_ref()?.get(&key)?;
+            return Some(nodepool::view::resource_view(&pool));
+        }
         let (_, ar, stores) = self.inner.scalables.iter().find(|(k, _, _)| k == kind)?;
         let key = reflector::ObjectRef::new_with(name, ar.clone()).within(namespace);
         let object = stores.get(&key)?;
@@ -538,6 +581,15 @@ impl Watches {
     pub fn policies(&self) -> Vec<Arc<NodeGroupPolicy>> {
         self.inner
             .policies
+            .as_ref()
+            .map(Stores::state)
+            .unwrap_or_default()
+    }
+
+    /// The cached NodePools.
+    pub fn node_pools(&self) -> Vec<Arc<NodePool>> {
+        self.inner
+            .node_pools
             .as_ref()
             .map(Stores::state)
             .unwrap_or_default()
