@@ -270,6 +270,33 @@ async fn rate_limited_requests_wait_for_retry_after() {
         }
         other => panic!("{other:?}"),
     }
+
+    // A create is not sent again, even after a 429 (as cherrygo); later requests still
+    // wait for its Retry-After.
+    emulator.inject(
+        RequestKind::CreateServer,
+        1,
+        FaultAction::Respond {
+            status: 429,
+            headers: vec![("Retry-After".into(), "1".into())],
+            body: r#"{"code":429,"message":"Too Many Requests"}"#.into(),
+        },
+    );
+    let err = client
+        .create_server(PROJECT, &order("a", ""))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, CherryError::RateLimited { retry_after: Some(d) } if d == Duration::from_secs(1)),
+        "{err:?}"
+    );
+    assert!(err.is_retryable());
+    let waited = Instant::now();
+    client.list_plans().await.unwrap();
+    assert!(waited.elapsed() >= Duration::from_millis(900));
+    let log = emulator.requests();
+    assert_eq!(log.iter().filter(|r| r.method == "POST").count(), 1);
+    assert!(emulator.servers().is_empty());
 }
 
 #[tokio::test]

@@ -1,13 +1,15 @@
 //! The HTTP client: endpoints, pacing, retries, paging and how answers become results.
 //!
-//! Retry policy, per call (at most [`MAX_ATTEMPTS`] requests):
-//! - 429, any method: the API did not act on the request, so it is sent again after the
-//!   answer's `Retry-After` (seconds or an HTTP date), else after 1 s, 2 s. The wait also
-//!   holds back every other request of this client and its clones. A `Retry-After` longer
-//!   than [`MAX_RETRY_AFTER`] ends the call with [`CherryError::RateLimited`] at once.
-//! - 5xx, timeouts and connection failures: GET and DELETE are sent again after 1 s, 2 s.
-//!   A create never is: its outcome is unknown (the server may exist), so it fails with
-//!   [`CherryError::Unavailable`] and the caller reconciles by listing.
+//! Retry policy, per call (at most [`MAX_ATTEMPTS`] requests), as cherrygo v4's
+//! (`internal/client/retry.go`: only idempotent methods are retried, 429 included):
+//! - GET and DELETE are sent again after a 429, a 5xx, a 408, a timeout or a connection
+//!   failure: after the 429's `Retry-After` (seconds or an HTTP date), else after 1 s, 2 s.
+//!   A `Retry-After` longer than [`MAX_RETRY_AFTER`] ends the call with
+//!   [`CherryError::RateLimited`] at once.
+//! - A create is sent once. Its outcome after a 5xx, a timeout or a broken connection is
+//!   unknown (the server may exist), so it fails with [`CherryError::Unavailable`] (after a
+//!   429, [`CherryError::RateLimited`]) and the caller reconciles by listing.
+//! - A 429's wait holds back every later request of this client and its clones.
 
 use std::fmt;
 use std::sync::Arc;
@@ -112,8 +114,8 @@ impl fmt::Debug for CherryClient {
 enum Repeat {
     /// GET, DELETE: the same request twice has the effect of one.
     Safe,
-    /// POST create: only after a 429.
-    OnlyIfRateLimited,
+    /// POST create: never (its effect is unknown after a failure).
+    Never,
 }
 
 /// One call: method and path (relative to the base, with its query).
@@ -233,8 +235,8 @@ impl CherryClient {
         decode(&answer, call.what).map(Some)
     }
 
-    /// Orders a server (`POST projects/{id}/servers`, 201 with the server). Sent once (again
-    /// only after a 429): on [`CherryError::Unavailable`] the server may nevertheless exist.
+    /// Orders a server (`POST projects/{id}/servers`, 201 with the server). Sent once: on
+    /// [`CherryError::Unavailable`] the server may nevertheless exist.
     pub async fn create_server(
         &self,
         project_id: i64,
@@ -246,7 +248,7 @@ impl CherryClient {
             method: Method::POST,
             path: format!("projects/{project_id}/servers"),
             body: Some(body),
-            repeat: Repeat::OnlyIfRateLimited,
+            repeat: Repeat::Never,
             what: "the created server",
         };
         let answer = self.send(&call).await?;
@@ -360,12 +362,14 @@ impl CherryClient {
                     if status == StatusCode::TOO_MANY_REQUESTS {
                         let retry_after = retry_after(&headers);
                         let wait = retry_after.unwrap_or_else(|| backoff(attempt));
-                        if last || wait > MAX_RETRY_AFTER {
+                        if wait <= MAX_RETRY_AFTER {
+                            self.pacer.hold_off(wait);
+                        }
+                        if call.repeat == Repeat::Never || last || wait > MAX_RETRY_AFTER {
                             tracing::warn!(request, attempt, ?retry_after, "cherry API rate limit");
                             return Err(CherryError::RateLimited { retry_after });
                         }
                         tracing::info!(request, attempt, ?wait, "cherry API rate limit; waiting");
-                        self.pacer.hold_off(wait);
                         attempt += 1;
                         continue;
                     }
@@ -438,7 +442,7 @@ impl CherryClient {
         };
         match call.repeat {
             Repeat::Safe => format!("{request}: {what}"),
-            Repeat::OnlyIfRateLimited => format!(
+            Repeat::Never => format!(
                 "{request}: {what}; the request may have been carried out (list to find out)"
             ),
         }
@@ -539,7 +543,7 @@ fn ensure_success(call: &Call<'_>, answer: &Answer) -> Result<(), CherryError> {
             status: status.as_u16(),
             message,
         },
-        500..=599 if call.repeat == Repeat::OnlyIfRateLimited => CherryError::Unavailable(format!(
+        500..=599 if call.repeat == Repeat::Never => CherryError::Unavailable(format!(
             "{message}; the request may have been carried out (list to find out)"
         )),
         _ => CherryError::Unavailable(message),
@@ -655,7 +659,7 @@ mod tests {
             method: Method::POST,
             path: "projects/1/servers".into(),
             body: None,
-            repeat: Repeat::OnlyIfRateLimited,
+            repeat: Repeat::Never,
             what: "the created server",
         }
     }

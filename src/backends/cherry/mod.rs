@@ -2,9 +2,10 @@
 //! layer of node pools backed by Cherry Servers.
 //!
 //! It speaks the API as cluster-autoscaler's in-tree `cherryservers` provider does
-//! (`cloudprovider/cherryservers/cherry_manager_rest.go`: same endpoints, same create body,
-//! Bearer token and `Content-Type: application/json` on every request) and adds what that
-//! provider lacks: a per-request timeout, client-side pacing below the API's rate limit,
+//! (`cloudprovider/cherryservers/cherry_manager_rest.go`: the same endpoints, `GET plans`
+//! included; its create body, with `spot_market` as the boolean cherrygo sends; Bearer token
+//! and `Content-Type: application/json` on every request) and adds what that provider
+//! lacks: a per-request timeout, client-side pacing below the API's rate limit,
 //! `Retry-After` on 429, retries of idempotent calls, `limit`/`offset` paging of lists, and
 //! lenient decoding of the fields the API renders loosely. Answers become plain types
 //! ([`Server`], [`Plan`]) that do not depend on the wire format.
