@@ -3,5 +3,6 @@
 //! `spec.replicas` through the pool's backend.
 
 pub mod bootstrap;
+pub mod converge;
 pub mod render;
 pub mod view;
