@@ -170,15 +170,16 @@ pub struct CherryServersSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub spot_market: bool,
     /// Hostname of new servers, which is also their Node name. Placeholders:
-    /// `{{.ClusterName}}`, `{{.NodePool}}`, `{{.RandString8}}`. Default
-    /// `{{.ClusterName}}-{{.NodePool}}-{{.RandString8}}`.
+    /// `{{.ClusterName}}`, `{{.NodeGroup}}` or `{{.NodePool}}` (the pool's name),
+    /// `{{.RandString8}}`. Default `{{.ClusterName}}-{{.NodeGroup}}-{{.RandString8}}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 200))]
     pub hostname_pattern: Option<String>,
-    /// User data (cloud-init) of new servers. Placeholders: `{{.BootstrapToken}}`
-    /// (`<id>.<secret>`), `{{.BootstrapTokenID}}`, `{{.BootstrapTokenSecret}}`,
-    /// `{{.APIServerEndpoint}}`, `{{.ClusterName}}`, `{{.NodePool}}`, `{{.Hostname}}`,
-    /// `{{.NodeLabels}}` (the template's labels as `k=v,k2=v2`).
+    /// User data (cloud-init) of new servers, as plain text. Placeholders (the in-tree
+    /// provider's work unchanged): `{{.BootstrapToken}}` (`<id>.<secret>`),
+    /// `{{.BootstrapTokenID}}`, `{{.BootstrapTokenSecret}}`, `{{.APIServerEndpoint}}`,
+    /// `{{.ClusterName}}`, `{{.NodeGroup}}` or `{{.NodePool}}`, `{{.Hostname}}`,
+    /// `{{.NodeLabels}}` (the labels new Nodes register with, as `k=v,k2=v2`).
     #[schemars(length(min = 1, max = 65536))]
     pub user_data: String,
     /// `host:port` of the API server new Nodes join (`{{.APIServerEndpoint}}`).

@@ -21,3 +21,5 @@ mod types;
 pub use client::{CherryClient, ClientConfig, DEFAULT_BASE_URL, PAGE_SIZE};
 pub use error::CherryError;
 pub use types::{CreateServer, Plan, PlanRegion, Server};
+
+pub mod pool;
