@@ -204,7 +204,8 @@ pub struct NodePoolStatus {
     /// Backend in use (`cherryServers`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
-    /// Servers that exist in the cloud (not counting failed creations).
+    /// Instances that count towards the size: servers not being deleted, creations in
+    /// flight and failed creations cluster-autoscaler has not removed yet.
     #[serde(default)]
     pub replicas: i32,
     /// Servers whose Node is registered.
@@ -213,14 +214,15 @@ pub struct NodePoolStatus {
     /// Servers whose Node is Ready.
     #[serde(default)]
     pub ready_replicas: i32,
-    /// Effective min size (spec, else policy).
+    /// Min size as the spec sets it (a governing NodeGroupPolicy may supply it instead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_size: Option<i32>,
-    /// Effective max size (spec, else policy).
+    /// Max size as the spec sets it (a governing NodeGroupPolicy may supply it instead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_size: Option<i32>,
-    /// Every instance: servers, creations in flight and failed creations.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Every instance: servers, creations in flight and failed creations. Always written,
+    /// empty included, so that a merge patch of the status clears it.
+    #[serde(default)]
     pub instances: Vec<PoolInstance>,
     /// What one server of the pool's plan offers, as last read from the backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]

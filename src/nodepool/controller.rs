@@ -426,6 +426,8 @@ impl PoolController {
                 }
             }
         }
+        fault::point("nodepool:after-creating-servers").await;
+        report.created = created > 0;
         if created > 0 {
             report.scaled_up = true;
             self.event(
@@ -639,7 +641,17 @@ impl PoolController {
         let now = Time(jiff::Timestamp::now());
         let conditions = merge(
             &previous.conditions,
-            &conditions(&blocked, report, desired, replicas, ready),
+            &conditions(
+                &blocked,
+                report,
+                previous
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == "ScaleUpFailed"),
+                desired,
+                replicas,
+                ready,
+            ),
             pool.metadata.generation,
             &now,
         );
@@ -768,6 +780,8 @@ struct PassReport {
     instances: Option<Vec<PoolInstance>>,
     scaled_up: bool,
     scaled_down: bool,
+    /// Servers were ordered in this pass.
+    created: bool,
     create_failure: Option<(String, String)>,
 }
 
@@ -824,6 +838,7 @@ impl ServerSpec {
 fn conditions(
     blocked: &Option<Blocked>,
     report: &PassReport,
+    previous_scale_up: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
     desired: usize,
     replicas: usize,
     ready: usize,
@@ -865,14 +880,21 @@ fn conditions(
             "the backend answers".into(),
         ),
     };
-    let scale_up = match &report.create_failure {
-        Some((code, message)) => condition("ScaleUpFailed", true, code, message.clone()),
-        None => condition(
+    // Kept until the next scale-up, so a failure stays visible after the pass that saw it.
+    let scale_up = match (&report.create_failure, report.created, previous_scale_up) {
+        (Some((code, message)), _, _) => condition("ScaleUpFailed", true, code, message.clone()),
+        (None, true, _) | (None, false, None) => condition(
             "ScaleUpFailed",
             false,
             "NoFailure",
-            "no server order failed in the last pass".into(),
+            "the last scale-up ordered every server it needed".into(),
         ),
+        (None, false, Some(previous)) => DesiredCondition {
+            type_: "ScaleUpFailed",
+            status: previous.status == "True",
+            reason: previous.reason.clone(),
+            message: previous.message.clone(),
+        },
     };
     let ready_condition = match blocked {
         Some(Blocked::Api(message)) => condition("Ready", false, "ApiError", message.clone()),
