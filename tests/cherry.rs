@@ -461,6 +461,25 @@ async fn pending_pods_scale_a_node_pool_from_zero_and_idle_servers_go() {
         .filter(|r| r.method == "DELETE")
         .count();
     assert_eq!(deletes, 1, "exactly one server deleted");
+
+    // Deleting the pool deletes its servers first.
+    w.pools()
+        .delete("workers", &Default::default())
+        .await
+        .expect("delete NodePool");
+    w.wait("the pool and its servers gone", || async {
+        let pool = w.pools().get_opt("workers").await.expect("get NodePool");
+        let servers = w.servers("workers");
+        if pool.is_none() && servers.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "pool exists: {}, servers {servers:?}",
+                pool.is_some()
+            ))
+        }
+    })
+    .await;
 }
 
 /// An out-of-stock plan is reported to cluster-autoscaler as an OutOfResources creation
@@ -640,6 +659,21 @@ async fn bad_credentials_and_a_bad_spec_are_reported_and_other_pools_keep_workin
     )
     .await;
     w.pool("good", SMALL, "good", 1, 2, json!({})).await;
+    // An expired token minted for this pool earlier: the leader deletes it.
+    let expired: Secret = serde_json::from_value(json!({
+        "metadata": {"name": format!("bootstrap-token-x{}", rand::random::<u32>() % 100_000),
+            "namespace": "kube-system",
+            "labels": {"autoscaling.nodegroup.dev/node-pool": format!("{}.good", w.ns())}},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": {"token-id": "abcdef", "token-secret": "0123456789abcdef",
+            "expiration": "2020-01-01T00:00:00Z", "usage-bootstrap-authentication": "true"},
+    }))
+    .expect("token secret");
+    let tokens = Api::<Secret>::namespaced(w.client.clone(), "kube-system");
+    tokens
+        .create(&PostParams::default(), &expired)
+        .await
+        .expect("create expired token");
 
     w.wait_pool_ready("good", 1).await;
     for (pool, condition, reason) in [
@@ -698,6 +732,18 @@ async fn bad_credentials_and_a_bad_spec_are_reported_and_other_pools_keep_workin
         "the message names the placeholder: {template}"
     );
 
+    let expired_name = expired.name_any();
+    w.wait("the expired token deleted", || {
+        let tokens = tokens.clone();
+        let name = expired_name.clone();
+        async move {
+            match tokens.get_opt(&name).await.expect("get token") {
+                None => Ok(()),
+                Some(_) => Err("still there".to_string()),
+            }
+        }
+    })
+    .await;
     let admin = w
         .cluster
         .operator()

@@ -144,6 +144,9 @@ impl PoolController {
                         .await;
                 }
             }
+            if full {
+                self.delete_expired_tokens(&pools).await;
+            }
             for gone in seen.keys().filter(|k| !current.contains_key(*k)) {
                 self.metrics.forget_pool(gone);
             }
@@ -158,6 +161,37 @@ impl PoolController {
                     }
                     // Coalesce bursts of changes.
                     tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+
+    /// Deletes the expired bootstrap tokens minted for `pools`, once per cluster their Nodes
+    /// join (kube-controller-manager's token cleaner is off by default).
+    async fn delete_expired_tokens(&self, pools: &[Arc<NodePool>]) {
+        let mut done = std::collections::BTreeSet::new();
+        for pool in pools {
+            let cluster = ClusterKey {
+                namespace: pool.namespace().unwrap_or_default(),
+                name: pool.spec.cluster_name.clone(),
+            };
+            let Some((client, _)) = self.watches.node_cluster(&cluster) else {
+                continue;
+            };
+            // One Node view shared by every cluster: one sweep covers them all.
+            let key = if self.watches.shares_node_view() {
+                String::new()
+            } else {
+                cluster.to_string()
+            };
+            if !done.insert(key) {
+                continue;
+            }
+            match bootstrap::delete_expired(&client).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, %cluster, "expired bootstrap tokens deleted"),
+                Err(error) => {
+                    tracing::warn!(%error, %cluster, "cannot delete expired bootstrap tokens")
                 }
             }
         }

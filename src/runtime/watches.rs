@@ -583,6 +583,11 @@ impl Watches {
         Some(node_view(&node, cluster.clone()))
     }
 
+    /// True when every Cluster's Nodes come from one view (not the per-cluster topology).
+    pub fn shares_node_view(&self) -> bool {
+        matches!(self.inner.nodes, NodeStores::Single(..))
+    }
+
     /// The cluster that holds the Nodes of Cluster `cluster`: its client and cached Nodes.
     /// `None` while a workload cluster is not connected.
     pub fn node_cluster(&self, cluster: &ClusterKey) -> Option<(Client, Vec<Arc<Node>>)> {
