@@ -96,12 +96,29 @@ fn grants_anywhere(grants: &[(Option<String>, String, String, String)], resource
 
 #[test]
 fn each_topology_renders_only_the_rbac_it_needs() {
-    // Self-hosted, every namespace: Nodes, no Clusters or Secrets.
+    // Self-hosted, every namespace: Nodes, no Clusters; Secrets only where NodePools need
+    // them: credentials read by name in the release namespace, bootstrap tokens in
+    // kube-system, nothing cluster-wide.
     let docs = rbac::render_chart("ngo-system", &[]).unwrap();
     let g = grants(&docs);
     assert!(grants_anywhere(&g, "nodes"));
-    assert!(!grants_anywhere(&g, "secrets"));
     assert!(!grants_anywhere(&g, "clusters"));
+    let mut secrets: Vec<(Option<String>, String)> = g
+        .iter()
+        .filter(|(_, _, r, _)| r == "secrets")
+        .map(|(n, _, _, v)| (n.clone(), v.clone()))
+        .collect();
+    secrets.sort();
+    let at = |ns: &str, verb: &str| (Some(ns.to_string()), verb.to_string());
+    assert_eq!(
+        secrets,
+        vec![
+            at("kube-system", "create"),
+            at("kube-system", "delete"),
+            at("kube-system", "list"),
+            at("ngo-system", "get"),
+        ]
+    );
 
     // Management cluster serving workload clusters, scoped by certificate, two namespaces.
     let docs = rbac::render_chart(
@@ -126,6 +143,11 @@ fn each_topology_renders_only_the_rbac_it_needs() {
     assert!(
         !docs.iter().any(|d| d["kind"] == "ClusterRole"),
         "namespaced Roles only"
+    );
+    assert!(
+        !g.iter()
+            .any(|(n, _, _, _)| n.as_deref() == Some("kube-system")),
+        "bootstrap tokens go to the workload clusters, with their own credentials"
     );
     for ns in ["team-a", "team-b"] {
         let here = |resource: &str, verb: &str| {
