@@ -9,7 +9,7 @@ TEST_PEERS ?= etcd kube capi kwok helm cluster-autoscaler example-server conform
 # What `make demo` needs.
 DEMO_PEERS ?= etcd kube capi kwok cluster-autoscaler
 
-.PHONY: all build test unit e2e safety soak lint fmt crds upstream demo sandbox bench fuzz clean-upstream
+.PHONY: all build test unit e2e safety soak lint fmt crds upstream demo demo-cherry sandbox bench fuzz clean-upstream
 
 all: build
 
@@ -69,6 +69,10 @@ demo:
 	@echo "--- building nodegroup-operator and ngo-sandbox"
 	$(CARGO) build --locked --workspace --bins
 	./target/debug/ngo-sandbox demo $(DEMO_FLAGS)
+
+## The same with a NodePool of servers on the Cherry Servers emulator.
+demo-cherry:
+	$(MAKE) demo DEMO_FLAGS="$(DEMO_FLAGS) --cherry"
 
 ## 10 minutes of mixed reads and writes from many clients against the operator binary on the
 ## sandbox; writes target/soak/results.json (not part of `make test`).

@@ -1,7 +1,8 @@
 //! `make demo`: the sandbox, the operator binary and the real cluster-autoscaler over mTLS;
-//! a Cluster with one MachineDeployment bounded by a NodeGroupPolicy; a workload that grows
-//! and shrinks; and a live view of the node group as cluster-autoscaler sees it, with its
-//! decisions as they happen.
+//! a Cluster with one MachineDeployment bounded by a NodeGroupPolicy (or, with `--cherry`,
+//! a NodePool of servers on the Cherry Servers emulator); a workload that grows and shrinks;
+//! and a live view of the node group as cluster-autoscaler sees it, with its decisions as
+//! they happen.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
@@ -13,6 +14,7 @@ use serde_json::json;
 
 use crate::autoscaler::AutoscalerStatus;
 use crate::capi;
+use crate::cherry::{CherryEmulator, CherryOptions};
 use crate::environment::{Sandbox, WORKER_TEMPLATE, wait_for};
 use crate::stack::AutoscaledCluster;
 use crate::workload::{self, Decision, PodCounts};
@@ -25,6 +27,15 @@ const POOL_LABEL: &str = "sandbox.nodegroup.dev/pool";
 /// Pods the workload grows to; each asks for 3 of a node's 4 CPUs, so one pod per node.
 const PEAK_PODS: i32 = 4;
 const STEP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Which kind of node group the demo scales.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DemoGroup {
+    /// A Cluster API MachineDeployment bounded by a NodeGroupPolicy.
+    MachineDeployment,
+    /// A NodePool of servers on the Cherry Servers emulator.
+    CherryNodePool,
+}
 
 /// How the demo prints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,17 +65,38 @@ pub async fn run(
     cluster: &mut AutoscaledCluster,
     output: Output,
     started: Instant,
+    kind: DemoGroup,
 ) -> anyhow::Result<DemoReport> {
     let client = cluster.client().await?;
     let mut view = View::new(output, started);
     let namespace = cluster.namespace.clone();
-    let group = format!("MachineDeployment/{namespace}/{GROUP_NAME}");
-
-    apply_policy_and_deployment(&client, &namespace, &cluster.cluster).await?;
-    view.say(&format!(
-        "applied NodeGroupPolicy {namespace}/{GROUP_NAME} (min 1, max 5, price 0.19/h) and \
-         MachineDeployment {namespace}/{GROUP_NAME} (1 replica, 4 CPU / 16Gi nodes, no annotations)"
-    ));
+    // Lives as long as the scenario: its servers are the NodePool's Nodes.
+    let mut _cloud = None;
+    let group = match kind {
+        DemoGroup::MachineDeployment => {
+            apply_policy_and_deployment(&client, &namespace, &cluster.cluster).await?;
+            view.say(&format!(
+                "applied NodeGroupPolicy {namespace}/{GROUP_NAME} (min 1, max 5, price 0.19/h) and \
+                 MachineDeployment {namespace}/{GROUP_NAME} (1 replica, 4 CPU / 16Gi nodes, no annotations)"
+            ));
+            format!("MachineDeployment/{namespace}/{GROUP_NAME}")
+        }
+        DemoGroup::CherryNodePool => {
+            let cloud = CherryEmulator::start(CherryOptions {
+                cluster: Some(client.clone()),
+                ..Default::default()
+            })
+            .await?;
+            apply_node_pool(&client, &namespace, &cluster.cluster, &cloud).await?;
+            view.say(&format!(
+                "Cherry Servers emulator at {}; applied Secret {namespace}/cherry and NodePool \
+                 {namespace}/{GROUP_NAME} (plan e3_1240v3: 4 cores / 16 GB, min 1, max 5)",
+                cloud.url()
+            ));
+            _cloud = Some(cloud);
+            format!("NodePool/{namespace}/{GROUP_NAME}")
+        }
+    };
     wait_view(
         cluster,
         &client,
@@ -174,6 +206,44 @@ async fn apply_policy_and_deployment(
     md.labels_mut().insert("pool".into(), GROUP_NAME.into());
     Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &capi::machine_deployments())
         .create(&PostParams::default(), &md)
+        .await?;
+    Ok(())
+}
+
+/// A NodePool of Cherry Servers servers (min 1, max 5) whose Nodes carry the demo label, and
+/// the Secret with the emulator's token.
+async fn apply_node_pool(
+    client: &Client,
+    namespace: &str,
+    cluster: &str,
+    cloud: &CherryEmulator,
+) -> anyhow::Result<()> {
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": "cherry", "namespace": namespace},
+        "stringData": {"token": cloud.token()},
+    }))?;
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let pool: nodegroup_operator::api::NodePool = serde_json::from_value(json!({
+        "apiVersion": "autoscaling.nodegroup.dev/v1alpha1",
+        "kind": "NodePool",
+        "metadata": {"name": GROUP_NAME, "namespace": namespace},
+        "spec": {
+            "replicas": 1, "minSize": 1, "maxSize": 5, "clusterName": cluster,
+            "template": {"labels": {POOL_LABEL: GROUP_NAME}},
+            "cherryServers": {
+                "credentialsSecretRef": {"name": "cherry", "key": "token"},
+                "projectId": 1, "region": "eu_nord_1", "plan": "e3_1240v3",
+                "image": "ubuntu_22_04", "apiServerEndpoint": "127.0.0.1:6443",
+                "endpoint": cloud.url(),
+                "userData": "#!/bin/bash\nKUBELET_EXTRA_ARGS=\"--node-labels={{.NodeLabels}}\"\n\
+                    kubeadm join --token {{.BootstrapToken}} {{.APIServerEndpoint}}\n",
+            },
+        },
+    }))?;
+    Api::<nodegroup_operator::api::NodePool>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &pool)
         .await?;
     Ok(())
 }

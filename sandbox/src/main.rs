@@ -56,6 +56,10 @@ enum Command {
         /// not a terminal).
         #[arg(long)]
         plain: bool,
+        /// Scale a NodePool of servers on the Cherry Servers emulator instead of a Cluster
+        /// API MachineDeployment.
+        #[arg(long)]
+        cherry: bool,
     },
 }
 
@@ -118,7 +122,7 @@ fn main() -> anyhow::Result<()> {
             };
             runtime.block_on(soak(sandbox, &options))
         }
-        Command::Demo { plain } => {
+        Command::Demo { plain, cherry } => {
             let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
             let output = if plain || !interactive {
                 Output::Plain
@@ -126,7 +130,12 @@ fn main() -> anyhow::Result<()> {
                 Output::Live
             };
             let sandbox = start_sandbox()?;
-            runtime.block_on(run_demo(sandbox, output, started))
+            let kind = if cherry {
+                demo::DemoGroup::CherryNodePool
+            } else {
+                demo::DemoGroup::MachineDeployment
+            };
+            runtime.block_on(run_demo(sandbox, output, started, kind))
         }
     }
 }
@@ -258,10 +267,15 @@ async fn soak(sandbox: Sandbox, options: &ngo_sandbox::soak::SoakOptions) -> any
     Ok(())
 }
 
-async fn run_demo(sandbox: Sandbox, output: Output, started: Instant) -> anyhow::Result<()> {
+async fn run_demo(
+    sandbox: Sandbox,
+    output: Output,
+    started: Instant,
+    kind: demo::DemoGroup,
+) -> anyhow::Result<()> {
     let mut cluster = demo::start(&sandbox, started).await?;
     let outcome = tokio::select! {
-        result = demo::run(&mut cluster, output, started) => Some(result),
+        result = demo::run(&mut cluster, output, started, kind) => Some(result),
         _ = tokio::signal::ctrl_c() => None,
     };
     let logs = sandbox.log_dir().to_path_buf();

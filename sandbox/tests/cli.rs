@@ -67,6 +67,33 @@ fn demo_runs_unattended_scales_up_and_down_and_leaves_nothing_behind() {
 }
 
 #[test]
+fn the_cherry_demo_scales_a_node_pool_of_emulated_servers() {
+    let _one = ONE_SANDBOX_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let out = ngo_sandbox()
+        .args(["demo", "--cherry"])
+        .output()
+        .expect("ngo-sandbox demo --cherry runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "demo failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "Cherry Servers emulator at http://127.0.0.1:",
+        "setting group NodePool/demo/workers size to 4 instead of 1 (max: 5)",
+        "cluster-autoscaler: ScaleDown",
+        "scale-down: target back to 1 after",
+        "demo finished in",
+    ] {
+        assert!(stdout.contains(expected), "demo output lacks {expected:?}");
+    }
+}
+
+#[test]
 fn up_serves_a_kubeconfig_until_down_stops_it() {
     let _one = ONE_SANDBOX_AT_A_TIME
         .lock()
