@@ -147,6 +147,45 @@ pub async fn client(config: &Config) -> anyhow::Result<Client> {
     Client::try_from(kube_config).context("building Kubernetes client")
 }
 
+/// Whether this operator may list and watch our `resource` in every one of `namespaces`
+/// (all namespaces when `None`), by SelfSubjectAccessReview; an access check that cannot be
+/// made counts as allowed (the watch then reports what is wrong).
+async fn may_watch(client: &Client, resource: &str, namespaces: Option<&[String]>) -> bool {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let scopes: Vec<Option<String>> = match namespaces {
+        None => vec![None],
+        Some(list) => list.iter().cloned().map(Some).collect(),
+    };
+    let api: kube::Api<SelfSubjectAccessReview> = kube::Api::all(client.clone());
+    for namespace in scopes {
+        for verb in ["list", "watch"] {
+            let review = SelfSubjectAccessReview {
+                spec: SelfSubjectAccessReviewSpec {
+                    resource_attributes: Some(ResourceAttributes {
+                        group: Some(crate::api::GROUP.into()),
+                        resource: Some(resource.into()),
+                        verb: Some(verb.into()),
+                        namespace: namespace.clone(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            match api.create(&Default::default(), &review).await {
+                Ok(answer) if !answer.status.as_ref().is_some_and(|s| s.allowed) => return false,
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, resource, "cannot check access; assuming allowed");
+                }
+            }
+        }
+    }
+    true
+}
+
 /// Which of our CRDs are installed.
 struct OurKinds {
     policies: bool,
@@ -210,7 +249,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         machine_deployments = resources.machine_deployments.is_some(),
         machine_pools = resources.machine_pools.is_some(), "Cluster API resources discovered");
 
-    let our_kinds = our_kinds_served(&client).await;
+    let mut our_kinds = our_kinds_served(&client).await;
+    if our_kinds.node_pools
+        && !may_watch(&client, "nodepools", filter.namespaces().as_deref()).await
+    {
+        tracing::warn!(
+            "NodePools are served but this operator may not list and watch them (RBAC); NodePools are disabled"
+        );
+        our_kinds.node_pools = false;
+    }
     let with_policies = our_kinds.policies;
     let metrics = Arc::new(Metrics::new());
     let events = EventPublisher::new(client.clone(), config.pod_name.clone());
