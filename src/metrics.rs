@@ -1,4 +1,6 @@
-//! Prometheus metrics: RPC latency and codes, node-group sizes, actuation outcomes, index size.
+//! Prometheus metrics: RPC latency and codes, node-group sizes, actuation outcomes, index size,
+//! leadership. The Helm chart's alerts and Grafana dashboard query these names; a test of the
+//! chart checks every name they use against [`Metrics::encode`].
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -48,6 +50,7 @@ pub struct Metrics {
     marks_rolled_back: OutcomeCounter,
     marks_unresolved: Gauge,
     workload_reachable: Family<ClusterLabels, Gauge>,
+    leader: Gauge,
     registry: Registry,
 }
 
@@ -147,8 +150,15 @@ impl Metrics {
             "1 while the Nodes of a workload cluster can be read, 0 otherwise (management topology)",
             workload_reachable.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease (or runs without leader election), 0 otherwise; the leader writes status and sweeps stranded marks",
+            leader.clone(),
+        );
         Self {
             workload_reachable,
+            leader,
             rpc_duration,
             group_size,
             index_objects,
@@ -238,6 +248,11 @@ impl Metrics {
                     .inc();
             }
         }
+    }
+
+    /// Records whether this replica leads.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 
     /// Records one sweep of expired scale-down marks.
