@@ -6,6 +6,7 @@
 #   tests/upstream/build.sh etcd kube       # just these
 #   tests/upstream/build.sh cluster-autoscaler example-server   # from ../shared/upstream tarballs
 #   tests/upstream/build.sh conformance     # nodegroup-conformance (imports CA's externalgrpc client)
+#   tests/upstream/build.sh ca-source       # only extract CA's source (its Helm chart, for tests/chart.rs)
 #   tests/upstream/build.sh --layout        # print the fixed paths only
 #
 # Output (fixed paths, symlinks into the versioned dirs):
@@ -40,7 +41,7 @@ export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=fa
 # committed go.sum pins the hash and no checksum-database lookup happens.
 export GONOSUMDB=${GONOSUMDB:-k8s.io/kubernetes}
 
-ALL=(etcd kube capi kwok helm cluster-autoscaler example-server conformance)
+ALL=(etcd kube capi kwok helm ca-source cluster-autoscaler example-server conformance)
 
 KEY_etcd=etcd-v$ETCD_VERSION
 KEY_kube=kube-v$KUBERNETES_VERSION
@@ -226,6 +227,12 @@ ca_source() {
   printf '%s\n' "$dir"
 }
 
+# CA's source tree alone: tests render its charts/cluster-autoscaler with the real helm. The
+# binary build extracts it too, but a cached binary does not bring the tree back.
+build_ca_source() {
+  ca_source "$CA_VERSION" >/dev/null
+}
+
 # cluster-autoscaler with the externalgrpc (ours) and clusterapi (in-tree, for side-by-side
 # comparisons) providers. Always pass --cloud-provider: with two tags the default is ambiguous.
 build_ca() {
@@ -354,6 +361,7 @@ for c in "${comps[@]}"; do
     kube) fn=build_kube key=$KEY_kube ;;
     capi) fn=build_capi key=$KEY_capi ;;
     cluster-autoscaler|ca) fn=build_ca key=$KEY_ca ;;
+    ca-source) fn=build_ca_source key=work/cluster-autoscaler-$CA_VERSION ;;
     example-server) fn=build_example key=$KEY_example ;;
     kwok) fn=build_kwok key=$KEY_kwok ;;
     helm) fn=build_helm key=$KEY_helm ;;
