@@ -1176,3 +1176,51 @@ fn rendered_rbac_is_exactly_the_operators_access_in_each_topology() {
         }
     }
 }
+
+#[test]
+fn notes_say_what_to_check_next() {
+    let chart = chart_dir();
+    let notes = |args: &[&str]| {
+        let mut all = vec![
+            "install",
+            "ngo",
+            chart.to_str().unwrap(),
+            "-n",
+            "kube-system",
+            "--dry-run=client",
+        ];
+        all.extend_from_slice(args);
+        let (ok, out, err) = helm(&all);
+        assert!(ok, "{err}");
+        out[out.find("NOTES:").expect("NOTES rendered")..].to_string()
+    };
+    let defaults = notes(&[]);
+    for expected in [
+        "kubectl -n kube-system rollout status deployment/nodegroup-operator",
+        "kubectl -n kube-system get secret nodegroup-operator-grpc-tls nodegroup-operator-client-cluster-autoscaler",
+        "helm test ngo -n kube-system",
+        "kubectl get nodegrouppolicies,nodepools -A -o wide",
+        "cloud-config: {name: nodegroup-operator-autoscaler-cloud-config, mountPath: /etc/cluster-autoscaler}",
+    ] {
+        assert!(defaults.contains(expected), "{expected:?} in:\n{defaults}");
+    }
+    let cert_manager = notes(&["--set", "grpc.certManager.enabled=true"]);
+    assert!(
+        cert_manager
+            .contains("kubectl -n kube-system get certificates -l app.kubernetes.io/instance=ngo"),
+        "{cert_manager}"
+    );
+    let insecure = notes(&[
+        "--set",
+        "grpc.insecure=true",
+        "--set",
+        "replicas=1",
+        "--set",
+        "leaderElection.enabled=false",
+    ]);
+    assert!(
+        insecure.contains("WARNING: gRPC is served WITHOUT TLS"),
+        "{insecure}"
+    );
+    assert!(!insecure.contains("client-cert:"), "{insecure}");
+}
