@@ -61,6 +61,14 @@ pub enum ProbeError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// No answer within the timeout (connection, TLS handshake and call together).
+    #[error("NodeGroups on {address}: no answer within {timeout:?}")]
+    Timeout {
+        /// The address dialled.
+        address: String,
+        /// The cloud-config's `grpc_timeout`.
+        timeout: Duration,
+    },
     /// `NodeGroups` returned an error.
     #[error("NodeGroups on {address}: {code:?}: {message}")]
     Rpc {
@@ -159,8 +167,19 @@ fn read(path: &Path) -> Result<String, ProbeError> {
 }
 
 /// Connects as cluster-autoscaler would and returns the node groups `NodeGroups` answers.
+/// Connecting (TCP and TLS) and the call together take at most `grpc_timeout`, as the call's
+/// deadline bounds them in cluster-autoscaler (its dial does not block).
 pub async fn node_groups(config: &CloudConfig) -> Result<Vec<NodeGroup>, ProbeError> {
     config.validate()?;
+    tokio::time::timeout(config.grpc_timeout, connect_and_call(config))
+        .await
+        .map_err(|_| ProbeError::Timeout {
+            address: config.address.clone(),
+            timeout: config.grpc_timeout,
+        })?
+}
+
+async fn connect_and_call(config: &CloudConfig) -> Result<Vec<NodeGroup>, ProbeError> {
     let connect_err = |source| ProbeError::Connect {
         address: config.address.clone(),
         source,
