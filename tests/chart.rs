@@ -96,12 +96,29 @@ fn grants_anywhere(grants: &[(Option<String>, String, String, String)], resource
 
 #[test]
 fn each_topology_renders_only_the_rbac_it_needs() {
-    // Self-hosted, every namespace: Nodes, no Clusters or Secrets.
+    // Self-hosted, every namespace: Nodes, no Clusters; Secrets only where NodePools need
+    // them: credentials read by name in the release namespace, bootstrap tokens in
+    // kube-system, nothing cluster-wide.
     let docs = rbac::render_chart("ngo-system", &[]).unwrap();
     let g = grants(&docs);
     assert!(grants_anywhere(&g, "nodes"));
-    assert!(!grants_anywhere(&g, "secrets"));
     assert!(!grants_anywhere(&g, "clusters"));
+    let mut secrets: Vec<(Option<String>, String)> = g
+        .iter()
+        .filter(|(_, _, r, _)| r == "secrets")
+        .map(|(n, _, _, v)| (n.clone(), v.clone()))
+        .collect();
+    secrets.sort();
+    let at = |ns: &str, verb: &str| (Some(ns.to_string()), verb.to_string());
+    assert_eq!(
+        secrets,
+        vec![
+            at("kube-system", "create"),
+            at("kube-system", "delete"),
+            at("kube-system", "list"),
+            at("ngo-system", "get"),
+        ]
+    );
 
     // Management cluster serving workload clusters, scoped by certificate, two namespaces.
     let docs = rbac::render_chart(
@@ -126,6 +143,11 @@ fn each_topology_renders_only_the_rbac_it_needs() {
     assert!(
         !docs.iter().any(|d| d["kind"] == "ClusterRole"),
         "namespaced Roles only"
+    );
+    assert!(
+        !g.iter()
+            .any(|(n, _, _, _)| n.as_deref() == Some("kube-system")),
+        "bootstrap tokens go to the workload clusters, with their own credentials"
     );
     for ns in ["team-a", "team-b"] {
         let here = |resource: &str, verb: &str| {
@@ -1073,6 +1095,8 @@ fn operator_access(
         (OURS, "nodegrouppolicies", &["get", "list", "watch"]),
         (OURS, "nodegrouppolicies/status", &["patch"]),
         (OURS, "nodepools", &["get", "list", "watch", "patch"]),
+        // actuate/capi/replicas.rs: NodePools scale through /scale as well
+        (OURS, "nodepools/scale", &["get", "update"]),
         (OURS, "nodepools/status", &["patch"]),
         // events.rs
         ("events.k8s.io", "events", &["create", "patch"]),
@@ -1107,12 +1131,6 @@ fn operator_access(
             "vspheremachinetemplates",
             &["get", "list", "watch"],
         ),
-        // runtime/leader.rs (in the release namespace)
-        (
-            "coordination.k8s.io",
-            "leases",
-            &["get", "create", "update"],
-        ),
     ];
     if workload_nodes != "cluster-secrets" {
         // runtime/watches.rs: Nodes of this cluster (or of the cluster the operator runs in)
@@ -1125,6 +1143,44 @@ fn operator_access(
     if workload_nodes == "cluster-secrets" {
         // runtime/workload.rs: `<cluster>-kubeconfig` Secrets, read by name
         access.push(("", "secrets", &["get"]));
+    }
+    access
+}
+
+/// Where the operator's code uses namespaced access outside the rules above, by Role:
+/// `(role, namespace, resource, verbs)`.
+fn operator_namespaced_access(
+    workload_nodes: &str,
+) -> Vec<(
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+)> {
+    let mut access: Vec<(&str, &str, &str, &[&str])> = vec![
+        // runtime/leader.rs
+        (
+            "nodegroup-operator-leader-election",
+            "ngo-system",
+            "leases",
+            &["get", "create", "update"],
+        ),
+        // nodepool/controller.rs: a NodePool's credentials Secret, by name
+        (
+            "nodegroup-operator-nodepool-credentials",
+            "ngo-system",
+            "secrets",
+            &["get"],
+        ),
+    ];
+    if workload_nodes != "cluster-secrets" {
+        // nodepool/bootstrap.rs: kubeadm bootstrap tokens where the Nodes join
+        access.push((
+            "nodegroup-operator-bootstrap-tokens",
+            "kube-system",
+            "secrets",
+            &["create", "list", "delete"],
+        ));
     }
     access
 }
@@ -1157,6 +1213,16 @@ fn rendered_rbac_is_exactly_the_operators_access_in_each_topology() {
         let expected: BTreeSet<(String, String, String)> =
             operator_access(workload_nodes, client_identity)
                 .into_iter()
+                .chain(operator_namespaced_access(workload_nodes).into_iter().map(
+                    |(_, _, resource, verbs)| {
+                        let group = if resource == "leases" {
+                            "coordination.k8s.io"
+                        } else {
+                            ""
+                        };
+                        (group, resource, verbs)
+                    },
+                ))
                 .flat_map(|(g, r, verbs)| {
                     verbs
                         .iter()
@@ -1169,11 +1235,36 @@ fn rendered_rbac_is_exactly_the_operators_access_in_each_topology() {
             extra.is_empty() && missing.is_empty(),
             "{workload_nodes}/{client_identity}: granted beyond the operator's access: {extra:?}; missing: {missing:?}"
         );
-        // The Lease is the only namespaced grant in the release namespace.
-        for doc in docs.iter().filter(|d| d["kind"] == "Role") {
-            assert_eq!(doc["metadata"]["namespace"], "ngo-system");
-            assert_eq!(doc["rules"][0]["resources"], json!(["leases"]));
-        }
+        // Each Role is one of those, in its namespace, with exactly those rules.
+        let roles: BTreeSet<(String, String, String)> = docs
+            .iter()
+            .filter(|d| d["kind"] == "Role")
+            .map(|d| {
+                (
+                    d["metadata"]["name"].as_str().unwrap().to_string(),
+                    d["metadata"]["namespace"].as_str().unwrap().to_string(),
+                    d["rules"].to_string(),
+                )
+            })
+            .collect();
+        let expected_roles: BTreeSet<(String, String, String)> =
+            operator_namespaced_access(workload_nodes)
+                .into_iter()
+                .map(|(name, namespace, resource, verbs)| {
+                    let group = if resource == "leases" {
+                        "coordination.k8s.io"
+                    } else {
+                        ""
+                    };
+                    (
+                        name.to_string(),
+                        namespace.to_string(),
+                        json!([{"apiGroups": [group], "resources": [resource], "verbs": verbs}])
+                            .to_string(),
+                    )
+                })
+                .collect();
+        assert_eq!(roles, expected_roles, "{workload_nodes}/{client_identity}");
     }
 }
 

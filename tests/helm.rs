@@ -722,8 +722,8 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
         "{table}"
     );
 
-    // A NodePool is one group; its status is written by the pool's reconciler (as here).
-    // Untyped: only the fields the CRD requires, whatever else NodePool grows.
+    // A NodePool is one group; the leader's reconciler writes its status. Its credentials
+    // Secret does not exist: the pool is blocked, and the wide columns say where to look.
     let pools = Api::<kube::api::DynamicObject>::namespaced_with(
         client.clone(),
         &workers.name,
@@ -744,34 +744,47 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
         )
         .await
         .unwrap();
-    pools
-        .patch_status(
-            "pool",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"status": {
-                "backend": "cherryServers", "replicas": 2, "registeredReplicas": 1, "readyReplicas": 1,
-                "minSize": 1, "maxSize": 4,
-                "conditions": [{"type": "Ready", "status": "False", "reason": "BackendUnavailable",
-                    "message": "Cherry Servers API: 503 Service Unavailable", "lastTransitionTime": "2026-01-01T00:00:00Z"}]
-            }})),
-        )
-        .await
-        .unwrap();
-    let table = kubectl(&["get", "np", "-n", &workers.name, "-o", "wide"]);
-    let row = table_row(&table, 1);
+    let start = Instant::now();
+    let (table, row) = loop {
+        let table = kubectl(&["get", "np", "-n", &workers.name, "-o", "wide"]);
+        let row = table_row(&table, 1);
+        if !row["STATUS"].is_empty() && !row["MESSAGE"].is_empty() {
+            break (table, row);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no NodePool status:\n{table}\n{}",
+            operator.output()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
     for (column, value) in [
         ("DESIRED", "2"),
-        ("CURRENT", "2"),
-        ("READY", "1"),
-        ("REGISTERED", "1"),
+        ("CURRENT", "0"),
+        ("READY", "0"),
+        ("REGISTERED", "0"),
         ("MIN", "1"),
         ("MAX", "4"),
-        ("BACKEND", "cherryServers"),
-        ("STATUS", "BackendUnavailable"),
-        ("MESSAGE", "Cherry Servers API: 503 Service Unavailable"),
     ] {
         assert_eq!(row[column], value, "{column}:\n{table}");
     }
+    assert!(row["MESSAGE"].contains("InvalidSpec"), "{table}");
+    let conditions = kubectl(&[
+        "get",
+        "np",
+        "pool",
+        "-n",
+        &workers.name,
+        "-o",
+        "jsonpath={.status.conditions}",
+    ]);
+    assert!(
+        conditions.contains(&format!(
+            "Secret {}/cherry (spec.cherryServers.credentialsSecretRef) does not exist",
+            workers.name
+        )),
+        "{conditions}"
+    );
 
     operator.stop(Duration::from_secs(10));
     helm(&["uninstall", "cluster-autoscaler", "-n", RELEASE_NAMESPACE]);

@@ -184,15 +184,16 @@ pub struct CherryServersSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub spot_market: bool,
     /// Hostname of new servers, which is also their Node name. Placeholders:
-    /// `{{.ClusterName}}`, `{{.NodePool}}`, `{{.RandString8}}`. Default
-    /// `{{.ClusterName}}-{{.NodePool}}-{{.RandString8}}`.
+    /// `{{.ClusterName}}`, `{{.NodeGroup}}` or `{{.NodePool}}` (the pool's name),
+    /// `{{.RandString8}}`. Default `{{.ClusterName}}-{{.NodeGroup}}-{{.RandString8}}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 200))]
     pub hostname_pattern: Option<String>,
-    /// User data (cloud-init) of new servers. Placeholders: `{{.BootstrapToken}}`
-    /// (`<id>.<secret>`), `{{.BootstrapTokenID}}`, `{{.BootstrapTokenSecret}}`,
-    /// `{{.APIServerEndpoint}}`, `{{.ClusterName}}`, `{{.NodePool}}`, `{{.Hostname}}`,
-    /// `{{.NodeLabels}}` (the template's labels as `k=v,k2=v2`).
+    /// User data (cloud-init) of new servers, as plain text. Placeholders (the in-tree
+    /// provider's work unchanged): `{{.BootstrapToken}}` (`<id>.<secret>`),
+    /// `{{.BootstrapTokenID}}`, `{{.BootstrapTokenSecret}}`, `{{.APIServerEndpoint}}`,
+    /// `{{.ClusterName}}`, `{{.NodeGroup}}` or `{{.NodePool}}`, `{{.Hostname}}`,
+    /// `{{.NodeLabels}}` (the labels new Nodes register with, as `k=v,k2=v2`).
     #[schemars(length(min = 1, max = 65536))]
     pub user_data: String,
     /// `host:port` of the API server new Nodes join (`{{.APIServerEndpoint}}`).
@@ -217,7 +218,8 @@ pub struct NodePoolStatus {
     /// Backend in use (`cherryServers`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
-    /// Servers that exist in the cloud (not counting failed creations).
+    /// Instances that count towards the size: servers not being deleted, creations in
+    /// flight and failed creations cluster-autoscaler has not removed yet.
     #[serde(default)]
     pub replicas: i32,
     /// Servers whose Node is registered.
@@ -226,14 +228,15 @@ pub struct NodePoolStatus {
     /// Servers whose Node is Ready.
     #[serde(default)]
     pub ready_replicas: i32,
-    /// Effective min size (spec, else policy).
+    /// Min size as the spec sets it (a governing NodeGroupPolicy may supply it instead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_size: Option<i32>,
-    /// Effective max size (spec, else policy).
+    /// Max size as the spec sets it (a governing NodeGroupPolicy may supply it instead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_size: Option<i32>,
-    /// Every instance: servers, creations in flight and failed creations.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Every instance: servers, creations in flight and failed creations. Always written,
+    /// empty included, so that a merge patch of the status clears it.
+    #[serde(default)]
     pub instances: Vec<PoolInstance>,
     /// What one server of the pool's plan offers, as last read from the backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -98,13 +98,9 @@ pub(super) fn assess(
             warnings,
         );
     }
-    let pricing = policy.and_then(|p| p.pricing).or_else(|| {
-        let node = pool.machine_type.as_ref()?.hourly_price?;
-        Some(PriceList {
-            node: Some(node),
-            ..Default::default()
-        })
-    });
+    let pricing = policy
+        .and_then(|p| p.pricing)
+        .or_else(|| pool.machine_type.as_ref().and_then(plan_prices));
     Assessment::Served(Box::new(NodeGroup {
         id: r.group_id(),
         kind: r.kind,
@@ -131,6 +127,28 @@ pub(super) fn assess(
         node_capacity: BTreeMap::new(),
         warnings,
     }))
+}
+
+/// Prices from the machine type's hourly price: the node's, and per core and per GiB (half
+/// of the price each over the cores and the memory), so that cluster-autoscaler's `price`
+/// expander, which needs pod prices too, can compare pools.
+fn plan_prices(machine_type: &super::model::PoolMachineType) -> Option<PriceList> {
+    let node = machine_type.hourly_price?;
+    let amount = |name: &str| {
+        machine_type
+            .capacity
+            .get(name)
+            .and_then(|q| crate::quantity::parse(q).ok())
+            .filter(|v| *v > 0.0)
+    };
+    let cpu_core = amount("cpu").map(|cores| node / 2.0 / cores);
+    let memory_gib = amount("memory").map(|bytes| node / 2.0 / (bytes / (1u64 << 30) as f64));
+    Some(PriceList {
+        node: Some(node),
+        cpu_core,
+        memory_gib,
+        gpu: None,
+    })
 }
 
 /// The policy's template overlaid by the pool's own: the pool wins key by key.
@@ -176,4 +194,31 @@ pub(super) fn instances(pool: &PoolView, g: &NodeGroup, nodes: &impl NodeFinder)
             instance
         })
         .collect()
+}
+
+#[cfg(test)]
+mod price_tests {
+    use super::*;
+    use crate::index::model::PoolMachineType;
+
+    #[test]
+    fn a_plan_price_splits_into_core_and_memory_prices_that_add_up() {
+        let plan = PoolMachineType {
+            capacity: BTreeMap::from([
+                ("cpu".to_string(), "4".to_string()),
+                ("memory".to_string(), "16Gi".to_string()),
+            ]),
+            labels: BTreeMap::new(),
+            hourly_price: Some(0.2),
+        };
+        let prices = plan_prices(&plan).unwrap();
+        assert_eq!(prices.node, Some(0.2));
+        let whole = prices.cpu_core.unwrap() * 4.0 + prices.memory_gib.unwrap() * 16.0;
+        assert!((whole - 0.2).abs() < 1e-9, "{whole}");
+        let free = PoolMachineType {
+            hourly_price: None,
+            ..plan
+        };
+        assert_eq!(plan_prices(&free), None);
+    }
 }

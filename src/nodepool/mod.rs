@@ -2,6 +2,9 @@
 //! ([`view`]); the leader's reconciler converges each pool's cloud servers towards
 //! `spec.replicas` through the pool's backend.
 
+pub mod backend;
 pub mod bootstrap;
+pub mod controller;
+pub mod converge;
 pub mod render;
 pub mod view;

@@ -9,18 +9,23 @@ use rand::Rng;
 
 /// Default hostname pattern (cluster-autoscaler's in-tree Cherry provider documents this
 /// pattern but has no default in code).
-pub const DEFAULT_HOSTNAME_PATTERN: &str = "{{.ClusterName}}-{{.NodePool}}-{{.RandString8}}";
+pub const DEFAULT_HOSTNAME_PATTERN: &str = "{{.ClusterName}}-{{.NodeGroup}}-{{.RandString8}}";
 
-/// Placeholders a hostname pattern may use.
-pub const HOSTNAME_PLACEHOLDERS: [&str; 3] = ["ClusterName", "NodePool", "RandString8"];
+/// Placeholders a hostname pattern may use. `NodeGroup` (the in-tree provider's name) and
+/// `NodePool` are both the pool's name.
+pub const HOSTNAME_PLACEHOLDERS: [&str; 4] =
+    ["ClusterName", "NodeGroup", "NodePool", "RandString8"];
 
-/// Placeholders user data may use.
-pub const USER_DATA_PLACEHOLDERS: [&str; 8] = [
+/// Placeholders user data may use: the in-tree provider's (`BootstrapTokenID`,
+/// `BootstrapTokenSecret`, `APIServerEndpoint`, `NodeGroup`), so its cloud-init templates
+/// work unchanged, and more.
+pub const USER_DATA_PLACEHOLDERS: [&str; 9] = [
     "BootstrapToken",
     "BootstrapTokenID",
     "BootstrapTokenSecret",
     "APIServerEndpoint",
     "ClusterName",
+    "NodeGroup",
     "NodePool",
     "Hostname",
     "NodeLabels",
@@ -81,6 +86,7 @@ pub fn random_lowercase(n: usize) -> String {
 pub fn hostname(pattern: &str, cluster: &str, pool: &str) -> Result<String, String> {
     let values = BTreeMap::from([
         ("ClusterName", cluster.to_string()),
+        ("NodeGroup", pool.to_string()),
         ("NodePool", pool.to_string()),
         ("RandString8", random_lowercase(8)),
     ]);

@@ -6,7 +6,7 @@ mod admin;
 mod changes;
 mod exclusions;
 pub mod leader;
-mod watches;
+pub(crate) mod watches;
 mod workload;
 
 use std::net::SocketAddr;
@@ -64,6 +64,9 @@ pub struct Config {
     pub leader_election: Option<leader::LeaderConfig>,
     /// How often the leader sweeps stranded scale-down marks.
     pub sweep_interval: Duration,
+    /// Longest time between two reconcile passes over a NodePool (leader only; a change of
+    /// the pool's spec or ledger starts one at once).
+    pub node_pool_interval: Duration,
     /// Where Nodes come from (the topology).
     pub workload_nodes: WorkloadNodes,
     /// Scoping of clients to Clusters by their certificate.
@@ -334,9 +337,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         client.clone(),
         resources,
         keys,
-        Some(events),
+        Some(events.clone()),
         activity,
-        instance,
+        instance.clone(),
     ));
     tasks.spawn(crate::actuate::sweeper::run(
         actuator.clone(),
@@ -346,6 +349,20 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         config.sweep_interval,
         shutdown.clone(),
     ));
+    if our_kinds.node_pools {
+        let pools = Arc::new(crate::nodepool::controller::PoolController::new(
+            client.clone(),
+            watches.clone(),
+            events.clone(),
+            metrics.clone(),
+            crate::nodepool::controller::PoolControllerOptions {
+                interval: config.node_pool_interval,
+                instance: instance.clone(),
+                ..Default::default()
+            },
+        ));
+        tasks.spawn(pools.run(snapshots.clone(), leading.clone(), shutdown.clone()));
+    }
     let mutations = tokio_util::task::TaskTracker::new();
     let service = CloudProviderService::new(
         snapshots.clone(),

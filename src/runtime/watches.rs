@@ -108,7 +108,8 @@ where
 
 /// Nodes: one cache, or one per workload cluster.
 enum NodeStores {
-    Single(Store<Node>),
+    /// One cluster's Nodes, and the client they are read with.
+    Single(Store<Node>, Client),
     PerCluster(WorkloadClusters),
 }
 
@@ -228,15 +229,18 @@ impl Watches {
                     NodeSource::Cluster(c) => c.clone(),
                     _ => client.clone(),
                 };
-                NodeStores::Single(spawn_reflector(
-                    tasks,
-                    Api::<Node>::all(node_client),
-                    (),
-                    (changes.clone(), Track::Nodes(None)),
-                    shutdown.clone(),
-                    trim_node,
-                    Some(node_fingerprint),
-                ))
+                NodeStores::Single(
+                    spawn_reflector(
+                        tasks,
+                        Api::<Node>::all(node_client.clone()),
+                        (),
+                        (changes.clone(), Track::Nodes(None)),
+                        shutdown.clone(),
+                        trim_node,
+                        Some(node_fingerprint),
+                    ),
+                    node_client,
+                )
             }
             NodeSource::ClusterSecrets => {
                 let workload = WorkloadClusters::default();
@@ -434,7 +438,7 @@ impl Watches {
         }
         self.inner.machines.1.wait_until_ready().await?;
         self.inner.clusters.wait_until_ready().await?;
-        if let NodeStores::Single(nodes) = &self.inner.nodes {
+        if let NodeStores::Single(nodes, _) = &self.inner.nodes {
             nodes.wait_until_ready().await?;
         }
         if let Some(policies) = &self.inner.policies {
@@ -472,7 +476,9 @@ impl Watches {
             .map(|m| Machine::from_dynamic(m))
             .collect();
         let nodes = match &inner.nodes {
-            NodeStores::Single(store) => store.state().iter().map(|n| node_view(n, None)).collect(),
+            NodeStores::Single(store, _) => {
+                store.state().iter().map(|n| node_view(n, None)).collect()
+            }
             NodeStores::PerCluster(workload) => workload
                 .nodes()
                 .into_iter()
@@ -495,7 +501,7 @@ impl Watches {
     fn context(&self) -> IndexInputs {
         let inner = &self.inner;
         let workload = match &inner.nodes {
-            NodeStores::Single(_) => None,
+            NodeStores::Single(..) => None,
             NodeStores::PerCluster(workload) => Some(workload.states()),
         };
         let clusters = inner
@@ -570,11 +576,25 @@ impl Watches {
     /// The cached Node `key` names.
     fn node(&self, (cluster, name): &NodeKey) -> Option<NodeView> {
         let node = match (&self.inner.nodes, cluster) {
-            (NodeStores::Single(store), None) => store.get(&reflector::ObjectRef::new(name))?,
+            (NodeStores::Single(store, _), None) => store.get(&reflector::ObjectRef::new(name))?,
             (NodeStores::PerCluster(workload), Some(cluster)) => workload.node(cluster, name)?,
             _ => return None,
         };
         Some(node_view(&node, cluster.clone()))
+    }
+
+    /// True when every Cluster's Nodes come from one view (not the per-cluster topology).
+    pub fn shares_node_view(&self) -> bool {
+        matches!(self.inner.nodes, NodeStores::Single(..))
+    }
+
+    /// The cluster that holds the Nodes of Cluster `cluster`: its client and cached Nodes.
+    /// `None` while a workload cluster is not connected.
+    pub fn node_cluster(&self, cluster: &ClusterKey) -> Option<(Client, Vec<Arc<Node>>)> {
+        match &self.inner.nodes {
+            NodeStores::Single(store, client) => Some((client.clone(), store.state())),
+            NodeStores::PerCluster(workload) => workload.cluster(cluster),
+        }
     }
 
     /// The cached policies.

@@ -1,0 +1,3 @@
+//! Clients for the cloud APIs that back node groups which are not Cluster API resources.
+
+pub mod cherry;
