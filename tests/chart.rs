@@ -747,6 +747,8 @@ fn operator_exposition() -> support::promql::Exposition {
     metrics.observe_rpc("NodeGroups", Code::Ok, Duration::from_millis(1));
     metrics.observe_index_update(false, Some(Duration::from_millis(1)));
     metrics.set_leader(true);
+    metrics.observe_backend_call("cherryServers", "create", "ok");
+    metrics.set_backend_available("ns/pool", true);
     metrics.observe_sweep(&nodegroup_operator::actuate::sweeper::SweepReport::default());
     let mut snapshot = build_snapshot(&IndexInputs::default());
     snapshot.workload.insert(
@@ -817,6 +819,7 @@ fn alerts_name_only_metrics_the_operator_exports() {
         "NodegroupOperatorRpcErrors",
         "NodegroupOperatorStrandedScaleDownMarks",
         "NodegroupOperatorWorkloadClusterUnreachable",
+        "NodegroupOperatorBackendUnavailable",
     ] {
         assert!(
             alerts.iter().any(|a| a == expected),
@@ -875,6 +878,7 @@ fn the_dashboard_queries_name_only_metrics_the_operator_exports() {
         "Mutating RPC outcomes",
         "Index size",
         "Index update time",
+        "Backend available per NodePool",
     ] {
         assert!(titles.contains(&expected), "{expected} in {titles:?}");
     }
