@@ -16,6 +16,7 @@ pub mod index;
 pub mod metrics;
 pub mod nodepool;
 pub mod pricing;
+pub mod probe;
 pub mod proto;
 pub mod quantity;
 pub mod runtime;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use nodegroup_operator::capi::keys::DEFAULT_GROUP;
+use nodegroup_operator::probe::{self, CloudConfig};
 use nodegroup_operator::runtime::leader::LeaderConfig;
 use nodegroup_operator::runtime::{self, Config, WorkloadNodes};
 use nodegroup_operator::server::identity::IdentitySource;
@@ -32,6 +33,75 @@ enum Command {
     Run(Box<RunArgs>),
     /// Print the CustomResourceDefinitions as YAML.
     Crd,
+    /// Dial the gRPC endpoint as cluster-autoscaler does and call NodeGroups (the Helm
+    /// chart's `helm test` hook). Exits non-zero, saying why, when the call fails.
+    Probe(ProbeArgs),
+}
+
+/// Where to connect: cluster-autoscaler's cloud-config file, or the same settings as flags.
+#[derive(Args, Debug, Clone)]
+struct ProbeArgs {
+    /// cluster-autoscaler's externalgrpc cloud-config (address, cert, key, cacert,
+    /// grpc_timeout).
+    #[arg(long, conflicts_with_all = ["address", "cert", "key", "cacert", "grpc_timeout"])]
+    cloud_config: Option<PathBuf>,
+    /// host:port; the host must match a SAN of the server certificate.
+    #[arg(long, required_unless_present = "cloud_config")]
+    address: Option<String>,
+    /// Client certificate (PEM); plaintext without it.
+    #[arg(long, requires_all = ["key", "cacert"])]
+    cert: Option<PathBuf>,
+    /// Client key (PEM).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// CA of the server certificate (PEM).
+    #[arg(long)]
+    cacert: Option<PathBuf>,
+    /// Timeout of the connection and of the call (Go duration).
+    #[arg(long)]
+    grpc_timeout: Option<String>,
+}
+
+impl ProbeArgs {
+    fn cloud_config(&self) -> anyhow::Result<CloudConfig> {
+        if let Some(path) = &self.cloud_config {
+            return Ok(CloudConfig::read(path)?);
+        }
+        let config = CloudConfig {
+            address: self.address.clone().unwrap_or_default(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            cacert: self.cacert.clone(),
+            grpc_timeout: match &self.grpc_timeout {
+                Some(text) => nodegroup_operator::duration::parse(text)?,
+                None => probe::DEFAULT_GRPC_TIMEOUT,
+            },
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    async fn run(&self) -> anyhow::Result<()> {
+        let config = self.cloud_config()?;
+        let groups = probe::node_groups(&config).await?;
+        let tls = if config.cert.is_some() {
+            "mTLS"
+        } else {
+            "plaintext"
+        };
+        println!(
+            "NodeGroups on {} ({tls}): {} node group(s)",
+            config.address,
+            groups.len()
+        );
+        for group in groups {
+            println!(
+                "  {} min={} max={}",
+                group.id, group.min_size, group.max_size
+            );
+        }
+        Ok(())
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -208,6 +278,7 @@ async fn main() -> anyhow::Result<()> {
             );
             return Ok(());
         }
+        Some(Command::Probe(args)) => return args.run().await,
         Some(Command::Run(args)) => *args,
         None => cli.run,
     };

@@ -1,4 +1,6 @@
-//! Prometheus metrics: RPC latency and codes, node-group sizes, actuation outcomes, index size.
+//! Prometheus metrics: RPC latency and codes, node-group sizes, actuation outcomes, index size,
+//! leadership. The Helm chart's alerts and Grafana dashboard query these names; a test of the
+//! chart checks every name they use against [`Metrics::encode`].
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -48,6 +50,7 @@ pub struct Metrics {
     marks_rolled_back: OutcomeCounter,
     marks_unresolved: Gauge,
     workload_reachable: Family<ClusterLabels, Gauge>,
+    leader: Gauge,
     backend_calls: Family<BackendCallLabels, Counter>,
     backend_available: Family<PoolLabels, Gauge>,
     registry: Registry,
@@ -161,6 +164,12 @@ impl Metrics {
             "1 while the Nodes of a workload cluster can be read, 0 otherwise (management topology)",
             workload_reachable.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease (or runs without leader election), 0 otherwise; the leader writes status and sweeps stranded marks",
+            leader.clone(),
+        );
         let backend_calls = Family::<BackendCallLabels, Counter>::default();
         registry.register(
             "nodepool_backend_calls",
@@ -177,6 +186,7 @@ impl Metrics {
             backend_calls,
             backend_available,
             workload_reachable,
+            leader,
             rpc_duration,
             group_size,
             index_objects,
@@ -293,6 +303,11 @@ impl Metrics {
                     .inc();
             }
         }
+    }
+
+    /// Records whether this replica leads.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 
     /// Records one sweep of expired scale-down marks.

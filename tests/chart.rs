@@ -340,3 +340,982 @@ async fn a_permission_missing_from_the_role_is_reported_as_permission_denied_nam
     );
     operator.shutdown().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Values, rendering and linting.
+
+fn chart_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts/nodegroup-operator")
+}
+
+fn repo_file(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// `helm <args>`: success, stdout and stderr.
+fn helm(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(ngo_sandbox::upstream_bin("helm"))
+        .args(args)
+        .output()
+        .expect("running helm (tests/upstream/build.sh helm)");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `helm template` of the chart as release `ngo` in `ngo-system` with `args`: success and
+/// stdout or stderr.
+fn template(args: &[&str]) -> Result<String, String> {
+    let chart = chart_dir();
+    let mut all = vec![
+        "template",
+        "ngo",
+        chart.to_str().unwrap(),
+        "-n",
+        "ngo-system",
+    ];
+    all.extend_from_slice(args);
+    let (ok, out, err) = helm(&all);
+    if ok { Ok(out) } else { Err(err) }
+}
+
+/// Value sets the chart must render and lint cleanly with: what platform teams run.
+const VALUE_SETS: &[(&str, &[&str])] = &[
+    ("defaults", &[]),
+    (
+        "cert-manager, monitoring, dashboard, network policy",
+        &[
+            "--set",
+            "grpc.certManager.enabled=true",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--set",
+            "metrics.dashboard.enabled=true",
+            "--set",
+            "networkPolicy.enabled=true",
+            "--set-json",
+            r#"networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]"#,
+        ],
+    ),
+    (
+        "management cluster, clients scoped by certificate, namespaced Roles",
+        &[
+            "--set",
+            "topology.workloadNodes=cluster-secrets",
+            "--set",
+            "topology.clientIdentity=uri-san",
+            "--set",
+            "grpc.certManager.enabled=true",
+            "--set-json",
+            r#"grpc.certManager.clients=[{"name":"team-a-prod","cluster":"team-a/prod"}]"#,
+            "--set-json",
+            r#"rbac.namespaces=["team-a"]"#,
+            "--set-json",
+            r#"autoDiscovery=["clusterapi:namespace=team-a"]"#,
+        ],
+    ),
+    (
+        "workload cluster with a management kubeconfig",
+        &[
+            "--set",
+            "topology.workloadNodes=kubeconfig",
+            "--set",
+            "topology.managementKubeconfigSecret=management-kubeconfig",
+            "--set",
+            "podAntiAffinity=hard",
+            "--set",
+            "capi.version=v1beta1",
+        ],
+    ),
+    (
+        "one replica, plaintext, no leader election",
+        &[
+            "--set",
+            "replicas=1",
+            "--set",
+            "leaderElection.enabled=false",
+            "--set",
+            "grpc.insecure=true",
+            "--set",
+            "podAntiAffinity=none",
+            "--set-json",
+            "topologySpreadConstraints=[]",
+        ],
+    ),
+];
+
+#[test]
+fn the_chart_lints_strictly_with_each_value_set() {
+    let chart = chart_dir();
+    for (name, args) in VALUE_SETS {
+        let mut all = vec!["lint", chart.to_str().unwrap(), "--strict"];
+        all.extend_from_slice(args);
+        let (ok, out, err) = helm(&all);
+        assert!(ok, "helm lint ({name}):\n{out}\n{err}");
+        let docs = template(args).unwrap_or_else(|e| panic!("helm template ({name}): {e}"));
+        assert!(docs.contains("kind: Deployment"), "{name}");
+    }
+}
+
+#[test]
+fn bad_values_fail_with_the_value_and_the_reason() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--set", "topology.workloadNodes=workload"],
+            "at '/topology/workloadNodes': value must be one of 'same-cluster', 'cluster-secrets', 'kubeconfig'",
+        ),
+        (&["--set", "grpc.port=70000"], "at '/grpc/port': maximum"),
+        (
+            &["--set", "imag.tag=v1"],
+            "additional properties 'imag' not allowed",
+        ),
+        (
+            &["--set-json", r#"autoDiscovery=["namespace=capi"]"#],
+            "at '/autoDiscovery/0': 'namespace=capi' does not match pattern",
+        ),
+        (
+            &["--set", "capi.scaleZeroDefaultArch=x86_64"],
+            "at '/capi/scaleZeroDefaultArch': value must be one of 'amd64', 'arm64', 'ppc64le', 's390x'",
+        ),
+        (
+            &["--set", "autoscaler.cloudConfig.grpcTimeout=ten"],
+            "at '/autoscaler/cloudConfig/grpcTimeout': 'ten' does not match pattern",
+        ),
+        (
+            &["--set-json", r#"rbac.namespaces=["Team_A"]"#],
+            "at '/rbac/namespaces/0'",
+        ),
+        (
+            &["--set", "leaderElection.enabled=false"],
+            "replicas=2 needs leaderElection.enabled=true",
+        ),
+        (
+            &["--set", "grpc.tlsSecretName="],
+            "grpc.tlsSecretName is empty",
+        ),
+        (
+            &["--set", "topology.workloadNodes=kubeconfig"],
+            "topology.workloadNodes=kubeconfig needs topology.managementKubeconfigSecret",
+        ),
+        (
+            &[
+                "--set",
+                "grpc.insecure=true",
+                "--set",
+                "topology.clientIdentity=uri-san",
+            ],
+            "topology.clientIdentity=uri-san reads the client certificate, so grpc.insecure must be false",
+        ),
+    ];
+    for (args, expected) in cases {
+        let error = template(args).expect_err(&format!("{args:?} must be refused"));
+        assert!(
+            error.contains(expected),
+            "{args:?}: expected {expected:?} in:\n{error}"
+        );
+    }
+    // `helm install` checks the same way, before anything reaches a cluster.
+    let chart = chart_dir();
+    let (ok, _, err) = helm(&[
+        "install",
+        "ngo",
+        chart.to_str().unwrap(),
+        "--dry-run=client",
+        "--set",
+        "replicas=0",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("at '/replicas': minimum: got 0, want 1"),
+        "{err}"
+    );
+}
+
+/// The golden rendering of the defaults. To update it after a deliberate chart change:
+/// `NGO_UPDATE_GOLDEN=1 cargo test --test chart default_rendering_matches_the_golden_file`,
+/// then review the diff.
+#[test]
+fn default_rendering_matches_the_golden_file() {
+    let golden = repo_file("tests/golden/chart-defaults.yaml");
+    let rendered = template(&[]).unwrap();
+    if std::env::var_os("NGO_UPDATE_GOLDEN").is_some_and(|v| v != "0") {
+        std::fs::write(&golden, &rendered).unwrap();
+    }
+    let expected = std::fs::read_to_string(&golden).unwrap_or_default();
+    if rendered != expected {
+        let diff: Vec<String> = rendered
+            .lines()
+            .zip(
+                expected
+                    .lines()
+                    .chain(std::iter::repeat("<end of golden file>")),
+            )
+            .enumerate()
+            .filter(|(_, (r, e))| r != e)
+            .take(10)
+            .map(|(i, (r, e))| format!("line {}: rendered {r:?}, golden {e:?}", i + 1))
+            .collect();
+        panic!(
+            "the default rendering differs from tests/golden/chart-defaults.yaml ({} vs {} lines):\n{}\n\
+             If the change is intended: NGO_UPDATE_GOLDEN=1 cargo test --test chart default_rendering_matches_the_golden_file",
+            rendered.lines().count(),
+            expected.lines().count(),
+            diff.join("\n")
+        );
+    }
+}
+
+/// `nodegroup-operator run --help`: every long flag, with the environment variable that
+/// sets it when there is one.
+fn operator_flags() -> Vec<(String, Option<String>)> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodegroup-operator"))
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    let mut flags: Vec<(String, Option<String>)> = Vec::new();
+    for line in help.lines() {
+        let trimmed = line.trim_start();
+        let trimmed = trimmed
+            .strip_prefix("-h, ")
+            .or_else(|| trimmed.strip_prefix("-V, "))
+            .unwrap_or(trimmed);
+        if let Some(rest) = trimmed.strip_prefix("--") {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            flags.push((name, None));
+        }
+        if let (Some(start), Some(last)) = (line.find("[env: "), flags.last_mut()) {
+            let env: String = line[start + 6..]
+                .chars()
+                .take_while(|c| *c != '=' && *c != ']')
+                .collect();
+            last.1 = Some(env);
+        }
+    }
+    flags.retain(|(name, _)| name != "help" && name != "version");
+    assert!(flags.len() > 15, "parsed {flags:?} from:\n{help}");
+    flags
+}
+
+#[test]
+fn every_operator_flag_is_reachable_from_values() {
+    let value_sets: &[&[&str]] = &[
+        &[
+            "--set",
+            "capi.version=v1beta2",
+            "--set-json",
+            r#"autoDiscovery=["clusterapi:namespace=capi"]"#,
+            "--set",
+            "topology.workloadNodes=kubeconfig",
+            "--set",
+            "topology.managementKubeconfigSecret=management",
+            "--set",
+            "topology.workloadKubeconfigSecret=workload",
+        ],
+        &[
+            "--set",
+            "grpc.insecure=true",
+            "--set",
+            "replicas=1",
+            "--set",
+            "leaderElection.enabled=false",
+        ],
+    ];
+    let mut args = Vec::new();
+    let mut env = Vec::new();
+    for values in value_sets {
+        let docs = rbac::render_chart("ngo-system", values).unwrap();
+        let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        for arg in container["args"].as_array().unwrap() {
+            args.push(arg.as_str().unwrap().to_string());
+        }
+        for var in container["env"].as_array().unwrap() {
+            env.push(var["name"].as_str().unwrap().to_string());
+        }
+    }
+    let unreachable: Vec<String> = operator_flags()
+        .into_iter()
+        .filter(|(flag, var)| {
+            let as_flag = args
+                .iter()
+                .any(|a| a == &format!("--{flag}") || a.starts_with(&format!("--{flag}=")));
+            let as_env = var.as_ref().is_some_and(|v| env.contains(v));
+            !as_flag && !as_env
+        })
+        .map(|(flag, var)| format!("--{flag} ({})", var.unwrap_or_default()))
+        .collect();
+    assert!(
+        unreachable.is_empty(),
+        "flags no value renders: {unreachable:?}; args {args:?}, env {env:?}"
+    );
+}
+
+#[test]
+fn replicas_spread_across_nodes_and_zones() {
+    let docs = rbac::render_chart("ngo-system", &[]).unwrap();
+    let pod = &docs.iter().find(|d| d["kind"] == "Deployment").unwrap()["spec"]["template"];
+    let selector = json!({"app.kubernetes.io/name": "nodegroup-operator", "app.kubernetes.io/instance": "ngo"});
+    let preferred = &pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        [0];
+    assert_eq!(
+        preferred["podAffinityTerm"]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+    assert_eq!(
+        preferred["podAffinityTerm"]["labelSelector"]["matchLabels"],
+        selector
+    );
+    let spread = &pod["spec"]["topologySpreadConstraints"][0];
+    assert_eq!(spread["topologyKey"], "topology.kubernetes.io/zone");
+    assert_eq!(spread["labelSelector"]["matchLabels"], selector);
+    for (label, value) in selector.as_object().unwrap() {
+        assert_eq!(&pod["metadata"]["labels"][label], value);
+    }
+
+    let docs = rbac::render_chart("ngo-system", &["--set", "podAntiAffinity=hard"]).unwrap();
+    let pod = &docs.iter().find(|d| d["kind"] == "Deployment").unwrap()["spec"]["template"];
+    assert_eq!(
+        pod["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            [0]["labelSelector"]["matchLabels"],
+        selector
+    );
+}
+
+#[test]
+fn the_network_policy_admits_only_cluster_autoscaler_and_the_test_pod_to_grpc() {
+    let docs = rbac::render_chart(
+        "ngo-system",
+        &[
+            "--set",
+            "networkPolicy.enabled=true",
+            "--set-json",
+            r#"networkPolicy.autoscalerNamespaceLabels={"kubernetes.io/metadata.name":"kube-system"}"#,
+        ],
+    )
+    .unwrap();
+    let policy = docs.iter().find(|d| d["kind"] == "NetworkPolicy").unwrap();
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    let grpc = &policy["spec"]["ingress"][0];
+    assert_eq!(grpc["ports"], json!([{"port": "grpc", "protocol": "TCP"}]));
+    assert_eq!(
+        grpc["from"],
+        json!([
+            {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "externalgrpc-cluster-autoscaler"}},
+             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}},
+            {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "ngo", "app.kubernetes.io/component": "helm-test"}}}
+        ])
+    );
+    let admin = &policy["spec"]["ingress"][1];
+    assert_eq!(
+        admin["ports"],
+        json!([{"port": "admin", "protocol": "TCP"}])
+    );
+    // The test pod carries the labels the policy admits, and not the operator's selector (the
+    // Service must not route gRPC to it).
+    let test_pod = docs.iter().find(|d| d["kind"] == "Pod").unwrap();
+    assert_eq!(
+        test_pod["metadata"]["labels"]["app.kubernetes.io/component"],
+        "helm-test"
+    );
+    assert_ne!(
+        test_pod["metadata"]["labels"]["app.kubernetes.io/name"],
+        "nodegroup-operator"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metrics: alerts and the dashboard name only what the operator exports.
+
+/// The operator's exposition with a sample in every family (the encoder leaves out families
+/// without samples): one served group with a warning, one workload cluster, one RPC, one index
+/// update, one sweep.
+fn operator_exposition() -> support::promql::Exposition {
+    use nodegroup_operator::capi::ScalableKind;
+    use nodegroup_operator::index::{
+        ClusterKey, ConfigWarning, IndexInputs, NodeGroup, Source, WorkloadState, build_snapshot,
+    };
+    use nodegroup_operator::metrics::Metrics;
+    let metrics = Metrics::new();
+    metrics.observe_rpc("NodeGroups", Code::Ok, Duration::from_millis(1));
+    metrics.observe_index_update(false, Some(Duration::from_millis(1)));
+    metrics.set_leader(true);
+    metrics.observe_backend_call("cherryServers", "create", "ok");
+    metrics.set_backend_available("ns/pool", true);
+    metrics.observe_sweep(&nodegroup_operator::actuate::sweeper::SweepReport::default());
+    let mut snapshot = build_snapshot(&IndexInputs::default());
+    snapshot.workload.insert(
+        ClusterKey {
+            namespace: "ns".into(),
+            name: "c".into(),
+        },
+        WorkloadState::Synced,
+    );
+    let group = NodeGroup {
+        id: "MachineDeployment/ns/md".into(),
+        kind: ScalableKind::MachineDeployment,
+        namespace: "ns".into(),
+        name: "md".into(),
+        cluster: ClusterKey::default(),
+        uid: String::new(),
+        min: 1,
+        max: 5,
+        min_source: Source::Annotation,
+        max_source: Source::Annotation,
+        target: 2,
+        instances: Vec::new(),
+        registered: 0,
+        ready: 0,
+        options: Default::default(),
+        template: None,
+        provider_id_list: None,
+        policy: None,
+        pricing: None,
+        node_capacity: Default::default(),
+        warnings: vec![ConfigWarning {
+            field: "labels".into(),
+            message: "m".into(),
+        }],
+    };
+    snapshot
+        .groups
+        .insert(group.id.clone(), std::sync::Arc::new(group));
+    metrics.observe_snapshot(&snapshot, Duration::from_millis(1));
+    support::promql::Exposition::parse(&metrics.encode())
+}
+
+#[test]
+fn alerts_name_only_metrics_the_operator_exports() {
+    let exposition = operator_exposition();
+    let docs = rbac::render_chart(
+        "ngo-system",
+        &["--set", "metrics.prometheusRule.enabled=true"],
+    )
+    .unwrap();
+    let rule = docs.iter().find(|d| d["kind"] == "PrometheusRule").unwrap();
+    let mut alerts = Vec::new();
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for rule in group["rules"].as_array().unwrap() {
+            let name = rule["alert"].as_str().unwrap();
+            let expr = rule["expr"].as_str().unwrap();
+            let problems = exposition.problems(expr);
+            assert!(problems.is_empty(), "{name}: {expr}: {problems:?}");
+            assert!(
+                expr.contains(r#"job="nodegroup-operator",namespace="ngo-system""#),
+                "{name} selects the release's series: {expr}"
+            );
+            alerts.push(name.to_string());
+        }
+    }
+    for expected in [
+        "NodegroupOperatorNoLeader",
+        "NodegroupOperatorRpcErrors",
+        "NodegroupOperatorStrandedScaleDownMarks",
+        "NodegroupOperatorWorkloadClusterUnreachable",
+        "NodegroupOperatorBackendUnavailable",
+    ] {
+        assert!(
+            alerts.iter().any(|a| a == expected),
+            "{expected} in {alerts:?}"
+        );
+    }
+    // A typo is caught.
+    assert!(!exposition.problems("max(nodegroup_leaders)").is_empty());
+    assert!(
+        !exposition
+            .problems(
+                r#"sum by (methods) (rate(nodegroup_grpc_request_duration_seconds_count[5m]))"#
+            )
+            .is_empty()
+    );
+}
+
+#[test]
+fn the_dashboard_queries_name_only_metrics_the_operator_exports() {
+    let exposition = operator_exposition();
+    let docs =
+        rbac::render_chart("ngo-system", &["--set", "metrics.dashboard.enabled=true"]).unwrap();
+    let config_map = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "ConfigMap" && d["metadata"]["name"] == "nodegroup-operator-dashboard"
+        })
+        .unwrap();
+    assert_eq!(
+        config_map["metadata"]["labels"]["grafana_dashboard"], "1",
+        "the label Grafana's dashboards sidecar watches"
+    );
+    let dashboard: serde_json::Value = serde_json::from_str(
+        config_map["data"]["nodegroup-operator.json"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let queries = support::promql::dashboard_queries(&dashboard);
+    assert!(queries.len() >= 20, "{queries:?}");
+    for (place, query) in &queries {
+        let problems = exposition.problems(query);
+        assert!(problems.is_empty(), "{place}: {query}: {problems:?}");
+    }
+    let titles: Vec<&str> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["title"].as_str())
+        .collect();
+    for expected in [
+        "Target, registered and ready nodes per group",
+        "Scale-ups and scale-downs",
+        "Latency p99 by method",
+        "Error ratio by method",
+        "Mutating RPC outcomes",
+        "Index size",
+        "Index update time",
+        "Backend available per NodePool",
+    ] {
+        assert!(titles.contains(&expected), "{expected} in {titles:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// cluster-autoscaler's side: the upstream chart with the README's values.
+
+fn parse_docs(text: &str) -> Vec<serde_json::Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .filter(|v: &serde_json::Value| !v.is_null())
+        .collect()
+}
+
+#[test]
+fn the_readme_shows_the_cluster_autoscaler_values_the_tests_use() {
+    let values =
+        std::fs::read_to_string(repo_file("examples/cluster-autoscaler-values.yaml")).unwrap();
+    let readme = std::fs::read_to_string(repo_file("README.md")).unwrap();
+    assert!(
+        readme.contains(&format!("```yaml\n{values}```")),
+        "README.md must show examples/cluster-autoscaler-values.yaml verbatim in a yaml block"
+    );
+}
+
+#[test]
+fn the_upstream_cluster_autoscaler_chart_with_the_readme_values_reaches_the_operator() {
+    let values = repo_file("examples/cluster-autoscaler-values.yaml");
+    let ca_chart = upstream_ca_chart();
+    let (ok, out, err) = helm(&[
+        "template",
+        "cluster-autoscaler",
+        ca_chart.to_str().unwrap(),
+        "-n",
+        "ngo-system",
+        "-f",
+        values.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let ca_docs = parse_docs(&out);
+    let deployment = ca_docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("the upstream chart renders its Deployment with these values");
+    let pod = &deployment["spec"]["template"];
+    let container = &pod["spec"]["containers"][0];
+    let command: Vec<&str> = container["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        command.contains(&"--cloud-provider=externalgrpc"),
+        "{command:?}"
+    );
+    assert!(
+        command.contains(&"--cloud-config=/etc/cluster-autoscaler/cloud-config"),
+        "{command:?}"
+    );
+    assert!(
+        container["image"].as_str().unwrap().ends_with(":v1.36.1"),
+        "{}",
+        container["image"]
+    );
+    let mount = |volume: &str| {
+        container["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == volume)
+            .unwrap_or_else(|| panic!("no mount {volume}: {}", container["volumeMounts"]))["mountPath"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let secret_of = |volume: &str| {
+        pod["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == volume)
+            .unwrap_or_else(|| panic!("no volume {volume}"))["secret"]["secretName"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(mount("cloud-config"), "/etc/cluster-autoscaler");
+    let client_dir = mount("client-cert");
+
+    // The operator's chart renders the Secrets those volumes name, with paths that match.
+    for operator_values in [&[][..], &["--set", "grpc.certManager.enabled=true"][..]] {
+        let docs = rbac::render_chart("ngo-system", operator_values).unwrap();
+        let cloud_config = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == "Secret" && d["metadata"]["name"] == secret_of("cloud-config").as_str()
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "the operator's chart renders Secret {}",
+                    secret_of("cloud-config")
+                )
+            });
+        let text = cloud_config["stringData"]["cloud-config"].as_str().unwrap();
+        let config = nodegroup_operator::probe::CloudConfig::parse(text).unwrap();
+        assert_eq!(config.address, "nodegroup-operator.ngo-system.svc:8086");
+        assert_eq!(config.grpc_timeout, Duration::from_secs(10));
+        for (file, path) in [
+            ("tls.crt", &config.cert),
+            ("tls.key", &config.key),
+            ("ca.crt", &config.cacert),
+        ] {
+            assert_eq!(
+                path.as_deref(),
+                Some(PathBuf::from(&client_dir).join(file).as_path()),
+                "{text}"
+            );
+        }
+        // The Service the address names, on that port.
+        let service = docs.iter().find(|d| d["kind"] == "Service").unwrap();
+        assert_eq!(service["metadata"]["name"], "nodegroup-operator");
+        assert_eq!(service["spec"]["ports"][0]["port"], 8086);
+        // The client certificate Secret is the one cert-manager fills.
+        if operator_values.contains(&"grpc.certManager.enabled=true") {
+            let certificate = docs
+                .iter()
+                .find(|d| {
+                    d["kind"] == "Certificate"
+                        && d["spec"]["secretName"] == secret_of("client-cert").as_str()
+                })
+                .expect("a client Certificate for the Secret cluster-autoscaler mounts");
+            assert_eq!(certificate["spec"]["usages"], json!(["client auth"]));
+            let server = docs
+                .iter()
+                .find(|d| {
+                    d["kind"] == "Certificate"
+                        && d["metadata"]["name"] == "nodegroup-operator-grpc-server"
+                })
+                .unwrap();
+            assert!(
+                server["spec"]["dnsNames"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!("nodegroup-operator.ngo-system.svc")),
+                "the address's host is a SAN of the serving certificate"
+            );
+        }
+        // `helm test` mounts the same Secrets at the same paths.
+        let test_pod = docs.iter().find(|d| d["kind"] == "Pod").unwrap();
+        let mounts = &test_pod["spec"]["containers"][0]["volumeMounts"];
+        assert_eq!(
+            mounts,
+            &json!([
+                {"name": "cloud-config", "mountPath": "/etc/cluster-autoscaler", "readOnly": true},
+                {"name": "client-cert", "mountPath": client_dir, "readOnly": true}
+            ])
+        );
+        assert_eq!(
+            test_pod["spec"]["volumes"],
+            json!([
+                {"name": "cloud-config", "secret": {"secretName": secret_of("cloud-config")}},
+                {"name": "client-cert", "secret": {"secretName": secret_of("client-cert")}}
+            ])
+        );
+        assert_eq!(
+            test_pod["spec"]["containers"][0]["args"],
+            json!([
+                "probe",
+                "--cloud-config=/etc/cluster-autoscaler/cloud-config"
+            ])
+        );
+    }
+
+    // The NetworkPolicy's default admits these pods.
+    let docs = rbac::render_chart("ngo-system", &["--set", "networkPolicy.enabled=true"]).unwrap();
+    let policy = docs.iter().find(|d| d["kind"] == "NetworkPolicy").unwrap();
+    let admitted = policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+        .as_object()
+        .unwrap();
+    for (label, value) in admitted {
+        assert_eq!(
+            &pod["metadata"]["labels"][label], value,
+            "cluster-autoscaler's pod label {label}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RBAC: exactly what the operator's code uses, per topology.
+
+/// The operator's API access, from its code: `(group, resource, verbs)`, for a topology.
+/// Each line names where the access happens; a rule the chart renders beyond these, or one it
+/// lacks, fails `rendered_rbac_is_exactly_the_operators_access_in_each_topology`.
+fn operator_access(
+    workload_nodes: &str,
+    client_identity: &str,
+) -> Vec<(&'static str, &'static str, &'static [&'static str])> {
+    const CAPI: &str = "cluster.x-k8s.io";
+    const OURS: &str = "autoscaling.nodegroup.dev";
+    let mut access: Vec<(&str, &str, &[&str])> = vec![
+        // runtime/watches.rs (reflectors); actuate/capi/replicas.rs (replicas + ledger patch)
+        (
+            CAPI,
+            "machinedeployments",
+            &["get", "list", "watch", "patch"],
+        ),
+        (CAPI, "machinesets", &["get", "list", "watch", "patch"]),
+        (CAPI, "machinepools", &["get", "list", "watch", "patch"]),
+        // actuate/capi/replicas.rs: read and compare-and-swap of /scale
+        (CAPI, "machinedeployments/scale", &["get", "update"]),
+        (CAPI, "machinesets/scale", &["get", "update"]),
+        (CAPI, "machinepools/scale", &["get", "update"]),
+        // runtime/watches.rs; actuate/capi/marks.rs (delete-machine marks)
+        (CAPI, "machines", &["get", "list", "watch", "patch"]),
+        // runtime/watches.rs; status/writer.rs (server-side apply of status)
+        (OURS, "nodegrouppolicies", &["get", "list", "watch"]),
+        (OURS, "nodegrouppolicies/status", &["patch"]),
+        (OURS, "nodepools", &["get", "list", "watch", "patch"]),
+        // actuate/capi/replicas.rs: NodePools scale through /scale as well
+        (OURS, "nodepools/scale", &["get", "update"]),
+        (OURS, "nodepools/status", &["patch"]),
+        // events.rs
+        ("events.k8s.io", "events", &["create", "patch"]),
+        // runtime/watches.rs: infrastructure templates for scale from zero (values list them)
+        (
+            "infrastructure.cluster.x-k8s.io",
+            "awsmachinetemplates",
+            &["get", "list", "watch"],
+        ),
+        (
+            "infrastructure.cluster.x-k8s.io",
+            "azuremachinetemplates",
+            &["get", "list", "watch"],
+        ),
+        (
+            "infrastructure.cluster.x-k8s.io",
+            "dockermachinetemplates",
+            &["get", "list", "watch"],
+        ),
+        (
+            "infrastructure.cluster.x-k8s.io",
+            "gcpmachinetemplates",
+            &["get", "list", "watch"],
+        ),
+        (
+            "infrastructure.cluster.x-k8s.io",
+            "openstackmachinetemplates",
+            &["get", "list", "watch"],
+        ),
+        (
+            "infrastructure.cluster.x-k8s.io",
+            "vspheremachinetemplates",
+            &["get", "list", "watch"],
+        ),
+    ];
+    if workload_nodes != "cluster-secrets" {
+        // runtime/watches.rs: Nodes of this cluster (or of the cluster the operator runs in)
+        access.push(("", "nodes", &["get", "list", "watch"]));
+    }
+    if client_identity != "off" || workload_nodes == "cluster-secrets" {
+        // runtime/watches.rs: Clusters (identities name them; workload connections follow them)
+        access.push((CAPI, "clusters", &["get", "list", "watch"]));
+    }
+    if workload_nodes == "cluster-secrets" {
+        // runtime/workload.rs: `<cluster>-kubeconfig` Secrets, read by name
+        access.push(("", "secrets", &["get"]));
+    }
+    access
+}
+
+/// Where the operator's code uses namespaced access outside the rules above, by Role:
+/// `(role, namespace, resource, verbs)`.
+fn operator_namespaced_access(
+    workload_nodes: &str,
+) -> Vec<(
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+)> {
+    let mut access: Vec<(&str, &str, &str, &[&str])> = vec![
+        // runtime/leader.rs
+        (
+            "nodegroup-operator-leader-election",
+            "ngo-system",
+            "leases",
+            &["get", "create", "update"],
+        ),
+        // nodepool/controller.rs: a NodePool's credentials Secret, by name
+        (
+            "nodegroup-operator-nodepool-credentials",
+            "ngo-system",
+            "secrets",
+            &["get"],
+        ),
+    ];
+    if workload_nodes != "cluster-secrets" {
+        // nodepool/bootstrap.rs: kubeadm bootstrap tokens where the Nodes join
+        access.push((
+            "nodegroup-operator-bootstrap-tokens",
+            "kube-system",
+            "secrets",
+            &["create", "list", "delete"],
+        ));
+    }
+    access
+}
+
+#[test]
+fn rendered_rbac_is_exactly_the_operators_access_in_each_topology() {
+    use std::collections::BTreeSet;
+    for (workload_nodes, client_identity) in [
+        ("same-cluster", "off"),
+        ("same-cluster", "common-name"),
+        ("cluster-secrets", "uri-san"),
+        ("kubeconfig", "off"),
+    ] {
+        let docs = rbac::render_chart(
+            "ngo-system",
+            &[
+                "--set",
+                &format!("topology.workloadNodes={workload_nodes}"),
+                "--set",
+                &format!("topology.clientIdentity={client_identity}"),
+                "--set",
+                "topology.managementKubeconfigSecret=management",
+            ],
+        )
+        .unwrap();
+        let rendered: BTreeSet<(String, String, String)> = grants(&docs)
+            .into_iter()
+            .map(|(_, g, r, v)| (g, r, v))
+            .collect();
+        let expected: BTreeSet<(String, String, String)> =
+            operator_access(workload_nodes, client_identity)
+                .into_iter()
+                .chain(operator_namespaced_access(workload_nodes).into_iter().map(
+                    |(_, _, resource, verbs)| {
+                        let group = if resource == "leases" {
+                            "coordination.k8s.io"
+                        } else {
+                            ""
+                        };
+                        (group, resource, verbs)
+                    },
+                ))
+                .flat_map(|(g, r, verbs)| {
+                    verbs
+                        .iter()
+                        .map(move |v| (g.to_string(), r.to_string(), v.to_string()))
+                })
+                .collect();
+        let extra: Vec<_> = rendered.difference(&expected).collect();
+        let missing: Vec<_> = expected.difference(&rendered).collect();
+        assert!(
+            extra.is_empty() && missing.is_empty(),
+            "{workload_nodes}/{client_identity}: granted beyond the operator's access: {extra:?}; missing: {missing:?}"
+        );
+        // Each Role is one of those, in its namespace, with exactly those rules.
+        let roles: BTreeSet<(String, String, String)> = docs
+            .iter()
+            .filter(|d| d["kind"] == "Role")
+            .map(|d| {
+                (
+                    d["metadata"]["name"].as_str().unwrap().to_string(),
+                    d["metadata"]["namespace"].as_str().unwrap().to_string(),
+                    d["rules"].to_string(),
+                )
+            })
+            .collect();
+        let expected_roles: BTreeSet<(String, String, String)> =
+            operator_namespaced_access(workload_nodes)
+                .into_iter()
+                .map(|(name, namespace, resource, verbs)| {
+                    let group = if resource == "leases" {
+                        "coordination.k8s.io"
+                    } else {
+                        ""
+                    };
+                    (
+                        name.to_string(),
+                        namespace.to_string(),
+                        json!([{"apiGroups": [group], "resources": [resource], "verbs": verbs}])
+                            .to_string(),
+                    )
+                })
+                .collect();
+        assert_eq!(roles, expected_roles, "{workload_nodes}/{client_identity}");
+    }
+}
+
+#[test]
+fn notes_say_what_to_check_next() {
+    let chart = chart_dir();
+    let notes = |args: &[&str]| {
+        let mut all = vec![
+            "install",
+            "ngo",
+            chart.to_str().unwrap(),
+            "-n",
+            "kube-system",
+            "--dry-run=client",
+        ];
+        all.extend_from_slice(args);
+        let (ok, out, err) = helm(&all);
+        assert!(ok, "{err}");
+        out[out.find("NOTES:").expect("NOTES rendered")..].to_string()
+    };
+    let defaults = notes(&[]);
+    for expected in [
+        "kubectl -n kube-system rollout status deployment/nodegroup-operator",
+        "kubectl -n kube-system get secret nodegroup-operator-grpc-tls nodegroup-operator-client-cluster-autoscaler",
+        "helm test ngo -n kube-system",
+        "kubectl get nodegrouppolicies,nodepools -A -o wide",
+        "cloud-config: {name: nodegroup-operator-autoscaler-cloud-config, mountPath: /etc/cluster-autoscaler}",
+    ] {
+        assert!(defaults.contains(expected), "{expected:?} in:\n{defaults}");
+    }
+    let cert_manager = notes(&["--set", "grpc.certManager.enabled=true"]);
+    assert!(
+        cert_manager
+            .contains("kubectl -n kube-system get certificates -l app.kubernetes.io/instance=ngo"),
+        "{cert_manager}"
+    );
+    let insecure = notes(&[
+        "--set",
+        "grpc.insecure=true",
+        "--set",
+        "replicas=1",
+        "--set",
+        "leaderElection.enabled=false",
+    ]);
+    assert!(
+        insecure.contains("WARNING: gRPC is served WITHOUT TLS"),
+        "{insecure}"
+    );
+    assert!(!insecure.contains("client-cert:"), "{insecure}");
+}

@@ -48,6 +48,18 @@ async fn one_replica_leads_and_another_takes_over_when_it_stops() {
     } else {
         (second, first)
     };
+    // `nodegroup_leader` (the chart's no-leader alert) says the same.
+    let leader_gauge = |running: &nodegroup_operator::runtime::Running| {
+        let address = running.admin_address;
+        async move {
+            let (_, text) = http_get(address, "/metrics").await;
+            text.lines()
+                .find_map(|l| l.strip_prefix("nodegroup_leader "))
+                .map(String::from)
+        }
+    };
+    assert_eq!(leader_gauge(&leader).await.as_deref(), Some("1"));
+    assert_eq!(leader_gauge(&follower).await.as_deref(), Some("0"));
     ns.policy_status("p", |s| s.group_count == 1).await;
     // A graceful stop releases the lease; the follower takes over well within the lease time.
     let stopped = std::time::Instant::now();
@@ -61,6 +73,11 @@ async fn one_replica_leads_and_another_takes_over_when_it_stops() {
         "leadership moved {:?} after the leader stopped",
         stopped.elapsed()
     );
+    eventually("the new leader's gauge", Duration::from_secs(5), || {
+        let gauge = leader_gauge(&follower);
+        async move { (gauge.await.as_deref() == Some("1")).then_some(()) }
+    })
+    .await;
     // The new leader writes status: change the policy and watch the status follow.
     policies_api(&ns)
         .patch(

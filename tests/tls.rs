@@ -342,3 +342,109 @@ async fn failing_accepts_back_off_instead_of_spinning() {
     shutdown.cancel();
     e.shutdown.cancel();
 }
+
+/// `nodegroup-operator probe` (the chart's `helm test`): its answer and exit code. Async: the
+/// operator under test runs on this test's runtime.
+async fn probe(args: &[&str]) -> (bool, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodegroup-operator"))
+        .arg("probe")
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[tokio::test]
+async fn the_probe_lists_groups_as_cluster_autoscaler_would_and_says_why_it_cannot() {
+    let ns = TestNs::new("probe").await;
+    ns.machine_deployment("md", 1, bounds(0, 3)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = CertificateAuthority::new("ngo-test-ca").unwrap();
+    let server = ca
+        .issue("nodegroup-operator", &["127.0.0.1", "localhost"], None)
+        .unwrap();
+    let files = write_set(dir.path(), &server, &ca);
+    let (operator, _) = ns
+        .operator_with(shared().operator_kubeconfig.clone(), Some(files))
+        .await;
+    let port = operator.grpc_address.port();
+    let (cert, key) = ca
+        .issue_client("cluster-autoscaler", &[])
+        .unwrap()
+        .write(dir.path(), "client")
+        .unwrap();
+    let cacert = dir.path().join("ca.crt");
+    ca.write_cert(&cacert).unwrap();
+    let cloud_config = dir.path().join("cloud-config");
+    std::fs::write(
+        &cloud_config,
+        format!(
+            "address: localhost:{port}\ncert: {}\nkey: {}\ncacert: {}\ngrpc_timeout: 5s\n",
+            cert.display(),
+            key.display(),
+            cacert.display()
+        ),
+    )
+    .unwrap();
+    let cloud_config = cloud_config.to_str().unwrap();
+    let id = format!("MachineDeployment/{}/md", ns.name);
+    let listed = eventually("the probe lists the group", Duration::from_secs(20), || {
+        let id = id.clone();
+        async move {
+            let (ok, out) = probe(&["--cloud-config", cloud_config]).await;
+            (ok && out.contains(&id)).then_some(out)
+        }
+    })
+    .await;
+    assert_eq!(
+        listed,
+        format!(
+            "NodeGroups on localhost:{port} (mTLS): 1 node group(s)\n  MachineDeployment/{}/md min=0 max=3\n",
+            ns.name
+        )
+    );
+
+    // A CA that did not sign the serving certificate: the handshake fails, named as such.
+    let foreign = CertificateAuthority::new("foreign").unwrap();
+    let foreign_ca = dir.path().join("foreign.crt");
+    foreign.write_cert(&foreign_ca).unwrap();
+    let (ok, out) = probe(&[
+        "--address",
+        &format!("localhost:{port}"),
+        "--cert",
+        cert.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+        "--cacert",
+        foreign_ca.to_str().unwrap(),
+    ])
+    .await;
+    assert!(!ok);
+    assert!(
+        out.contains(&format!("connecting to localhost:{port}")),
+        "{out}"
+    );
+    // Without `cert` the probe speaks plaintext, as cluster-autoscaler does; the mTLS port
+    // refuses it.
+    let (ok, out) = probe(&[
+        "--address",
+        &format!("localhost:{port}"),
+        "--grpc-timeout",
+        "2s",
+    ])
+    .await;
+    assert!(!ok, "{out}");
+    assert!(out.contains(&format!("localhost:{port}")), "{out}");
+    let (ok, out) = probe(&["--cloud-config", "/nonexistent/cloud-config"]).await;
+    assert!(!ok);
+    assert!(out.contains("reading /nonexistent/cloud-config"), "{out}");
+    operator.shutdown().await.unwrap();
+}

@@ -17,6 +17,7 @@ pub mod demo;
 pub mod environment;
 pub mod infra_provider;
 pub mod kwok;
+pub mod localpod;
 pub mod operator;
 pub mod pki;
 pub mod process;

@@ -77,6 +77,20 @@ const DURATION_PATTERN: &str = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$"
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Registered",
+        type_ = "integer",
+        description = "Servers whose Node is registered",
+        json_path = ".status.registeredReplicas",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Message",
+        type_ = "string",
+        description = "Ready condition message: why the pool is not served or not converging",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].message",
+        priority = 1
     )
 )]
 #[x_kube(validation = Rule::new("!has(self.minSize) || !has(self.maxSize) || self.minSize <= self.maxSize").message("minSize must not be greater than maxSize"))]

@@ -63,6 +63,27 @@ const DURATION_PATTERN: &str = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$"
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Registered",
+        type_ = "integer",
+        description = "Registered nodes",
+        json_path = ".status.registeredNodes",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Excluded",
+        type_ = "integer",
+        description = "Selected resources that are not served",
+        json_path = ".status.excludedResources",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Message",
+        type_ = "string",
+        description = "What is served, and why a resource is not",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].message",
+        priority = 1
     )
 )]
 #[x_kube(validation = Rule::new("!has(self.minSize) || !has(self.maxSize) || self.minSize <= self.maxSize").message("minSize must not be greater than maxSize"))]
@@ -283,6 +304,13 @@ pub struct NodeGroupPolicyStatus {
     /// Sum of ready nodes.
     #[serde(default)]
     pub ready_nodes: i32,
+    /// Sum of registered nodes.
+    #[serde(default)]
+    pub registered_nodes: i32,
+    /// Selected resources with autoscaler configuration that are not served (each has a
+    /// `problem` in `groups`).
+    #[serde(default)]
+    pub excluded_resources: i32,
     /// One entry per governed group.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupStatus>,

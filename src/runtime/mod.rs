@@ -236,6 +236,26 @@ async fn drain_mutations(mutations: tokio_util::task::TaskTracker) {
     mutations.wait().await;
 }
 
+/// Keeps the `nodegroup_leader` gauge equal to this replica's leadership until `shutdown`
+/// (or until the election ends and drops its sender).
+async fn publish_leadership(
+    mut leading: tokio::sync::watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    loop {
+        metrics.set_leader(*leading.borrow_and_update());
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            changed = leading.changed() => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
 /// Starts everything and returns once the listeners are bound.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
     let client = client(&config).await?;
@@ -330,6 +350,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             });
         }
     }
+    tasks.spawn(publish_leadership(
+        leading.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
     tasks.spawn(exclusions::report(
         snapshots.clone(),
         resources.clone(),

@@ -129,12 +129,24 @@ pub fn compute(
             reason: "ScaleUpFailed".into(),
             message: failures.join("; "),
         }
-    } else {
+    } else if report.excluded.is_empty() {
         DesiredCondition {
             type_: READY,
             status: true,
             reason: "GroupsServed".into(),
             message: format!("serving {served} node group(s)"),
+        }
+    } else {
+        // Served groups keep the policy Ready; the ones left out are named here so that
+        // `kubectl get ngp -o wide` says why without reading status.groups.
+        DesiredCondition {
+            type_: READY,
+            status: true,
+            reason: "GroupsServed".into(),
+            message: format!(
+                "serving {served} node group(s); not served: {}",
+                list_pairs(&report.excluded)
+            ),
         }
     };
     let conflict = if report.conflicts.is_empty() {
@@ -213,6 +225,8 @@ pub fn compute(
         group_count: served as i32,
         target_nodes: groups.iter().map(|g| g.target).sum(),
         ready_nodes: groups.iter().map(|g| g.ready).sum(),
+        registered_nodes: groups.iter().map(|g| g.registered).sum(),
+        excluded_resources: report.excluded.len() as i32,
         groups,
     }
 }

@@ -81,8 +81,14 @@ fn served_groups_make_the_policy_ready_with_effective_values_and_sources() {
     );
     assert_eq!(status.observed_generation, Some(3));
     assert_eq!(
-        (status.group_count, status.target_nodes, status.ready_nodes),
-        (1, 3, 2)
+        (
+            status.group_count,
+            status.target_nodes,
+            status.registered_nodes,
+            status.ready_nodes,
+            status.excluded_resources
+        ),
+        (1, 3, 3, 2, 0)
     );
     let g = &status.groups[0];
     assert_eq!(
@@ -183,11 +189,14 @@ fn invalid_resources_are_listed_with_their_problem() {
         status.groups[1].problem.as_deref(),
         Some("annotation x: must be an integer")
     );
+    let ready = condition(&status, READY);
+    assert_eq!(ready.status, "True", "other groups keep being served");
     assert_eq!(
-        condition(&status, READY).status,
-        "True",
-        "other groups keep being served"
+        ready.message,
+        "serving 1 node group(s); not served: MachineDeployment/ns/bad: annotation x: must be an integer",
+        "kubectl get ngp -o wide shows why, without reading status.groups"
     );
+    assert_eq!(status.excluded_resources, 1);
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! runs as the Helm chart's ServiceAccount, bound only to the chart's RBAC ([`rbac`]).
 #![allow(dead_code)]
 
+pub mod promql;
 pub mod rbac;
 
 use std::collections::BTreeMap;
@@ -687,4 +688,25 @@ pub async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (code, body)
+}
+
+/// The upstream cluster-autoscaler chart, from the CA source tree `tests/upstream/build.sh`
+/// extracts from ../shared/upstream (`ca-source`).
+pub fn upstream_ca_chart() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let versions = std::fs::read_to_string(root.join("tests/upstream/versions.env"))
+        .expect("tests/upstream/versions.env");
+    let version = versions
+        .lines()
+        .find_map(|l| l.strip_prefix("CA_VERSION="))
+        .expect("CA_VERSION in versions.env");
+    let chart = sandbox::upstream_dir().join(format!(
+        "work/cluster-autoscaler-{version}/charts/cluster-autoscaler"
+    ));
+    assert!(
+        chart.join("Chart.yaml").exists(),
+        "{} is missing: tests/upstream/build.sh ca-source",
+        chart.display()
+    );
+    chart
 }

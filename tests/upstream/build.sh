@@ -6,6 +6,8 @@
 #   tests/upstream/build.sh etcd kube       # just these
 #   tests/upstream/build.sh cluster-autoscaler example-server   # from ../shared/upstream tarballs
 #   tests/upstream/build.sh conformance     # nodegroup-conformance (imports CA's externalgrpc client)
+#   tests/upstream/build.sh ca-source       # only extract CA's source (its Helm chart, for tests/chart.rs)
+#   tests/upstream/build.sh ecosystem-crds  # prometheus-operator and cert-manager CRDs (tests/helm.rs)
 #   tests/upstream/build.sh --layout        # print the fixed paths only
 #
 # Output (fixed paths, symlinks into the versioned dirs):
@@ -14,6 +16,7 @@
 #                        nodegroup-conformance}
 #   target/upstream/capi-crds/*.yaml     Cluster API core CRDs
 #   target/upstream/kwok-stages/*.yaml   kwok Stage YAMLs (default.yaml = the kwokctl default set)
+#   target/upstream/ecosystem-crds/*.yaml ServiceMonitor, PrometheusRule, Certificate, Issuer CRDs
 # Versioned: target/upstream/<component>-<version>/bin/...; scratch: target/upstream/work/.
 #
 # cluster-autoscaler is not served by the Go module proxy: its source comes from the tarballs in
@@ -40,7 +43,7 @@ export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=fa
 # committed go.sum pins the hash and no checksum-database lookup happens.
 export GONOSUMDB=${GONOSUMDB:-k8s.io/kubernetes}
 
-ALL=(etcd kube capi kwok helm cluster-autoscaler example-server conformance)
+ALL=(etcd kube capi kwok helm ca-source ecosystem-crds cluster-autoscaler example-server conformance)
 
 KEY_etcd=etcd-v$ETCD_VERSION
 KEY_kube=kube-v$KUBERNETES_VERSION
@@ -49,6 +52,7 @@ KEY_ca=cluster-autoscaler-$CA_VERSION-${CA_COMMIT:0:12}
 KEY_example=externalgrpc-example-server-$EXAMPLE_CA_VERSION-${EXAMPLE_CA_COMMIT:0:12}
 KEY_kwok=kwok-v$KWOK_VERSION
 KEY_helm=helm-v$HELM_VERSION
+KEY_ecosystem=ecosystem-crds-po$PROMETHEUS_OPERATOR_VERSION-cm$CERT_MANAGER_VERSION
 # conformance-<hash of tests/upstream/conformance/{*.go,go.mod,go.sum}>: any source change gives a
 # new key and so a rebuild (go's build cache keeps that quick).
 conformance_hash() {
@@ -226,6 +230,30 @@ ca_source() {
   printf '%s\n' "$dir"
 }
 
+# CA's source tree alone: tests render its charts/cluster-autoscaler with the real helm. The
+# binary build extracts it too, but a cached binary does not bring the tree back.
+build_ca_source() {
+  ca_source "$CA_VERSION" >/dev/null
+}
+
+# The CRDs of the objects the chart renders for other projects' controllers (ServiceMonitor,
+# PrometheusRule, cert-manager Certificate/Issuer/ClusterIssuer), copied from those projects'
+# Go modules; nothing is built.
+build_ecosystem_crds() {
+  local key=$KEY_ecosystem dir
+  if [ ! -f "$OUT/$key/.complete" ]; then
+    rm -rf "$OUT/$key.tmp"; mkdir -p "$OUT/$key.tmp"
+    dir=$(moddir "github.com/prometheus-operator/prometheus-operator@v$PROMETHEUS_OPERATOR_VERSION")
+    cp "$dir"/example/prometheus-operator-crd/monitoring.coreos.com_{servicemonitors,prometheusrules}.yaml "$OUT/$key.tmp/"
+    dir=$(moddir "github.com/cert-manager/cert-manager@v$CERT_MANAGER_VERSION")
+    cp "$dir"/deploy/crds/cert-manager.io_{certificates,issuers,clusterissuers}.yaml "$OUT/$key.tmp/"
+    chmod u+w "$OUT/$key.tmp/"*.yaml
+    touch "$OUT/$key.tmp/.complete"
+    finish "$key"
+  fi
+  ln -sfn "$key" "$OUT/ecosystem-crds"
+}
+
 # cluster-autoscaler with the externalgrpc (ours) and clusterapi (in-tree, for side-by-side
 # comparisons) providers. Always pass --cloud-provider: with two tags the default is ambiguous.
 build_ca() {
@@ -332,7 +360,7 @@ build_conformance() {
 layout() {
   echo "upstream layout ($OUT):"
   local f
-  for f in "$OUT"/bin/* "$OUT/capi-crds" "$OUT/kwok-stages"; do
+  for f in "$OUT"/bin/* "$OUT/capi-crds" "$OUT/kwok-stages" "$OUT/ecosystem-crds"; do
     [ -e "$f" ] || [ -L "$f" ] || continue
     if [ -e "$f" ]; then printf '  %-40s -> %s\n' "${f#"$ROOT"/}" "$(readlink "$f")"
     else printf '  %-40s -> %s (MISSING)\n' "${f#"$ROOT"/}" "$(readlink "$f")"; fi
@@ -354,6 +382,8 @@ for c in "${comps[@]}"; do
     kube) fn=build_kube key=$KEY_kube ;;
     capi) fn=build_capi key=$KEY_capi ;;
     cluster-autoscaler|ca) fn=build_ca key=$KEY_ca ;;
+    ca-source) fn=build_ca_source key=work/cluster-autoscaler-$CA_VERSION ;;
+    ecosystem-crds) fn=build_ecosystem_crds key=$KEY_ecosystem ;;
     example-server) fn=build_example key=$KEY_example ;;
     kwok) fn=build_kwok key=$KEY_kwok ;;
     helm) fn=build_helm key=$KEY_helm ;;
