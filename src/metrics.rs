@@ -43,11 +43,18 @@ pub struct Metrics {
     excluded: Gauge,
     config_warnings: Family<WarningLabels, Gauge>,
     snapshot_build: Histogram,
+    index_update_latency: Family<PassLabels, Histogram>,
     marks_completed: OutcomeCounter,
     marks_rolled_back: OutcomeCounter,
     marks_unresolved: Gauge,
     workload_reachable: Family<ClusterLabels, Gauge>,
     registry: Registry,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PassLabels {
+    /// `full` (every group recomputed) or `incremental`.
+    pass: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -103,8 +110,18 @@ impl Metrics {
             Histogram::new([0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0]);
         registry.register(
             "snapshot_build_seconds",
-            "Time to rebuild the node-group index from the caches",
+            "Time to update the node-group index from the caches (incremental or full)",
             snapshot_build.clone(),
+        );
+        let index_update_latency = Family::<PassLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([
+                0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+            ])
+        });
+        registry.register(
+            "index_update_latency_seconds",
+            "From a watch event to the index update that serves it, by pass (full or incremental)",
+            index_update_latency.clone(),
         );
         let marks_completed = OutcomeCounter::default();
         registry.register(
@@ -138,6 +155,7 @@ impl Metrics {
             excluded,
             config_warnings,
             snapshot_build,
+            index_update_latency,
             marks_completed,
             marks_rolled_back,
             marks_unresolved,
@@ -153,6 +171,16 @@ impl Metrics {
                 code: format!("{code:?}"),
             })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records how long the changes an index update applied waited to be served.
+    pub fn observe_index_update(&self, full: bool, latency: Option<Duration>) {
+        if let Some(latency) = latency {
+            let pass = if full { "full" } else { "incremental" };
+            self.index_update_latency
+                .get_or_create(&PassLabels { pass: pass.into() })
+                .observe(latency.as_secs_f64());
+        }
     }
 
     /// Records a snapshot rebuild and refreshes the per-group gauges.

@@ -44,19 +44,21 @@ fn chart_renders_and_grants_no_wildcards() {
             }
         }
     }
-    let crd = docs
+    let crds: Vec<&serde_json::Value> = docs
         .iter()
-        .find(|d| d["kind"] == "CustomResourceDefinition")
-        .unwrap();
-    let checked_in: serde_json::Value = serde_yaml::from_str(
-        &std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crds/nodegroup-operator.yaml"),
-        )
-        .unwrap(),
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+        .collect();
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crds/nodegroup-operator.yaml"),
     )
     .unwrap();
+    let checked_in: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .collect();
+    assert_eq!(checked_in.len(), 2, "NodeGroupPolicy and NodePool");
     assert_eq!(
-        crd, &checked_in,
+        crds,
+        checked_in.iter().collect::<Vec<_>>(),
         "charts/nodegroup-operator/crds is stale: copy crds/nodegroup-operator.yaml"
     );
 }

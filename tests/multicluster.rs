@@ -6,7 +6,7 @@
 //! names its Cluster.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 const POOL: &str = "e2e.nodegroup.dev/pool";
 const WAIT: Duration = Duration::from_secs(120);
 /// The second test stops a workload API server: tests run one at a time.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn sandbox() -> &'static SandboxInfo {
     static SANDBOX: OnceLock<SandboxInfo> = OnceLock::new();
@@ -240,7 +240,7 @@ async fn nodes_in(client: &Client, prefix: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_autoscaler_sees_and_scales_only_its_own_cluster() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut w = World::new("scope", 1, 2).await;
     let (id_a, id_b) = (World::id(&w.a), World::id(&w.b));
     let nodes_a = w.a.nodes_client().await.expect("a");
@@ -471,7 +471,7 @@ async fn scoped_calls(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_workload_cluster_affects_only_its_own_groups() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut w = World::new("outage", 1, 1).await;
     let nodes_a = w.a.nodes_client().await.expect("a");
     w.start_autoscaler('a');

@@ -1,21 +1,19 @@
 //! Builds a [`Snapshot`] from plain views of the cached objects. Pure and deterministic.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 
 use super::model::{
-    ClusterKey, ConfigWarning, Exclusion, ExclusionReason, IndexCounts, Instance, InstanceError,
-    InstanceState, MachineEntry, NodeGroup, PolicyReport, ProviderIdOwner, Snapshot, Source,
-    TemplateInputs, WorkloadState,
+    ClusterKey, ConfigWarning, ExclusionReason, Instance, InstanceError, InstanceState, NodeGroup,
+    Snapshot, Source, TemplateInputs, WorkloadState,
 };
 use super::policy::PolicyRules;
+use super::state::IndexState;
 use crate::capi::CapiKeys;
 use crate::capi::annotations::{self, CapacityHints};
 use crate::capi::autodiscovery::{DiscoveryFilter, DiscoveryTarget};
 use crate::capi::keys::PAUSED_ANNOTATION;
 use crate::capi::objects::{InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource};
 use crate::capi::providerid::{self, SyntheticKind};
-use crate::capi::scale_down;
 use crate::template;
 
 /// The parts of a Node the index uses.
@@ -93,50 +91,17 @@ pub struct IndexInputs {
     pub workload: Option<BTreeMap<ClusterKey, WorkloadState>>,
 }
 
-/// Nodes by name and by normalized provider ID. Each remembers the workload cluster it came
-/// from: a machine's Node is looked for in its own cluster first, then among Nodes read from
-/// a view shared by every cluster.
-struct NodeLookup<'a> {
-    by_name: HashMap<&'a str, Vec<&'a NodeView>>,
-    by_pid: HashMap<&'a str, Vec<&'a NodeView>>,
-}
-
-impl<'a> NodeLookup<'a> {
-    fn new(nodes: &'a [NodeView]) -> Self {
-        let mut by_name: HashMap<&str, Vec<&NodeView>> = HashMap::with_capacity(nodes.len());
-        let mut by_pid: HashMap<&str, Vec<&NodeView>> = HashMap::with_capacity(nodes.len());
-        for n in nodes {
-            by_name.entry(n.name.as_str()).or_default().push(n);
-            if let Some(pid) = n.provider_id.as_deref().filter(|p| !p.is_empty()) {
-                by_pid
-                    .entry(providerid::normalize(pid))
-                    .or_default()
-                    .push(n);
-            }
-        }
-        Self { by_name, by_pid }
-    }
-
-    fn pick(candidates: Option<&Vec<&'a NodeView>>, cluster: &ClusterKey) -> Option<&'a NodeView> {
-        let candidates = candidates?;
-        candidates
-            .iter()
-            .find(|n| n.cluster.as_ref() == Some(cluster))
-            .or_else(|| candidates.iter().find(|n| n.cluster.is_none()))
-            .copied()
-    }
-
-    fn by_pid(&self, pid: &str, cluster: &ClusterKey) -> Option<&'a NodeView> {
-        Self::pick(self.by_pid.get(providerid::normalize(pid)), cluster)
-    }
-
-    fn by_name(&self, name: &str, cluster: &ClusterKey) -> Option<&'a NodeView> {
-        Self::pick(self.by_name.get(name), cluster)
-    }
+/// Finds the Node a machine matches: in the machine's own workload cluster first, then among
+/// Nodes read from a view shared by every cluster.
+pub(super) trait NodeFinder {
+    /// The Node with provider ID `pid` (normalized or not).
+    fn by_pid(&self, pid: &str, cluster: &ClusterKey) -> Option<&NodeView>;
+    /// The Node named `name`.
+    fn by_name(&self, name: &str, cluster: &ClusterKey) -> Option<&NodeView>;
 }
 
 /// Why the groups of `cluster` cannot be served yet (management topology only).
-fn workload_not_synced(inputs: &IndexInputs, cluster: &ClusterKey) -> Option<String> {
+pub(super) fn workload_not_synced(inputs: &IndexInputs, cluster: &ClusterKey) -> Option<String> {
     let states = inputs.workload.as_ref()?;
     match states.get(cluster) {
         Some(state) if state.ever_synced() => None,
@@ -152,178 +117,13 @@ fn workload_not_synced(inputs: &IndexInputs, cluster: &ClusterKey) -> Option<Str
     }
 }
 
-/// Builds the snapshot. One bad resource only excludes itself.
+/// Builds the snapshot from scratch. One bad resource only excludes itself. (Watches keep an
+/// [`IndexState`] and update it change by change instead; both run the same per-group code.)
 pub fn build_snapshot(inputs: &IndexInputs) -> Snapshot {
-    let nodes = NodeLookup::new(&inputs.nodes);
-    let resources: HashMap<(ScalableKind, &str, &str), &ScalableResource> = inputs
-        .resources
-        .iter()
-        .map(|r| ((r.kind, r.namespace.as_str(), r.name.as_str()), r))
-        .collect();
-
-    let mut policies: Vec<&PolicyRules> = inputs.policies.iter().collect();
-    policies.sort_by(|a, b| a.seniority().cmp(&b.seniority()));
-    let mut reports: BTreeMap<String, PolicyReport> = policies
-        .iter()
-        .map(|p| {
-            let report = PolicyReport {
-                reference: p.reference.clone(),
-                invalid: p.invalid.clone(),
-                ..Default::default()
-            };
-            (p.reference.key(), report)
-        })
-        .collect();
-
-    let mut groups: BTreeMap<String, NodeGroup> = BTreeMap::new();
-    let mut exclusions = Vec::new();
-    for resource in &inputs.resources {
-        if resource.owner_machine_deployment.is_some() || !allowed(inputs, resource) {
-            continue;
-        }
-        // The oldest valid policy selecting the resource governs it; the others conflict.
-        let mut selecting = policies
-            .iter()
-            .filter(|p| p.invalid.is_none() && p.selects(resource));
-        let governing = selecting.next().copied();
-        for other in selecting {
-            if let (Some(report), Some(g)) = (reports.get_mut(&other.reference.key()), governing) {
-                report
-                    .conflicts
-                    .push((resource.group_id(), g.reference.key()));
-            }
-        }
-        let report = governing.and_then(|p| reports.get_mut(&p.reference.key()));
-        let assessment = match assess(inputs, resource, governing) {
-            Assessment::Served(group) => match workload_not_synced(inputs, &group.cluster) {
-                Some(detail) => Assessment::Excluded(
-                    ExclusionReason::WorkloadClusterNotSynced(detail),
-                    group.warnings,
-                ),
-                None => Assessment::Served(group),
-            },
-            other => other,
-        };
-        match assessment {
-            Assessment::NotConfigured => {}
-            Assessment::Served(group) => {
-                if let Some(report) = report {
-                    report.governed.push(group.id.clone());
-                    note_warnings(report, &group.id, &group.warnings);
-                }
-                groups.insert(group.id.clone(), *group);
-            }
-            Assessment::Excluded(reason, warnings) => {
-                if let Some(report) = report {
-                    report
-                        .excluded
-                        .push((resource.group_id(), reason.describe()));
-                    note_warnings(report, &resource.group_id(), &warnings);
-                }
-                exclusions.push(Exclusion {
-                    kind: resource.kind,
-                    namespace: resource.namespace.clone(),
-                    name: resource.name.clone(),
-                    uid: resource.uid.clone(),
-                    reason,
-                    policy: governing.map(|p| p.reference.clone()),
-                    warnings,
-                });
-            }
-        }
-    }
-
-    // Machines: owning group through the owner chain (Machine -> MachineSet -> MachineDeployment).
-    let mut machines = HashMap::with_capacity(inputs.machines.len());
-    let mut sorted: Vec<&Machine> = inputs.machines.iter().collect();
-    sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-    for machine in sorted {
-        let group = owning_group(inputs, &resources, machine);
-        if let Some(id) = &group
-            && let Some(g) = groups.get_mut(id)
-            && g.kind != ScalableKind::MachinePool
-            && let Some(instance) = instance_for(machine, &nodes)
-        {
-            g.instances.push(instance);
-        }
-        machines.insert(
-            machine.key(),
-            MachineEntry {
-                namespace: machine.namespace.clone(),
-                name: machine.name.clone(),
-                group,
-                deleting: machine.deleting,
-                marked_for_deletion: machine
-                    .annotations
-                    .contains_key(&inputs.keys.delete_machine),
-                scale_down: machine
-                    .annotations
-                    .get(scale_down::MARK_ANNOTATION)
-                    .and_then(|v| scale_down::ScaleDownMark::parse(v)),
-            },
-        );
-    }
-
-    // MachinePools report their providerIDList verbatim.
-    for g in groups
-        .values_mut()
-        .filter(|g| g.kind == ScalableKind::MachinePool)
-    {
-        g.instances = g
-            .provider_id_list
-            .iter()
-            .flatten()
-            .map(|id| Instance {
-                id: id.clone(),
-                state: InstanceState::Running,
-                error: None,
-                machine: None,
-            })
-            .collect();
-    }
-
-    let by_provider_id = provider_id_index(inputs, &machines, &groups);
-
-    for g in groups.values_mut() {
-        let mut first_node = None;
-        for instance in g.instances.iter().filter(|i| i.is_real()) {
-            if let Some(node) = nodes.by_pid(&instance.id, &g.cluster) {
-                g.registered += 1;
-                g.ready += usize::from(node.ready);
-                first_node.get_or_insert(node);
-            }
-        }
-        if let (Some(t), Some(node)) = (g.template.as_mut(), first_node) {
-            t.node_labels = template::copied_node_labels(&node.labels);
-        }
-        g.node_capacity = match (&g.template, first_node) {
-            (Some(t), _) => template::capacity(t),
-            (None, Some(node)) => node.capacity.clone(),
-            (None, None) => BTreeMap::new(),
-        };
-    }
-
-    Snapshot {
-        groups: groups
-            .into_iter()
-            .map(|(id, g)| (id, Arc::new(g)))
-            .collect(),
-        exclusions,
-        machines,
-        by_provider_id,
-        policies: reports,
-        counts: IndexCounts {
-            policies: inputs.policies.len(),
-            resources: inputs.resources.len(),
-            machines: inputs.machines.len(),
-            nodes: inputs.nodes.len(),
-        },
-        clusters: inputs.clusters.iter().cloned().collect(),
-        workload: inputs.workload.clone().unwrap_or_default(),
-    }
+    IndexState::new(inputs).snapshot()
 }
 
-fn allowed(inputs: &IndexInputs, r: &ScalableResource) -> bool {
+pub(super) fn allowed(inputs: &IndexInputs, r: &ScalableResource) -> bool {
     inputs.filter.allows(&DiscoveryTarget {
         namespace: &r.namespace,
         cluster_name: &r.cluster_name,
@@ -331,17 +131,8 @@ fn allowed(inputs: &IndexInputs, r: &ScalableResource) -> bool {
     })
 }
 
-fn note_warnings(report: &mut PolicyReport, id: &str, warnings: &[ConfigWarning]) {
-    if !warnings.is_empty() {
-        report.warnings.insert(
-            id.to_string(),
-            warnings.iter().map(|w| w.message.clone()).collect(),
-        );
-    }
-}
-
 /// What the index makes of one scalable resource.
-enum Assessment {
+pub(super) enum Assessment {
     /// Neither annotated nor governed by a policy: not autoscaler configuration at all.
     NotConfigured,
     /// A served group (possibly with warnings).
@@ -356,7 +147,14 @@ const INFRA_REF_FIELD: &str = "spec.template.spec.infrastructureRef";
 /// Decides whether a resource is a served group. Annotations win field by field; the governing
 /// policy fills the rest. Only unusable bounds exclude a group for a bad value: every other bad
 /// annotation is ignored (or its bad item skipped) and comes back as a warning on the group.
-fn assess(inputs: &IndexInputs, r: &ScalableResource, policy: Option<&PolicyRules>) -> Assessment {
+pub(super) fn assess(
+    inputs: &IndexInputs,
+    r: &ScalableResource,
+    policy: Option<&PolicyRules>,
+) -> Assessment {
+    if r.kind == ScalableKind::NodePool {
+        return super::pool::assess(inputs, r, policy);
+    }
     let keys = &inputs.keys;
     let annotated =
         r.annotations.contains_key(&keys.min_size) || r.annotations.contains_key(&keys.max_size);
@@ -557,26 +355,29 @@ fn template_inputs(
     template::can_scale_from_zero(&t).then_some(t)
 }
 
-fn owning_group(
+/// The group a machine belongs to through its owner chain (Machine -> MachineSet ->
+/// MachineDeployment, or MachinePool), `resource` finding scalable resources by kind,
+/// namespace and name.
+pub(super) fn owning_group<'a>(
     inputs: &IndexInputs,
-    resources: &HashMap<(ScalableKind, &str, &str), &ScalableResource>,
+    resource: impl Fn(ScalableKind, &str, &str) -> Option<&'a ScalableResource>,
     m: &Machine,
 ) -> Option<String> {
     let ns = m.namespace.as_str();
     if let Some(pool) = &m.owner_machine_pool {
         return Some(format!("{}/{ns}/{pool}", ScalableKind::MachinePool));
     }
-    let ms = resources.get(&(
+    let ms = resource(
         ScalableKind::MachineSet,
         ns,
         m.owner_machine_set.as_deref()?,
-    ))?;
+    )?;
     match &ms.owner_machine_deployment {
         // The MachineDeployment is the group; if it is not visible (deleted, filtered), the
         // machine belongs to no group. Upstream falls back to the MachineSet, which NodeGroups
         // never lists (trap 12).
         Some(md) => {
-            let md = resources.get(&(ScalableKind::MachineDeployment, ns, md.as_str()))?;
+            let md = resource(ScalableKind::MachineDeployment, ns, md.as_str())?;
             allowed(inputs, md).then(|| md.group_id())
         }
         None => Some(ms.group_id()),
@@ -584,7 +385,7 @@ fn owning_group(
 }
 
 /// The instance for a machine, in upstream's order of precedence; `None` drops the machine.
-fn instance_for(m: &Machine, nodes: &NodeLookup<'_>) -> Option<Instance> {
+pub(super) fn instance_for(m: &Machine, nodes: &impl NodeFinder) -> Option<Instance> {
     let cluster = ClusterKey {
         namespace: m.namespace.clone(),
         name: m.cluster_name.clone(),
@@ -658,58 +459,6 @@ fn instance_for(m: &Machine, nodes: &NodeLookup<'_>) -> Option<Instance> {
         InstanceState::Running,
         None,
     )
-}
-
-fn provider_id_index(
-    inputs: &IndexInputs,
-    machines: &HashMap<String, MachineEntry>,
-    groups: &BTreeMap<String, NodeGroup>,
-) -> HashMap<String, ProviderIdOwner> {
-    let mut index: HashMap<String, ProviderIdOwner> = HashMap::new();
-    for m in &inputs.machines {
-        let Some(pid) = m.provider_id.as_deref() else {
-            continue;
-        };
-        let key = providerid::normalize(pid).to_string();
-        let entry = index.entry(key);
-        entry
-            .and_modify(|owner| {
-                *owner = match owner {
-                    ProviderIdOwner::Ambiguous(n) => ProviderIdOwner::Ambiguous(*n + 1),
-                    _ => ProviderIdOwner::Ambiguous(2),
-                }
-            })
-            .or_insert_with(|| ProviderIdOwner::Machine(m.key()));
-    }
-    for g in groups
-        .values()
-        .filter(|g| g.kind == ScalableKind::MachinePool)
-    {
-        for pid in g.provider_id_list.iter().flatten() {
-            index
-                .entry(providerid::normalize(pid).to_string())
-                .or_insert_with(|| ProviderIdOwner::Pool(g.id.clone()));
-        }
-    }
-    // Providers that never set Machine.spec.providerID: the Node's annotations name its Machine.
-    for node in &inputs.nodes {
-        let Some(pid) = node.provider_id.as_deref().filter(|p| !p.is_empty()) else {
-            continue;
-        };
-        let (Some(ns), Some(name)) = (
-            node.annotations.get(&inputs.keys.node_cluster_namespace),
-            node.annotations.get(&inputs.keys.node_machine),
-        ) else {
-            continue;
-        };
-        let key = format!("{ns}/{name}");
-        if machines.contains_key(&key) {
-            index
-                .entry(providerid::normalize(pid).to_string())
-                .or_insert(ProviderIdOwner::Machine(key));
-        }
-    }
-    index
 }
 
 #[cfg(test)]

@@ -1,9 +1,10 @@
 //! Types of the node-group model. Plain data; no Kubernetes client types.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::policy::{PolicyRef, PolicyTemplate, PriceList};
+use super::sharded::ShardedMap;
 use crate::capi::annotations::{AnnotationWarning, CapacityHints, OptionOverrides};
 use crate::capi::objects::{InfraTemplate, ScalableKind, Taint};
 use crate::capi::providerid;
@@ -52,6 +53,8 @@ pub enum Source {
     Policy,
     /// The built-in default.
     Default,
+    /// A field of the node group's own spec (NodePool `spec.minSize`/`spec.maxSize`).
+    Spec,
 }
 
 /// A configuration problem that does not stop a group from being served: a value that was
@@ -115,6 +118,35 @@ impl Instance {
     pub fn is_real(&self) -> bool {
         !providerid::has_synthetic_prefix(&self.id)
     }
+}
+
+/// What the index reads from a NodePool beyond what every scalable resource has.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolView {
+    /// `spec.minSize`.
+    pub min: Option<i32>,
+    /// `spec.maxSize`.
+    pub max: Option<i32>,
+    /// `spec.template`, validated.
+    pub template: Option<PolicyTemplate>,
+    /// What one server offers (capacity, labels, price), from the pool's status.
+    pub machine_type: Option<PoolMachineType>,
+    /// Instances from the pool's status, in a stable order. `Running` means the server
+    /// exists; whether its Node registered is decided from the Nodes.
+    pub instances: Vec<Instance>,
+    /// Why the spec is unusable (a problem the API server's schema cannot catch).
+    pub invalid: Option<String>,
+}
+
+/// One server type of a NodePool's backend.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolMachineType {
+    /// Capacity (quantity strings).
+    pub capacity: BTreeMap<String, String>,
+    /// Labels every server of the type carries.
+    pub labels: BTreeMap<String, String>,
+    /// Price of one server for one hour.
+    pub hourly_price: Option<f64>,
 }
 
 /// What the template builder needs for a group that may scale from zero.
@@ -303,16 +335,16 @@ pub enum NodeGroupLookup {
 }
 
 /// An immutable view of every node group and the lookup tables the RPCs need.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     /// Served groups by id (sorted, so NodeGroups answers in a stable order).
     pub groups: BTreeMap<String, Arc<NodeGroup>>,
     /// Resources with autoscaler configuration that are not served, and why.
     pub exclusions: Vec<Exclusion>,
     /// Machines by `<namespace>/<name>`.
-    pub machines: HashMap<String, MachineEntry>,
+    pub machines: ShardedMap<String, MachineEntry>,
     /// Normalized provider ID -> machine key(s) or MachinePool group.
-    pub(crate) by_provider_id: HashMap<String, ProviderIdOwner>,
+    pub(crate) by_provider_id: ShardedMap<String, ProviderIdOwner>,
     /// Objects indexed, for metrics.
     pub counts: IndexCounts,
     /// Per policy (`<namespace>/<name>`), what it governs.

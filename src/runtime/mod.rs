@@ -3,6 +3,7 @@
 //! these concerns.
 
 mod admin;
+mod changes;
 mod exclusions;
 pub mod leader;
 mod watches;
@@ -143,22 +144,39 @@ pub async fn client(config: &Config) -> anyhow::Result<Client> {
     Client::try_from(kube_config).context("building Kubernetes client")
 }
 
-/// True when the NodeGroupPolicy CRD is installed; without it the operator still serves
-/// annotated resources.
-async fn policies_served(client: &Client) -> bool {
+/// Which of our CRDs are installed.
+struct OurKinds {
+    policies: bool,
+    node_pools: bool,
+}
+
+/// Finds which of our CRDs are installed; without them the operator still serves annotated
+/// Cluster API resources.
+async fn our_kinds_served(client: &Client) -> OurKinds {
     use kube::discovery::{ApiGroup, oneshot};
     match oneshot::group(client, crate::api::GROUP).await {
         Ok(group) => {
-            let served = group.versions().any(|v| v == "v1alpha1")
-                && ApiGroup::recommended_kind(&group, "NodeGroupPolicy").is_some();
-            if !served {
-                tracing::warn!("NodeGroupPolicy v1alpha1 is not served; policies are disabled");
+            let v1alpha1 = group.versions().any(|v| v == "v1alpha1");
+            let served = |kind: &str| {
+                let served = v1alpha1 && ApiGroup::recommended_kind(&group, kind).is_some();
+                if !served {
+                    tracing::warn!(
+                        "{kind} v1alpha1 is not served (nodegroup-operator crd | kubectl apply -f -); {kind}s are disabled"
+                    );
+                }
+                served
+            };
+            OurKinds {
+                policies: served("NodeGroupPolicy"),
+                node_pools: served("NodePool"),
             }
-            served
         }
         Err(error) => {
-            tracing::warn!(%error, "NodeGroupPolicy CRD is not installed (nodegroup-operator crd | kubectl apply -f -); policies are disabled");
-            false
+            tracing::warn!(%error, "the operator's CRDs are not installed (nodegroup-operator crd | kubectl apply -f -); NodeGroupPolicies and NodePools are disabled");
+            OurKinds {
+                policies: false,
+                node_pools: false,
+            }
         }
     }
 }
@@ -189,7 +207,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         machine_deployments = resources.machine_deployments.is_some(),
         machine_pools = resources.machine_pools.is_some(), "Cluster API resources discovered");
 
-    let with_policies = policies_served(&client).await;
+    let our_kinds = our_kinds_served(&client).await;
+    let with_policies = our_kinds.policies;
     let metrics = Arc::new(Metrics::new());
     let events = EventPublisher::new(client.clone(), config.pod_name.clone());
     let (publisher, snapshots) = index::channel();
@@ -228,6 +247,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             filter,
             default_arch: config.default_arch.clone(),
             with_policies,
+            with_node_pools: our_kinds.node_pools,
             nodes,
             watch_clusters: config.client_identity != crate::server::identity::IdentitySource::Off,
         },

@@ -1,5 +1,6 @@
 //! Reflectors over Cluster API resources, Machines, Nodes and infrastructure templates, and
-//! the loop that rebuilds the snapshot when any of them changes.
+//! the loop that keeps the index up to date with them: object by object, or from scratch
+//! after a re-list.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -15,20 +16,22 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::changes::{Changes, Pending, Track};
 use super::workload::WorkloadClusters;
-use crate::api::NodeGroupPolicy;
+use crate::api::{NodeGroupPolicy, NodePool};
 use crate::capi::CapiKeys;
 use crate::capi::autodiscovery::DiscoveryFilter;
 use crate::capi::objects::{InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource};
 use crate::capi::resources::CapiResources;
+use crate::index::state::{IndexState, NodeKey, ResourceKey};
 use crate::index::{
-    self, ClusterKey, IndexInputs, NodeView, SnapshotPublisher, TemplateKey, TemplateKindState,
+    ClusterKey, IndexInputs, NodeView, Snapshot, SnapshotPublisher, TemplateKey, TemplateKindState,
 };
 use crate::metrics::Metrics;
+use crate::nodepool;
 
 /// How long to wait before retrying an infrastructure template kind that could not be watched.
 const TEMPLATE_RETRY: Duration = Duration::from_secs(60);
@@ -66,6 +69,8 @@ pub struct WatchSpec {
     pub default_arch: String,
     /// Watch NodeGroupPolicies (their CRD is installed).
     pub with_policies: bool,
+    /// Watch NodePools (their CRD is installed).
+    pub with_node_pools: bool,
     /// Where Nodes come from.
     pub nodes: NodeSource,
     /// Watch Cluster API Clusters: needed to read workload clusters and to scope clients to
@@ -86,6 +91,11 @@ where
 {
     fn state(&self) -> Vec<Arc<K>> {
         self.0.iter().flat_map(Store::state).collect()
+    }
+
+    /// The cached object `key` refers to, from whichever namespace's store holds it.
+    fn get(&self, key: &reflector::ObjectRef<K>) -> Option<Arc<K>> {
+        self.0.iter().find_map(|store| store.get(key))
     }
 
     async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
@@ -115,13 +125,14 @@ struct Inner {
     keys: CapiKeys,
     filter: DiscoveryFilter,
     default_arch: String,
-    scalables: Vec<(ScalableKind, Stores<DynamicObject>)>,
-    machines: Stores<DynamicObject>,
+    scalables: Vec<(ScalableKind, ApiResource, Stores<DynamicObject>)>,
+    machines: (ApiResource, Stores<DynamicObject>),
     clusters: Stores<DynamicObject>,
     nodes: NodeStores,
     policies: Option<Stores<NodeGroupPolicy>>,
+    node_pools: Option<Stores<NodePool>>,
     templates: Mutex<HashMap<(String, String), TemplateWatch>>,
-    changed: Arc<Notify>,
+    changes: Arc<Changes>,
     shutdown: CancellationToken,
 }
 
@@ -160,17 +171,18 @@ impl Watches {
             filter,
             default_arch,
             with_policies,
+            with_node_pools,
             nodes,
             watch_clusters,
         } = spec;
-        let changed = Arc::new(Notify::new());
+        let changes = Arc::new(Changes::default());
         let namespaces = filter.namespaces();
         // One API per watched namespace, or one for all.
         let scopes: Vec<Option<String>> = match &namespaces {
             Some(list) => list.iter().cloned().map(Some).collect(),
             None => vec![None],
         };
-        let dynamic = |tasks: &mut JoinSet<anyhow::Result<()>>, ar: &ApiResource| {
+        let dynamic = |tasks: &mut JoinSet<anyhow::Result<()>>, ar: &ApiResource, track: Track| {
             Stores(
                 scopes
                     .iter()
@@ -185,7 +197,7 @@ impl Watches {
                             tasks,
                             api,
                             ar.clone(),
-                            changed.clone(),
+                            (changes.clone(), track.clone()),
                             shutdown.clone(),
                             |_| {},
                             None,
@@ -197,13 +209,16 @@ impl Watches {
         let mut scalables = Vec::new();
         for kind in ScalableKind::ALL {
             if let Some(ar) = resources.scalable(kind) {
-                scalables.push((kind, dynamic(tasks, ar)));
+                scalables.push((kind, ar.clone(), dynamic(tasks, ar, Track::Scalable(kind))));
             }
         }
-        let machines = dynamic(tasks, &resources.machines);
+        let machines = (
+            resources.machines.clone(),
+            dynamic(tasks, &resources.machines, Track::Machines),
+        );
         let clusters = match &resources.clusters {
             Some(ar) if watch_clusters || matches!(nodes, NodeSource::ClusterSecrets) => {
-                dynamic(tasks, ar)
+                dynamic(tasks, ar, Track::Context)
             }
             _ => Stores(Vec::new()),
         };
@@ -217,7 +232,7 @@ impl Watches {
                     tasks,
                     Api::<Node>::all(node_client),
                     (),
-                    changed.clone(),
+                    (changes.clone(), Track::Nodes(None)),
                     shutdown.clone(),
                     trim_node,
                     Some(node_fingerprint),
@@ -230,7 +245,7 @@ impl Watches {
                     clusters.0.clone(),
                     trim_node,
                     node_fingerprint,
-                    changed.clone(),
+                    changes.clone(),
                     shutdown.clone(),
                 ));
                 NodeStores::PerCluster(workload)
@@ -249,9 +264,33 @@ impl Watches {
                             tasks,
                             api,
                             (),
-                            changed.clone(),
+                            (changes.clone(), Track::Context),
                             shutdown.clone(),
                             |p: &mut NodeGroupPolicy| {
+                                p.managed_fields_mut().clear();
+                            },
+                            None,
+                        )
+                    })
+                    .collect(),
+            )
+        });
+        let node_pools = with_node_pools.then(|| {
+            Stores(
+                scopes
+                    .iter()
+                    .map(|scope| {
+                        let api = match scope {
+                            Some(ns) => Api::<NodePool>::namespaced(client.clone(), ns),
+                            None => Api::<NodePool>::all(client.clone()),
+                        };
+                        spawn_reflector(
+                            tasks,
+                            api,
+                            (),
+                            (changes.clone(), Track::Scalable(ScalableKind::NodePool)),
+                            shutdown.clone(),
+                            |p: &mut NodePool| {
                                 p.managed_fields_mut().clear();
                             },
                             None,
@@ -272,17 +311,20 @@ impl Watches {
                 clusters,
                 nodes,
                 policies,
+                node_pools,
                 templates: Mutex::default(),
-                changed,
+                changes,
                 shutdown,
             }),
         }
     }
 
-    /// Rebuilds the snapshot after the initial sync and on every change. Bursts of events are
-    /// coalesced for `delay`, or for as long as the last rebuild took if that is longer, so
-    /// constant churn costs at most about half a core. Rebuilds run on the blocking pool and
-    /// never stall RPCs.
+    /// Publishes the index after the initial sync and keeps it up to date: a change to a
+    /// Machine, Node or scalable resource updates only the groups it touches, at once; a
+    /// re-list rebuilds from scratch and a policy, template or Cluster change recomputes every
+    /// group, both after waiting `delay` (or as long as the last full pass took, if longer) for
+    /// the rest of the burst, so constant churn costs at most about half a core. Updates run
+    /// on the blocking pool and never stall RPCs.
     pub async fn rebuild_loop(
         self,
         publisher: SnapshotPublisher,
@@ -295,40 +337,111 @@ impl Watches {
             synced = self.wait_synced() => synced?,
         }
         tracing::info!("informer caches synced; serving");
+        let changes = self.inner.changes.clone();
+        changes.relist();
+        let mut state: Option<IndexState> = None;
+        let mut full_pass_took = Duration::ZERO;
         loop {
-            let watches = self.clone();
-            let (snapshot, resources, elapsed) = tokio::task::spawn_blocking(move || {
-                let start = Instant::now();
-                let inputs = watches.inputs();
-                let snapshot = index::build_snapshot(&inputs);
-                (snapshot, inputs.resources, start.elapsed())
-            })
-            .await?;
-            self.ensure_template_watches(&resources);
-            metrics.observe_snapshot(&snapshot, elapsed);
-            tracing::debug!(groups = snapshot.groups.len(), ?elapsed, "index rebuilt");
-            publisher.publish(snapshot);
+            if changes.wants_full_pass() {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(delay.max(full_pass_took)) => {}
+                }
+            }
+            let pending = changes.take();
+            if !pending.is_empty() {
+                let watches = self.clone();
+                let previous = state.take();
+                let update =
+                    tokio::task::spawn_blocking(move || watches.update(previous, pending)).await?;
+                if update.full {
+                    full_pass_took = update.took;
+                }
+                self.ensure_template_watches(update.infra_refs.iter());
+                metrics.observe_snapshot(&update.snapshot, update.took);
+                metrics.observe_index_update(update.full, update.latency);
+                tracing::debug!(
+                    groups = update.snapshot.groups.len(),
+                    full = update.full,
+                    took = ?update.took,
+                    "index updated"
+                );
+                publisher.publish(update.snapshot);
+                state = Some(update.state);
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
-                _ = self.inner.changed.notified() => {}
+                _ = changes.notified() => {}
             }
-            tokio::time::sleep(delay.max(elapsed)).await;
+        }
+    }
+
+    /// Applies `pending` to `state` (a full pass when there is no state yet or after a
+    /// re-list) and takes the snapshot.
+    fn update(&self, state: Option<IndexState>, pending: Pending) -> IndexUpdate {
+        let start = Instant::now();
+        let mut infra_refs = Vec::new();
+        let (mut state, full) = match state {
+            Some(state) if !pending.relist => (state, pending.context),
+            _ => {
+                let inputs = self.inputs();
+                infra_refs.extend(inputs.resources.iter().filter_map(|r| r.infra_ref.clone()));
+                (IndexState::new(&inputs), true)
+            }
+        };
+        if !pending.relist {
+            if pending.context {
+                state.set_context(self.context());
+            }
+            for key in &pending.resources {
+                match self.resource(key) {
+                    Some(r) => {
+                        infra_refs.extend(r.infra_ref.clone());
+                        state.upsert_resource(r);
+                    }
+                    None => state.remove_resource(key.0, &key.1, &key.2),
+                }
+            }
+            for (namespace, name) in &pending.machines {
+                match self.machine(namespace, name) {
+                    Some(m) => state.upsert_machine(m),
+                    None => state.remove_machine(namespace, name),
+                }
+            }
+            for key in &pending.nodes {
+                match self.node(key) {
+                    Some(n) => state.upsert_node(n),
+                    None => state.remove_node(key.0.as_ref(), &key.1),
+                }
+            }
+        }
+        let snapshot = state.snapshot();
+        IndexUpdate {
+            state,
+            snapshot,
+            full,
+            took: start.elapsed(),
+            latency: pending.since.map(|since| since.elapsed()),
+            infra_refs,
         }
     }
 
     /// Waits for the caches of the management view. Workload clusters sync one by one; the
     /// index holds back each cluster's groups until its Nodes are read.
     async fn wait_synced(&self) -> anyhow::Result<()> {
-        for (_, store) in &self.inner.scalables {
+        for (_, _, store) in &self.inner.scalables {
             store.wait_until_ready().await?;
         }
-        self.inner.machines.wait_until_ready().await?;
+        self.inner.machines.1.wait_until_ready().await?;
         self.inner.clusters.wait_until_ready().await?;
         if let NodeStores::Single(nodes) = &self.inner.nodes {
             nodes.wait_until_ready().await?;
         }
         if let Some(policies) = &self.inner.policies {
             policies.wait_until_ready().await?;
+        }
+        if let Some(pools) = &self.inner.node_pools {
+            pools.wait_until_ready().await?;
         }
         Ok(())
     }
@@ -339,33 +452,51 @@ impl Watches {
         let resources = inner
             .scalables
             .iter()
-            .flat_map(|(kind, store)| {
+            .flat_map(|(kind, _, store)| {
                 store
                     .state()
                     .into_iter()
                     .map(|o| ScalableResource::from_dynamic(*kind, &o, &inner.keys))
             })
+            .chain(
+                self.node_pools()
+                    .iter()
+                    .map(|p| nodepool::view::resource_view(p)),
+            )
             .collect();
         let machines = inner
             .machines
+            .1
             .state()
             .iter()
             .map(|m| Machine::from_dynamic(m))
             .collect();
-        let (nodes, workload) = match &inner.nodes {
-            NodeStores::Single(store) => (
-                store.state().iter().map(|n| node_view(n, None)).collect(),
-                None,
-            ),
-            NodeStores::PerCluster(workload) => {
-                let mut nodes = Vec::new();
-                let mut states = std::collections::BTreeMap::new();
-                for (cluster, state, cached) in workload.snapshot() {
-                    nodes.extend(cached.iter().map(|n| node_view(n, Some(cluster.clone()))));
-                    states.insert(cluster, state);
-                }
-                (nodes, Some(states))
-            }
+        let nodes = match &inner.nodes {
+            NodeStores::Single(store) => store.state().iter().map(|n| node_view(n, None)).collect(),
+            NodeStores::PerCluster(workload) => workload
+                .nodes()
+                .into_iter()
+                .flat_map(|(cluster, cached)| {
+                    cached
+                        .into_iter()
+                        .map(move |n| node_view(&n, Some(cluster.clone())))
+                })
+                .collect(),
+        };
+        IndexInputs {
+            resources,
+            machines,
+            nodes,
+            ..self.context()
+        }
+    }
+
+    /// Everything the index reads but scalable resources, Machines and Nodes.
+    fn context(&self) -> IndexInputs {
+        let inner = &self.inner;
+        let workload = match &inner.nodes {
+            NodeStores::Single(_) => None,
+            NodeStores::PerCluster(workload) => Some(workload.states()),
         };
         let clusters = inner
             .clusters
@@ -400,15 +531,50 @@ impl Watches {
             keys: inner.keys.clone(),
             filter: inner.filter.clone(),
             default_arch: inner.default_arch.clone(),
-            resources,
-            machines,
-            nodes,
+            resources: Vec::new(),
+            machines: Vec::new(),
+            nodes: Vec::new(),
             templates,
             template_kinds,
             policies: self.policies().iter().map(|p| p.rules()).collect(),
             clusters,
             workload,
         }
+    }
+
+    /// The cached scalable resource `key` names.
+    fn resource(&self, (kind, namespace, name): &ResourceKey) -> Option<ScalableResource> {
+        if *kind == ScalableKind::NodePool {
+            let key = reflector::ObjectRef::<NodePool>::new(name).within(namespace);
+            let pool = self.inner.node_pools.as_ref()?.get(&key)?;
+            return Some(nodepool::view::resource_view(&pool));
+        }
+        let (_, ar, stores) = self.inner.scalables.iter().find(|(k, _, _)| k == kind)?;
+        let key = reflector::ObjectRef::new_with(name, ar.clone()).within(namespace);
+        let object = stores.get(&key)?;
+        Some(ScalableResource::from_dynamic(
+            *kind,
+            &object,
+            &self.inner.keys,
+        ))
+    }
+
+    /// The cached Machine `namespace/name`.
+    fn machine(&self, namespace: &str, name: &str) -> Option<Machine> {
+        let (ar, stores) = &self.inner.machines;
+        let key = reflector::ObjectRef::new_with(name, ar.clone()).within(namespace);
+        let object = stores.get(&key)?;
+        Some(Machine::from_dynamic(&object))
+    }
+
+    /// The cached Node `key` names.
+    fn node(&self, (cluster, name): &NodeKey) -> Option<NodeView> {
+        let node = match (&self.inner.nodes, cluster) {
+            (NodeStores::Single(store), None) => store.get(&reflector::ObjectRef::new(name))?,
+            (NodeStores::PerCluster(workload), Some(cluster)) => workload.node(cluster, name)?,
+            _ => return None,
+        };
+        Some(node_view(&node, cluster.clone()))
     }
 
     /// The cached policies.
@@ -420,14 +586,23 @@ impl Watches {
             .unwrap_or_default()
     }
 
+    /// The cached NodePools.
+    pub fn node_pools(&self) -> Vec<Arc<NodePool>> {
+        self.inner
+            .node_pools
+            .as_ref()
+            .map(Stores::state)
+            .unwrap_or_default()
+    }
+
     /// Starts reflectors for infrastructure template kinds referenced by served resources.
-    fn ensure_template_watches(&self, resources: &[ScalableResource]) {
+    fn ensure_template_watches<'a>(&self, infra_refs: impl Iterator<Item = &'a InfraRef>) {
         let mut watches = self
             .inner
             .templates
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        for infra in resources.iter().filter_map(|r| r.infra_ref.as_ref()) {
+        for infra in infra_refs {
             let key = (infra.group.clone(), infra.kind.clone());
             match watches.get(&key) {
                 Some(TemplateWatch::Starting | TemplateWatch::Watching(_)) => continue,
@@ -453,12 +628,13 @@ impl Watches {
             Err(reason) => {
                 tracing::warn!(group = %infra.group, kind = %infra.kind, %reason,
                     "cannot watch infrastructure templates; groups that need them are served with a warning, and scale from zero uses annotations and policies only");
-                let changed = inner.changed.clone();
+                let changes = inner.changes.clone();
                 let shutdown = inner.shutdown.clone();
                 tokio::spawn(async move {
                     tokio::select! {
                         _ = shutdown.cancelled() => {}
-                        _ = tokio::time::sleep(TEMPLATE_RETRY) => changed.notify_one(),
+                        // Retried by the next full pass (see `ensure_template_watches`).
+                        _ = tokio::time::sleep(TEMPLATE_RETRY) => changes.relist(),
                     }
                 });
                 TemplateWatch::Failed(Instant::now(), reason)
@@ -469,7 +645,7 @@ impl Watches {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, state);
-        inner.changed.notify_one();
+        inner.changes.context();
     }
 
     /// The synced store of a template kind; `Ok(None)` when shutting down.
@@ -499,7 +675,7 @@ impl Watches {
                         &mut tasks,
                         api,
                         ar.clone(),
-                        inner.changed.clone(),
+                        (inner.changes.clone(), Track::Context),
                         inner.shutdown.clone(),
                         |_| {},
                         None,
@@ -577,14 +753,14 @@ fn node_view(node: &Node, cluster: Option<ClusterKey>) -> NodeView {
     }
 }
 
-/// Runs a reflector for `api` in `tasks`, notifying `changed` on every event, or, with a
-/// `fingerprint`, only when an object's fingerprint changes (Node heartbeats and other status
-/// churn the index does not read then cost no rebuild).
+/// Runs a reflector for `api` in `tasks`, recording every event in `changes` as `track`, or,
+/// with a `fingerprint`, only changes of an object's fingerprint (Node heartbeats and other
+/// status churn the index does not read then cost no update).
 fn spawn_reflector<K>(
     tasks: &mut JoinSet<anyhow::Result<()>>,
     api: Api<K>,
     dyntype: K::DynamicType,
-    changed: Arc<Notify>,
+    (changes, track): (Arc<Changes>, Track),
     shutdown: CancellationToken,
     trim: impl FnMut(&mut K) + Send + 'static,
     fingerprint: Option<fn(&K) -> u64>,
@@ -611,7 +787,7 @@ where
             match event {
                 Some(Ok(event)) => {
                     if relevant(&event, fingerprint, &mut seen) {
-                        changed.notify_one();
+                        changes.record(&track, &event);
                     }
                 }
                 Some(Err(error)) => {
@@ -622,6 +798,20 @@ where
         }
     });
     store
+}
+
+/// One update of the index.
+struct IndexUpdate {
+    state: IndexState,
+    snapshot: Snapshot,
+    /// Every group was recomputed.
+    full: bool,
+    /// How long the update took.
+    took: Duration,
+    /// From the first change it applies to the snapshot.
+    latency: Option<Duration>,
+    /// Template references of the resources it read (their kinds must be watched).
+    infra_refs: Vec<InfraRef>,
 }
 
 /// Retry delays of a failed watch: [`WATCH_RETRY_MIN`] doubling up to [`WATCH_RETRY_MAX`],

@@ -20,9 +20,9 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::changes::{Changes, Track};
 use crate::index::{ClusterKey, WorkloadState};
 
 /// How often the set of Clusters is compared with the open connections.
@@ -59,7 +59,7 @@ impl WorkloadClusters {
         clusters: Vec<Store<DynamicObject>>,
         trim: fn(&mut Node),
         fingerprint: fn(&Node) -> u64,
-        changed: Arc<Notify>,
+        changes: Arc<Changes>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
         for store in &clusters {
@@ -84,7 +84,7 @@ impl WorkloadClusters {
                     )
                 })
                 .collect();
-            self.close_vanished(&wanted, &changed);
+            self.close_vanished(&wanted, &changes);
             secrets_read.retain(|k, _| wanted.contains_key(k));
             for cluster in wanted.keys() {
                 let due = secrets_read
@@ -92,11 +92,11 @@ impl WorkloadClusters {
                     .is_none_or(|at| at.elapsed() >= SECRET_INTERVAL);
                 if due {
                     secrets_read.insert(cluster.clone(), tokio::time::Instant::now());
-                    self.connect(&management, cluster, trim, fingerprint, &changed, &shutdown)
+                    self.connect(&management, cluster, trim, fingerprint, &changes, &shutdown)
                         .await;
                 }
             }
-            // `changed` belongs to the index rebuild loop (one waiter): poll instead.
+            // The index rebuild loop is the only waiter on `changes`: poll instead.
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = tokio::time::sleep(RECONCILE_INTERVAL) => {}
@@ -104,7 +104,7 @@ impl WorkloadClusters {
         }
     }
 
-    fn close_vanished(&self, wanted: &BTreeMap<ClusterKey, ()>, changed: &Notify) {
+    fn close_vanished(&self, wanted: &BTreeMap<ClusterKey, ()>, changes: &Changes) {
         let mut connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
         let before = connections.len();
         connections.retain(|key, _| {
@@ -115,7 +115,7 @@ impl WorkloadClusters {
             keep
         });
         if connections.len() != before {
-            changed.notify_one();
+            changes.relist();
         }
     }
 
@@ -126,7 +126,7 @@ impl WorkloadClusters {
         cluster: &ClusterKey,
         trim: fn(&mut Node),
         fingerprint: fn(&Node) -> u64,
-        changed: &Arc<Notify>,
+        changes: &Arc<Changes>,
         shutdown: &CancellationToken,
     ) {
         let secrets: Api<Secret> = Api::namespaced(management.clone(), &cluster.namespace);
@@ -137,7 +137,7 @@ impl WorkloadClusters {
                 self.fail(
                     cluster,
                     format!("Secret {}/{secret_name} does not exist", cluster.namespace),
-                    changed,
+                    changes,
                 );
                 return;
             }
@@ -148,7 +148,7 @@ impl WorkloadClusters {
                         "reading Secret {}/{secret_name}: {error}",
                         cluster.namespace
                     ),
-                    changed,
+                    changes,
                 );
                 return;
             }
@@ -169,7 +169,7 @@ impl WorkloadClusters {
                 self.fail(
                     cluster,
                     format!("Secret {}/{secret_name}: {reason}", cluster.namespace),
-                    changed,
+                    changes,
                 );
                 return;
             }
@@ -181,19 +181,19 @@ impl WorkloadClusters {
             version,
             trim,
             fingerprint,
-            changed.clone(),
+            changes.clone(),
             shutdown.child_token(),
         );
         self.connections
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(cluster.clone(), connection);
-        changed.notify_one();
+        changes.relist();
     }
 
     /// Records a connection that cannot be made (no Secret, bad kubeconfig). A connection
     /// made from an earlier Secret stays until a new one works.
-    fn fail(&self, cluster: &ClusterKey, reason: String, changed: &Notify) {
+    fn fail(&self, cluster: &ClusterKey, reason: String, changes: &Changes) {
         let mut connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(existing) = connections.get(cluster)
             && !existing.secret_version.is_empty()
@@ -218,19 +218,37 @@ impl WorkloadClusters {
                 shutdown: CancellationToken::new(),
             },
         );
-        changed.notify_one();
+        changes.relist();
     }
 
-    /// Every workload cluster's Nodes and connection state.
-    pub fn snapshot(&self) -> Vec<(ClusterKey, WorkloadState, Vec<Arc<Node>>)> {
+    /// Every workload cluster's connection state.
+    pub fn states(&self) -> BTreeMap<ClusterKey, WorkloadState> {
         let connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
         connections
             .iter()
             .map(|(key, c)| {
                 let state = c.state.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                (key.clone(), state, c.store.state())
+                (key.clone(), state)
             })
             .collect()
+    }
+
+    /// Every workload cluster's cached Nodes.
+    pub fn nodes(&self) -> Vec<(ClusterKey, Vec<Arc<Node>>)> {
+        let connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        connections
+            .iter()
+            .map(|(key, c)| (key.clone(), c.store.state()))
+            .collect()
+    }
+
+    /// The cached Node `name` of `cluster`.
+    pub fn node(&self, cluster: &ClusterKey, name: &str) -> Option<Arc<Node>> {
+        let connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        connections
+            .get(cluster)?
+            .store
+            .get(&reflector::ObjectRef::new(name))
     }
 }
 
@@ -265,7 +283,7 @@ fn watch_nodes(
     secret_version: String,
     trim: fn(&mut Node),
     fingerprint: fn(&Node) -> u64,
-    changed: Arc<Notify>,
+    changes: Arc<Changes>,
     shutdown: CancellationToken,
 ) -> Connection {
     let writer = reflector::store::Writer::<Node>::default();
@@ -279,6 +297,7 @@ fn watch_nodes(
     .backoff(super::watches::WatchBackoff::default())
     .reflect(writer);
     let task_state = state.clone();
+    let track = Track::Nodes(Some(cluster.clone()));
     let task_shutdown = shutdown.clone();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
@@ -293,7 +312,7 @@ fn watch_nodes(
                 if *state != next {
                     tracing::info!(%cluster, from = ?*state, to = ?next, "workload cluster connection");
                     *state = next;
-                    changed.notify_one();
+                    changes.relist();
                 }
             };
             match event {
@@ -311,7 +330,7 @@ fn watch_nodes(
                         _ => {}
                     }
                     if super::watches::relevant(&event, Some(fingerprint), &mut seen) {
-                        changed.notify_one();
+                        changes.record(&track, &event);
                     }
                 }
                 Some(Err(error)) => {
