@@ -31,7 +31,16 @@ use crate::process::{ManagedProcess, free_port};
 use crate::upstream_bin;
 
 /// The settings the example server runs with, as printed next to its figures.
-pub const SETTINGS: &str = "CA 1.34.5 example server, -tags clusterapi; in-tree clusterapi provider with client-go's default 5 QPS / burst 10 (not configurable)";
+pub const SETTINGS: &str = "cluster-autoscaler 1.34.5's example externalgrpc server \
+(cloudprovider/externalgrpc/examples/external-grpc-cloud-provider-service, -tags clusterapi, \
+tests/upstream/build.sh example-server), wrapping the in-tree clusterapi provider. Not 1.36.1: \
+that example panics at start with --cloud-provider=clusterapi (its main never sets \
+AutoscalerOptions.Processors, which BuildClusterAPI dereferences since 1.35). Flags: \
+--cloud-provider=clusterapi --cloud-config=<management kubeconfig> \
+--node-group-auto-discovery=clusterapi:namespace=bench, mTLS (--cert, --key-cert, --ca-cert); \
+workload cluster through the in-cluster configuration (a cluster-admin ServiceAccount token); \
+client-go's default 5 QPS / burst 10 for both clusters (the example sets no KubeClientOpts and \
+has no flag for them; its README says nothing about QPS)";
 
 /// Mounts the service-account files in a private mount namespace and runs the server:
 /// `$1` is the directory holding them, the rest the command.

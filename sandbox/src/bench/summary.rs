@@ -83,12 +83,20 @@ pub fn summarise(
         .iter()
         .find_map(|d| d.index.as_ref().map(|i| (d, i)))
     {
+        // The operator's part when the bench's watch saw the events, else end to end.
+        let (p50, p99, from) = match (index.served.after_watch_p50_ms, index.served.after_watch_p99_ms) {
+            (Some(p50), p99) => (p50, p99, "the API server delivering the watch event (seen by a second watcher, the bench's) to the first RPC answer showing the change"),
+            (None, _) => (index.served.p50_ms, Some(index.served.p99_ms), "sending the patch to the first RPC answer showing the change (the bench's watch saw no event)"),
+        };
         metrics.insert(
             "index_single_change_p50_ms".into(),
-            Metric::ours(Some(index.served.p50_ms), "ms")
-                .with("p99_ms", index.served.p99_ms)
+            Metric::ours(Some(p50), "ms")
+                .with("p99_ms", p99)
+                .with("measured_from", from)
                 .with("machines", run.spec.machines())
                 .with("changes", index.served.changes)
+                .with("end_to_end_p50_ms", index.served.p50_ms)
+                .with("end_to_end_p99_ms", index.served.p99_ms)
                 .with("apiserver_watch_p50_ms", index.served.watch_p50_ms)
                 .with("apiserver_watch_p99_ms", index.served.watch_p99_ms)
                 .with("operator_index_update_mean_ms", index.index_update_mean_ms)
@@ -401,16 +409,18 @@ pub fn render(results: &Results) -> String {
         let get = |k: &str| metric.extra.get(k).and_then(Value::as_f64);
         row(&mut rows, 
             &format!(
-                "one Machine changed at {} Machines -> served p50 (ms)",
+                "one Machine changed at {} Machines: watch event -> served p50 (ms)",
                 num(get("machines"))
             ),
             Some(metric),
         );
         for (label, key) in [
             ("  p99 (ms)", "p99_ms"),
-            ("  of which API server watch delivery p50 (ms)", "apiserver_watch_p50_ms"),
-            ("  operator index update (rebuild), mean (ms)", "operator_index_update_mean_ms"),
-            ("  operator watch event -> served, mean (ms)", "operator_event_to_served_mean_ms"),
+            ("  end to end from the patch, p50 (ms)", "end_to_end_p50_ms"),
+            ("  end to end from the patch, p99 (ms)", "end_to_end_p99_ms"),
+            ("  API server write + watch delivery, p50 (ms)", "apiserver_watch_p50_ms"),
+            ("  operator's metric: index update, mean (ms)", "operator_index_update_mean_ms"),
+            ("  operator's metric: event -> index updated, mean (ms)", "operator_event_to_served_mean_ms"),
         ] {
             if get(key).is_some() {
                 rows.push(vec![label.into(), num(get(key)), String::new(), String::new(), String::new()]);
