@@ -357,16 +357,18 @@ impl Watches {
                 if update.full {
                     full_pass_took = update.took;
                 }
+                // Serve first: refreshing the per-group gauges walks every group, which
+                // would otherwise delay a one-Machine update by as much as the update itself.
+                let snapshot = publisher.publish(update.snapshot);
                 self.ensure_template_watches(update.infra_refs.iter());
-                metrics.observe_snapshot(&update.snapshot, update.took);
+                metrics.observe_snapshot(&snapshot, update.took);
                 metrics.observe_index_update(update.full, update.latency);
                 tracing::debug!(
-                    groups = update.snapshot.groups.len(),
+                    groups = snapshot.groups.len(),
                     full = update.full,
                     took = ?update.took,
                     "index updated"
                 );
-                publisher.publish(update.snapshot);
                 state = Some(update.state);
             }
             tokio::select! {
