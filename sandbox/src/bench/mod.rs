@@ -32,7 +32,7 @@ use self::ca_loop::{LoopOptions, LoopStats};
 use self::changes::ChangeStats;
 use self::dataset::{Dataset, DatasetSpec, SINGLE_CLUSTER};
 use self::example_server::{ExampleServer, ExampleServerOptions};
-use self::server::{LoadPlan, Reads, ServerFigures, Target};
+use self::server::{LoadPlan, ServerFigures, Target};
 use crate::autoscaler::{Autoscaler, AutoscalerOptions, CloudProvider};
 use crate::controlplane::{ControlPlane, ControlPlaneOptions};
 use crate::operator::{GrpcPki, OperatorOptions, OperatorProcess, write_cloud_config};
@@ -288,7 +288,7 @@ async fn single_cluster(
         clients: connect_all(&pki, operator.grpc_address, &vec![pki.client.clone(); options.connections]).await?,
         visible: vec![all.clone(); options.connections],
     };
-    let ours = server::measure(&ours_target, &options.load, Reads::All, true).await?;
+    let ours = server::measure(&ours_target, &options.load, true).await?;
     let propagation = if role == Role::Main {
         Some(changes::propagation(&kube, &ours_target.clients[0], &dataset, options.changes).await?)
     } else {
@@ -353,12 +353,7 @@ async fn single_cluster(
         clients: connect_all(&pki, example.grpc_address, &vec![pki.client.clone(); options.connections]).await?,
         visible: vec![all; options.connections],
     };
-    let reads = if role == Role::Main {
-        Reads::All
-    } else {
-        Reads::Growth
-    };
-    let upstream = server::measure(&upstream_target, &options.load, reads, false).await?;
+    let upstream = server::measure(&upstream_target, &options.load, false).await?;
     let ca = match ca_ours {
         Some(ours) => {
             say(&format!("dataset {}: cluster-autoscaler + example server", spec.label()));
@@ -428,7 +423,7 @@ async fn multicluster(
             .map(|c| std::sync::Arc::new(c.groups.clone()))
             .collect(),
     };
-    let ours = server::measure(&target, &options.load, Reads::All, true).await?;
+    let ours = server::measure(&target, &options.load, true).await?;
     drop(operator);
     Ok(MultiClusterRun {
         spec,

@@ -77,24 +77,19 @@ pub struct ServerFigures {
     pub target_size: Latency,
 }
 
-/// Which reads a measurement covers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reads {
-    /// `NodeGroupForNode` throughput, the latency of `NodeGroups`, `NodeGroupNodes` and
-    /// `NodeGroupTargetSize`, and memory.
-    All,
-    /// What the growth table shows: `NodeGroupForNode` throughput, `NodeGroups` latency and
-    /// memory (on the upstream peer every group read costs a `NodeGroups` call, see
-    /// [`super::example_server`]).
-    Growth,
-}
-
 /// Waits until the server serves the last visible group, then warms it up, measures
-/// `reads`, and reads its memory before and after. `floor` adds the empty-RPC ceiling.
+/// `NodeGroupForNode` throughput and the latency of `NodeGroupNodes`, `NodeGroupTargetSize`
+/// and `NodeGroups`, and reads its memory before and after. `floor` adds the empty-RPC
+/// ceiling.
+///
+/// On the upstream peer every group read lists every group first (`getNodeGroup` in the
+/// example's `wrapper.go` calls `NodeGroups()`, which reads each group's live `/scale`), so
+/// one call can outlast `plan.call_timeout` from a few hundred groups on: the series then
+/// ends with that lower bound, and the abandoned call keeps the server's client-side rate
+/// limiter busy for the next series (which the bound absorbs).
 pub async fn measure(
     target: &Target,
     plan: &LoadPlan,
-    reads: Reads,
     floor: bool,
 ) -> anyhow::Result<ServerFigures> {
     let first = target.clients.first().context("no connection")?;
@@ -138,13 +133,8 @@ pub async fn measure(
         None
     };
     let series = |call| load::latency(first, plan.latency_samples, plan.latency_budget, plan.call_timeout, call);
-    let (node_group_nodes, target_size) = match reads {
-        Reads::All => (
-            series(group_nodes(groups.clone())).await,
-            series(target_size(groups.clone())).await,
-        ),
-        Reads::Growth => (Latency::default(), Latency::default()),
-    };
+    let node_group_nodes = series(group_nodes(groups.clone())).await;
+    let target_size = series(target_size(groups.clone())).await;
     // Last: on the upstream peer a NodeGroups call may outlive its timeout server-side.
     let seen = Arc::new(AtomicUsize::new(usize::MAX));
     let record = seen.clone();

@@ -35,7 +35,7 @@ pub struct Results {
     pub runs: Runs,
 }
 
-/// One row of the growth table.
+/// One dataset of the growth table.
 #[derive(Clone, Debug, Serialize)]
 pub struct GrowthRow {
     /// `groups x nodes`.
@@ -44,14 +44,61 @@ pub struct GrowthRow {
     pub groups: usize,
     /// Machines (and Nodes).
     pub machines: usize,
+    /// Our server.
+    pub ours: GrowthFigures,
+    /// The upstream example server.
+    pub upstream: GrowthFigures,
+}
+
+/// The read metrics of one server on one dataset. A latency is the lower bound the call
+/// proved when none answered within the per-call limit (named in `bounds`).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GrowthFigures {
     /// `NodeGroupForNode` requests/s under the load.
-    pub nodegroupfornode_rps: [Option<f64>; 2],
-    /// `NodeGroups` median, ms (upstream: a lower bound when `upstream_nodegroups_is_bound`).
-    pub nodegroups_p50_ms: [Option<f64>; 2],
-    /// Whether the upstream `NodeGroups` figure is a lower bound.
-    pub upstream_nodegroups_is_bound: bool,
+    pub nodegroupfornode_rps: Option<f64>,
+    /// `NodeGroups` median, ms.
+    pub nodegroups_p50_ms: Option<f64>,
+    /// `NodeGroupNodes` median, ms.
+    pub nodegroupnodes_p50_ms: Option<f64>,
+    /// `NodeGroupTargetSize` median, ms.
+    pub targetsize_p50_ms: Option<f64>,
     /// RSS after the load, MiB.
-    pub rss_mib: [Option<f64>; 2],
+    pub rss_mib: Option<f64>,
+    /// The latencies above that are lower bounds.
+    pub bounds: Vec<String>,
+}
+
+impl GrowthFigures {
+    fn of(f: &ServerFigures) -> Self {
+        let mut bounds = Vec::new();
+        let mut latency = |name: &str, l: &Latency| {
+            if l.p50_ms.is_none() && l.bound_ms.is_some() {
+                bounds.push(name.to_string());
+            }
+            l.p50_or_bound()
+        };
+        Self {
+            nodegroupfornode_rps: Some(f.node_group_for_node.rps),
+            nodegroups_p50_ms: latency("nodegroups_p50_ms", &f.node_groups),
+            nodegroupnodes_p50_ms: latency("nodegroupnodes_p50_ms", &f.node_group_nodes),
+            targetsize_p50_ms: latency("targetsize_p50_ms", &f.target_size),
+            rss_mib: Some(f.rss_after_mib),
+            bounds,
+        }
+    }
+
+    /// The figure named `key` and whether it is a lower bound.
+    fn get(&self, key: &str) -> (Option<f64>, bool) {
+        let value = match key {
+            "nodegroupfornode_rps" => self.nodegroupfornode_rps,
+            "nodegroups_p50_ms" => self.nodegroups_p50_ms,
+            "nodegroupnodes_p50_ms" => self.nodegroupnodes_p50_ms,
+            "targetsize_p50_ms" => self.targetsize_p50_ms,
+            "rss_mib" => self.rss_mib,
+            _ => None,
+        };
+        (value, self.bounds.iter().any(|b| b == key))
+    }
 }
 
 /// Summarises `runs`: the main dataset is the first.
@@ -255,18 +302,12 @@ fn add_ca_metrics(metrics: &mut BTreeMap<String, Metric>, ca: &super::CaRuns) {
 }
 
 fn growth_row(run: &DatasetRun) -> GrowthRow {
-    let groups = |f: &ServerFigures| f.node_groups.p50_or_bound();
     GrowthRow {
         dataset: run.spec.label(),
         groups: run.spec.groups(),
         machines: run.spec.machines(),
-        nodegroupfornode_rps: [
-            Some(run.ours.node_group_for_node.rps),
-            Some(run.upstream.node_group_for_node.rps),
-        ],
-        nodegroups_p50_ms: [groups(&run.ours), groups(&run.upstream)],
-        upstream_nodegroups_is_bound: run.upstream.node_groups.p50_ms.is_none(),
-        rss_mib: [Some(run.ours.rss_after_mib), Some(run.upstream.rss_after_mib)],
+        ours: GrowthFigures::of(&run.ours),
+        upstream: GrowthFigures::of(&run.upstream),
     }
 }
 
@@ -430,42 +471,7 @@ pub fn render(results: &Results) -> String {
     out.push_str(&table(&["metric", "ours", "upstream", "ratio", "goal"], &rows));
     out.push_str("(upstream: the example server; for CA loops the CA run named. '>' marks a lower bound: the peer had not answered by then.)\n\n");
 
-    out.push_str("growth: read metrics by dataset size (ours | upstream example server; x = factor over the smallest)\n");
-    let first = results.growth.first();
-    let factor = |v: Option<f64>, base: Option<f64>| match (v, base) {
-        (Some(v), Some(b)) if b > 0.0 => format!(" (x{})", num(Some(v / b))),
-        _ => String::new(),
-    };
-    let rows: Vec<Vec<String>> = results
-        .growth
-        .iter()
-        .map(|r| {
-            let base = |pick: fn(&GrowthRow) -> [Option<f64>; 2], i: usize| first.and_then(|f| pick(f)[i]);
-            vec![
-                r.dataset.clone(),
-                num(Some(r.machines as f64)),
-                format!("{}{}", num(r.nodegroupfornode_rps[0]), factor(r.nodegroupfornode_rps[0], base(|g| g.nodegroupfornode_rps, 0))),
-                format!("{}{}", num(r.nodegroupfornode_rps[1]), factor(r.nodegroupfornode_rps[1], base(|g| g.nodegroupfornode_rps, 1))),
-                format!("{}{}", num(r.nodegroups_p50_ms[0]), factor(r.nodegroups_p50_ms[0], base(|g| g.nodegroups_p50_ms, 0))),
-                format!("{}{}", bounded(r.nodegroups_p50_ms[1], r.upstream_nodegroups_is_bound), factor(r.nodegroups_p50_ms[1], base(|g| g.nodegroups_p50_ms, 1))),
-                format!("{}{}", num(r.rss_mib[0]), factor(r.rss_mib[0], base(|g| g.rss_mib, 0))),
-                format!("{}{}", num(r.rss_mib[1]), factor(r.rss_mib[1], base(|g| g.rss_mib, 1))),
-            ]
-        })
-        .collect();
-    out.push_str(&table(
-        &[
-            "groups x nodes",
-            "machines",
-            "NGFN req/s ours",
-            "NGFN req/s upstream",
-            "NodeGroups p50 ms ours",
-            "NodeGroups p50 ms upstream",
-            "RSS MiB ours",
-            "RSS MiB upstream",
-        ],
-        &rows,
-    ));
+    out.push_str(&growth_table(&results.growth));
     out.push('\n');
 
     let mc = &results.multicluster;
@@ -498,5 +504,56 @@ pub fn render(results: &Results) -> String {
         &rows,
     ));
     out.push_str(&format!("\nrun took {:.0}s\n", results.duration_s));
+    out
+}
+
+/// Rows: each read metric for ours and upstream; columns: the datasets, smallest first, each
+/// figure with its factor over the smallest dataset's.
+fn growth_table(growth: &[GrowthRow]) -> String {
+    let mut out = String::from(
+        "growth: read metrics by dataset size (x = factor over the smallest dataset; '>' a lower bound)\n",
+    );
+    let Some(first) = growth.first() else {
+        return out;
+    };
+    let mut rows = Vec::new();
+    for (label, key) in [
+        ("NodeGroupForNode req/s", "nodegroupfornode_rps"),
+        ("NodeGroups p50 ms", "nodegroups_p50_ms"),
+        ("NodeGroupNodes p50 ms", "nodegroupnodes_p50_ms"),
+        ("NodeGroupTargetSize p50 ms", "targetsize_p50_ms"),
+        ("RSS after load MiB", "rss_mib"),
+    ] {
+        for (server, pick) in [
+            ("ours", (|r: &GrowthRow| &r.ours) as fn(&GrowthRow) -> &GrowthFigures),
+            ("upstream", |r: &GrowthRow| &r.upstream),
+        ] {
+            let (base, _) = pick(first).get(key);
+            let mut row = vec![
+                if server == "ours" { label.to_string() } else { String::new() },
+                server.to_string(),
+            ];
+            for r in growth {
+                let (value, is_bound) = pick(r).get(key);
+                let factor = match (value, base) {
+                    (Some(v), Some(b)) if b > 0.0 && !std::ptr::eq(r, first) => {
+                        format!(" (x{})", num(Some(v / b)))
+                    }
+                    _ => String::new(),
+                };
+                row.push(format!("{}{factor}", bounded(value, is_bound)));
+            }
+            row.push(String::new());
+            rows.push(row);
+        }
+    }
+    let headers: Vec<String> = growth
+        .iter()
+        .map(|r| format!("{} ({} machines)", r.dataset, num(Some(r.machines as f64))))
+        .collect();
+    let mut header = vec!["metric", "server"];
+    header.extend(headers.iter().map(String::as_str));
+    header.push("");
+    out.push_str(&table(&header, &rows));
     out
 }
