@@ -131,8 +131,8 @@ fn main() -> anyhow::Result<()> {
             runtime.block_on(soak(sandbox, &options))
         }
         Command::Bench { smoke, out } => {
-            let out =
-                out.unwrap_or_else(|| ngo_sandbox::workspace_root().join("target/bench/results.json"));
+            let out = out
+                .unwrap_or_else(|| ngo_sandbox::workspace_root().join("target/bench/results.json"));
             bench(&runtime, smoke, &out, started)
         }
         Command::Demo { plain } => {

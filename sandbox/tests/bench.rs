@@ -50,23 +50,38 @@ fn bench_smoke_writes_every_metric_with_ratios_and_goals() {
     }
     let for_node = &results["metrics"]["nodegroupfornode_rps_c16"];
     for field in ["upstream", "ratio", "floor", "floor_ratio", "pass"] {
-        assert!(!for_node[field].is_null(), "nodegroupfornode_rps_c16.{field}");
+        assert!(
+            !for_node[field].is_null(),
+            "nodegroupfornode_rps_c16.{field}"
+        );
     }
-    for name in ["rss_mib", "ca_loop_p50_ms_vs_intree", "ca_loop_p50_ms_vs_example"] {
+    for name in [
+        "rss_mib",
+        "ca_loop_p50_ms_vs_intree",
+        "ca_loop_p50_ms_vs_example",
+    ] {
         let metric = &results["metrics"][name];
-        assert!(metric["upstream"].is_number(), "{name}.upstream in {metric}");
+        assert!(
+            metric["upstream"].is_number(),
+            "{name}.upstream in {metric}"
+        );
         assert!(metric["ratio"].is_number(), "{name}.ratio in {metric}");
         assert!(metric["pass"].is_boolean(), "{name}.pass in {metric}");
     }
     assert!(results["machine"]["nproc"].as_u64() > Some(0));
     assert!(results["dataset"]["machines"].as_u64() > Some(0));
     assert!(
-        results["growth"].as_array().is_some_and(|rows| rows.len() >= 2),
+        results["growth"]
+            .as_array()
+            .is_some_and(|rows| rows.len() >= 2),
         "a growth row per single-cluster dataset"
     );
     assert!(results["multicluster"]["ours"]["nodegroupfornode_rps"].is_number());
     assert!(results["settings"]["upstream"].is_string());
     for heading in ["ratio", "goal", "growth:", "scale across clusters"] {
-        assert!(stdout.contains(heading), "the printed report has {heading:?}");
+        assert!(
+            stdout.contains(heading),
+            "the printed report has {heading:?}"
+        );
     }
 }

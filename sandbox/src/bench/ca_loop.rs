@@ -62,7 +62,11 @@ impl LoopStats {
 
 /// Measures the loops of the cluster-autoscaler serving metrics at `address`, started
 /// `running_for` ago.
-pub async fn measure(address: SocketAddr, running_for: Duration, options: LoopOptions) -> LoopStats {
+pub async fn measure(
+    address: SocketAddr,
+    running_for: Duration,
+    options: LoopOptions,
+) -> LoopStats {
     let started = Instant::now();
     let mut stats = LoopStats::default();
     // (loop number, milliseconds) of every loop seen completing on its own.
@@ -91,7 +95,11 @@ pub async fn measure(address: SocketAddr, running_for: Duration, options: LoopOp
         tokio::time::sleep(POLL).await;
     }
     stats.waited_s = started.elapsed().as_secs_f64();
-    let skip = if measured(&exact) > 0 { options.skip } else { 0 };
+    let skip = if measured(&exact) > 0 {
+        options.skip
+    } else {
+        0
+    };
     let mut samples: Vec<f64> = exact
         .iter()
         .filter(|(i, _)| *i > skip)
@@ -253,7 +261,10 @@ cluster_autoscaler_errors_total{type=\"apiCallError\"} 1
         assert!((p50 - 0.55).abs() < 1e-9, "{p50}");
         // Rank 11.9 falls in +Inf: the highest finite bound.
         assert_eq!(bucket_quantile(&buckets, 0.99), Some(1.0));
-        assert_eq!(bucket_quantile(&[(1.0, 0.0), (f64::INFINITY, 0.0)], 0.5), None);
+        assert_eq!(
+            bucket_quantile(&[(1.0, 0.0), (f64::INFINITY, 0.0)], 0.5),
+            None
+        );
     }
 
     #[test]
@@ -268,7 +279,11 @@ cluster_autoscaler_errors_total{type=\"apiCallError\"} 1
     #[test]
     fn reads_the_group_gauge_and_sums_error_counters() {
         assert_eq!(
-            gauge(METRICS, "cluster_autoscaler_node_groups_count", "autoscaled"),
+            gauge(
+                METRICS,
+                "cluster_autoscaler_node_groups_count",
+                "autoscaled"
+            ),
             Some(200.0)
         );
         assert_eq!(

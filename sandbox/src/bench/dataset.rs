@@ -138,11 +138,7 @@ pub async fn create(client: &Client, spec: DatasetSpec) -> anyhow::Result<Datase
                     let machines = (0..spec.nodes_per_group)
                         .map(|i| {
                             let node = format!("{namespace}-{name}-{i}");
-                            (
-                                format!("{name}-m{i}"),
-                                format!("test:////{node}"),
-                                node,
-                            )
+                            (format!("{name}-m{i}"), format!("test:////{node}"), node)
                         })
                         .collect();
                     GroupData {
@@ -156,7 +152,12 @@ pub async fn create(client: &Client, spec: DatasetSpec) -> anyhow::Result<Datase
         })
         .collect();
 
-    run_all(clusters.iter().map(|c| create_cluster(client, &c.namespace))).await?;
+    run_all(
+        clusters
+            .iter()
+            .map(|c| create_cluster(client, &c.namespace)),
+    )
+    .await?;
     let n = spec.nodes_per_group as i32;
     let deployments = run_all(clusters.iter().flat_map(|c| {
         c.groups
@@ -191,7 +192,15 @@ pub async fn create(client: &Client, spec: DatasetSpec) -> anyhow::Result<Datase
                 .cloned()
                 .unwrap_or_default();
             g.machines.iter().map(move |(machine, pid, node)| {
-                create_machine(client, &c.namespace, &g.name, machine, pid, node, uid.clone())
+                create_machine(
+                    client,
+                    &c.namespace,
+                    &g.name,
+                    machine,
+                    pid,
+                    node,
+                    uid.clone(),
+                )
             })
         })
     });

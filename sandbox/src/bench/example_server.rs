@@ -95,8 +95,7 @@ impl ExampleServer {
             "the example server needs `unshare` (util-linux) for its in-cluster configuration",
         )?;
         let files = options.dir.join("serviceaccount");
-        std::fs::create_dir_all(&files)
-            .with_context(|| format!("creating {}", files.display()))?;
+        std::fs::create_dir_all(&files).with_context(|| format!("creating {}", files.display()))?;
         std::fs::write(files.join("token"), &options.token).context("writing the token")?;
         std::fs::copy(&options.api_ca, files.join("ca.crt")).context("copying the API CA")?;
         std::fs::write(files.join("namespace"), &options.namespace)
@@ -128,7 +127,12 @@ impl ExampleServer {
             format!("--cert={}", p(&options.server_cert.0)),
             format!("--key-cert={}", p(&options.server_cert.1)),
             format!("--ca-cert={}", p(&options.client_ca)),
-            format!("--v={}", std::env::var("NGO_BENCH_EXAMPLE_V").as_deref().unwrap_or("1")),
+            format!(
+                "--v={}",
+                std::env::var("NGO_BENCH_EXAMPLE_V")
+                    .as_deref()
+                    .unwrap_or("1")
+            ),
         ];
         let (host, api_port) = options
             .api_server

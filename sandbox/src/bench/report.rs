@@ -118,7 +118,12 @@ pub struct Metric {
 
 impl Metric {
     /// `ours` against `upstream` (a lower bound when `upstream_is_bound`).
-    pub fn compare(ours: Option<f64>, upstream: Option<f64>, upstream_is_bound: bool, unit: &str) -> Self {
+    pub fn compare(
+        ours: Option<f64>,
+        upstream: Option<f64>,
+        upstream_is_bound: bool,
+        unit: &str,
+    ) -> Self {
         Self {
             ours,
             upstream,
@@ -255,7 +260,15 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         let _ = writeln!(out, "{}", text.trim_end());
     };
     line(header.to_vec());
-    line(widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().iter().map(String::as_str).collect());
+    line(
+        widths
+            .iter()
+            .map(|w| "-".repeat(*w))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(String::as_str)
+            .collect(),
+    );
     for row in rows {
         line(row.iter().map(String::as_str).collect());
     }
@@ -286,19 +299,28 @@ mod tests {
             .goal("floor_ratio", Goal::AtLeast(0.7));
         assert_eq!(m.ratio, Some(100.0));
         assert_eq!(m.pass, Some(false));
-        assert_eq!(m.goal.as_deref(), Some("ratio >= 10 and floor_ratio >= 0.7"));
+        assert_eq!(
+            m.goal.as_deref(),
+            Some("ratio >= 10 and floor_ratio >= 0.7")
+        );
         let bound = Metric::compare(Some(500.0), Some(120_000.0), true, "ms")
             .goal("ratio", Goal::AtMost(0.1));
         assert_eq!(bound.pass, Some(true));
         assert!(ratio_cell(&bound).starts_with("< "));
-        assert_eq!(Metric::ours(None, "ms").goal("ours", Goal::Below(1.0)).pass, Some(false));
+        assert_eq!(
+            Metric::ours(None, "ms").goal("ours", Goal::Below(1.0)).pass,
+            Some(false)
+        );
     }
 
     #[test]
     fn tables_align_their_columns() {
         let text = table(
             &["metric", "ours", "note"],
-            &[vec!["a".into(), "1".into(), "x".into()], vec!["bb".into(), "100".into(), "y".into()]],
+            &[
+                vec!["a".into(), "1".into(), "x".into()],
+                vec!["bb".into(), "100".into(), "y".into()],
+            ],
         );
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "metric  ours  note");

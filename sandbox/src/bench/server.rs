@@ -36,7 +36,10 @@ pub struct LoadPlan {
 }
 
 mod seconds {
-    pub fn serialize<S: serde::Serializer>(d: &std::time::Duration, s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
         s.serialize_f64(d.as_secs_f64())
     }
 }
@@ -116,7 +119,10 @@ pub async fn measure(
     .await;
     let floor = if floor {
         let gpu_label = load::call(|mut client, _| async move {
-            client.gpu_label(proto::GpuLabelRequest {}).await.map(|_| ())
+            client
+                .gpu_label(proto::GpuLabelRequest {})
+                .await
+                .map(|_| ())
         });
         Some(
             load::throughput(
@@ -132,7 +138,15 @@ pub async fn measure(
     } else {
         None
     };
-    let series = |call| load::latency(first, plan.latency_samples, plan.latency_budget, plan.call_timeout, call);
+    let series = |call| {
+        load::latency(
+            first,
+            plan.latency_samples,
+            plan.latency_budget,
+            plan.call_timeout,
+            call,
+        )
+    };
     let node_group_nodes = series(group_nodes(groups.clone())).await;
     let target_size = series(target_size(groups.clone())).await;
     // Last: on the upstream peer a NodeGroups call may outlive its timeout server-side.
@@ -222,7 +236,11 @@ fn target_size(groups: Arc<Vec<GroupData>>) -> Call {
 
 /// Waits until `NodeGroupForNode` places the last machine of the last group in its group:
 /// one lookup on either server (a group read on the upstream peer costs a `NodeGroups`).
-async fn wait_served(client: &Client, groups: &[GroupData], timeout: Duration) -> anyhow::Result<()> {
+async fn wait_served(
+    client: &Client,
+    groups: &[GroupData],
+    timeout: Duration,
+) -> anyhow::Result<()> {
     let group = groups.last().context("no groups")?;
     let (_, provider_id, name) = group.machines.last().context("a group without machines")?;
     let node = ExternalGrpcNode {

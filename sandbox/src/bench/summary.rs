@@ -131,9 +131,20 @@ pub fn summarise(
         .find_map(|d| d.index.as_ref().map(|i| (d, i)))
     {
         // The operator's part when the bench's watch saw the events, else end to end.
-        let (p50, p99, from) = match (index.served.after_watch_p50_ms, index.served.after_watch_p99_ms) {
-            (Some(p50), p99) => (p50, p99, "the API server delivering the watch event (seen by a second watcher, the bench's) to the first RPC answer showing the change"),
-            (None, _) => (index.served.p50_ms, Some(index.served.p99_ms), "sending the patch to the first RPC answer showing the change (the bench's watch saw no event)"),
+        let (p50, p99, from) = match (
+            index.served.after_watch_p50_ms,
+            index.served.after_watch_p99_ms,
+        ) {
+            (Some(p50), p99) => (
+                p50,
+                p99,
+                "the API server delivering the watch event (seen by a second watcher, the bench's) to the first RPC answer showing the change",
+            ),
+            (None, _) => (
+                index.served.p50_ms,
+                Some(index.served.p99_ms),
+                "sending the patch to the first RPC answer showing the change (the bench's watch saw no event)",
+            ),
         };
         metrics.insert(
             "index_single_change_p50_ms".into(),
@@ -148,7 +159,10 @@ pub fn summarise(
                 .with("apiserver_watch_p99_ms", index.served.watch_p99_ms)
                 .with("operator_index_update_mean_ms", index.index_update_mean_ms)
                 .with("operator_index_updates", index.index_updates)
-                .with("operator_event_to_served_mean_ms", index.event_to_served_mean_ms)
+                .with(
+                    "operator_event_to_index_updated_mean_ms",
+                    index.event_to_index_updated_mean_ms,
+                )
                 .goal("ours", Goal::AtMost(1.0)),
         );
     }
@@ -241,24 +255,38 @@ fn add_server_metrics(metrics: &mut BTreeMap<String, Metric>, run: &DatasetRun) 
     let ours_rps = Some(ours.node_group_for_node.rps);
     metrics.insert(
         "nodegroupfornode_rps_c16".into(),
-        Metric::compare(ours_rps, Some(up.node_group_for_node.rps), false, "requests/s")
-            .with("floor", floor)
-            .with("floor_ratio", report::ratio(ours_rps, floor))
-            .with("ours_errors", ours.node_group_for_node.errors)
-            .with("upstream_errors", up.node_group_for_node.errors)
-            .goal("ratio", Goal::AtLeast(10.0))
-            .goal("floor_ratio", Goal::AtLeast(0.7)),
+        Metric::compare(
+            ours_rps,
+            Some(up.node_group_for_node.rps),
+            false,
+            "requests/s",
+        )
+        .with("floor", floor)
+        .with("floor_ratio", report::ratio(ours_rps, floor))
+        .with("ours_errors", ours.node_group_for_node.errors)
+        .with("upstream_errors", up.node_group_for_node.errors)
+        .goal("ratio", Goal::AtLeast(10.0))
+        .goal("floor_ratio", Goal::AtLeast(0.7)),
     );
     metrics.insert(
         "rss_mib".into(),
-        Metric::compare(Some(ours.rss_after_mib), Some(up.rss_after_mib), false, "MiB")
-            .with("ours_warm", ours.rss_warm_mib)
-            .with("upstream_warm", up.rss_warm_mib)
-            .goal("ratio", Goal::AtMost(0.34)),
+        Metric::compare(
+            Some(ours.rss_after_mib),
+            Some(up.rss_after_mib),
+            false,
+            "MiB",
+        )
+        .with("ours_warm", ours.rss_warm_mib)
+        .with("upstream_warm", up.rss_warm_mib)
+        .goal("ratio", Goal::AtMost(0.34)),
     );
     for (name, o, u) in [
         ("nodegroups", &ours.node_groups, &up.node_groups),
-        ("nodegroupnodes", &ours.node_group_nodes, &up.node_group_nodes),
+        (
+            "nodegroupnodes",
+            &ours.node_group_nodes,
+            &up.node_group_nodes,
+        ),
         ("targetsize", &ours.target_size, &up.target_size),
     ] {
         metrics.insert(format!("{name}_p50_ms"), latency_metric(o, u, false));
@@ -279,12 +307,17 @@ fn add_ca_metrics(metrics: &mut BTreeMap<String, Metric>, ca: &super::CaRuns) {
     };
     if let Some(((qps, burst), raised)) = ca.in_tree.last() {
         let (up, bound) = loops(raised);
-        let mut metric = describe(Metric::compare(ours, up, bound, "ms"), raised)
-            .with("upstream_setting", format!("--kube-client-qps={qps} --kube-client-burst={burst}"));
+        let mut metric = describe(Metric::compare(ours, up, bound, "ms"), raised).with(
+            "upstream_setting",
+            format!("--kube-client-qps={qps} --kube-client-burst={burst}"),
+        );
         if let Some(((q0, b0), default)) = ca.in_tree.first().filter(|_| ca.in_tree.len() > 1) {
             let (up0, bound0) = loops(default);
             metric = metric
-                .with("upstream_default_setting", format!("--kube-client-qps={q0} --kube-client-burst={b0}"))
+                .with(
+                    "upstream_default_setting",
+                    format!("--kube-client-qps={q0} --kube-client-burst={b0}"),
+                )
                 .with("upstream_default_qps", up0)
                 .with("upstream_default_qps_is_bound", bound0)
                 .with("ratio_default_qps", report::ratio(ours, up0));
@@ -297,7 +330,8 @@ fn add_ca_metrics(metrics: &mut BTreeMap<String, Metric>, ca: &super::CaRuns) {
     let (up, bound) = loops(&ca.example);
     metrics.insert(
         "ca_loop_p50_ms_vs_example".into(),
-        describe(Metric::compare(ours, up, bound, "ms"), &ca.example).goal("ratio", Goal::AtMost(0.1)),
+        describe(Metric::compare(ours, up, bound, "ms"), &ca.example)
+            .goal("ratio", Goal::AtMost(0.1)),
     );
 }
 
@@ -385,7 +419,11 @@ pub fn render(results: &Results) -> String {
             ]);
         }
     };
-    row(&mut rows, "NodeGroupForNode throughput (req/s)", m("nodegroupfornode_rps_c16"));
+    row(
+        &mut rows,
+        "NodeGroupForNode throughput (req/s)",
+        m("nodegroupfornode_rps_c16"),
+    );
     if let Some(metric) = m("nodegroupfornode_rps_c16") {
         let floor = metric.extra.get("floor").and_then(Value::as_f64);
         let floor_ratio = metric.extra.get("floor_ratio").and_then(Value::as_f64);
@@ -419,24 +457,46 @@ pub fn render(results: &Results) -> String {
         row(&mut rows, label, m(name));
     }
     if let Some(metric) = m("ca_loop_p50_ms_vs_intree") {
-        let setting = metric.extra.get("upstream_setting").and_then(Value::as_str).unwrap_or_default();
-        row(&mut rows, &format!("CA main loop p50 (ms) vs in-tree, {setting}"), Some(metric));
+        let setting = metric
+            .extra
+            .get("upstream_setting")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        row(
+            &mut rows,
+            &format!("CA main loop p50 (ms) vs in-tree, {setting}"),
+            Some(metric),
+        );
         let get = |k: &str| metric.extra.get(k);
         if let Some(default) = get("upstream_default_setting").and_then(Value::as_str) {
             let up = get("upstream_default_qps").and_then(Value::as_f64);
-            let is_bound = get("upstream_default_qps_is_bound").and_then(Value::as_bool).unwrap_or(false);
+            let is_bound = get("upstream_default_qps_is_bound")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
             let r = get("ratio_default_qps").and_then(Value::as_f64);
             rows.push(vec![
                 format!("  vs in-tree at CA's default, {default}"),
                 num(metric.ours),
                 bounded(up, is_bound),
-                if is_bound { format!("< {}", num(r)) } else { num(r) },
+                if is_bound {
+                    format!("< {}", num(r))
+                } else {
+                    num(r)
+                },
                 String::new(),
             ]);
         }
     }
-    row(&mut rows, "CA main loop p50 (ms) vs CA + example server", m("ca_loop_p50_ms_vs_example"));
-    row(&mut rows, "propagation, min/max change -> NodeGroups p99 (ms)", m("propagation_p99_ms"));
+    row(
+        &mut rows,
+        "CA main loop p50 (ms) vs CA + example server",
+        m("ca_loop_p50_ms_vs_example"),
+    );
+    row(
+        &mut rows,
+        "propagation, min/max change -> NodeGroups p99 (ms)",
+        m("propagation_p99_ms"),
+    );
     if let Some(metric) = m("propagation_p99_ms") {
         rows.push(vec![
             "  p50 (ms)".into(),
@@ -448,7 +508,8 @@ pub fn render(results: &Results) -> String {
     }
     if let Some(metric) = m("index_single_change_p50_ms") {
         let get = |k: &str| metric.extra.get(k).and_then(Value::as_f64);
-        row(&mut rows, 
+        row(
+            &mut rows,
             &format!(
                 "one Machine changed at {} Machines: watch event -> served p50 (ms)",
                 num(get("machines"))
@@ -459,16 +520,34 @@ pub fn render(results: &Results) -> String {
             ("  p99 (ms)", "p99_ms"),
             ("  end to end from the patch, p50 (ms)", "end_to_end_p50_ms"),
             ("  end to end from the patch, p99 (ms)", "end_to_end_p99_ms"),
-            ("  API server write + watch delivery, p50 (ms)", "apiserver_watch_p50_ms"),
-            ("  operator's metric: index update, mean (ms)", "operator_index_update_mean_ms"),
-            ("  operator's metric: event -> index updated, mean (ms)", "operator_event_to_served_mean_ms"),
+            (
+                "  API server write + watch delivery, p50 (ms)",
+                "apiserver_watch_p50_ms",
+            ),
+            (
+                "  operator's metric: index update, mean (ms)",
+                "operator_index_update_mean_ms",
+            ),
+            (
+                "  operator's metric: event -> index updated, mean (ms)",
+                "operator_event_to_index_updated_mean_ms",
+            ),
         ] {
             if get(key).is_some() {
-                rows.push(vec![label.into(), num(get(key)), String::new(), String::new(), String::new()]);
+                rows.push(vec![
+                    label.into(),
+                    num(get(key)),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                ]);
             }
         }
     }
-    out.push_str(&table(&["metric", "ours", "upstream", "ratio", "goal"], &rows));
+    out.push_str(&table(
+        &["metric", "ours", "upstream", "ratio", "goal"],
+        &rows,
+    ));
     out.push_str("(upstream: the example server; for CA loops the CA run named. '>' marks a lower bound: the peer had not answered by then.)\n\n");
 
     out.push_str(&growth_table(&results.growth));
@@ -486,7 +565,10 @@ pub fn render(results: &Results) -> String {
     let rows: Vec<Vec<String>> = [
         ("NodeGroupForNode req/s", "nodegroupfornode_rps"),
         ("floor: GPULabel req/s", "floor_rps"),
-        ("groups a NodeGroups call returns", "groups_seen_by_nodegroups"),
+        (
+            "groups a NodeGroups call returns",
+            "groups_seen_by_nodegroups",
+        ),
         ("NodeGroups p50 ms", "nodegroups_p50_ms"),
         ("NodeGroups p99 ms", "nodegroups_p99_ms"),
         ("NodeGroupNodes p50 ms", "nodegroupnodes_p50_ms"),
@@ -497,10 +579,22 @@ pub fn render(results: &Results) -> String {
         ("RSS after load MiB", "rss_after_mib"),
     ]
     .iter()
-    .map(|(label, key)| vec![label.to_string(), cell(&single["ours"], key), cell(&mc["ours"], key), String::new()])
+    .map(|(label, key)| {
+        vec![
+            label.to_string(),
+            cell(&single["ours"], key),
+            cell(&mc["ours"], key),
+            String::new(),
+        ]
+    })
     .collect();
     out.push_str(&table(
-        &["ours", &format!("1 cluster, {single_label}"), &format!("{mc_label}, scoped"), ""],
+        &[
+            "ours",
+            &format!("1 cluster, {single_label}"),
+            &format!("{mc_label}, scoped"),
+            "",
+        ],
         &rows,
     ));
     out.push_str(&format!("\nrun took {:.0}s\n", results.duration_s));
@@ -525,12 +619,19 @@ fn growth_table(growth: &[GrowthRow]) -> String {
         ("RSS after load MiB", "rss_mib"),
     ] {
         for (server, pick) in [
-            ("ours", (|r: &GrowthRow| &r.ours) as fn(&GrowthRow) -> &GrowthFigures),
+            (
+                "ours",
+                (|r: &GrowthRow| &r.ours) as fn(&GrowthRow) -> &GrowthFigures,
+            ),
             ("upstream", |r: &GrowthRow| &r.upstream),
         ] {
             let (base, _) = pick(first).get(key);
             let mut row = vec![
-                if server == "ours" { label.to_string() } else { String::new() },
+                if server == "ours" {
+                    label.to_string()
+                } else {
+                    String::new()
+                },
                 server.to_string(),
             ];
             for r in growth {
