@@ -357,8 +357,8 @@ impl Watches {
                 if update.full {
                     full_pass_took = update.took;
                 }
-                // Serve first: refreshing the per-group gauges walks every group, which
-                // would otherwise delay a one-Machine update by as much as the update itself.
+                // Serve first: refreshing the per-group gauges walks every group (five series
+                // each), work a one-Machine update should not wait for.
                 let snapshot = publisher.publish(update.snapshot);
                 self.ensure_template_watches(update.infra_refs.iter());
                 metrics.observe_snapshot(&snapshot, update.took);

@@ -72,7 +72,7 @@ pub struct BenchOptions {
 }
 
 impl BenchOptions {
-    /// The full benchmark (about 15 minutes on 2 cores).
+    /// The full benchmark (about 18 minutes on 2 cores, plus the release builds).
     pub fn full() -> Self {
         Self {
             main: DatasetSpec::single(200, 25),
