@@ -297,7 +297,8 @@ fn bench(
     std::fs::write(out, serde_json::to_vec_pretty(&results)?)
         .with_context(|| format!("writing {}", out.display()))?;
     println!("\n{}", summary::render(&results));
-    println!("results: {}", out.display());
+    let shown = std::fs::canonicalize(out).unwrap_or_else(|_| out.to_path_buf());
+    println!("results: {}", shown.display());
     Ok(())
 }
 
