@@ -8,6 +8,8 @@ UPSTREAM := tests/upstream/build.sh
 TEST_PEERS ?= etcd kube capi kwok helm ca-source ecosystem-crds cluster-autoscaler example-server conformance
 # What `make demo` needs.
 DEMO_PEERS ?= etcd kube capi kwok cluster-autoscaler
+# What `make bench` needs.
+BENCH_PEERS ?= etcd kube capi cluster-autoscaler example-server
 
 .PHONY: all build test unit e2e safety soak lint fmt crds upstream demo demo-cherry sandbox bench fuzz clean-upstream
 
@@ -42,9 +44,14 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-## Read-path benchmark at 1,000 groups / 10,000 nodes; writes target/bench/index.json.
+## Side by side with the upstream peers (CA's example externalgrpc server, CA's in-tree clusterapi
+## provider) on fresh API servers, same load client for all: optimized builds of ours and theirs.
+## Prints a table and writes target/bench/results.json; about 20 minutes on 2 cores, not part of
+## `make test` (which runs `ngo-sandbox bench --smoke`).
 bench:
-	$(CARGO) bench --locked --bench index
+	$(UPSTREAM) $(BENCH_PEERS)
+	$(CARGO) build --release --locked -p ngo-sandbox -p nodegroup-operator --bins
+	./target/release/ngo-sandbox bench
 
 ## Fuzz the gRPC request decoders and the pure request handling (fuzz/; not part of `make test`).
 ## Needs a nightly toolchain and cargo-fuzz (`rustup toolchain install nightly --profile minimal`,

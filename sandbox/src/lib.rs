@@ -1,13 +1,14 @@
 //! `ngo-sandbox`: a local sandbox of upstream processes on loopback (etcd, kube-apiserver,
 //! kube-controller-manager, kube-scheduler, the Cluster API manager, kwok,
 //! cluster-autoscaler) plus a test infrastructure provider, for the operator's tests,
-//! `make demo` and benchmarks. It is a developer tool: nothing here ships in the operator
+//! `make demo` and `make bench`. It is a developer tool: nothing here ships in the operator
 //! image.
 //!
 //! Upstream binaries come from `tests/upstream/build.sh` (`target/upstream/bin`). Every
 //! process runs in a temp dir, on free loopback ports, and dies with its parent.
 
 pub mod autoscaler;
+pub mod bench;
 pub mod ca_client;
 pub mod capi;
 pub mod cherry;

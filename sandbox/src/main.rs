@@ -5,6 +5,8 @@
 //!   MachineDeployments and policies. Ctrl-C or `ngo-sandbox down` stops it.
 //! - `ngo-sandbox demo` starts it, scales a MachineDeployment up and down through
 //!   cluster-autoscaler while showing what happens, and stops it.
+//! - `ngo-sandbox bench` measures the operator side by side with its upstream peers
+//!   (`make bench`) and writes target/bench/results.json.
 
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
@@ -49,6 +51,16 @@ enum Command {
         /// Node groups.
         #[arg(long, default_value_t = 4)]
         groups: usize,
+    },
+    /// Benchmark the operator side by side with CA's example externalgrpc server and CA's
+    /// in-tree clusterapi provider on fresh API servers; prints a table and writes the results.
+    Bench {
+        /// Tiny datasets and short windows: exercises every code path, measures nothing.
+        #[arg(long)]
+        smoke: bool,
+        /// Where to write the results (default: target/bench/results.json).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Run the demo: scale a MachineDeployment up and down through cluster-autoscaler.
     Demo {
@@ -121,6 +133,11 @@ fn main() -> anyhow::Result<()> {
                 groups,
             };
             runtime.block_on(soak(sandbox, &options))
+        }
+        Command::Bench { smoke, out } => {
+            let out = out
+                .unwrap_or_else(|| ngo_sandbox::workspace_root().join("target/bench/results.json"));
+            bench(&runtime, smoke, &out, started)
         }
         Command::Demo { plain, cherry } => {
             let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
@@ -264,6 +281,33 @@ async fn soak(sandbox: Sandbox, options: &ngo_sandbox::soak::SoakOptions) -> any
         results.replicas_match_machines,
         "replicas do not match machines"
     );
+    Ok(())
+}
+
+fn bench(
+    runtime: &tokio::runtime::Runtime,
+    smoke: bool,
+    out: &std::path::Path,
+    started: Instant,
+) -> anyhow::Result<()> {
+    use ngo_sandbox::bench::{self, BenchOptions, report::MachineInfo, summary};
+    let options = if smoke {
+        BenchOptions::smoke()
+    } else {
+        BenchOptions::full()
+    };
+    let machine = MachineInfo::read();
+    say(started, &format!("benchmark on {}", machine.line()));
+    let runs = bench::run(runtime, &options, &|line| say(started, line))?;
+    let results = summary::summarise(runs, options, machine, started.elapsed().as_secs_f64());
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(out, serde_json::to_vec_pretty(&results)?)
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("\n{}", summary::render(&results));
+    let shown = std::fs::canonicalize(out).unwrap_or_else(|_| out.to_path_buf());
+    println!("results: {}", shown.display());
     Ok(())
 }
 

@@ -44,8 +44,10 @@ impl SnapshotHandle {
 }
 
 impl SnapshotPublisher {
-    /// Publishes a new snapshot to every handle.
-    pub fn publish(&self, snapshot: Snapshot) {
-        self.tx.send_replace(Some(Arc::new(snapshot)));
+    /// Publishes a new snapshot to every handle; returns it, shared with the readers.
+    pub fn publish(&self, snapshot: Snapshot) -> Arc<Snapshot> {
+        let snapshot = Arc::new(snapshot);
+        self.tx.send_replace(Some(snapshot.clone()));
+        snapshot
     }
 }

@@ -1,0 +1,294 @@
+//! cluster-autoscaler's own main-loop duration, from its metric
+//! `cluster_autoscaler_function_duration_seconds{function="main"}` (observed once per loop by
+//! `main.go`'s loop around `RunOnce`).
+//!
+//! The metric is read every [`POLL`]: when `_count` moved by exactly one since the last read,
+//! the `_sum` delta is that loop's exact duration. The histogram's buckets (exponential, ±25 %
+//! wide) give a second, coarser median over the same loops.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::autoscaler::histogram_totals;
+use crate::process::http_get;
+
+/// How often the metrics are read: well below the 1 s scan interval, so loops are seen one
+/// at a time.
+const POLL: Duration = Duration::from_millis(200);
+const METRIC: &str = "cluster_autoscaler_function_duration_seconds";
+const MAIN: &str = "function=\"main\"";
+
+/// What to collect.
+#[derive(Clone, Copy, Debug)]
+pub struct LoopOptions {
+    /// Loops to measure.
+    pub loops: usize,
+    /// Loops ignored first (caches filling), when more than this many complete.
+    pub skip: usize,
+    /// Give up after this long (from the call), keeping what completed.
+    pub window: Duration,
+}
+
+/// cluster-autoscaler's main loops as measured.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LoopStats {
+    /// Exact durations of the measured loops, milliseconds.
+    pub samples_ms: Vec<f64>,
+    /// Their median.
+    pub p50_ms: Option<f64>,
+    /// The median the histogram's buckets give for the same loops (interpolated).
+    pub bucket_p50_ms: Option<f64>,
+    /// Loops that completed in the window (skipped ones included).
+    pub completed: usize,
+    /// When no loop completed: how long the first one had been running at least.
+    pub bound_ms: Option<f64>,
+    /// Seconds spent waiting.
+    pub waited_s: f64,
+    /// `cluster_autoscaler_node_groups_count{node_group_type="autoscaled"}` at the end: the
+    /// groups the loops worked on.
+    pub node_groups: Option<f64>,
+    /// `cluster_autoscaler_errors_total` at the end, all types.
+    pub errors: Option<f64>,
+}
+
+impl LoopStats {
+    /// The median, or the bound when no loop completed.
+    pub fn p50_or_bound(&self) -> Option<f64> {
+        self.p50_ms.or(self.bound_ms)
+    }
+}
+
+/// Measures the loops of the cluster-autoscaler serving metrics at `address`, started
+/// `running_for` ago.
+pub async fn measure(
+    address: SocketAddr,
+    running_for: Duration,
+    options: LoopOptions,
+) -> LoopStats {
+    let started = Instant::now();
+    let mut stats = LoopStats::default();
+    // (loop number, milliseconds) of every loop seen completing on its own.
+    let mut exact: Vec<(usize, f64)> = Vec::new();
+    let mut last: Option<(f64, f64)> = None;
+    let mut text = String::new();
+    // Buckets once the skipped loops had completed.
+    let mut baseline: Option<Vec<(f64, f64)>> = None;
+    let measured = |exact: &[(usize, f64)]| exact.iter().filter(|(i, _)| *i > options.skip).count();
+    while measured(&exact) < options.loops && started.elapsed() < options.window {
+        if let Some(metrics) = read(address).await
+            && let Some(t) = histogram_totals(&metrics, METRIC, MAIN)
+        {
+            if let Some((count, sum)) = last
+                && t.count == count + 1.0
+            {
+                exact.push((t.count as usize, (t.sum - sum) * 1e3));
+            }
+            if baseline.is_none() && t.count as usize >= options.skip {
+                baseline = Some(histogram_buckets(&metrics, METRIC, MAIN));
+            }
+            stats.completed = t.count as usize;
+            last = Some((t.count, t.sum));
+            text = metrics;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    stats.waited_s = started.elapsed().as_secs_f64();
+    let skip = if measured(&exact) > 0 {
+        options.skip
+    } else {
+        0
+    };
+    let mut samples: Vec<f64> = exact
+        .iter()
+        .filter(|(i, _)| *i > skip)
+        .map(|(_, ms)| *ms)
+        .collect();
+    if samples.is_empty()
+        && let Some((count, sum)) = last
+        && count >= 1.0
+    {
+        // Loops completed, none seen on its own (a slow first read): their mean.
+        samples.push(sum / count * 1e3);
+    }
+    if samples.is_empty() {
+        stats.bound_ms = Some((running_for + started.elapsed()).as_secs_f64() * 1e3);
+    }
+    let mut sorted = samples.clone();
+    sorted.sort_by(f64::total_cmp);
+    stats.p50_ms = median(&sorted);
+    let buckets = histogram_buckets(&text, METRIC, MAIN);
+    let in_window = match &baseline {
+        Some(base) if skip > 0 => subtract(&buckets, base),
+        _ => buckets,
+    };
+    stats.bucket_p50_ms = bucket_quantile(&in_window, 0.5).map(|s| s * 1e3);
+    stats.samples_ms = samples;
+    stats.node_groups = gauge(&text, "cluster_autoscaler_node_groups_count", "autoscaled");
+    stats.errors = counter_total(&text, "cluster_autoscaler_errors_total");
+    stats
+}
+
+async fn read(address: SocketAddr) -> Option<String> {
+    tokio::task::spawn_blocking(move || http_get(address, "/metrics").ok())
+        .await
+        .ok()
+        .flatten()
+}
+
+fn median(sorted: &[f64]) -> Option<f64> {
+    match sorted.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(sorted[n / 2]),
+        n => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
+    }
+}
+
+/// The cumulative buckets `(le, count)` of histogram `name` whose labels contain `label`,
+/// in increasing `le` (`+Inf` last), from Prometheus text exposition.
+pub fn histogram_buckets(metrics: &str, name: &str, label: &str) -> Vec<(f64, f64)> {
+    let prefix = format!("{name}_bucket{{");
+    let mut buckets: Vec<(f64, f64)> = metrics
+        .lines()
+        .filter(|l| l.starts_with(&prefix) && l.contains(label))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            let count = l.rsplit_once(' ')?.1.trim().parse().ok()?;
+            Some((le, count))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
+fn subtract(now: &[(f64, f64)], before: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    now.iter()
+        .map(|&(le, count)| {
+            let earlier = before
+                .iter()
+                .find(|(l, _)| *l == le)
+                .map_or(0.0, |(_, c)| *c);
+            (le, count - earlier)
+        })
+        .collect()
+}
+
+/// Quantile `q` of cumulative `buckets`, interpolated linearly inside the bucket that holds
+/// it (Prometheus' `histogram_quantile`); the highest finite bound if it falls in `+Inf`.
+pub fn bucket_quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut lower = (0.0, 0.0);
+    for &(le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return Some(lower.0);
+            }
+            let in_bucket = count - lower.1;
+            let fraction = if in_bucket > 0.0 {
+                (rank - lower.1) / in_bucket
+            } else {
+                1.0
+            };
+            return Some(lower.0 + (le - lower.0) * fraction);
+        }
+        lower = (le, count);
+    }
+    None
+}
+
+/// The value of gauge `name` on the line whose labels contain `label_value`.
+fn gauge(metrics: &str, name: &str, label_value: &str) -> Option<f64> {
+    let prefix = format!("{name}{{");
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&prefix) && l.contains(&format!("\"{label_value}\"")))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.trim().parse().ok())
+}
+
+/// The sum of every series of counter `name`.
+fn counter_total(metrics: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter(|l| l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const METRICS: &str = "\
+# TYPE cluster_autoscaler_function_duration_seconds histogram
+cluster_autoscaler_function_duration_seconds_bucket{function=\"main\",le=\"0.01\"} 0
+cluster_autoscaler_function_duration_seconds_bucket{function=\"main\",le=\"0.1\"} 2
+cluster_autoscaler_function_duration_seconds_bucket{function=\"main\",le=\"1\"} 10
+cluster_autoscaler_function_duration_seconds_bucket{function=\"main\",le=\"+Inf\"} 12
+cluster_autoscaler_function_duration_seconds_bucket{function=\"scaleUp\",le=\"0.01\"} 7
+cluster_autoscaler_node_groups_count{node_group_type=\"autoscaled\"} 200
+cluster_autoscaler_node_groups_count{node_group_type=\"autoprovisioned\"} 0
+cluster_autoscaler_errors_total{type=\"cloudProviderError\"} 2
+cluster_autoscaler_errors_total{type=\"apiCallError\"} 1
+";
+
+    #[test]
+    fn reads_one_label_sets_buckets_in_order() {
+        let buckets = histogram_buckets(METRICS, METRIC, MAIN);
+        assert_eq!(
+            buckets,
+            vec![(0.01, 0.0), (0.1, 2.0), (1.0, 10.0), (f64::INFINITY, 12.0)]
+        );
+    }
+
+    #[test]
+    fn the_median_is_interpolated_inside_its_bucket() {
+        let buckets = histogram_buckets(METRICS, METRIC, MAIN);
+        // Rank 6 of 12: 4 of the 8 observations in (0.1, 1].
+        let p50 = bucket_quantile(&buckets, 0.5).expect("median");
+        assert!((p50 - 0.55).abs() < 1e-9, "{p50}");
+        // Rank 11.9 falls in +Inf: the highest finite bound.
+        assert_eq!(bucket_quantile(&buckets, 0.99), Some(1.0));
+        assert_eq!(
+            bucket_quantile(&[(1.0, 0.0), (f64::INFINITY, 0.0)], 0.5),
+            None
+        );
+    }
+
+    #[test]
+    fn earlier_loops_are_subtracted_before_the_quantile() {
+        let now = histogram_buckets(METRICS, METRIC, MAIN);
+        let before = vec![(0.01, 0.0), (0.1, 2.0), (1.0, 2.0), (f64::INFINITY, 2.0)];
+        let measured = subtract(&now, &before);
+        assert_eq!(measured.last(), Some(&(f64::INFINITY, 10.0)));
+        assert!(bucket_quantile(&measured, 0.5).is_some_and(|q| q > 0.1 && q <= 1.0));
+    }
+
+    #[test]
+    fn reads_the_group_gauge_and_sums_error_counters() {
+        assert_eq!(
+            gauge(
+                METRICS,
+                "cluster_autoscaler_node_groups_count",
+                "autoscaled"
+            ),
+            Some(200.0)
+        );
+        assert_eq!(
+            counter_total(METRICS, "cluster_autoscaler_errors_total"),
+            Some(3.0)
+        );
+    }
+}

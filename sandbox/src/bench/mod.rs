@@ -1,0 +1,616 @@
+//! `make bench`: nodegroup-operator side by side with its upstream peers, on the same objects
+//! in the same API server, driven by the same load client.
+//!
+//! Peers: CA 1.34.5's example externalgrpc server wrapping the in-tree `clusterapi` provider
+//! ([`example_server`]), and cluster-autoscaler 1.36.1 itself, run three ways (externalgrpc to
+//! ours, externalgrpc to the example server, in-tree `--cloud-provider=clusterapi`) to compare
+//! its own main-loop duration ([`ca_loop`]).
+//!
+//! Each dataset gets a fresh etcd + kube-apiserver with the Cluster API CRDs and static Ready
+//! Nodes ([`dataset`]); no Cluster API manager, kwok or controllers run, so nothing but the
+//! servers under test, cluster-autoscaler and the load client uses the CPUs. Servers run one
+//! at a time. The main dataset (200 groups x 25 nodes) gets every measurement; the growth
+//! datasets the read metrics; the largest of them the single-Machine index change; a last
+//! one, 100 Clusters, the operator's scoped reads.
+
+pub mod ca_loop;
+pub mod changes;
+pub mod dataset;
+pub mod example_server;
+pub mod load;
+pub mod report;
+pub mod server;
+pub mod summary;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+use self::ca_loop::{LoopOptions, LoopStats};
+use self::changes::ChangeStats;
+use self::dataset::{Dataset, DatasetSpec, SINGLE_CLUSTER};
+use self::example_server::{ExampleServer, ExampleServerOptions};
+use self::server::{LoadPlan, ServerFigures, Target};
+use crate::autoscaler::{Autoscaler, AutoscalerOptions, CloudProvider};
+use crate::controlplane::{ControlPlane, ControlPlaneOptions};
+use crate::operator::{GrpcPki, OperatorOptions, OperatorProcess, write_cloud_config};
+use crate::process::http_get;
+use crate::{capi, crds};
+
+/// cluster-autoscaler's `grpc_timeout` towards either server: long enough that a slow
+/// answer is waited for rather than turned into an error that ends a loop early.
+const CA_GRPC_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// What to run.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchOptions {
+    /// The dataset every measurement runs on.
+    pub main: DatasetSpec,
+    /// More single-cluster datasets for the growth table (read metrics only); the one with
+    /// the most machines also gets the single-Machine index change.
+    pub growth: Vec<DatasetSpec>,
+    /// The multi-cluster dataset (ours only).
+    pub multicluster: DatasetSpec,
+    /// The load, the same for every server.
+    pub load: LoadPlan,
+    /// HTTP/2 connections the load client opens to a server.
+    pub connections: usize,
+    /// Changes per propagation and index series.
+    pub changes: usize,
+    /// Main loops to measure per cluster-autoscaler run.
+    pub ca_loops: usize,
+    /// Loops ignored first.
+    pub ca_skip: usize,
+    /// Longest wait for those loops, per run.
+    #[serde(skip)]
+    pub ca_window: Duration,
+    /// In-tree provider settings (`--kube-client-qps`, `--kube-client-burst`): the default
+    /// first; the last is the denominator of `ca_loop_p50_ms_vs_intree`.
+    pub in_tree_qps: Vec<(f64, u32)>,
+}
+
+impl BenchOptions {
+    /// The full benchmark (about 18 minutes on 2 cores, plus the release builds).
+    pub fn full() -> Self {
+        Self {
+            main: DatasetSpec::single(200, 25),
+            growth: vec![DatasetSpec::single(20, 10), DatasetSpec::single(1_000, 10)],
+            multicluster: DatasetSpec {
+                clusters: 100,
+                groups_per_cluster: 10,
+                nodes_per_group: 10,
+            },
+            load: LoadPlan {
+                concurrency: 16,
+                warmup: Duration::from_secs(1),
+                window: Duration::from_secs(10),
+                unknown_share: 0.1,
+                latency_samples: 500,
+                latency_budget: Duration::from_secs(5),
+                call_timeout: Duration::from_secs(60),
+            },
+            connections: 4,
+            changes: 50,
+            ca_loops: 20,
+            ca_skip: 2,
+            ca_window: Duration::from_secs(120),
+            in_tree_qps: vec![(5.0, 10), (50.0, 100)],
+        }
+    }
+
+    /// Every code path on tiny datasets with short windows: for `make test`, no timing
+    /// meaning.
+    pub fn smoke() -> Self {
+        Self {
+            main: DatasetSpec::single(4, 3),
+            growth: vec![DatasetSpec::single(6, 2)],
+            multicluster: DatasetSpec {
+                clusters: 3,
+                groups_per_cluster: 2,
+                nodes_per_group: 2,
+            },
+            load: LoadPlan {
+                concurrency: 4,
+                warmup: Duration::from_millis(100),
+                window: Duration::from_millis(500),
+                unknown_share: 0.1,
+                latency_samples: 5,
+                latency_budget: Duration::from_millis(500),
+                call_timeout: Duration::from_secs(20),
+            },
+            connections: 2,
+            changes: 4,
+            ca_loops: 1,
+            ca_skip: 0,
+            ca_window: Duration::from_secs(8),
+            in_tree_qps: vec![(5.0, 10), (50.0, 100)],
+        }
+    }
+}
+
+/// Everything one single-cluster dataset yielded.
+#[derive(Clone, Debug, Serialize)]
+pub struct DatasetRun {
+    /// Its shape.
+    pub spec: DatasetSpec,
+    /// Seconds to create its objects.
+    pub create_seconds: f64,
+    /// Our server.
+    pub ours: ServerFigures,
+    /// The upstream example server.
+    pub upstream: ServerFigures,
+    /// Max-size annotation changes until served (main dataset).
+    pub propagation: Option<ChangeStats>,
+    /// Single-Machine changes until served (largest dataset).
+    pub index: Option<IndexRun>,
+    /// cluster-autoscaler's main loop per setup (main dataset).
+    pub ca: Option<CaRuns>,
+}
+
+/// The single-Machine change series and what the operator's own metrics said meanwhile
+/// (when this build has them).
+#[derive(Clone, Debug, Serialize)]
+pub struct IndexRun {
+    /// End to end through the RPCs.
+    pub served: ChangeStats,
+    /// Mean of `nodegroup_snapshot_build_seconds` over the series (time to rebuild or update
+    /// the index), ms.
+    pub index_update_mean_ms: Option<f64>,
+    /// Index updates during the series.
+    pub index_updates: Option<f64>,
+    /// Mean of `nodegroup_index_update_latency_seconds{pass="incremental"}` (from the
+    /// operator receiving a watch event until the index update holding it is built, just
+    /// before it is published) over the series, ms.
+    pub event_to_index_updated_mean_ms: Option<f64>,
+}
+
+/// cluster-autoscaler's main loop with each provider.
+#[derive(Clone, Debug, Serialize)]
+pub struct CaRuns {
+    /// externalgrpc to nodegroup-operator.
+    pub ours: LoopStats,
+    /// externalgrpc to the upstream example server.
+    pub example: LoopStats,
+    /// In-tree `clusterapi`, per `(qps, burst)` of [`BenchOptions::in_tree_qps`].
+    pub in_tree: Vec<((f64, u32), LoopStats)>,
+}
+
+/// The multi-cluster dataset: ours with scoped reads.
+#[derive(Clone, Debug, Serialize)]
+pub struct MultiClusterRun {
+    /// Its shape.
+    pub spec: DatasetSpec,
+    /// Seconds to create its objects.
+    pub create_seconds: f64,
+    /// Our server; each connection presents one Cluster's certificate.
+    pub ours: ServerFigures,
+}
+
+/// Everything a run measured, before it is summarised.
+#[derive(Clone, Debug, Serialize)]
+pub struct Runs {
+    /// Single-cluster datasets, the main one first.
+    pub datasets: Vec<DatasetRun>,
+    /// The multi-cluster dataset.
+    pub multicluster: MultiClusterRun,
+}
+
+/// Runs the benchmark. Blocking: control planes start on this thread (their processes die
+/// with it) and each dataset's measurements run on `runtime`. `say` reports progress.
+pub fn run(
+    runtime: &tokio::runtime::Runtime,
+    options: &BenchOptions,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<Runs> {
+    let largest = options
+        .growth
+        .iter()
+        .copied()
+        .max_by_key(DatasetSpec::machines);
+    let mut datasets = Vec::new();
+    let order = std::iter::once(options.main).chain(options.growth.iter().copied());
+    for spec in order {
+        let role = if spec == options.main {
+            Role::Main
+        } else if Some(spec) == largest {
+            Role::Index
+        } else {
+            Role::Growth
+        };
+        let plane = start_plane(&spec, say)?;
+        let run = runtime
+            .block_on(single_cluster(&plane, spec, role, options, say))
+            .with_context(|| format!("dataset {}", spec.label()))?;
+        datasets.push(run);
+    }
+    let spec = options.multicluster;
+    let plane = start_plane(&spec, say)?;
+    let multicluster = runtime
+        .block_on(multicluster(&plane, spec, options, say))
+        .with_context(|| format!("dataset {}", spec.label()))?;
+    Ok(Runs {
+        datasets,
+        multicluster,
+    })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Main,
+    Growth,
+    Index,
+}
+
+fn start_plane(spec: &DatasetSpec, say: &dyn Fn(&str)) -> anyhow::Result<ControlPlane> {
+    say(&format!(
+        "dataset {}: starting etcd and kube-apiserver",
+        spec.label()
+    ));
+    ControlPlane::start(&ControlPlaneOptions {
+        controllers: false,
+        parent_dir: None,
+        name: Some(format!("bench-{}", spec.label().replace(' ', ""))),
+    })
+}
+
+/// Installs the CRDs and creates `spec`.
+async fn prepare(
+    plane: &ControlPlane,
+    spec: DatasetSpec,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<Dataset> {
+    let client = plane.client().await?;
+    capi::install_crds(&client, &[]).await?;
+    crds::apply(&client, &nodegroup_operator::api::crds()).await?;
+    let dataset = dataset::create(&client, spec).await?;
+    say(&format!(
+        "dataset {}: {} MachineDeployments, {} MachineSets, {} Machines and Nodes created in {:.0}s",
+        spec.label(),
+        spec.groups(),
+        spec.groups(),
+        spec.machines(),
+        dataset.create_seconds
+    ));
+    Ok(dataset)
+}
+
+async fn single_cluster(
+    plane: &ControlPlane,
+    spec: DatasetSpec,
+    role: Role,
+    options: &BenchOptions,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<DatasetRun> {
+    let dataset = prepare(plane, spec, say).await?;
+    let kube = plane.client().await?;
+    let pki = GrpcPki::generate(&plane.dir().join("grpc"))?;
+    let all = std::sync::Arc::new(dataset.clusters[0].groups.clone());
+
+    say(&format!("dataset {}: nodegroup-operator", spec.label()));
+    let mut operator = start_operator(
+        plane,
+        &pki,
+        vec![format!("clusterapi:namespace={SINGLE_CLUSTER}")],
+        &[],
+    )?;
+    let ours_target = Target {
+        name: "nodegroup-operator".into(),
+        pid: operator.pid(),
+        clients: connect_all(
+            &pki,
+            operator.grpc_address,
+            &vec![pki.client.clone(); options.connections],
+        )
+        .await?,
+        visible: vec![all.clone(); options.connections],
+    };
+    let ours = server::measure(&ours_target, &options.load, true).await?;
+    let propagation = if role == Role::Main {
+        Some(changes::propagation(&kube, &ours_target.clients[0], &dataset, options.changes).await?)
+    } else {
+        None
+    };
+    let index = if role == Role::Index {
+        let before = http_get(operator.admin_address, "/metrics").unwrap_or_default();
+        let served =
+            changes::single_machine(&kube, &ours_target.clients[0], &dataset, options.changes)
+                .await?;
+        let after = http_get(operator.admin_address, "/metrics").unwrap_or_default();
+        let updates = histogram_delta(&before, &after, "nodegroup_snapshot_build_seconds", None);
+        let incremental = histogram_delta(
+            &before,
+            &after,
+            "nodegroup_index_update_latency_seconds",
+            Some("pass=\"incremental\""),
+        );
+        Some(IndexRun {
+            served,
+            index_update_mean_ms: updates.map(|(mean, _)| mean),
+            index_updates: updates.map(|(_, count)| count),
+            event_to_index_updated_mean_ms: incremental.map(|(mean, _)| mean),
+        })
+    } else {
+        None
+    };
+    let loops = LoopOptions {
+        loops: options.ca_loops,
+        skip: options.ca_skip,
+        window: options.ca_window,
+    };
+    let ca_ours = if role == Role::Main {
+        say(&format!(
+            "dataset {}: cluster-autoscaler + nodegroup-operator",
+            spec.label()
+        ));
+        let config = plane.dir().join("cloud-config-ours.yaml");
+        write_cloud_config(
+            &config,
+            &operator.grpc_address.to_string(),
+            &pki.client,
+            &pki.ca_cert,
+            CA_GRPC_TIMEOUT,
+        )?;
+        Some(
+            ca_run(
+                plane,
+                "ca-externalgrpc-ours",
+                CloudProvider::ExternalGrpc {
+                    cloud_config: config,
+                },
+                (5.0, 10),
+                loops,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
+    operator.stop(Duration::from_secs(10));
+    drop(operator);
+
+    say(&format!(
+        "dataset {}: upstream example server",
+        spec.label()
+    ));
+    let token = example_server::admin_token(&kube, SINGLE_CLUSTER).await?;
+    let mut example = ExampleServer::start(
+        &ExampleServerOptions {
+            management_kubeconfig: plane.kubeconfig.clone(),
+            api_server: plane.server.clone(),
+            api_ca: plane.pki_dir.join("ca.crt"),
+            token,
+            namespace: SINGLE_CLUSTER.into(),
+            server_cert: pki.server.clone(),
+            client_ca: pki.ca_cert.clone(),
+            dir: plane.dir().join("example-server"),
+            name: "example-server".into(),
+        },
+        &plane.log_dir,
+        Duration::from_secs(300),
+    )?;
+    let upstream_target = Target {
+        name: "example server".into(),
+        pid: example.pid(),
+        clients: connect_all(
+            &pki,
+            example.grpc_address,
+            &vec![pki.client.clone(); options.connections],
+        )
+        .await?,
+        visible: vec![all; options.connections],
+    };
+    let upstream = server::measure(&upstream_target, &options.load, false).await?;
+    let ca = match ca_ours {
+        Some(ours) => {
+            say(&format!(
+                "dataset {}: cluster-autoscaler + example server",
+                spec.label()
+            ));
+            let config = plane.dir().join("cloud-config-example.yaml");
+            write_cloud_config(
+                &config,
+                &example.grpc_address.to_string(),
+                &pki.client,
+                &pki.ca_cert,
+                CA_GRPC_TIMEOUT,
+            )?;
+            let example_loops = ca_run(
+                plane,
+                "ca-externalgrpc-example",
+                CloudProvider::ExternalGrpc {
+                    cloud_config: config,
+                },
+                (5.0, 10),
+                loops,
+            )
+            .await?;
+            example.stop();
+            let mut in_tree = Vec::new();
+            for qps in &options.in_tree_qps {
+                say(&format!(
+                    "dataset {}: cluster-autoscaler in-tree clusterapi, --kube-client-qps={} --kube-client-burst={}",
+                    spec.label(),
+                    qps.0,
+                    qps.1
+                ));
+                let provider = CloudProvider::ClusterApi {
+                    auto_discovery: vec![format!("clusterapi:namespace={SINGLE_CLUSTER}")],
+                    management_kubeconfig: None,
+                };
+                let name = format!("ca-in-tree-qps-{}", qps.0);
+                in_tree.push((*qps, ca_run(plane, &name, provider, *qps, loops).await?));
+            }
+            Some(CaRuns {
+                ours,
+                example: example_loops,
+                in_tree,
+            })
+        }
+        None => None,
+    };
+    drop(example);
+    Ok(DatasetRun {
+        spec,
+        create_seconds: dataset.create_seconds,
+        ours,
+        upstream,
+        propagation,
+        index,
+        ca,
+    })
+}
+
+async fn multicluster(
+    plane: &ControlPlane,
+    spec: DatasetSpec,
+    options: &BenchOptions,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<MultiClusterRun> {
+    let dataset = prepare(plane, spec, say).await?;
+    let pki = GrpcPki::generate(&plane.dir().join("grpc"))?;
+    say(&format!(
+        "dataset {}: nodegroup-operator, reads scoped by client certificate",
+        spec.label()
+    ));
+    let operator = start_operator(plane, &pki, Vec::new(), &["--client-identity=uri-san"])?;
+    // Connection i presents the certificate of cluster i and sees that cluster's groups.
+    let clusters: Vec<_> = (0..options.connections)
+        .map(|i| &dataset.clusters[i % dataset.clusters.len()])
+        .collect();
+    let identities = clusters
+        .iter()
+        .map(|c| pki.issue_cluster_client(&c.namespace, &c.namespace))
+        .collect::<Result<Vec<_>, _>>()?;
+    let target = Target {
+        name: "nodegroup-operator".into(),
+        pid: operator.pid(),
+        clients: connect_all(&pki, operator.grpc_address, &identities).await?,
+        visible: clusters
+            .iter()
+            .map(|c| std::sync::Arc::new(c.groups.clone()))
+            .collect(),
+    };
+    let ours = server::measure(&target, &options.load, true).await?;
+    drop(operator);
+    Ok(MultiClusterRun {
+        spec,
+        create_seconds: dataset.create_seconds,
+        ours,
+    })
+}
+
+/// Starts the operator binary (the build next to this one) with mTLS from `pki`, against
+/// `plane`, with its default flags but for `auto_discovery` and `extra_args`.
+fn start_operator(
+    plane: &ControlPlane,
+    pki: &GrpcPki,
+    auto_discovery: Vec<String>,
+    extra_args: &[&str],
+) -> anyhow::Result<OperatorProcess> {
+    let mut options = OperatorOptions::new(&plane.kubeconfig);
+    options.auto_discovery = auto_discovery;
+    options.log_filter = "warn".into();
+    options.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
+    options.name = "nodegroup-operator".into();
+    OperatorProcess::start(&options, pki, &plane.log_dir)
+        .with_context(|| format!("starting {}", options.binary.display()))
+}
+
+async fn connect_all(
+    pki: &GrpcPki,
+    address: std::net::SocketAddr,
+    identities: &[(PathBuf, PathBuf)],
+) -> anyhow::Result<Vec<load::Client>> {
+    let mut clients = Vec::with_capacity(identities.len());
+    for identity in identities {
+        clients.push(load::connect(address, &pki.ca_cert, identity).await?);
+    }
+    Ok(clients)
+}
+
+/// Starts cluster-autoscaler against `plane`'s Nodes with `provider` (sandbox defaults, `--v=2`,
+/// 1 s scan interval), measures its main loop, and stops it.
+async fn ca_run(
+    plane: &ControlPlane,
+    name: &str,
+    provider: CloudProvider,
+    qps: (f64, u32),
+    loops: LoopOptions,
+) -> anyhow::Result<LoopStats> {
+    let mut options = AutoscalerOptions::new(provider, &plane.kubeconfig, SINGLE_CLUSTER);
+    options.name = name.into();
+    options.status_config_map = format!("{name}-status");
+    options.verbosity = 2;
+    options.kube_client_qps = qps;
+    let started = Instant::now();
+    let mut autoscaler = Autoscaler::start(&options, &plane.log_dir)
+        .with_context(|| format!("starting cluster-autoscaler {name}"))?;
+    let stats = ca_loop::measure(autoscaler.metrics_address, started.elapsed(), loops).await;
+    autoscaler.stop(Duration::from_secs(10));
+    Ok(stats)
+}
+
+/// The mean (ms) and count of the observations histogram `name` (restricted to the series
+/// whose labels contain `label`) gained between two reads of Prometheus text.
+fn histogram_delta(
+    before: &str,
+    after: &str,
+    name: &str,
+    label: Option<&str>,
+) -> Option<(f64, f64)> {
+    let value = |text: &str, suffix: &str| {
+        let series = format!("{name}{suffix}");
+        text.lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix(&series)?;
+                let (labels, value) = rest.rsplit_once(' ')?;
+                let matches = match label {
+                    Some(label) => labels.contains(label),
+                    None => labels.is_empty(),
+                };
+                matches.then(|| value.trim().parse::<f64>().ok()).flatten()
+            })
+            .next()
+    };
+    let (s0, s1) = (value(before, "_sum").unwrap_or(0.0), value(after, "_sum")?);
+    let (c0, c1) = (
+        value(before, "_count").unwrap_or(0.0),
+        value(after, "_count")?,
+    );
+    (c1 > c0).then(|| ((s1 - s0) / (c1 - c0) * 1e3, c1 - c0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_deltas_read_one_series_between_two_scrapes() {
+        let before = "nodegroup_snapshot_build_seconds_sum 1.0\nnodegroup_snapshot_build_seconds_count 10\n\
+                      nodegroup_index_update_latency_seconds_sum{pass=\"full\"} 5.0\n\
+                      nodegroup_index_update_latency_seconds_count{pass=\"full\"} 1\n";
+        let after = "nodegroup_snapshot_build_seconds_sum 1.5\nnodegroup_snapshot_build_seconds_count 20\n\
+                     nodegroup_index_update_latency_seconds_sum{pass=\"full\"} 5.0\n\
+                     nodegroup_index_update_latency_seconds_count{pass=\"full\"} 1\n\
+                     nodegroup_index_update_latency_seconds_sum{pass=\"incremental\"} 0.004\n\
+                     nodegroup_index_update_latency_seconds_count{pass=\"incremental\"} 2\n";
+        let build = histogram_delta(before, after, "nodegroup_snapshot_build_seconds", None);
+        assert_eq!(build, Some((50.0, 10.0)));
+        let incremental = histogram_delta(
+            before,
+            after,
+            "nodegroup_index_update_latency_seconds",
+            Some("pass=\"incremental\""),
+        );
+        assert_eq!(incremental, Some((2.0, 2.0)));
+        let full = histogram_delta(
+            before,
+            after,
+            "nodegroup_index_update_latency_seconds",
+            Some("pass=\"full\""),
+        );
+        assert_eq!(full, None);
+    }
+}
