@@ -7,6 +7,7 @@
 
 pub mod actuate;
 pub mod api;
+pub mod backends;
 pub mod capi;
 pub mod duration;
 pub mod events;
