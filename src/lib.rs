@@ -14,6 +14,7 @@ pub mod events;
 pub mod fault;
 pub mod index;
 pub mod metrics;
+pub mod nodepool;
 pub mod pricing;
 pub mod proto;
 pub mod quantity;

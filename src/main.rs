@@ -105,6 +105,10 @@ struct RunArgs {
     /// Seconds between sweeps for stranded scale-down marks (leader only; also at start).
     #[arg(long, default_value_t = 15)]
     sweep_interval_secs: u64,
+    /// Longest time in seconds between two reconcile passes over a NodePool (leader only; a
+    /// change of the pool's spec or scale-down ledger starts one at once).
+    #[arg(long, default_value_t = 15)]
+    node_pool_interval_secs: u64,
 }
 
 impl RunArgs {
@@ -138,6 +142,7 @@ impl RunArgs {
             rebuild_delay: Duration::from_millis(self.rebuild_delay_ms),
             pod_name: std::env::var("POD_NAME").ok(),
             sweep_interval: Duration::from_secs(self.sweep_interval_secs.max(1)),
+            node_pool_interval: Duration::from_secs(self.node_pool_interval_secs.max(1)),
             workload_nodes: match self.workload_nodes.as_str() {
                 "cluster-secrets" => WorkloadNodes::ClusterSecrets,
                 "kubeconfig" => WorkloadNodes::Kubeconfig(self.workload_kubeconfig.clone()),

@@ -48,7 +48,21 @@ pub struct Metrics {
     marks_rolled_back: OutcomeCounter,
     marks_unresolved: Gauge,
     workload_reachable: Family<ClusterLabels, Gauge>,
+    backend_calls: Family<BackendCallLabels, Counter>,
+    backend_available: Family<PoolLabels, Gauge>,
     registry: Registry,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendCallLabels {
+    backend: String,
+    operation: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    node_pool: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -147,7 +161,21 @@ impl Metrics {
             "1 while the Nodes of a workload cluster can be read, 0 otherwise (management topology)",
             workload_reachable.clone(),
         );
+        let backend_calls = Family::<BackendCallLabels, Counter>::default();
+        registry.register(
+            "nodepool_backend_calls",
+            "Calls NodePools made to their cloud backends, by backend, operation (list, plans, create, delete) and outcome (ok or the error kind)",
+            backend_calls.clone(),
+        );
+        let backend_available = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "nodepool_backend_available",
+            "1 while a NodePool's backend answers with its credentials, 0 otherwise",
+            backend_available.clone(),
+        );
         Self {
+            backend_calls,
+            backend_available,
             workload_reachable,
             rpc_duration,
             group_size,
@@ -161,6 +189,33 @@ impl Metrics {
             marks_unresolved,
             registry,
         }
+    }
+
+    /// Records one call of a NodePool to its backend; `outcome` is `ok` or the error kind.
+    pub fn observe_backend_call(&self, backend: &str, operation: &str, outcome: &str) {
+        self.backend_calls
+            .get_or_create(&BackendCallLabels {
+                backend: backend.into(),
+                operation: operation.into(),
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    /// Whether NodePool `pool` (`<namespace>/<name>`) can reach its backend.
+    pub fn set_backend_available(&self, pool: &str, available: bool) {
+        self.backend_available
+            .get_or_create(&PoolLabels {
+                node_pool: pool.into(),
+            })
+            .set(i64::from(available));
+    }
+
+    /// Forgets the gauges of a NodePool that is gone.
+    pub fn forget_pool(&self, pool: &str) {
+        self.backend_available.remove(&PoolLabels {
+            node_pool: pool.into(),
+        });
     }
 
     /// Records one RPC.

@@ -44,19 +44,21 @@ fn chart_renders_and_grants_no_wildcards() {
             }
         }
     }
-    let crd = docs
+    let crds: Vec<&serde_json::Value> = docs
         .iter()
-        .find(|d| d["kind"] == "CustomResourceDefinition")
-        .unwrap();
-    let checked_in: serde_json::Value = serde_yaml::from_str(
-        &std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crds/nodegroup-operator.yaml"),
-        )
-        .unwrap(),
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+        .collect();
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crds/nodegroup-operator.yaml"),
     )
     .unwrap();
+    let checked_in: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .collect();
+    assert_eq!(checked_in.len(), 2, "NodeGroupPolicy and NodePool");
     assert_eq!(
-        crd, &checked_in,
+        crds,
+        checked_in.iter().collect::<Vec<_>>(),
         "charts/nodegroup-operator/crds is stale: copy crds/nodegroup-operator.yaml"
     );
 }
@@ -94,12 +96,29 @@ fn grants_anywhere(grants: &[(Option<String>, String, String, String)], resource
 
 #[test]
 fn each_topology_renders_only_the_rbac_it_needs() {
-    // Self-hosted, every namespace: Nodes, no Clusters or Secrets.
+    // Self-hosted, every namespace: Nodes, no Clusters; Secrets only where NodePools need
+    // them: credentials read by name in the release namespace, bootstrap tokens in
+    // kube-system, nothing cluster-wide.
     let docs = rbac::render_chart("ngo-system", &[]).unwrap();
     let g = grants(&docs);
     assert!(grants_anywhere(&g, "nodes"));
-    assert!(!grants_anywhere(&g, "secrets"));
     assert!(!grants_anywhere(&g, "clusters"));
+    let mut secrets: Vec<(Option<String>, String)> = g
+        .iter()
+        .filter(|(_, _, r, _)| r == "secrets")
+        .map(|(n, _, _, v)| (n.clone(), v.clone()))
+        .collect();
+    secrets.sort();
+    let at = |ns: &str, verb: &str| (Some(ns.to_string()), verb.to_string());
+    assert_eq!(
+        secrets,
+        vec![
+            at("kube-system", "create"),
+            at("kube-system", "delete"),
+            at("kube-system", "list"),
+            at("ngo-system", "get"),
+        ]
+    );
 
     // Management cluster serving workload clusters, scoped by certificate, two namespaces.
     let docs = rbac::render_chart(
@@ -124,6 +143,11 @@ fn each_topology_renders_only_the_rbac_it_needs() {
     assert!(
         !docs.iter().any(|d| d["kind"] == "ClusterRole"),
         "namespaced Roles only"
+    );
+    assert!(
+        !g.iter()
+            .any(|(n, _, _, _)| n.as_deref() == Some("kube-system")),
+        "bootstrap tokens go to the workload clusters, with their own credentials"
     );
     for ns in ["team-a", "team-b"] {
         let here = |resource: &str, verb: &str| {

@@ -251,6 +251,62 @@ impl Env {
         v
     }
 
+    /// What Cluster API and the test provider report for every Machine of the namespace:
+    /// phase, providerID, conditions that are not True, and the TestMachine's owner,
+    /// finalizers and provisioning, so that a timeout says where a machine got stuck.
+    async fn describe_machines(&self) -> String {
+        let text = |v: &Value| v.as_str().unwrap_or("-").to_string();
+        let test_machines = self
+            .ns
+            .api(&infra_provider::test_machines())
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let mut lines = Vec::new();
+        for m in self.machines().await {
+            let not_true: Vec<String> = m.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| c["status"] != "True")
+                .map(|c| {
+                    format!(
+                        "{}={}:{}",
+                        text(&c["type"]),
+                        text(&c["reason"]),
+                        text(&c["message"])
+                    )
+                })
+                .collect();
+            let infra = text(&m.data["spec"]["infrastructureRef"]["name"]);
+            let tm = test_machines
+                .iter()
+                .find(|t| t.name_any() == infra)
+                .map(|t| {
+                    format!(
+                        "owners={:?} finalizers={:?} provisioned={} providerID={}",
+                        t.owner_references()
+                            .iter()
+                            .map(|o| format!("{}/{}", o.kind, o.name))
+                            .collect::<Vec<_>>(),
+                        t.finalizers(),
+                        t.data["status"]["initialization"]["provisioned"],
+                        text(&t.data["spec"]["providerID"]),
+                    )
+                });
+            lines.push(format!(
+                "Machine {} phase={} providerID={} not-true=[{}] TestMachine {infra}: {}",
+                m.name_any(),
+                text(&m.data["status"]["phase"]),
+                text(&m.data["spec"]["providerID"]),
+                not_true.join("; "),
+                tm.unwrap_or_else(|| "missing".into()),
+            ));
+        }
+        lines.join(" | ")
+    }
+
     async fn target_size(&self, id: &str) -> i32 {
         let mut c = self.grpc.clone();
         c.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: id.into() })
@@ -312,7 +368,10 @@ impl Env {
             || async {
                 let instances = self.instances(id).await;
                 if instances.len() != n || instances.iter().any(|(_, s)| *s != RUNNING) {
-                    return Err(format!("instances {instances:?}"));
+                    return Err(format!(
+                        "instances {instances:?}; {}",
+                        self.describe_machines().await
+                    ));
                 }
                 let nodes = self.nodes().await;
                 let mut found = Vec::new();
@@ -477,6 +536,17 @@ fn is_ready(node: &Node) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The last error lines of the Cluster API manager's log, for timeouts: CI keeps no log
+/// directory.
+fn manager_errors(log_dir: &std::path::Path) -> String {
+    let log = std::fs::read_to_string(log_dir.join("capi-manager.log")).unwrap_or_default();
+    let errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with('E') || l.contains("\"error\"") || l.contains("Reconciler error"))
+        .collect();
+    errors[errors.len().saturating_sub(20)..].join("\n")
+}
+
 /// Polls `check` every 200 ms until it returns `Ok`; panics after `timeout` with the last
 /// `Err` (a description of what was seen).
 async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
@@ -492,7 +562,8 @@ where
                 if start.elapsed() > timeout {
                     let logs = e2e().log_dir.display().to_string();
                     panic!(
-                        "timed out after {timeout:?} waiting for {what}; last seen: {last} (logs: {logs})"
+                        "timed out after {timeout:?} waiting for {what}; last seen: {last} (logs: {logs}); Cluster API's last errors:\n{}",
+                        manager_errors(&e2e().log_dir)
                     );
                 }
             }

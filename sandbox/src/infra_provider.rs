@@ -49,7 +49,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
 use kube::runtime::controller::{Action, Controller};
@@ -60,6 +60,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::capi::{CAPI_GROUP, CLUSTER_NAME_LABEL, INFRA_GROUP, TEST_KINDS_VERSION, test_resource};
+use crate::kwok::{self, FakeNode, NodeError};
 
 /// Finalizer the provider puts on every `TestMachine` it manages.
 pub const FINALIZER: &str = "test.nodegroup.dev/node";
@@ -72,7 +73,7 @@ pub const OMIT_PROVIDER_ID_ANNOTATION: &str = "test.nodegroup.dev/omit-provider-
 /// Annotation on each Node naming its `TestMachine` (`<namespace>/<name>`).
 pub const TEST_MACHINE_ANNOTATION: &str = "test.nodegroup.dev/test-machine";
 /// The kwok annotation selecting the Nodes kwok manages.
-pub const KWOK_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
+pub use crate::kwok::KWOK_ANNOTATION;
 
 /// Label Cluster API uses to tie Machines (and, with MachinePool Machines, infrastructure
 /// machines) to their MachinePool.
@@ -149,6 +150,9 @@ pub enum ProviderError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// Writing a Node failed.
+    #[error(transparent)]
+    Node(#[from] NodeError),
     /// The finalizer helper failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<finalizer::Error<ProviderError>>),
@@ -471,46 +475,18 @@ async fn create_node(
             capacity.insert(k.clone(), value);
         }
     }
-    let hostname: String = node.chars().take(63).collect();
-    let mut labels = BTreeMap::from([
-        ("kubernetes.io/arch".to_string(), "amd64".to_string()),
-        ("kubernetes.io/os".to_string(), "linux".to_string()),
-        (
-            "kubernetes.io/hostname".to_string(),
-            hostname.trim_end_matches(['-', '.']).to_string(),
-        ),
-    ]);
+    let mut body = FakeNode::new(node, pid, capacity);
     if let Some(extra) = machine.data["spec"]["nodeLabels"].as_object() {
         for (k, v) in extra {
-            labels.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
+            body.labels
+                .insert(k.clone(), v.as_str().unwrap_or_default().to_string());
         }
     }
-    let body: Node = serde_json::from_value(json!({
-        "metadata": {
-            "name": node,
-            "labels": labels,
-            "annotations": {
-                KWOK_ANNOTATION.0: KWOK_ANNOTATION.1,
-                "node.alpha.kubernetes.io/ttl": "0",
-                TEST_MACHINE_ANNOTATION: format!("{namespace}/{}", machine.name_any())
-            }
-        },
-        "spec": {"providerID": pid},
-        "status": {"capacity": capacity, "allocatable": capacity}
-    }))
-    .map_err(|source| ProviderError::Manifest {
-        name: node.into(),
-        source,
-    })?;
-    let nodes: Api<Node> = Api::all(nodes.clone());
-    match nodes.create(&PostParams::default(), &body).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-        Err(source) => Err(ProviderError::Api {
-            action: format!("creating Node {node}"),
-            source,
-        }),
-    }
+    body.annotations.insert(
+        TEST_MACHINE_ANNOTATION.into(),
+        format!("{namespace}/{}", machine.name_any()),
+    );
+    Ok(kwok::create_node(nodes, &body).await?)
 }
 
 async fn release(ctx: &Context, machine: &DynamicObject) -> Result<Action, ProviderError> {
@@ -527,18 +503,8 @@ async fn release(ctx: &Context, machine: &DynamicObject) -> Result<Action, Provi
             .unwrap_or_else(|| ctx.client.clone()),
         Err(e) => return Err(e),
     };
-    let nodes: Api<Node> = Api::all(client);
-    match nodes.delete(&node, &DeleteParams::default()).await {
-        Ok(_) => {
-            tracing::info!(node, "test machine deleted; node deleted");
-        }
-        Err(kube::Error::Api(status)) if status.code == 404 => {}
-        Err(source) => {
-            return Err(ProviderError::Api {
-                action: format!("deleting Node {node}"),
-                source,
-            });
-        }
+    if kwok::delete_node(&client, &node).await? {
+        tracing::info!(node, "test machine deleted; node deleted");
     }
     Ok(Action::await_change())
 }

@@ -10,6 +10,7 @@
 pub mod autoscaler;
 pub mod ca_client;
 pub mod capi;
+pub mod cherry;
 pub mod controlplane;
 pub mod crds;
 pub mod demo;

@@ -1,8 +1,10 @@
 //! Our CRDs (`autoscaling.nodegroup.dev/v1alpha1`) and condition helpers.
 
 pub mod conditions;
+pub mod nodepool;
 pub mod policy;
 
+pub use nodepool::{NodePool, NodePoolSpec, NodePoolStatus};
 pub use policy::{NodeGroupPolicy, NodeGroupPolicySpec, NodeGroupPolicyStatus};
 
 /// API group of our CRDs.
@@ -13,7 +15,7 @@ pub fn crds()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
     use kube::CustomResourceExt;
-    vec![NodeGroupPolicy::crd()]
+    vec![NodeGroupPolicy::crd(), NodePool::crd()]
 }
 
 /// The CRDs as one multi-document YAML, as checked in under `crds/`.

@@ -99,13 +99,15 @@ pub enum ScalableKindName {
     MachineSet,
     /// `MachinePool`.
     MachinePool,
+    /// `NodePool` (`autoscaling.nodegroup.dev`).
+    NodePool,
 }
 
 /// Selects scalable resources in the policy's namespace.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceSelector {
-    /// Kinds to select; empty means all three.
+    /// Kinds to select; empty means all of them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kinds: Vec<ScalableKindName>,
     /// Only resources of this cluster (`spec.clusterName`).
@@ -327,6 +329,7 @@ impl From<ScalableKindName> for crate::capi::ScalableKind {
             ScalableKindName::MachineDeployment => crate::capi::ScalableKind::MachineDeployment,
             ScalableKindName::MachineSet => crate::capi::ScalableKind::MachineSet,
             ScalableKindName::MachinePool => crate::capi::ScalableKind::MachinePool,
+            ScalableKindName::NodePool => crate::capi::ScalableKind::NodePool,
         }
     }
 }
@@ -394,8 +397,8 @@ impl NodeGroupPolicy {
         String,
     > {
         use crate::capi::autodiscovery::validate_label;
-        use crate::capi::objects::{Selector, Taint};
-        use crate::{duration, quantity};
+        use crate::capi::objects::Selector;
+        use crate::duration;
 
         let spec = &self.spec;
         if let (Some(min), Some(max)) = (spec.min_size, spec.max_size)
@@ -459,41 +462,50 @@ impl NodeGroupPolicy {
             options.zero_or_max_node_scaling = o.zero_or_max_node_scaling;
         }
 
-        let template = match &spec.scale_from_zero {
-            None => None,
-            Some(t) => {
-                for (k, v) in &t.capacity {
-                    quantity::parse(v)
-                        .map_err(|e| format!("spec.scaleFromZero.capacity.{k}: {e}"))?;
-                }
-                for (k, v) in &t.labels {
-                    validate_label(k, v).map_err(|e| format!("spec.scaleFromZero.labels: {e}"))?;
-                }
-                let mut taints = Vec::new();
-                for taint in &t.taints {
-                    validate_label(&taint.key, &taint.value)
-                        .map_err(|e| format!("spec.scaleFromZero.taints: {e}"))?;
-                    let effect = match taint.effect {
-                        TaintEffect::NoSchedule => "NoSchedule",
-                        TaintEffect::PreferNoSchedule => "PreferNoSchedule",
-                        TaintEffect::NoExecute => "NoExecute",
-                    };
-                    taints.push(Taint {
-                        key: taint.key.clone(),
-                        value: taint.value.clone(),
-                        effect: effect.into(),
-                    });
-                }
-                Some(crate::index::PolicyTemplate {
-                    capacity: t.capacity.clone(),
-                    labels: t.labels.clone(),
-                    taints,
-                    architecture: t.architecture.as_ref().and_then(serde_name),
-                    operating_system: t.operating_system.as_ref().and_then(serde_name),
-                })
-            }
-        };
+        let template = spec
+            .scale_from_zero
+            .as_ref()
+            .map(|t| t.validated("spec.scaleFromZero"))
+            .transpose()?;
         Ok((selector, options, template))
+    }
+}
+
+impl ScaleFromZero {
+    /// The template as the index uses it; problems the API server's schema cannot catch
+    /// (bad label keys, unparsable quantities from older clients) are errors naming `field`.
+    pub fn validated(&self, field: &str) -> Result<crate::index::PolicyTemplate, String> {
+        use crate::capi::autodiscovery::validate_label;
+        use crate::capi::objects::Taint;
+        use crate::quantity;
+
+        for (k, v) in &self.capacity {
+            quantity::parse(v).map_err(|e| format!("{field}.capacity.{k}: {e}"))?;
+        }
+        for (k, v) in &self.labels {
+            validate_label(k, v).map_err(|e| format!("{field}.labels: {e}"))?;
+        }
+        let mut taints = Vec::new();
+        for taint in &self.taints {
+            validate_label(&taint.key, &taint.value).map_err(|e| format!("{field}.taints: {e}"))?;
+            let effect = match taint.effect {
+                TaintEffect::NoSchedule => "NoSchedule",
+                TaintEffect::PreferNoSchedule => "PreferNoSchedule",
+                TaintEffect::NoExecute => "NoExecute",
+            };
+            taints.push(Taint {
+                key: taint.key.clone(),
+                value: taint.value.clone(),
+                effect: effect.into(),
+            });
+        }
+        Ok(crate::index::PolicyTemplate {
+            capacity: self.capacity.clone(),
+            labels: self.labels.clone(),
+            taints,
+            architecture: self.architecture.as_ref().and_then(serde_name),
+            operating_system: self.operating_system.as_ref().and_then(serde_name),
+        })
     }
 }
 

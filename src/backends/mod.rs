@@ -1,3 +1,4 @@
-//! Cloud backends: API clients for the clouds whose node groups the operator manages.
+//! Clients for the cloud APIs that back node groups which are not Cluster API resources.
 
 pub mod alicloud;
+pub mod cherry;

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::keys::CapiKeys;
 
-/// The Cluster API kinds that can be node groups.
+/// The kinds that can be node groups: Cluster API's three, and our NodePool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ScalableKind {
     /// `MachineDeployment`.
@@ -21,10 +21,12 @@ pub enum ScalableKind {
     MachineSet,
     /// `MachinePool`.
     MachinePool,
+    /// `NodePool` (`autoscaling.nodegroup.dev`).
+    NodePool,
 }
 
 impl ScalableKind {
-    /// All kinds, in listing order.
+    /// The Cluster API kinds, in listing order.
     pub const ALL: [ScalableKind; 3] = [
         ScalableKind::MachineDeployment,
         ScalableKind::MachineSet,
@@ -37,7 +39,14 @@ impl ScalableKind {
             ScalableKind::MachineDeployment => "MachineDeployment",
             ScalableKind::MachineSet => "MachineSet",
             ScalableKind::MachinePool => "MachinePool",
+            ScalableKind::NodePool => "NodePool",
         }
+    }
+
+    /// True for kinds whose instances are listed on the resource itself (by provider ID)
+    /// rather than as Machines.
+    pub fn lists_instances(self) -> bool {
+        matches!(self, ScalableKind::MachinePool | ScalableKind::NodePool)
     }
 
     /// The plural resource name.
@@ -46,6 +55,7 @@ impl ScalableKind {
             ScalableKind::MachineDeployment => "machinedeployments",
             ScalableKind::MachineSet => "machinesets",
             ScalableKind::MachinePool => "machinepools",
+            ScalableKind::NodePool => "nodepools",
         }
     }
 }
@@ -61,6 +71,7 @@ impl FromStr for ScalableKind {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         ScalableKind::ALL
             .into_iter()
+            .chain([ScalableKind::NodePool])
             .find(|k| k.as_str() == s)
             .ok_or_else(|| format!("unknown scalable kind {s:?}"))
     }
@@ -197,10 +208,12 @@ pub struct ScalableResource {
     pub template_labels: BTreeMap<String, String>,
     /// `spec.template.spec.taints` (Cluster API >= 1.12).
     pub template_taints: Vec<Taint>,
-    /// `spec.providerIDList` (MachinePool only).
+    /// `spec.providerIDList` (MachinePool); the instances' provider IDs (NodePool).
     pub provider_id_list: Option<Vec<String>>,
     /// True when the object is being deleted.
     pub deleting: bool,
+    /// What a NodePool adds (bounds, template, machine type, instances).
+    pub pool: Option<std::sync::Arc<crate::index::PoolView>>,
 }
 
 impl ScalableResource {
@@ -252,6 +265,7 @@ impl ScalableResource {
                         .collect()
                 }),
             deleting: meta.deletion_timestamp.is_some(),
+            pool: None,
         }
     }
 

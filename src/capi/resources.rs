@@ -47,6 +47,10 @@ pub enum DiscoveryError {
     },
 }
 
+/// Our NodePool resource.
+static NODE_POOLS: std::sync::LazyLock<ApiResource> =
+    std::sync::LazyLock::new(|| ApiResource::erase::<crate::api::NodePool>(&()));
+
 /// The Cluster API resources in use. MachineDeployments and MachinePools are optional, as
 /// upstream; MachineSets and Machines are required.
 #[derive(Clone, Debug)]
@@ -124,12 +128,14 @@ impl CapiResources {
         })
     }
 
-    /// The resource for a scalable kind, when served.
+    /// The resource for a scalable kind, when served (NodePool: ours, whether or not its CRD
+    /// is installed; without it there are no NodePool groups to act on).
     pub fn scalable(&self, kind: ScalableKind) -> Option<&ApiResource> {
         match kind {
             ScalableKind::MachineDeployment => self.machine_deployments.as_ref(),
             ScalableKind::MachineSet => Some(&self.machine_sets),
             ScalableKind::MachinePool => self.machine_pools.as_ref(),
+            ScalableKind::NodePool => Some(&NODE_POOLS),
         }
     }
 }

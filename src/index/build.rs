@@ -152,6 +152,9 @@ pub(super) fn assess(
     r: &ScalableResource,
     policy: Option<&PolicyRules>,
 ) -> Assessment {
+    if r.kind == ScalableKind::NodePool {
+        return super::pool::assess(inputs, r, policy);
+    }
     let keys = &inputs.keys;
     let annotated =
         r.annotations.contains_key(&keys.min_size) || r.annotations.contains_key(&keys.max_size);

@@ -5,6 +5,7 @@ pub mod build;
 mod handle;
 mod model;
 mod policy;
+mod pool;
 mod sharded;
 pub mod state;
 
@@ -12,8 +13,8 @@ pub use build::{IndexInputs, NodeView, TemplateKey, TemplateKindState, build_sna
 pub use handle::{SnapshotHandle, SnapshotPublisher, channel};
 pub use model::{
     ClusterKey, ConfigWarning, Exclusion, ExclusionReason, Instance, InstanceError, InstanceState,
-    MachineEntry, NodeGroup, NodeGroupLookup, PolicyReport, Snapshot, Source, TemplateInputs,
-    WorkloadState,
+    MachineEntry, NodeGroup, NodeGroupLookup, PolicyReport, PoolMachineType, PoolView, Snapshot,
+    Source, TemplateInputs, WorkloadState,
 };
 pub use policy::{PolicyRef, PolicyRules, PolicyTemplate, PriceList};
 pub use sharded::ShardedMap;

@@ -53,6 +53,8 @@ pub enum Source {
     Policy,
     /// The built-in default.
     Default,
+    /// A field of the node group's own spec (NodePool `spec.minSize`/`spec.maxSize`).
+    Spec,
 }
 
 /// A configuration problem that does not stop a group from being served: a value that was
@@ -116,6 +118,35 @@ impl Instance {
     pub fn is_real(&self) -> bool {
         !providerid::has_synthetic_prefix(&self.id)
     }
+}
+
+/// What the index reads from a NodePool beyond what every scalable resource has.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolView {
+    /// `spec.minSize`.
+    pub min: Option<i32>,
+    /// `spec.maxSize`.
+    pub max: Option<i32>,
+    /// `spec.template`, validated.
+    pub template: Option<PolicyTemplate>,
+    /// What one server offers (capacity, labels, price), from the pool's status.
+    pub machine_type: Option<PoolMachineType>,
+    /// Instances from the pool's status, in a stable order. `Running` means the server
+    /// exists; whether its Node registered is decided from the Nodes.
+    pub instances: Vec<Instance>,
+    /// Why the spec is unusable (a problem the API server's schema cannot catch).
+    pub invalid: Option<String>,
+}
+
+/// One server type of a NodePool's backend.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolMachineType {
+    /// Capacity (quantity strings).
+    pub capacity: BTreeMap<String, String>,
+    /// Labels every server of the type carries.
+    pub labels: BTreeMap<String, String>,
+    /// Price of one server for one hour.
+    pub hourly_price: Option<f64>,
 }
 
 /// What the template builder needs for a group that may scale from zero.

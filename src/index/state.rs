@@ -151,7 +151,7 @@ impl IndexState {
                 .or_default()
                 .insert(r.name.clone());
         }
-        if r.kind == ScalableKind::MachinePool {
+        if r.kind.lists_instances() {
             for pid in r.provider_id_list.iter().flatten() {
                 let pid = providerid::normalize(pid).to_string();
                 self.dirty_pids.insert(pid.clone());
@@ -238,6 +238,7 @@ impl IndexState {
                 .flatten()
                 .cloned()
                 .collect(),
+            ScalableKind::NodePool => Vec::new(),
         };
         self.dirty_machines.extend(machines);
     }
@@ -597,7 +598,9 @@ impl IndexState {
 
     /// Fills a served group's instances and node counts.
     fn complete(&self, mut g: NodeGroup, key: &ResourceKey) -> NodeGroup {
-        if g.kind == ScalableKind::MachinePool {
+        if let Some(pool) = self.resources.get(key).and_then(|r| r.pool.as_deref()) {
+            g.instances = super::pool::instances(pool, &g, self);
+        } else if g.kind == ScalableKind::MachinePool {
             // MachinePools report their providerIDList verbatim.
             g.instances = g
                 .provider_id_list
@@ -650,7 +653,7 @@ impl IndexState {
                 .flatten()
                 .cloned()
                 .collect(),
-            ScalableKind::MachinePool => Vec::new(),
+            ScalableKind::MachinePool | ScalableKind::NodePool => Vec::new(),
         };
         let keys: BTreeSet<&String> = sets
             .iter()

@@ -6,7 +6,7 @@ mod admin;
 mod changes;
 mod exclusions;
 pub mod leader;
-mod watches;
+pub(crate) mod watches;
 mod workload;
 
 use std::net::SocketAddr;
@@ -64,6 +64,9 @@ pub struct Config {
     pub leader_election: Option<leader::LeaderConfig>,
     /// How often the leader sweeps stranded scale-down marks.
     pub sweep_interval: Duration,
+    /// Longest time between two reconcile passes over a NodePool (leader only; a change of
+    /// the pool's spec or ledger starts one at once).
+    pub node_pool_interval: Duration,
     /// Where Nodes come from (the topology).
     pub workload_nodes: WorkloadNodes,
     /// Scoping of clients to Clusters by their certificate.
@@ -144,22 +147,39 @@ pub async fn client(config: &Config) -> anyhow::Result<Client> {
     Client::try_from(kube_config).context("building Kubernetes client")
 }
 
-/// True when the NodeGroupPolicy CRD is installed; without it the operator still serves
-/// annotated resources.
-async fn policies_served(client: &Client) -> bool {
+/// Which of our CRDs are installed.
+struct OurKinds {
+    policies: bool,
+    node_pools: bool,
+}
+
+/// Finds which of our CRDs are installed; without them the operator still serves annotated
+/// Cluster API resources.
+async fn our_kinds_served(client: &Client) -> OurKinds {
     use kube::discovery::{ApiGroup, oneshot};
     match oneshot::group(client, crate::api::GROUP).await {
         Ok(group) => {
-            let served = group.versions().any(|v| v == "v1alpha1")
-                && ApiGroup::recommended_kind(&group, "NodeGroupPolicy").is_some();
-            if !served {
-                tracing::warn!("NodeGroupPolicy v1alpha1 is not served; policies are disabled");
+            let v1alpha1 = group.versions().any(|v| v == "v1alpha1");
+            let served = |kind: &str| {
+                let served = v1alpha1 && ApiGroup::recommended_kind(&group, kind).is_some();
+                if !served {
+                    tracing::warn!(
+                        "{kind} v1alpha1 is not served (nodegroup-operator crd | kubectl apply -f -); {kind}s are disabled"
+                    );
+                }
+                served
+            };
+            OurKinds {
+                policies: served("NodeGroupPolicy"),
+                node_pools: served("NodePool"),
             }
-            served
         }
         Err(error) => {
-            tracing::warn!(%error, "NodeGroupPolicy CRD is not installed (nodegroup-operator crd | kubectl apply -f -); policies are disabled");
-            false
+            tracing::warn!(%error, "the operator's CRDs are not installed (nodegroup-operator crd | kubectl apply -f -); NodeGroupPolicies and NodePools are disabled");
+            OurKinds {
+                policies: false,
+                node_pools: false,
+            }
         }
     }
 }
@@ -190,7 +210,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         machine_deployments = resources.machine_deployments.is_some(),
         machine_pools = resources.machine_pools.is_some(), "Cluster API resources discovered");
 
-    let with_policies = policies_served(&client).await;
+    let our_kinds = our_kinds_served(&client).await;
+    let with_policies = our_kinds.policies;
     let metrics = Arc::new(Metrics::new());
     let events = EventPublisher::new(client.clone(), config.pod_name.clone());
     let (publisher, snapshots) = index::channel();
@@ -229,6 +250,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             filter,
             default_arch: config.default_arch.clone(),
             with_policies,
+            with_node_pools: our_kinds.node_pools,
             nodes,
             watch_clusters: config.client_identity != crate::server::identity::IdentitySource::Off,
         },
@@ -290,9 +312,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         client.clone(),
         resources,
         keys,
-        Some(events),
+        Some(events.clone()),
         activity,
-        instance,
+        instance.clone(),
     ));
     tasks.spawn(crate::actuate::sweeper::run(
         actuator.clone(),
@@ -302,6 +324,20 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         config.sweep_interval,
         shutdown.clone(),
     ));
+    if our_kinds.node_pools {
+        let pools = Arc::new(crate::nodepool::controller::PoolController::new(
+            client.clone(),
+            watches.clone(),
+            events.clone(),
+            metrics.clone(),
+            crate::nodepool::controller::PoolControllerOptions {
+                interval: config.node_pool_interval,
+                instance: instance.clone(),
+                ..Default::default()
+            },
+        ));
+        tasks.spawn(pools.run(snapshots.clone(), leading.clone(), shutdown.clone()));
+    }
     let mutations = tokio_util::task::TaskTracker::new();
     let service = CloudProviderService::new(
         snapshots.clone(),

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::changes::{Changes, Pending, Track};
 use super::workload::WorkloadClusters;
-use crate::api::NodeGroupPolicy;
+use crate::api::{NodeGroupPolicy, NodePool};
 use crate::capi::CapiKeys;
 use crate::capi::autodiscovery::DiscoveryFilter;
 use crate::capi::objects::{InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource};
@@ -31,6 +31,7 @@ use crate::index::{
     ClusterKey, IndexInputs, NodeView, Snapshot, SnapshotPublisher, TemplateKey, TemplateKindState,
 };
 use crate::metrics::Metrics;
+use crate::nodepool;
 
 /// How long to wait before retrying an infrastructure template kind that could not be watched.
 const TEMPLATE_RETRY: Duration = Duration::from_secs(60);
@@ -68,6 +69,8 @@ pub struct WatchSpec {
     pub default_arch: String,
     /// Watch NodeGroupPolicies (their CRD is installed).
     pub with_policies: bool,
+    /// Watch NodePools (their CRD is installed).
+    pub with_node_pools: bool,
     /// Where Nodes come from.
     pub nodes: NodeSource,
     /// Watch Cluster API Clusters: needed to read workload clusters and to scope clients to
@@ -105,7 +108,8 @@ where
 
 /// Nodes: one cache, or one per workload cluster.
 enum NodeStores {
-    Single(Store<Node>),
+    /// One cluster's Nodes, and the client they are read with.
+    Single(Store<Node>, Client),
     PerCluster(WorkloadClusters),
 }
 
@@ -127,6 +131,7 @@ struct Inner {
     clusters: Stores<DynamicObject>,
     nodes: NodeStores,
     policies: Option<Stores<NodeGroupPolicy>>,
+    node_pools: Option<Stores<NodePool>>,
     templates: Mutex<HashMap<(String, String), TemplateWatch>>,
     changes: Arc<Changes>,
     shutdown: CancellationToken,
@@ -167,6 +172,7 @@ impl Watches {
             filter,
             default_arch,
             with_policies,
+            with_node_pools,
             nodes,
             watch_clusters,
         } = spec;
@@ -223,15 +229,18 @@ impl Watches {
                     NodeSource::Cluster(c) => c.clone(),
                     _ => client.clone(),
                 };
-                NodeStores::Single(spawn_reflector(
-                    tasks,
-                    Api::<Node>::all(node_client),
-                    (),
-                    (changes.clone(), Track::Nodes(None)),
-                    shutdown.clone(),
-                    trim_node,
-                    Some(node_fingerprint),
-                ))
+                NodeStores::Single(
+                    spawn_reflector(
+                        tasks,
+                        Api::<Node>::all(node_client.clone()),
+                        (),
+                        (changes.clone(), Track::Nodes(None)),
+                        shutdown.clone(),
+                        trim_node,
+                        Some(node_fingerprint),
+                    ),
+                    node_client,
+                )
             }
             NodeSource::ClusterSecrets => {
                 let workload = WorkloadClusters::default();
@@ -270,6 +279,30 @@ impl Watches {
                     .collect(),
             )
         });
+        let node_pools = with_node_pools.then(|| {
+            Stores(
+                scopes
+                    .iter()
+                    .map(|scope| {
+                        let api = match scope {
+                            Some(ns) => Api::<NodePool>::namespaced(client.clone(), ns),
+                            None => Api::<NodePool>::all(client.clone()),
+                        };
+                        spawn_reflector(
+                            tasks,
+                            api,
+                            (),
+                            (changes.clone(), Track::Scalable(ScalableKind::NodePool)),
+                            shutdown.clone(),
+                            |p: &mut NodePool| {
+                                p.managed_fields_mut().clear();
+                            },
+                            None,
+                        )
+                    })
+                    .collect(),
+            )
+        });
         Self {
             inner: Arc::new(Inner {
                 client,
@@ -282,6 +315,7 @@ impl Watches {
                 clusters,
                 nodes,
                 policies,
+                node_pools,
                 templates: Mutex::default(),
                 changes,
                 shutdown,
@@ -404,11 +438,14 @@ impl Watches {
         }
         self.inner.machines.1.wait_until_ready().await?;
         self.inner.clusters.wait_until_ready().await?;
-        if let NodeStores::Single(nodes) = &self.inner.nodes {
+        if let NodeStores::Single(nodes, _) = &self.inner.nodes {
             nodes.wait_until_ready().await?;
         }
         if let Some(policies) = &self.inner.policies {
             policies.wait_until_ready().await?;
+        }
+        if let Some(pools) = &self.inner.node_pools {
+            pools.wait_until_ready().await?;
         }
         Ok(())
     }
@@ -425,6 +462,11 @@ impl Watches {
                     .into_iter()
                     .map(|o| ScalableResource::from_dynamic(*kind, &o, &inner.keys))
             })
+            .chain(
+                self.node_pools()
+                    .iter()
+                    .map(|p| nodepool::view::resource_view(p)),
+            )
             .collect();
         let machines = inner
             .machines
@@ -434,7 +476,9 @@ impl Watches {
             .map(|m| Machine::from_dynamic(m))
             .collect();
         let nodes = match &inner.nodes {
-            NodeStores::Single(store) => store.state().iter().map(|n| node_view(n, None)).collect(),
+            NodeStores::Single(store, _) => {
+                store.state().iter().map(|n| node_view(n, None)).collect()
+            }
             NodeStores::PerCluster(workload) => workload
                 .nodes()
                 .into_iter()
@@ -457,7 +501,7 @@ impl Watches {
     fn context(&self) -> IndexInputs {
         let inner = &self.inner;
         let workload = match &inner.nodes {
-            NodeStores::Single(_) => None,
+            NodeStores::Single(..) => None,
             NodeStores::PerCluster(workload) => Some(workload.states()),
         };
         let clusters = inner
@@ -506,6 +550,11 @@ impl Watches {
 
     /// The cached scalable resource `key` names.
     fn resource(&self, (kind, namespace, name): &ResourceKey) -> Option<ScalableResource> {
+        if *kind == ScalableKind::NodePool {
+            let key = reflector::ObjectRef::<NodePool>::new(name).within(namespace);
+            let pool = self.inner.node_pools.as_ref()?.get(&key)?;
+            return Some(nodepool::view::resource_view(&pool));
+        }
         let (_, ar, stores) = self.inner.scalables.iter().find(|(k, _, _)| k == kind)?;
         let key = reflector::ObjectRef::new_with(name, ar.clone()).within(namespace);
         let object = stores.get(&key)?;
@@ -527,17 +576,40 @@ impl Watches {
     /// The cached Node `key` names.
     fn node(&self, (cluster, name): &NodeKey) -> Option<NodeView> {
         let node = match (&self.inner.nodes, cluster) {
-            (NodeStores::Single(store), None) => store.get(&reflector::ObjectRef::new(name))?,
+            (NodeStores::Single(store, _), None) => store.get(&reflector::ObjectRef::new(name))?,
             (NodeStores::PerCluster(workload), Some(cluster)) => workload.node(cluster, name)?,
             _ => return None,
         };
         Some(node_view(&node, cluster.clone()))
     }
 
+    /// True when every Cluster's Nodes come from one view (not the per-cluster topology).
+    pub fn shares_node_view(&self) -> bool {
+        matches!(self.inner.nodes, NodeStores::Single(..))
+    }
+
+    /// The cluster that holds the Nodes of Cluster `cluster`: its client and cached Nodes.
+    /// `None` while a workload cluster is not connected.
+    pub fn node_cluster(&self, cluster: &ClusterKey) -> Option<(Client, Vec<Arc<Node>>)> {
+        match &self.inner.nodes {
+            NodeStores::Single(store, client) => Some((client.clone(), store.state())),
+            NodeStores::PerCluster(workload) => workload.cluster(cluster),
+        }
+    }
+
     /// The cached policies.
     pub fn policies(&self) -> Vec<Arc<NodeGroupPolicy>> {
         self.inner
             .policies
+            .as_ref()
+            .map(Stores::state)
+            .unwrap_or_default()
+    }
+
+    /// The cached NodePools.
+    pub fn node_pools(&self) -> Vec<Arc<NodePool>> {
+        self.inner
+            .node_pools
             .as_ref()
             .map(Stores::state)
             .unwrap_or_default()

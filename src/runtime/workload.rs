@@ -38,6 +38,8 @@ pub struct WorkloadClusters {
 
 struct Connection {
     store: Store<Node>,
+    /// The workload cluster's client; `None` while no kubeconfig could be read.
+    client: Option<Client>,
     state: Arc<Mutex<WorkloadState>>,
     /// resourceVersion of the Secret the connection was made from.
     secret_version: String,
@@ -213,6 +215,7 @@ impl WorkloadClusters {
             cluster.clone(),
             Connection {
                 store: reflector::store::Writer::<Node>::default().as_reader(),
+                client: None,
                 state: Arc::new(Mutex::new(state)),
                 secret_version: String::new(),
                 shutdown: CancellationToken::new(),
@@ -240,6 +243,13 @@ impl WorkloadClusters {
             .iter()
             .map(|(key, c)| (key.clone(), c.store.state()))
             .collect()
+    }
+
+    /// The client and cached Nodes of `cluster`, when it is connected.
+    pub fn cluster(&self, cluster: &ClusterKey) -> Option<(Client, Vec<Arc<Node>>)> {
+        let connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        let connection = connections.get(cluster)?;
+        Some((connection.client.clone()?, connection.store.state()))
     }
 
     /// The cached Node `name` of `cluster`.
@@ -290,7 +300,7 @@ fn watch_nodes(
     let store = writer.as_reader();
     let state = Arc::new(Mutex::new(WorkloadState::Syncing));
     let stream = watcher(
-        Api::<Node>::all(client),
+        Api::<Node>::all(client.clone()),
         watcher::Config::default().any_semantic(),
     )
     .modify(trim)
@@ -351,6 +361,7 @@ fn watch_nodes(
     });
     Connection {
         store,
+        client: Some(client),
         state,
         secret_version,
         shutdown,

@@ -434,7 +434,7 @@ impl CapiActuator {
             .iter()
             .flatten()
             .any(|p| providerid::normalize(p) == providerid::normalize(id));
-        if group.kind == ScalableKind::MachinePool && in_pool {
+        if group.kind.lists_instances() && in_pool {
             return Ok(Some(Removal::PoolReplica {
                 provider_id: id.to_string(),
             }));

@@ -1,0 +1,464 @@
+//! A local emulator of the Cherry Servers REST API (`https://api.cherryservers.com/v1/`),
+//! for the operator's tests and the sandbox: the endpoints a node-pool backend uses, with
+//! the real paths, JSON shapes and status codes, plus the failures a client must survive.
+//!
+//! Wire behaviour, and where it comes from:
+//! - Paths under `/v1/`: `GET projects/{id}/servers`, `POST projects/{id}/servers` (201 and
+//!   the server), `GET servers/{id}`, `DELETE servers/{id}` (204, empty body), `GET plans`
+//!   and `GET teams/{id}/plans` (the same catalogue). cherrygo `servers.go`, `plans.go`;
+//!   cluster-autoscaler `cherry_manager_rest.go`.
+//! - `Authorization: Bearer <token>`; anything else is 401. Errors are
+//!   `{"code": <status>, "message": "..."}` (cherrygo `cherrygo.go` `Do`).
+//! - `Content-Type: application/json` on every answer, 204 included (cluster-autoscaler
+//!   rejects any answer without it).
+//! - Lists take `limit` and `offset` (absent or 0 `limit`: everything) and carry
+//!   `X-Total-Count` (cherrygo `api_call_options.go`, `Response.populateTotal`).
+//! - Servers go `pending` -> `provisioning` -> `active` in `state` (terraform-provider-
+//!   cherryservers `server_resource.go`) and `deploying` -> `deployed` in `status` (cherrygo
+//!   `WaitForStatus`); a deleted server is listed as `terminating` until it is gone.
+//! - An unknown plan is `400 "Given server plan was not found."` (the API's message as
+//!   quoted in terraform-provider-cherryservers issue 5).
+//!
+//! Not verified against the real API (no SDK or public source states them), so chosen
+//! here and relied on by the operator's client only through the status class:
+//! - an order for a plan with no stock in the region (`stock_qty` 0, or the region not in
+//!   the plan's `available_regions`) is `400 {"code":400,"message":"Plan <plan> is out of
+//!   stock in region <region>."}`;
+//! - an unknown region is `400 "Given region was not found."`, user data that is not
+//!   base64 and a `project_id` in the body other than the path's are 400, a POST without a
+//!   JSON `Content-Type` is 400;
+//! - a missing server is `404 "Server not found."`;
+//! - the rate limit (the documentation speaks of about 4 requests per second per source
+//!   address) answers `429 {"code":429,"message":"Too Many Requests"}` with `Retry-After` in
+//!   whole seconds.
+//!
+//! When given a cluster ([`CherryOptions::cluster`]), a server that reaches `active` boots:
+//! it registers a kwok Node if and only if its user data carries a valid bootstrap token
+//! (see [`boot`] for the formats and checks); a deleted server's Node is deleted. Why a
+//! server did not join is in [`EmulatedServer::boot`].
+
+pub mod boot;
+mod model;
+mod service;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+pub use model::{
+    BootOutcome, EmulatedServer, Lifecycle, PlanSpec, RegionSpec, decode_user_data, default_plans,
+    default_regions,
+};
+
+use self::model::Account;
+use self::service::RateWindow;
+
+/// How the emulator behaves.
+#[derive(Clone)]
+pub struct CherryOptions {
+    /// The API token clients must send. Default `cherry-sandbox-token`.
+    pub token: String,
+    /// Regions of the catalogue. Default [`default_regions`].
+    pub regions: Vec<RegionSpec>,
+    /// Plans and their stock. Default [`default_plans`].
+    pub plans: Vec<PlanSpec>,
+    /// How long a new server stays `pending`. Default 500 ms.
+    pub pending_for: Duration,
+    /// How long it then stays `provisioning` before `active`. Default 1 s.
+    pub provisioning_for: Duration,
+    /// How long a deleted server stays listed as `terminating`. Default 0 (gone at once).
+    pub termination_delay: Duration,
+    /// Requests per second before 429; `None` (default) for no limit.
+    pub rate_limit: Option<u32>,
+    /// The cluster servers join (their Nodes are created and deleted there); `None`
+    /// (default): servers never boot a Node.
+    pub cluster: Option<kube::Client>,
+    /// Id of the first server. Default 600001.
+    pub first_server_id: i64,
+}
+
+impl Default for CherryOptions {
+    fn default() -> Self {
+        Self {
+            token: "cherry-sandbox-token".into(),
+            regions: default_regions(),
+            plans: default_plans(),
+            pending_for: Duration::from_millis(500),
+            provisioning_for: Duration::from_secs(1),
+            termination_delay: Duration::ZERO,
+            rate_limit: None,
+            cluster: None,
+            first_server_id: 600_001,
+        }
+    }
+}
+
+impl std::fmt::Debug for CherryOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CherryOptions")
+            .field("regions", &self.regions)
+            .field("plans", &self.plans)
+            .field("pending_for", &self.pending_for)
+            .field("provisioning_for", &self.provisioning_for)
+            .field("termination_delay", &self.termination_delay)
+            .field("rate_limit", &self.rate_limit)
+            .field("cluster", &self.cluster.is_some())
+            .field("first_server_id", &self.first_server_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which requests a fault applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestKind {
+    /// Every routed request.
+    Any,
+    /// `GET projects/{id}/servers`.
+    ListServers,
+    /// `GET servers/{id}`.
+    GetServer,
+    /// `POST projects/{id}/servers`.
+    CreateServer,
+    /// `DELETE servers/{id}`.
+    DeleteServer,
+    /// `GET plans`, `GET teams/{id}/plans`.
+    ListPlans,
+}
+
+/// What an injected fault does to a request (after the rate limit, before auth).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Answer this status with the API's error body; the request has no effect.
+    Status(u16),
+    /// Answer exactly this (e.g. a 200 with a body that is not JSON); no effect.
+    Respond {
+        /// HTTP status.
+        status: u16,
+        /// Headers besides `Content-Type: application/json` (which they may replace).
+        headers: Vec<(String, String)>,
+        /// Body.
+        body: String,
+    },
+    /// Wait this long, then handle the request normally (a client that gave up meanwhile
+    /// does not learn that it took effect).
+    Hang(Duration),
+    /// Close the connection with a TCP reset before handling the request: no effect.
+    Reset,
+    /// Handle the request, then reset the connection instead of answering: the effect
+    /// happens, the answer is lost.
+    LoseAnswer,
+}
+
+#[derive(Debug)]
+struct Fault {
+    kind: RequestKind,
+    remaining: usize,
+    action: FaultAction,
+}
+
+/// A request as the emulator saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedRequest {
+    /// Method.
+    pub method: String,
+    /// Path with its query (`/v1/projects/1/servers?limit=100&offset=0`).
+    pub path: String,
+    /// Body as text (lossy UTF-8).
+    pub body: String,
+    /// Status answered; `None` when the connection was reset instead.
+    pub status: Option<u16>,
+    /// When it arrived (its answer, for [`FaultAction::LoseAnswer`]), since the start.
+    pub at: Duration,
+}
+
+/// State shared by the HTTP tasks, the lifecycle tasks and the handle.
+struct Shared {
+    token: String,
+    account: Mutex<Account>,
+    faults: Mutex<Vec<Fault>>,
+    log: Mutex<Vec<RecordedRequest>>,
+    rate: Mutex<RateWindow>,
+    tasks: Mutex<JoinSet<()>>,
+    pending_for: Duration,
+    provisioning_for: Duration,
+    termination_delay: Duration,
+    cluster: Option<kube::Client>,
+    started: Instant,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn account(&self) -> MutexGuard<'_, Account> {
+        lock(&self.account)
+    }
+
+    fn log(&self) -> MutexGuard<'_, Vec<RecordedRequest>> {
+        lock(&self.log)
+    }
+
+    fn rate(&self) -> MutexGuard<'_, RateWindow> {
+        lock(&self.rate)
+    }
+
+    /// Logs `record` with the status of `answer`, and returns `answer`.
+    fn record<B>(
+        &self,
+        mut record: RecordedRequest,
+        answer: http::Response<B>,
+    ) -> http::Response<B> {
+        record.status = Some(answer.status().as_u16());
+        self.log().push(record);
+        answer
+    }
+
+    /// Consumes one use of the first fault for `kind`.
+    fn take_fault(&self, kind: RequestKind) -> Option<FaultAction> {
+        let mut faults = lock(&self.faults);
+        let index = faults
+            .iter()
+            .position(|f| f.remaining > 0 && (f.kind == kind || f.kind == RequestKind::Any))?;
+        let fault = &mut faults[index];
+        fault.remaining -= 1;
+        let action = fault.action.clone();
+        if fault.remaining == 0 {
+            faults.remove(index);
+        }
+        Some(action)
+    }
+
+    fn spawn(self: &Arc<Self>, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut tasks = lock(&self.tasks);
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(task);
+    }
+
+    /// Walks a new server through `pending`, `provisioning` and `active`, then boots it.
+    fn spawn_lifecycle(self: &Arc<Self>, id: i64) {
+        let shared = self.clone();
+        self.spawn(async move {
+            tokio::time::sleep(shared.pending_for).await;
+            if !shared.advance(id, Lifecycle::Pending, Lifecycle::Provisioning) {
+                return;
+            }
+            tokio::time::sleep(shared.provisioning_for).await;
+            if !shared.advance(id, Lifecycle::Provisioning, Lifecycle::Active) {
+                return;
+            }
+            shared.boot(id).await;
+        });
+    }
+
+    /// Moves server `id` from `from` to `to`; false when it is no longer in `from`.
+    fn advance(&self, id: i64, from: Lifecycle, to: Lifecycle) -> bool {
+        let mut account = self.account();
+        match account.servers.get_mut(&id) {
+            Some(server) if server.lifecycle == from => {
+                server.lifecycle = to;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    async fn boot(&self, id: i64) {
+        let (server, plan) = {
+            let account = self.account();
+            let Some(server) = account.servers.get(&id).cloned() else {
+                return;
+            };
+            let plan = account.plan(&server.plan).cloned();
+            (server, plan)
+        };
+        let outcome = match &self.cluster {
+            None => BootOutcome::NoCluster,
+            Some(client) => match decode_user_data(&server.user_data) {
+                None => BootOutcome::Refused {
+                    reason: "the user data is not base64 text".into(),
+                },
+                Some(text) => match boot::join(client, &server, plan.as_ref(), &text).await {
+                    Ok(node) => BootOutcome::Joined { node },
+                    Err(boot::JoinError::Refused(reason)) => BootOutcome::Refused { reason },
+                    Err(boot::JoinError::Failed(error)) => BootOutcome::Failed { error },
+                },
+            },
+        };
+        match &outcome {
+            BootOutcome::Joined { node } => {
+                tracing::info!(server = id, node, "cherry emulator: server joined")
+            }
+            other => {
+                tracing::info!(server = id, outcome = ?other, "cherry emulator: server did not join")
+            }
+        }
+        let deleted_meanwhile = {
+            let mut account = self.account();
+            match account.servers.get_mut(&id) {
+                Some(server) if server.lifecycle == Lifecycle::Active => {
+                    server.boot = outcome.clone();
+                    false
+                }
+                _ => true,
+            }
+        };
+        if deleted_meanwhile && let BootOutcome::Joined { node } = &outcome {
+            self.delete_node(node).await;
+        }
+    }
+
+    /// Deletes a Node this emulator registered; failures are logged (the server is gone
+    /// either way).
+    async fn delete_node(&self, node: &str) {
+        if let Some(client) = &self.cluster
+            && let Err(e) = crate::kwok::delete_node(client, node).await
+        {
+            tracing::warn!(node, error = %e, "cherry emulator: deleting the Node of a deleted server");
+        }
+    }
+
+    /// Deletes a terminated server's Node (as the cloud controller manager does for
+    /// instances that are gone), then forgets the server after the termination delay.
+    fn spawn_termination(self: &Arc<Self>, server: EmulatedServer) {
+        let shared = self.clone();
+        self.spawn(async move {
+            if let BootOutcome::Joined { node } = &server.boot {
+                shared.delete_node(node).await;
+            }
+            tokio::time::sleep(shared.termination_delay).await;
+            shared.account().servers.remove(&server.id);
+        });
+    }
+}
+
+/// A running emulator on a loopback port. Dropping it stops the server and every task.
+pub struct CherryEmulator {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    server: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for CherryEmulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CherryEmulator")
+            .field("url", &self.url())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CherryEmulator {
+    /// Binds a free loopback port and serves until dropped. Must be called inside a tokio
+    /// runtime, which runs the emulator's tasks.
+    pub async fn start(options: CherryOptions) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            token: options.token,
+            account: Mutex::new(Account::new(
+                options.regions,
+                options.plans,
+                options.first_server_id,
+            )),
+            faults: Mutex::new(Vec::new()),
+            log: Mutex::new(Vec::new()),
+            rate: Mutex::new(RateWindow::new(options.rate_limit)),
+            tasks: Mutex::new(JoinSet::new()),
+            pending_for: options.pending_for,
+            provisioning_for: options.provisioning_for,
+            termination_delay: options.termination_delay,
+            cluster: options.cluster,
+            started: Instant::now(),
+        });
+        let server = tokio::spawn(service::serve(listener, shared.clone()));
+        tracing::info!(%addr, "cherry emulator listening");
+        Ok(Self {
+            shared,
+            addr,
+            server,
+        })
+    }
+
+    /// The base URL clients take: `http://127.0.0.1:<port>/v1/`.
+    pub fn url(&self) -> String {
+        format!("http://{}/v1/", self.addr)
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The API token it accepts.
+    pub fn token(&self) -> &str {
+        &self.shared.token
+    }
+
+    /// Sets the stock of `plan` in `region` (adding the region to the plan's offer);
+    /// false when there is no such plan.
+    pub fn set_stock(&self, plan: &str, region: &str, qty: i64) -> bool {
+        let mut account = self.shared.account();
+        match account.plans.iter_mut().find(|p| p.slug == plan) {
+            Some(plan) => {
+                plan.stock.insert(region.into(), qty);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stock of `plan` in `region`.
+    pub fn stock(&self, plan: &str, region: &str) -> Option<i64> {
+        self.shared
+            .account()
+            .plan(plan)
+            .and_then(|p| p.stock.get(region).copied())
+    }
+
+    /// Makes the next `times` requests of `kind` fail with `action`. Faults apply in the
+    /// order they were injected.
+    pub fn inject(&self, kind: RequestKind, times: usize, action: FaultAction) {
+        if times > 0 {
+            lock(&self.shared.faults).push(Fault {
+                kind,
+                remaining: times,
+                action,
+            });
+        }
+    }
+
+    /// Drops every fault not yet used.
+    pub fn clear_faults(&self) {
+        lock(&self.shared.faults).clear();
+    }
+
+    /// Changes the rate limit (requests per second; `None`: none).
+    pub fn set_rate_limit(&self, per_second: Option<u32>) {
+        self.shared.rate().limit = per_second;
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared.log().clone()
+    }
+
+    /// Every server, terminating ones included, by id.
+    pub fn servers(&self) -> Vec<EmulatedServer> {
+        self.shared.account().servers.values().cloned().collect()
+    }
+
+    /// One server.
+    pub fn server(&self, id: i64) -> Option<EmulatedServer> {
+        self.shared.account().servers.get(&id).cloned()
+    }
+}
+
+impl Drop for CherryEmulator {
+    fn drop(&mut self) {
+        self.server.abort();
+        lock(&self.shared.tasks).abort_all();
+    }
+}

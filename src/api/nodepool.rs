@@ -1,0 +1,330 @@
+//! `NodePool`: a node group of cloud servers for clouds without Cluster API. `spec.replicas`
+//! (with the `/scale` subresource) is the group's target size; the leader's reconciler
+//! converges the cloud towards it through the pool's backend and reports every instance in
+//! the status.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::policy::ScaleFromZero;
+
+/// Go duration strings (`30s`, `10m`, `1h30m`).
+const DURATION_PATTERN: &str = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$";
+
+/// A pool of cloud servers that join the cluster as Nodes.
+#[allow(clippy::duplicated_attributes)] // repeated `type_` keys inside `printcolumn(...)`
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "autoscaling.nodegroup.dev",
+    version = "v1alpha1",
+    kind = "NodePool",
+    namespaced,
+    shortname = "np",
+    status = "NodePoolStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "A pool of cloud servers autoscaled by cluster-autoscaler through nodegroup-operator",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas"
+    ),
+    printcolumn(
+        name = "Desired",
+        type_ = "integer",
+        description = "spec.replicas",
+        json_path = ".spec.replicas"
+    ),
+    printcolumn(
+        name = "Current",
+        type_ = "integer",
+        description = "Servers in the cloud",
+        json_path = ".status.replicas"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "integer",
+        description = "Servers whose Node is Ready",
+        json_path = ".status.readyReplicas"
+    ),
+    printcolumn(
+        name = "Min",
+        type_ = "integer",
+        description = "Effective min size",
+        json_path = ".status.minSize"
+    ),
+    printcolumn(
+        name = "Max",
+        type_ = "integer",
+        description = "Effective max size",
+        json_path = ".status.maxSize"
+    ),
+    printcolumn(
+        name = "Backend",
+        type_ = "string",
+        description = "Cloud backend",
+        json_path = ".status.backend"
+    ),
+    printcolumn(
+        name = "Status",
+        type_ = "string",
+        description = "Ready condition reason",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new("!has(self.minSize) || !has(self.maxSize) || self.minSize <= self.maxSize").message("minSize must not be greater than maxSize"))]
+#[x_kube(validation = Rule::new("has(self.cherryServers)").message("exactly one backend must be set: cherryServers"))]
+#[serde(rename_all = "camelCase")]
+pub struct NodePoolSpec {
+    /// Number of servers wanted (the node group's target size).
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub replicas: i32,
+    /// Min size. A NodeGroupPolicy selecting the pool fills it in when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub min_size: Option<i32>,
+    /// Max size. A NodeGroupPolicy selecting the pool fills it in when left out; without
+    /// either the pool is not autoscaled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_size: Option<i32>,
+    /// Name of the Kubernetes cluster the servers join: tags the servers (`k8s-cluster`, as
+    /// cluster-autoscaler's in-tree providers do) and scopes the pool to that cluster's
+    /// cluster-autoscaler.
+    #[schemars(length(min = 1, max = 63))]
+    pub cluster_name: String,
+    /// What a new node looks like beyond what the backend knows: labels and taints (passed
+    /// to the kubelet), capacity corrections, architecture. Used for scale from zero; wins
+    /// over the backend's machine type and over a policy's template, key by key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<ScaleFromZero>,
+    /// Kubeadm bootstrap tokens minted for new servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapSpec>,
+    /// Cherry Servers backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cherry_servers: Option<CherryServersSpec>,
+}
+
+/// Kubeadm bootstrap tokens: one per scale-up, stored as a `bootstrap.kubernetes.io/token`
+/// Secret in `kube-system` of the cluster the servers join, and deleted once expired.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapSpec {
+    /// Token lifetime (Go duration, default `30m`): long enough for a server to boot and join.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub token_ttl: Option<String>,
+    /// Extra groups the token authenticates as (default
+    /// `system:bootstrappers:kubeadm:default-node-token`, the group kubeadm's RBAC uses).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_groups: Vec<String>,
+}
+
+/// A reference to one key of a Secret in the pool's namespace.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Secret name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key in the Secret's data.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// Cherry Servers: bare-metal and virtual servers created in a project.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CherryServersSpec {
+    /// API token (a Secret key), sent as a Bearer token.
+    pub credentials_secret_ref: SecretKeyRef,
+    /// Project the servers are created in.
+    #[schemars(range(min = 1))]
+    pub project_id: i64,
+    /// Region slug, e.g. `LT-Siauliai` or `eu_nord_1`.
+    #[schemars(length(min = 1, max = 63))]
+    pub region: String,
+    /// Plan slug, e.g. `e5_1620v4`.
+    #[schemars(length(min = 1, max = 63))]
+    pub plan: String,
+    /// Image slug, e.g. `ubuntu_22_04`.
+    #[schemars(length(min = 1, max = 63))]
+    pub image: String,
+    /// SSH key ids installed on new servers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ssh_key_ids: Vec<i64>,
+    /// OS partition size in GB (the plan's default when left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub os_partition_size: Option<i64>,
+    /// Order spot servers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spot_market: bool,
+    /// Hostname of new servers, which is also their Node name. Placeholders:
+    /// `{{.ClusterName}}`, `{{.NodeGroup}}` or `{{.NodePool}}` (the pool's name),
+    /// `{{.RandString8}}`. Default `{{.ClusterName}}-{{.NodeGroup}}-{{.RandString8}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 200))]
+    pub hostname_pattern: Option<String>,
+    /// User data (cloud-init) of new servers, as plain text. Placeholders (the in-tree
+    /// provider's work unchanged): `{{.BootstrapToken}}` (`<id>.<secret>`),
+    /// `{{.BootstrapTokenID}}`, `{{.BootstrapTokenSecret}}`, `{{.APIServerEndpoint}}`,
+    /// `{{.ClusterName}}`, `{{.NodeGroup}}` or `{{.NodePool}}`, `{{.Hostname}}`,
+    /// `{{.NodeLabels}}` (the labels new Nodes register with, as `k=v,k2=v2`).
+    #[schemars(length(min = 1, max = 65536))]
+    pub user_data: String,
+    /// `host:port` of the API server new Nodes join (`{{.APIServerEndpoint}}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_server_endpoint: Option<String>,
+    /// API base URL (default `https://api.cherryservers.com/v1/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('http://')").message("endpoint must be an http(s) URL"))]
+    pub endpoint: Option<String>,
+}
+
+/// Observed state, written by the leader.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePoolStatus {
+    /// Generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `BackendUnavailable`, `ScaleUpFailed`, `InvalidSpec`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Backend in use (`cherryServers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// Instances that count towards the size: servers not being deleted, creations in
+    /// flight and failed creations cluster-autoscaler has not removed yet.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Servers whose Node is registered.
+    #[serde(default)]
+    pub registered_replicas: i32,
+    /// Servers whose Node is Ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Min size as the spec sets it (a governing NodeGroupPolicy may supply it instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_size: Option<i32>,
+    /// Max size as the spec sets it (a governing NodeGroupPolicy may supply it instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_size: Option<i32>,
+    /// Every instance: servers, creations in flight and failed creations. Always written,
+    /// empty included, so that a merge patch of the status clears it.
+    #[serde(default)]
+    pub instances: Vec<PoolInstance>,
+    /// What one server of the pool's plan offers, as last read from the backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_type: Option<MachineType>,
+    /// Last scale-up (server creation) started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_up_time: Option<Time>,
+    /// Last scale-down (server deletion) started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_down_time: Option<Time>,
+}
+
+/// Lifecycle of an instance.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, schemars::JsonSchema)]
+pub enum InstanceStateName {
+    /// Creation requested; the server does not exist yet, or its Node has not registered.
+    Creating,
+    /// The server's Node is registered.
+    Running,
+    /// Deletion requested or in progress.
+    Deleting,
+    /// Creation failed; kept until cluster-autoscaler removes it (or it expires).
+    Failed,
+}
+
+/// One instance of the pool.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolInstance {
+    /// Cloud id of the server (absent while its creation is in flight, or when it failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Provider ID the Node carries (`cherryservers://<id>`), or the instance id reported to
+    /// cluster-autoscaler for a failed creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "providerID")]
+    pub provider_id: Option<String>,
+    /// Server hostname (the Node name).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hostname: String,
+    /// State.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<InstanceStateName>,
+    /// The creation request that made it (a tag on the server).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub request: String,
+    /// Name of its Node, once registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// When its creation was requested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<Time>,
+    /// Why its creation failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<InstanceErrorStatus>,
+}
+
+/// A failed creation.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceErrorStatus {
+    /// `OutOfResources` (cluster-autoscaler backs off and tries another group) or `Other`.
+    pub class: String,
+    /// Backend error code, e.g. `OutOfStock`.
+    pub code: String,
+    /// The backend's message.
+    pub message: String,
+}
+
+/// What one server offers, from the backend's catalogue.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineType {
+    /// Type name (`node.kubernetes.io/instance-type`).
+    pub name: String,
+    /// Capacity (`cpu`, `memory`, GPU resources).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub capacity: BTreeMap<String, String>,
+    /// Price of one server for one hour, when the backend publishes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hourly_price: Option<f64>,
+    /// Currency of the price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+    /// Labels every server of the type carries (region, zone, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NodePool {
+    /// The node-group id, `NodePool/<namespace>/<name>`.
+    pub fn group_id(&self) -> String {
+        use kube::ResourceExt;
+        format!(
+            "NodePool/{}/{}",
+            self.namespace().unwrap_or_default(),
+            self.name_any()
+        )
+    }
+
+    /// Name of the backend block that is set.
+    pub fn backend(&self) -> Option<&'static str> {
+        self.spec.cherry_servers.as_ref().map(|_| "cherryServers")
+    }
+}

@@ -1,0 +1,224 @@
+//! NodePools as node groups: bounds from the pool's spec (the governing policy fills what it
+//! leaves out), the template from the backend's machine type overlaid by the pool's and the
+//! policy's template, instances from the pool's status.
+
+use std::collections::BTreeMap;
+
+use super::build::{Assessment, IndexInputs, NodeFinder};
+use super::model::{
+    ClusterKey, ConfigWarning, ExclusionReason, Instance, InstanceState, NodeGroup, PoolView,
+    Source, TemplateInputs,
+};
+use super::policy::{PolicyRules, PolicyTemplate, PriceList};
+use crate::capi::annotations;
+use crate::capi::keys::PAUSED_ANNOTATION;
+use crate::capi::objects::{InfraTemplate, ScalableResource};
+use crate::template;
+
+/// Decides whether NodePool `r` is a served group (see [`super::build::assess`]).
+pub(super) fn assess(
+    inputs: &IndexInputs,
+    r: &ScalableResource,
+    policy: Option<&PolicyRules>,
+) -> Assessment {
+    let Some(pool) = r.pool.as_deref() else {
+        return Assessment::NotConfigured;
+    };
+    if r.annotations.contains_key(PAUSED_ANNOTATION) {
+        return Assessment::Excluded(ExclusionReason::Paused, Vec::new());
+    }
+    if let Some(reason) = &pool.invalid {
+        return Assessment::Excluded(ExclusionReason::Invalid(reason.clone()), Vec::new());
+    }
+    let keys = &inputs.keys;
+    let (options, option_warnings) = annotations::parse_options(&r.annotations, keys);
+    let (hints, capacity_warnings) = annotations::parse_capacity(&r.annotations);
+    let warnings: Vec<ConfigWarning> = option_warnings
+        .into_iter()
+        .chain(capacity_warnings)
+        .map(ConfigWarning::from)
+        .collect();
+    let (max, max_source) = match (pool.max, policy.and_then(|p| p.max)) {
+        (Some(max), _) => (max, Source::Spec),
+        (None, Some(max)) => (max, Source::Policy),
+        (None, None) => return Assessment::Excluded(ExclusionReason::NotAutoscaled, warnings),
+    };
+    if max == 0 {
+        return Assessment::Excluded(ExclusionReason::NotAutoscaled, warnings);
+    }
+    let (min, min_source) = match (pool.min, policy.and_then(|p| p.min)) {
+        (Some(min), _) => (min, Source::Spec),
+        (None, Some(min)) => (min, Source::Policy),
+        (None, None) => (0, Source::Default),
+    };
+    if min > max {
+        let reason = ExclusionReason::Invalid(format!(
+            "effective min size {min} (from {min_source:?}) is greater than max size {max} (from {max_source:?})"
+        ));
+        return Assessment::Excluded(reason, warnings);
+    }
+    let options = match policy {
+        Some(p) => options.or(&p.options),
+        None => options,
+    };
+    let inputs_for_template = TemplateInputs {
+        hints,
+        infra: pool.machine_type.as_ref().map(|t| InfraTemplate {
+            capacity: t.capacity.clone(),
+            architecture: None,
+            operating_system: None,
+        }),
+        managed_labels: pool
+            .machine_type
+            .as_ref()
+            .map(|t| t.labels.clone())
+            .unwrap_or_default(),
+        spec_taints: Vec::new(),
+        node_labels: BTreeMap::new(),
+        default_arch: inputs.default_arch.clone(),
+        policy: overlay(
+            policy.and_then(|p| p.template.as_ref()),
+            pool.template.as_ref(),
+        ),
+    };
+    let template =
+        template::can_scale_from_zero(&inputs_for_template).then_some(inputs_for_template);
+    let target = r.replicas.unwrap_or(0);
+    if target == 0 && template.is_none() {
+        let detail = match &pool.machine_type {
+            None => {
+                "the backend's machine type has not been read yet, and spec.template gives no cpu and memory"
+            }
+            Some(_) => {
+                "neither the backend's machine type nor spec.template gives both cpu and memory"
+            }
+        };
+        return Assessment::Excluded(
+            ExclusionReason::ZeroWithoutTemplate(detail.into()),
+            warnings,
+        );
+    }
+    let pricing = policy
+        .and_then(|p| p.pricing)
+        .or_else(|| pool.machine_type.as_ref().and_then(plan_prices));
+    Assessment::Served(Box::new(NodeGroup {
+        id: r.group_id(),
+        kind: r.kind,
+        namespace: r.namespace.clone(),
+        name: r.name.clone(),
+        cluster: ClusterKey {
+            namespace: r.namespace.clone(),
+            name: r.cluster_name.clone(),
+        },
+        uid: r.uid.clone(),
+        min,
+        max,
+        min_source,
+        max_source,
+        target,
+        instances: Vec::new(),
+        registered: 0,
+        ready: 0,
+        options,
+        template,
+        provider_id_list: r.provider_id_list.clone(),
+        policy: policy.map(|p| p.reference.clone()),
+        pricing,
+        node_capacity: BTreeMap::new(),
+        warnings,
+    }))
+}
+
+/// Prices from the machine type's hourly price: the node's, and per core and per GiB (half
+/// of the price each over the cores and the memory), so that cluster-autoscaler's `price`
+/// expander, which needs pod prices too, can compare pools.
+fn plan_prices(machine_type: &super::model::PoolMachineType) -> Option<PriceList> {
+    let node = machine_type.hourly_price?;
+    let amount = |name: &str| {
+        machine_type
+            .capacity
+            .get(name)
+            .and_then(|q| crate::quantity::parse(q).ok())
+            .filter(|v| *v > 0.0)
+    };
+    let cpu_core = amount("cpu").map(|cores| node / 2.0 / cores);
+    let memory_gib = amount("memory").map(|bytes| node / 2.0 / (bytes / (1u64 << 30) as f64));
+    Some(PriceList {
+        node: Some(node),
+        cpu_core,
+        memory_gib,
+        gpu: None,
+    })
+}
+
+/// The policy's template overlaid by the pool's own: the pool wins key by key.
+fn overlay(
+    policy: Option<&PolicyTemplate>,
+    pool: Option<&PolicyTemplate>,
+) -> Option<PolicyTemplate> {
+    match (policy, pool) {
+        (None, None) => None,
+        (Some(t), None) | (None, Some(t)) => Some(t.clone()),
+        (Some(policy), Some(pool)) => {
+            let mut out = policy.clone();
+            out.capacity.extend(pool.capacity.clone());
+            out.labels.extend(pool.labels.clone());
+            out.taints
+                .retain(|t| !pool.taints.iter().any(|p| p.key == t.key));
+            out.taints.extend(pool.taints.iter().cloned());
+            out.architecture = pool.architecture.clone().or(out.architecture);
+            out.operating_system = pool.operating_system.clone().or(out.operating_system);
+            Some(out)
+        }
+    }
+}
+
+/// The instances of NodePool group `g`: failed creations and deletions as the pool reports
+/// them; a server is running once a Node with its provider ID is registered, creating before.
+pub(super) fn instances(pool: &PoolView, g: &NodeGroup, nodes: &impl NodeFinder) -> Vec<Instance> {
+    pool.instances
+        .iter()
+        .map(|i| {
+            let mut instance = i.clone();
+            if instance.state == InstanceState::Running || instance.state == InstanceState::Creating
+            {
+                instance.state = if instance.error.is_none()
+                    && instance.is_real()
+                    && nodes.by_pid(&instance.id, &g.cluster).is_some()
+                {
+                    InstanceState::Running
+                } else {
+                    InstanceState::Creating
+                };
+            }
+            instance
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod price_tests {
+    use super::*;
+    use crate::index::model::PoolMachineType;
+
+    #[test]
+    fn a_plan_price_splits_into_core_and_memory_prices_that_add_up() {
+        let plan = PoolMachineType {
+            capacity: BTreeMap::from([
+                ("cpu".to_string(), "4".to_string()),
+                ("memory".to_string(), "16Gi".to_string()),
+            ]),
+            labels: BTreeMap::new(),
+            hourly_price: Some(0.2),
+        };
+        let prices = plan_prices(&plan).unwrap();
+        assert_eq!(prices.node, Some(0.2));
+        let whole = prices.cpu_core.unwrap() * 4.0 + prices.memory_gib.unwrap() * 16.0;
+        assert!((whole - 0.2).abs() < 1e-9, "{whole}");
+        let free = PoolMachineType {
+            hourly_price: None,
+            ..plan
+        };
+        assert_eq!(plan_prices(&free), None);
+    }
+}

@@ -1,0 +1,1053 @@
+//! The NodePool reconciler: on the leader, converges each pool's servers towards
+//! `spec.replicas` through its backend ([`converge`] decides, this module observes, acts and
+//! reports). It wakes when a pool's spec or scale-down ledger changes and every
+//! [`PoolControllerOptions::interval`] otherwise.
+//!
+//! Intent is written before it is acted on, so a pass killed at any point is finished by the
+//! next one, on this replica or another: a creation is recorded in `status.instances` before
+//! the create call (a lost answer is matched by the server's request tag), a deletion before
+//! the delete call. Pools are deleted with their servers (finalizer).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::backend::{Backend, BackendError, Created, MachineTypeInfo, NewServer};
+use super::converge::{self, Decision, Dropped, Observed, SeenNode};
+use super::{bootstrap, render, view};
+use crate::api::NodePool;
+use crate::api::conditions::{DesiredCondition, merge};
+use crate::api::nodepool::{InstanceErrorStatus, InstanceStateName, NodePoolStatus, PoolInstance};
+use crate::backends::cherry::pool::CherryPool;
+use crate::capi::providerid;
+use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger, request_id};
+use crate::duration;
+use crate::events::{EventPublisher, Severity};
+use crate::fault;
+use crate::index::{ClusterKey, SnapshotHandle};
+use crate::metrics::Metrics;
+use crate::runtime::watches::Watches;
+
+/// Finalizer that deletes a pool's servers before the pool goes.
+pub const FINALIZER: &str = "autoscaling.nodegroup.dev/servers";
+/// Label added to every Node a pool's servers register (`<namespace>.<name>` of the pool).
+pub const NODE_POOL_LABEL: &str = "autoscaling.nodegroup.dev/node-pool";
+
+/// How the reconciler runs.
+#[derive(Clone, Debug)]
+pub struct PoolControllerOptions {
+    /// Longest time between two passes over a pool.
+    pub interval: Duration,
+    /// Most servers one pass creates for a pool.
+    pub max_creates: usize,
+    /// How long a machine type read from the backend is reused.
+    pub machine_type_ttl: Duration,
+    /// Name of this replica, in creation request ids.
+    pub instance: String,
+}
+
+impl Default for PoolControllerOptions {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(15),
+            max_creates: 10,
+            machine_type_ttl: Duration::from_secs(600),
+            instance: format!("ngo-{}", std::process::id()),
+        }
+    }
+}
+
+/// The reconciler.
+pub struct PoolController {
+    client: Client,
+    watches: Watches,
+    events: EventPublisher,
+    metrics: Arc<Metrics>,
+    options: PoolControllerOptions,
+    machine_types: Mutex<HashMap<String, (Instant, MachineTypeInfo)>>,
+}
+
+/// Why a pass stopped early; reported on the pool.
+#[derive(Debug)]
+enum Blocked {
+    /// The spec cannot be acted on (reason, message).
+    Spec(&'static str, String),
+    /// The backend refused or did not answer.
+    Backend(BackendError),
+    /// The Kubernetes API failed; retried next pass.
+    Api(String),
+}
+
+impl PoolController {
+    /// A reconciler using `client` for pools and Secrets and `watches` for pools and Nodes.
+    pub fn new(
+        client: Client,
+        watches: Watches,
+        events: EventPublisher,
+        metrics: Arc<Metrics>,
+        options: PoolControllerOptions,
+    ) -> Self {
+        Self {
+            client,
+            watches,
+            events,
+            metrics,
+            options,
+            machine_types: Mutex::default(),
+        }
+    }
+
+    /// Reconciles every pool while this replica leads, until `shutdown`.
+    pub async fn run(
+        self: Arc<Self>,
+        mut snapshots: SnapshotHandle,
+        mut leader: tokio::sync::watch::Receiver<bool>,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let mut seen: HashMap<String, String> = HashMap::new();
+        let mut last_full = Instant::now() - self.options.interval;
+        loop {
+            if !*leader.borrow() {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    changed = leader.changed() => {
+                        if changed.is_err() {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                }
+            }
+            let pools = self.watches.node_pools();
+            let full = last_full.elapsed() >= self.options.interval;
+            if full {
+                last_full = Instant::now();
+            }
+            let mut current = HashMap::new();
+            for pool in &pools {
+                let key = pool_key(pool);
+                let trigger = fingerprint(pool);
+                let changed = seen.get(&key) != Some(&trigger);
+                current.insert(key.clone(), trigger);
+                if full || changed {
+                    if shutdown.is_cancelled() {
+                        return Ok(());
+                    }
+                    self.reconcile(&pool.namespace().unwrap_or_default(), &pool.name_any())
+                        .await;
+                }
+            }
+            if full {
+                self.delete_expired_tokens(&pools).await;
+            }
+            for gone in seen.keys().filter(|k| !current.contains_key(*k)) {
+                self.metrics.forget_pool(gone);
+            }
+            seen = current;
+            let wait = self.options.interval.saturating_sub(last_full.elapsed());
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(wait) => {}
+                alive = snapshots.changed() => {
+                    if !alive {
+                        return Ok(());
+                    }
+                    // Coalesce bursts of changes.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+
+    /// Deletes the expired bootstrap tokens minted for `pools`, once per cluster their Nodes
+    /// join (kube-controller-manager's token cleaner is off by default).
+    async fn delete_expired_tokens(&self, pools: &[Arc<NodePool>]) {
+        let mut done = std::collections::BTreeSet::new();
+        for pool in pools {
+            let cluster = ClusterKey {
+                namespace: pool.namespace().unwrap_or_default(),
+                name: pool.spec.cluster_name.clone(),
+            };
+            let Some((client, _)) = self.watches.node_cluster(&cluster) else {
+                continue;
+            };
+            // One Node view shared by every cluster: one sweep covers them all.
+            let key = if self.watches.shares_node_view() {
+                String::new()
+            } else {
+                cluster.to_string()
+            };
+            if !done.insert(key) {
+                continue;
+            }
+            match bootstrap::delete_expired(&client).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, %cluster, "expired bootstrap tokens deleted"),
+                Err(error) => {
+                    tracing::warn!(%error, %cluster, "cannot delete expired bootstrap tokens")
+                }
+            }
+        }
+    }
+
+    /// One pass over pool `namespace/name`; every outcome is reported on the pool.
+    pub async fn reconcile(&self, namespace: &str, name: &str) {
+        let api: Api<NodePool> = Api::namespaced(self.client.clone(), namespace);
+        let pool = match api.get_opt(name).await {
+            Ok(Some(pool)) => pool,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(%error, namespace, name, "cannot read NodePool; retrying next pass");
+                return;
+            }
+        };
+        let mut report = PassReport::default();
+        let outcome = self.pass(&api, &pool, &mut report).await;
+        if let Err(blocked) = &outcome {
+            self.report_blocked(&pool, blocked);
+        }
+        if let Err(error) = self.write_status(&api, &pool, &report, outcome.err()).await {
+            tracing::warn!(%error, namespace, name, "cannot write NodePool status; retrying next pass");
+        }
+    }
+
+    async fn pass(
+        &self,
+        api: &Api<NodePool>,
+        pool: &NodePool,
+        report: &mut PassReport,
+    ) -> Result<(), Blocked> {
+        let key = pool_key(pool);
+        let backend = self.connect(pool).await?;
+        report.backend = Some(backend.name());
+        report.machine_type = self.machine_type(&key, pool, &backend, false).await;
+        let members = backend.members().await;
+        self.observe(&backend, "list", &members);
+        let members = members.map_err(Blocked::Backend)?;
+        self.metrics.set_backend_available(&key, true);
+
+        if pool.metadata.deletion_timestamp.is_some() {
+            return self.finalize(api, pool, &backend, &members, report).await;
+        }
+        if !pool.finalizers().iter().any(|f| f == FINALIZER) {
+            add_finalizer(api, pool).await?;
+        }
+
+        let cluster = ClusterKey {
+            namespace: pool.namespace().unwrap_or_default(),
+            name: pool.spec.cluster_name.clone(),
+        };
+        let node_cluster = self.watches.node_cluster(&cluster);
+        let nodes = node_cluster
+            .as_ref()
+            .map(|(_, nodes)| seen_nodes(nodes))
+            .unwrap_or_default();
+        let ledger = Ledger::parse(
+            pool.annotations()
+                .get(LEDGER_ANNOTATION)
+                .map(String::as_str),
+        );
+        let previous = pool
+            .status
+            .as_ref()
+            .map(|s| s.instances.clone())
+            .unwrap_or_default();
+        let mut decision = converge::decide(&Observed {
+            desired: pool.spec.replicas,
+            previous: &previous,
+            members: &members,
+            ledger: &ledger,
+            nodes: &nodes,
+            now: jiff::Timestamp::now(),
+            max_creates: self.options.max_creates,
+        });
+        self.report_dropped(pool, &decision.dropped);
+
+        if !decision.delete.is_empty() {
+            // Intent first: a pass killed after this still deletes these, and only these.
+            report.instances = Some(decision.instances.clone());
+            self.patch_instances(api, pool, &decision.instances).await?;
+            fault::point("nodepool:after-recording-deletions").await;
+            for id in decision.delete.clone() {
+                let result = backend.delete(&id).await;
+                self.observe(&backend, "delete", &result);
+                match result {
+                    Ok(()) => {
+                        report.scaled_down = true;
+                        self.event(
+                            pool,
+                            Severity::Normal,
+                            "ServerDeleted",
+                            "Delete",
+                            format!("deleted server {id}"),
+                        );
+                    }
+                    Err(error) => {
+                        self.event(
+                            pool,
+                            Severity::Warning,
+                            "ServerDeleteFailed",
+                            "Delete",
+                            format!("deleting server {id}: {error}; retrying next pass"),
+                        );
+                    }
+                }
+            }
+        }
+
+        if decision.create > 0 {
+            let Some((nodes_client, _)) = node_cluster else {
+                return Err(Blocked::Spec(
+                    "NodesUnreachable",
+                    format!(
+                        "the Nodes of cluster {cluster} cannot be read yet, so no bootstrap token can be made for new servers"
+                    ),
+                ));
+            };
+            self.create(
+                api,
+                pool,
+                &backend,
+                &nodes_client,
+                &key,
+                &mut decision,
+                report,
+            )
+            .await?;
+        }
+        report.instances = Some(decision.instances);
+        Ok(())
+    }
+
+    /// Creates `decision.create` servers, recording each before its create call.
+    #[allow(clippy::too_many_arguments)]
+    async fn create(
+        &self,
+        api: &Api<NodePool>,
+        pool: &NodePool,
+        backend: &Backend,
+        nodes_client: &Client,
+        key: &str,
+        decision: &mut Decision,
+        report: &mut PassReport,
+    ) -> Result<(), Blocked> {
+        let count = decision.create;
+        // Fresh stock before ordering: no call is made for a plan that is known to be out.
+        report.machine_type = self.machine_type(key, pool, backend, true).await;
+        let in_stock = report.machine_type.as_ref().and_then(|t| t.in_stock);
+        let now = Time(jiff::Timestamp::now());
+        let (namespace, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
+        if in_stock == Some(false) {
+            let message = format!(
+                "the backend reports no stock for the pool's machine type in its region; {count} server(s) not ordered"
+            );
+            for _ in 0..count {
+                let request = request_id(&self.options.instance);
+                decision.instances.push(failed_entry(
+                    &namespace,
+                    &name,
+                    request,
+                    now.clone(),
+                    "OutOfStock",
+                    &message,
+                    super::backend::OUT_OF_RESOURCES,
+                ));
+            }
+            report.create_failure = Some(("OutOfStock".into(), message.clone()));
+            self.event(pool, Severity::Warning, "ScaleUpFailed", "Create", message);
+            return Ok(());
+        }
+
+        let spec = ServerSpec::of(pool)?;
+        let ttl = spec.token_ttl;
+        let token = bootstrap::mint(
+            nodes_client,
+            &format!("{namespace}.{name}"),
+            ttl,
+            &spec.extra_groups,
+        )
+        .await
+        .map_err(|e| Blocked::Api(format!("creating a bootstrap token: {e}")))?;
+        let mut labels = pool
+            .spec
+            .template
+            .as_ref()
+            .map(|t| t.labels.clone())
+            .unwrap_or_default();
+        labels.insert(NODE_POOL_LABEL.into(), format!("{namespace}.{name}"));
+        let mut servers = Vec::with_capacity(count);
+        for _ in 0..count {
+            let hostname = render::hostname(&spec.hostname_pattern, &pool.spec.cluster_name, &name)
+                .map_err(|m| Blocked::Spec("InvalidHostnamePattern", m))?;
+            let values = BTreeMap::from([
+                ("BootstrapToken", token.token()),
+                ("BootstrapTokenID", token.id.clone()),
+                ("BootstrapTokenSecret", token.secret.clone()),
+                ("APIServerEndpoint", spec.api_server_endpoint.clone()),
+                ("ClusterName", pool.spec.cluster_name.clone()),
+                ("NodeGroup", name.clone()),
+                ("NodePool", name.clone()),
+                ("Hostname", hostname.clone()),
+                ("NodeLabels", render::node_labels(&labels)),
+            ]);
+            let user_data = render::render(&spec.user_data, &values)
+                .map_err(|m| Blocked::Spec("InvalidUserData", m))?;
+            servers.push(NewServer {
+                request: request_id(&self.options.instance),
+                hostname,
+                user_data,
+            });
+        }
+        let first_new = decision.instances.len();
+        for server in &servers {
+            decision.instances.push(PoolInstance {
+                hostname: server.hostname.clone(),
+                state: Some(InstanceStateName::Creating),
+                request: server.request.clone(),
+                created: Some(now.clone()),
+                ..Default::default()
+            });
+        }
+        // Intent first: a server whose create answer is lost is found by its request tag.
+        self.patch_instances(api, pool, &decision.instances).await?;
+        report.instances = Some(decision.instances.clone());
+        fault::point("nodepool:after-recording-creations").await;
+
+        let mut created = 0;
+        for (k, server) in servers.iter().enumerate() {
+            let outcome = backend.create(server).await;
+            let entry = &mut decision.instances[first_new + k];
+            match outcome {
+                Created::Server(member) => {
+                    self.metrics
+                        .observe_backend_call(backend.name(), "create", "ok");
+                    entry.id = Some(member.id.clone());
+                    entry.provider_id = Some(member.provider_id.clone());
+                    entry.hostname = member.hostname.clone();
+                    created += 1;
+                }
+                Created::Failed {
+                    class,
+                    code,
+                    message,
+                } => {
+                    self.metrics
+                        .observe_backend_call(backend.name(), "create", &code);
+                    *entry = failed_entry(
+                        &namespace,
+                        &name,
+                        server.request.clone(),
+                        now.clone(),
+                        &code,
+                        &message,
+                        class,
+                    );
+                    report.create_failure = Some((code, message));
+                }
+                Created::Unknown(message) => {
+                    self.metrics
+                        .observe_backend_call(backend.name(), "create", "Unknown");
+                    self.event(pool, Severity::Warning, "ServerCreateUnconfirmed", "Create",
+                        format!("create of {} (request {}) got no answer: {message}; its server is looked for by tag until {}s after the request",
+                            server.hostname, server.request, converge::CREATE_GRACE.as_secs()));
+                }
+            }
+        }
+        fault::point("nodepool:after-creating-servers").await;
+        report.created = created > 0;
+        if created > 0 {
+            report.scaled_up = true;
+            self.event(
+                pool,
+                Severity::Normal,
+                "ServersCreated",
+                "Create",
+                format!("ordered {created} server(s) for {count} missing"),
+            );
+        }
+        if let Some((code, message)) = &report.create_failure {
+            self.event(
+                pool,
+                Severity::Warning,
+                "ScaleUpFailed",
+                "Create",
+                format!(
+                    "{} server(s) not created: {code}: {message}",
+                    count - created
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// Deletes every server of a pool being deleted, then lets the pool go.
+    async fn finalize(
+        &self,
+        api: &Api<NodePool>,
+        pool: &NodePool,
+        backend: &Backend,
+        members: &[converge::Member],
+        report: &mut PassReport,
+    ) -> Result<(), Blocked> {
+        let live: Vec<_> = members
+            .iter()
+            .filter(|m| m.phase != converge::MemberPhase::Terminating)
+            .collect();
+        for m in &live {
+            let result = backend.delete(&m.id).await;
+            self.observe(backend, "delete", &result);
+            result.map_err(Blocked::Backend)?;
+        }
+        report.scaled_down = !live.is_empty();
+        if members.is_empty() && pool.finalizers().iter().any(|f| f == FINALIZER) {
+            let finalizers: Vec<&String> = pool
+                .finalizers()
+                .iter()
+                .filter(|f| *f != FINALIZER)
+                .collect();
+            api.patch(
+                &pool.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {
+                    "finalizers": finalizers,
+                    "resourceVersion": pool.resource_version(),
+                }})),
+            )
+            .await
+            .map_err(|e| Blocked::Api(format!("removing finalizer: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// The pool's backend, connected with the credentials its Secret holds.
+    async fn connect(&self, pool: &NodePool) -> Result<Backend, Blocked> {
+        let namespace = pool.namespace().unwrap_or_default();
+        let Some(cherry) = &pool.spec.cherry_servers else {
+            return Err(Blocked::Spec(
+                "NoBackend",
+                "spec.cherryServers is not set".into(),
+            ));
+        };
+        let reference = &cherry.credentials_secret_ref;
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
+        let secret = secrets
+            .get_opt(&reference.name)
+            .await
+            .map_err(|e| match e {
+                kube::Error::Api(status) if status.code == 403 => Blocked::Spec(
+                    "CredentialsForbidden",
+                    format!("the operator may not read Secret {namespace}/{} (grant it with the chart's nodePools.secretNamespaces): {}", reference.name, status.message),
+                ),
+                e => Blocked::Api(format!("reading Secret {namespace}/{}: {e}", reference.name)),
+            })?
+            .ok_or_else(|| Blocked::Spec(
+                "CredentialsMissing",
+                format!("Secret {namespace}/{} (spec.cherryServers.credentialsSecretRef) does not exist", reference.name),
+            ))?;
+        let token = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&reference.key))
+            .and_then(|v| String::from_utf8(v.0.clone()).ok())
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                Blocked::Spec(
+                    "CredentialsMissing",
+                    format!(
+                        "Secret {namespace}/{} has no non-empty key {:?}",
+                        reference.name, reference.key
+                    ),
+                )
+            })?;
+        CherryPool::new(cherry, token, &pool.spec.cluster_name, &pool.name_any())
+            .map(Backend::Cherry)
+            .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.to_string()))
+    }
+
+    /// The pool's machine type: cached for [`PoolControllerOptions::machine_type_ttl`] unless
+    /// `fresh`; the last one known when the backend does not answer.
+    async fn machine_type(
+        &self,
+        key: &str,
+        pool: &NodePool,
+        backend: &Backend,
+        fresh: bool,
+    ) -> Option<MachineTypeInfo> {
+        let cache_key = format!("{key}|{}", plan_key(pool));
+        let cached = self.cache().get(&cache_key).cloned();
+        if let Some((at, info)) = &cached
+            && !fresh
+            && at.elapsed() < self.options.machine_type_ttl
+        {
+            return Some(info.clone());
+        }
+        let result = backend.machine_type().await;
+        self.observe(backend, "plans", &result);
+        match result {
+            Ok(mut info) => {
+                info.machine_type
+                    .labels
+                    .insert(NODE_POOL_LABEL.into(), key.replacen('/', ".", 1));
+                self.cache()
+                    .insert(cache_key, (Instant::now(), info.clone()));
+                Some(info)
+            }
+            Err(error) => {
+                tracing::warn!(%error, pool = key, "cannot read the pool's machine type");
+                cached.map(|(_, info)| info)
+            }
+        }
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, MachineTypeInfo)>> {
+        self.machine_types.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn observe<T>(&self, backend: &Backend, operation: &str, result: &Result<T, BackendError>) {
+        let outcome = match result {
+            Ok(_) => "ok",
+            Err(e) => e.kind.as_str(),
+        };
+        self.metrics
+            .observe_backend_call(backend.name(), operation, outcome);
+    }
+
+    async fn patch_instances(
+        &self,
+        api: &Api<NodePool>,
+        pool: &NodePool,
+        instances: &[PoolInstance],
+    ) -> Result<(), Blocked> {
+        api.patch_status(
+            &pool.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"instances": instances}})),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| Blocked::Api(format!("recording instances in status: {e}")))
+    }
+
+    /// Writes the pool's status: instances, counts, machine type and conditions.
+    async fn write_status(
+        &self,
+        api: &Api<NodePool>,
+        pool: &NodePool,
+        report: &PassReport,
+        blocked: Option<Blocked>,
+    ) -> Result<(), kube::Error> {
+        let previous = pool.status.clone().unwrap_or_default();
+        let instances = report
+            .instances
+            .clone()
+            .unwrap_or_else(|| previous.instances.clone());
+        let live = |i: &&PoolInstance| i.state != Some(InstanceStateName::Deleting);
+        let replicas = instances.iter().filter(live).count();
+        let cluster = ClusterKey {
+            namespace: pool.namespace().unwrap_or_default(),
+            name: pool.spec.cluster_name.clone(),
+        };
+        let ready_nodes = self
+            .watches
+            .node_cluster(&cluster)
+            .map(|(_, nodes)| seen_nodes(&nodes))
+            .unwrap_or_default();
+        let registered = instances
+            .iter()
+            .filter(live)
+            .filter(|i| i.node.is_some())
+            .count();
+        let ready = instances
+            .iter()
+            .filter(live)
+            .filter_map(|i| ready_nodes.get(providerid::normalize(i.provider_id.as_deref()?)))
+            .filter(|n| n.ready)
+            .count();
+        let desired = usize::try_from(pool.spec.replicas).unwrap_or(0);
+        let now = Time(jiff::Timestamp::now());
+        let conditions = merge(
+            &previous.conditions,
+            &conditions(
+                &blocked,
+                report,
+                previous
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == "ScaleUpFailed"),
+                desired,
+                replicas,
+                ready,
+            ),
+            pool.metadata.generation,
+            &now,
+        );
+        let machine_type = report
+            .machine_type
+            .as_ref()
+            .map(|t| t.machine_type.clone())
+            .or(previous.machine_type.clone());
+        let status = NodePoolStatus {
+            observed_generation: pool.metadata.generation,
+            conditions,
+            backend: report
+                .backend
+                .map(String::from)
+                .or(previous.backend.clone()),
+            replicas: i32::try_from(replicas).unwrap_or(i32::MAX),
+            registered_replicas: i32::try_from(registered).unwrap_or(i32::MAX),
+            ready_replicas: i32::try_from(ready).unwrap_or(i32::MAX),
+            min_size: pool.spec.min_size,
+            max_size: pool.spec.max_size,
+            instances,
+            machine_type,
+            last_scale_up_time: if report.scaled_up {
+                Some(now.clone())
+            } else {
+                previous.last_scale_up_time.clone()
+            },
+            last_scale_down_time: if report.scaled_down {
+                Some(now.clone())
+            } else {
+                previous.last_scale_down_time.clone()
+            },
+        };
+        if pool.status.as_ref() == Some(&status) {
+            return Ok(());
+        }
+        api.patch_status(
+            &pool.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    fn report_blocked(&self, pool: &NodePool, blocked: &Blocked) {
+        let key = pool_key(pool);
+        match blocked {
+            Blocked::Spec(reason, message) => {
+                tracing::warn!(pool = %key, reason, %message, "NodePool cannot be reconciled");
+                self.event(
+                    pool,
+                    Severity::Warning,
+                    reason,
+                    "Reconcile",
+                    message.clone(),
+                );
+            }
+            Blocked::Backend(error) => {
+                self.metrics.set_backend_available(&key, false);
+                tracing::warn!(pool = %key, %error, "NodePool backend failed");
+                self.event(
+                    pool,
+                    Severity::Warning,
+                    "BackendUnavailable",
+                    "Reconcile",
+                    error.to_string(),
+                );
+            }
+            Blocked::Api(message) => {
+                tracing::warn!(pool = %key, %message, "Kubernetes API call failed; retrying next pass");
+            }
+        }
+    }
+
+    fn report_dropped(&self, pool: &NodePool, dropped: &[Dropped]) {
+        for d in dropped {
+            let (severity, reason, note) = match d {
+                Dropped::CreationLost { request } => (
+                    Severity::Warning,
+                    "ServerCreationLost",
+                    format!(
+                        "no server appeared for creation request {request} within {}s; the pool may order another",
+                        converge::CREATE_GRACE.as_secs()
+                    ),
+                ),
+                Dropped::FailureDeleted { request } => (
+                    Severity::Normal,
+                    "FailedCreationRemoved",
+                    format!("failed creation {request} removed by cluster-autoscaler"),
+                ),
+                Dropped::FailureExpired { request } => (
+                    Severity::Normal,
+                    "FailedCreationExpired",
+                    format!(
+                        "failed creation {request} forgotten after {}s",
+                        converge::FAILED_RETENTION.as_secs()
+                    ),
+                ),
+                Dropped::FailureScaledDown { request } => (
+                    Severity::Normal,
+                    "FailedCreationRemoved",
+                    format!("failed creation {request} removed by a scale-down"),
+                ),
+                Dropped::ServerGone { id } => (
+                    Severity::Normal,
+                    "ServerGone",
+                    format!("server {id} is no longer listed by the backend"),
+                ),
+            };
+            self.event(pool, severity, reason, "Reconcile", note);
+        }
+    }
+
+    fn event(&self, pool: &NodePool, severity: Severity, reason: &str, action: &str, note: String) {
+        self.events
+            .queue(&reference(pool), severity, reason, action, note);
+    }
+}
+
+/// What a pass did, for the status.
+#[derive(Default)]
+struct PassReport {
+    backend: Option<&'static str>,
+    machine_type: Option<MachineTypeInfo>,
+    instances: Option<Vec<PoolInstance>>,
+    scaled_up: bool,
+    scaled_down: bool,
+    /// Servers were ordered in this pass.
+    created: bool,
+    create_failure: Option<(String, String)>,
+}
+
+/// The settings of new servers, checked before anything is ordered.
+struct ServerSpec {
+    hostname_pattern: String,
+    user_data: String,
+    api_server_endpoint: String,
+    token_ttl: Duration,
+    extra_groups: Vec<String>,
+}
+
+impl ServerSpec {
+    fn of(pool: &NodePool) -> Result<Self, Blocked> {
+        let Some(cherry) = &pool.spec.cherry_servers else {
+            return Err(Blocked::Spec(
+                "NoBackend",
+                "spec.cherryServers is not set".into(),
+            ));
+        };
+        let hostname_pattern = cherry
+            .hostname_pattern
+            .clone()
+            .unwrap_or_else(|| render::DEFAULT_HOSTNAME_PATTERN.into());
+        render::check(&hostname_pattern, &render::HOSTNAME_PLACEHOLDERS).map_err(|m| {
+            Blocked::Spec(
+                "InvalidHostnamePattern",
+                format!("spec.cherryServers.hostnamePattern: {m}"),
+            )
+        })?;
+        render::check(&cherry.user_data, &render::USER_DATA_PLACEHOLDERS).map_err(|m| {
+            Blocked::Spec(
+                "InvalidUserData",
+                format!("spec.cherryServers.userData: {m}"),
+            )
+        })?;
+        let bootstrap = pool.spec.bootstrap.clone().unwrap_or_default();
+        let token_ttl = match &bootstrap.token_ttl {
+            None => bootstrap::DEFAULT_TTL,
+            Some(text) => duration::parse(text).map_err(|e| {
+                Blocked::Spec("InvalidBootstrap", format!("spec.bootstrap.tokenTtl: {e}"))
+            })?,
+        };
+        Ok(Self {
+            hostname_pattern,
+            user_data: cherry.user_data.clone(),
+            api_server_endpoint: cherry.api_server_endpoint.clone().unwrap_or_default(),
+            token_ttl,
+            extra_groups: bootstrap.extra_groups,
+        })
+    }
+}
+
+fn conditions(
+    blocked: &Option<Blocked>,
+    report: &PassReport,
+    previous_scale_up: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    desired: usize,
+    replicas: usize,
+    ready: usize,
+) -> Vec<DesiredCondition> {
+    let condition = |type_, status, reason: &str, message: String| DesiredCondition {
+        type_,
+        status,
+        reason: reason.into(),
+        message,
+    };
+    let invalid = match blocked {
+        Some(Blocked::Spec(reason, message)) => {
+            condition("InvalidSpec", true, reason, message.clone())
+        }
+        _ => condition(
+            "InvalidSpec",
+            false,
+            "Valid",
+            "the pool's spec and credentials can be acted on".into(),
+        ),
+    };
+    let backend = match blocked {
+        Some(Blocked::Backend(e)) => condition(
+            "BackendUnavailable",
+            true,
+            e.kind.as_str(),
+            e.message.clone(),
+        ),
+        Some(Blocked::Spec(..)) => condition(
+            "BackendUnavailable",
+            true,
+            "NotConnected",
+            "the backend is not called while the spec is invalid".into(),
+        ),
+        _ => condition(
+            "BackendUnavailable",
+            false,
+            "Available",
+            "the backend answers".into(),
+        ),
+    };
+    // Kept until the next scale-up, so a failure stays visible after the pass that saw it.
+    let scale_up = match (&report.create_failure, report.created, previous_scale_up) {
+        (Some((code, message)), _, _) => condition("ScaleUpFailed", true, code, message.clone()),
+        (None, true, _) | (None, false, None) => condition(
+            "ScaleUpFailed",
+            false,
+            "NoFailure",
+            "the last scale-up ordered every server it needed".into(),
+        ),
+        (None, false, Some(previous)) => DesiredCondition {
+            type_: "ScaleUpFailed",
+            status: previous.status == "True",
+            reason: previous.reason.clone(),
+            message: previous.message.clone(),
+        },
+    };
+    let ready_condition = match blocked {
+        Some(Blocked::Api(message)) => condition("Ready", false, "ApiError", message.clone()),
+        Some(_) => condition(
+            "Ready",
+            false,
+            "Blocked",
+            "see the InvalidSpec and BackendUnavailable conditions".into(),
+        ),
+        None if replicas != desired => condition(
+            "Ready",
+            false,
+            "Scaling",
+            format!("{replicas} of {desired} servers"),
+        ),
+        None if ready < desired => condition(
+            "Ready",
+            false,
+            "WaitingForNodes",
+            format!("{ready} of {desired} Nodes Ready"),
+        ),
+        None => condition(
+            "Ready",
+            true,
+            "Ready",
+            format!("{desired} servers with Ready Nodes"),
+        ),
+    };
+    vec![ready_condition, invalid, backend, scale_up]
+}
+
+fn failed_entry(
+    namespace: &str,
+    name: &str,
+    request: String,
+    created: Time,
+    code: &str,
+    message: &str,
+    class: &str,
+) -> PoolInstance {
+    PoolInstance {
+        id: None,
+        provider_id: Some(view::failed_instance_id(namespace, name, &request)),
+        hostname: String::new(),
+        state: Some(InstanceStateName::Failed),
+        request,
+        node: None,
+        created: Some(created),
+        error: Some(InstanceErrorStatus {
+            class: class.into(),
+            code: code.into(),
+            message: message.into(),
+        }),
+    }
+}
+
+async fn add_finalizer(api: &Api<NodePool>, pool: &NodePool) -> Result<(), Blocked> {
+    let mut finalizers = pool.finalizers().to_vec();
+    finalizers.push(FINALIZER.into());
+    api.patch(
+        &pool.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": pool.resource_version(),
+        }})),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| Blocked::Api(format!("adding finalizer {FINALIZER}: {e}")))
+}
+
+fn seen_nodes(nodes: &[Arc<Node>]) -> HashMap<String, SeenNode> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let pid = n.spec.as_ref()?.provider_id.as_deref()?;
+            let ready = n
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            Some((
+                providerid::normalize(pid).to_string(),
+                SeenNode {
+                    name: n.name_any(),
+                    ready,
+                },
+            ))
+        })
+        .collect()
+}
+
+fn pool_key(pool: &NodePool) -> String {
+    format!(
+        "{}/{}",
+        pool.namespace().unwrap_or_default(),
+        pool.name_any()
+    )
+}
+
+/// What makes a pass due at once: a spec change (generation), the ledger, deletion.
+fn fingerprint(pool: &NodePool) -> String {
+    format!(
+        "{:?}|{:?}|{}",
+        pool.metadata.generation,
+        pool.annotations().get(LEDGER_ANNOTATION),
+        pool.metadata.deletion_timestamp.is_some()
+    )
+}
+
+fn plan_key(pool: &NodePool) -> String {
+    pool.spec
+        .cherry_servers
+        .as_ref()
+        .map(|c| format!("cherry|{}|{}|{}", c.project_id, c.plan, c.region))
+        .unwrap_or_default()
+}
+
+fn reference(pool: &NodePool) -> ObjectReference {
+    pool.object_ref(&())
+}

@@ -1,0 +1,763 @@
+//! NodePools on Cherry Servers, end to end: one sandbox per test binary (control plane,
+//! Cluster API, kwok), and per test a namespace with the `nodegroup-operator` binary, a
+//! Cherry Servers API emulator whose servers join the sandbox as kwok Nodes only with the
+//! bootstrap token the operator minted, and (where the autoscaler decides) the real
+//! cluster-autoscaler 1.36.1 over externalgrpc. Assertions are on what users see: NodePool
+//! spec and status, servers in the cloud, Nodes, Pods, Events and cluster-autoscaler's
+//! decisions.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use ngo_sandbox::autoscaler::AutoscalerOptions;
+use ngo_sandbox::cherry::{CherryEmulator, CherryOptions, Lifecycle};
+use ngo_sandbox::environment::{SandboxInfo, start_for_process};
+use ngo_sandbox::stack::AutoscaledCluster;
+use ngo_sandbox::workload;
+use nodegroup_operator::api::NodePool;
+use serde_json::{Value, json};
+
+/// Node label that pins a test's pods to its pools.
+const POOL: &str = "e2e.nodegroup.dev/pool";
+/// Each pod asks for 3 of a server's 4 cores: one pod per server.
+const POD_CPU: &str = "3";
+/// A plan with 4 cores and 16 GB, 0.1016 EUR/h in the emulator's catalogue.
+const SMALL: &str = "e3_1240v3";
+/// A plan with 4 cores and 64 GB, 0.2 EUR/h.
+const LARGE: &str = "e5_1620v4";
+const REGION: &str = "eu_nord_1";
+const WAIT: Duration = Duration::from_secs(150);
+/// The in-tree provider's cloud-init, as its examples write it.
+const USER_DATA: &str = "#!/bin/bash\n\
+KUBELET_EXTRA_ARGS=\"--cloud-provider=external --node-labels={{.NodeLabels}}\"\n\
+kubeadm join --discovery-token-unsafe-skip-ca-verification --token {{.BootstrapTokenID}}.{{.BootstrapTokenSecret}} {{.APIServerEndpoint}}\n";
+
+fn sandbox() -> &'static SandboxInfo {
+    static SANDBOX: OnceLock<SandboxInfo> = OnceLock::new();
+    SANDBOX.get_or_init(|| {
+        let started = Instant::now();
+        let info = start_for_process().unwrap_or_else(|e| panic!("{e:#}"));
+        eprintln!(
+            "sandbox up in {:.1}s (logs: {})",
+            started.elapsed().as_secs_f64(),
+            info.log_dir.display()
+        );
+        info
+    })
+}
+
+/// One test's world: a namespace with a Cluster, the operator binary, a Cherry Servers
+/// emulator whose servers join the sandbox, and the credentials Secret for it.
+struct World {
+    cluster: AutoscaledCluster,
+    client: Client,
+    cherry: CherryEmulator,
+    started: Instant,
+}
+
+impl World {
+    async fn new(prefix: &str, operator_env: &[(&str, &str)]) -> Self {
+        let started = Instant::now();
+        let namespace = format!("{prefix}-{}", rand::random::<u32>() % 100_000);
+        let mut cluster = AutoscaledCluster::create(sandbox(), &namespace, "c1", json!({}))
+            .await
+            .unwrap_or_else(|e| panic!("creating {namespace}: {e:#}"));
+        let client = cluster.client().await.expect("client");
+        let cherry = CherryEmulator::start(CherryOptions {
+            cluster: Some(client.clone()),
+            // Server ids unique across the tests' emulators, as a cloud's are: Nodes of all
+            // tests share the sandbox, and providerIDs must not collide.
+            first_server_id: 1_000_000 + i64::from(rand::random::<u32>() % 10_000) * 1_000,
+            pending_for: Duration::from_millis(300),
+            provisioning_for: Duration::from_millis(300),
+            ..Default::default()
+        })
+        .await
+        .expect("Cherry Servers emulator");
+        let mut operator = cluster.operator_options();
+        operator.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
+        operator
+            .extra_args
+            .push("--node-pool-interval-secs=2".into());
+        operator.env = operator_env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        cluster
+            .start_operator(&operator)
+            .unwrap_or_else(|e| panic!("starting the operator: {e:#}"));
+        let world = Self {
+            cluster,
+            client,
+            cherry,
+            started,
+        };
+        world.secret("cherry", world.cherry.token()).await;
+        world.log("namespace, Cluster, operator and Cherry Servers emulator ready");
+        world
+    }
+
+    fn ns(&self) -> &str {
+        &self.cluster.namespace
+    }
+
+    fn log(&self, what: &str) {
+        eprintln!(
+            "[{} +{:>5.1}s] {what}",
+            self.ns(),
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+
+    fn label(&self, pool: &str) -> String {
+        format!("{}-{pool}", self.ns())
+    }
+
+    async fn secret(&self, name: &str, token: &str) {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": self.ns()},
+            "stringData": {"token": token},
+        }))
+        .expect("secret");
+        Api::<Secret>::namespaced(self.client.clone(), self.ns())
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("create secret");
+    }
+
+    /// A NodePool `name` on `plan` whose Nodes carry label `POOL=<ns>-<label>`, with
+    /// `extra` merged into its spec.
+    async fn pool(
+        &self,
+        name: &str,
+        plan: &str,
+        label: &str,
+        replicas: i32,
+        max: i32,
+        extra: Value,
+    ) {
+        let mut spec = json!({
+            "replicas": replicas,
+            "minSize": 0,
+            "maxSize": max,
+            "clusterName": "c1",
+            "template": {"labels": {POOL: self.label(label)}},
+            "cherryServers": {
+                "credentialsSecretRef": {"name": "cherry", "key": "token"},
+                "projectId": 4242,
+                "region": REGION,
+                "plan": plan,
+                "image": "ubuntu_22_04",
+                "userData": USER_DATA,
+                "apiServerEndpoint": "127.0.0.1:6443",
+                "endpoint": self.cherry.url(),
+            },
+        });
+        merge(&mut spec, extra);
+        let pool: NodePool = serde_json::from_value(json!({
+            "apiVersion": "autoscaling.nodegroup.dev/v1alpha1",
+            "kind": "NodePool",
+            "metadata": {"name": name, "namespace": self.ns()},
+            "spec": spec,
+        }))
+        .expect("NodePool");
+        self.pools()
+            .create(&PostParams::default(), &pool)
+            .await
+            .unwrap_or_else(|e| panic!("creating NodePool {name}: {e}"));
+        self.log(&format!(
+            "NodePool {name} ({plan}, {replicas} of max {max})"
+        ));
+    }
+
+    fn pools(&self) -> Api<NodePool> {
+        Api::namespaced(self.client.clone(), self.ns())
+    }
+
+    async fn get_pool(&self, name: &str) -> NodePool {
+        self.pools().get(name).await.expect("NodePool")
+    }
+
+    async fn set_replicas(&self, name: &str, replicas: i32) {
+        self.pools()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .expect("scale NodePool");
+        self.log(&format!("NodePool {name} set to {replicas}"));
+    }
+
+    fn condition(pool: &NodePool, type_: &str) -> Option<(String, String, String)> {
+        pool.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    }
+
+    /// Servers of pool `name` in the emulator that are not being deleted.
+    fn servers(&self, name: &str) -> Vec<i64> {
+        self.cherry
+            .servers()
+            .iter()
+            .filter(|s| s.tags.get("k8s-nodepool").map(String::as_str) == Some(name))
+            .filter(|s| s.lifecycle != Lifecycle::Terminating)
+            .map(|s| s.id)
+            .collect()
+    }
+
+    fn requests(&self, method: &str) -> usize {
+        self.cherry
+            .requests()
+            .iter()
+            .filter(|r| r.method == method && r.path.ends_with("/servers"))
+            .count()
+    }
+
+    /// Ready Nodes labelled for `label`, sorted by name.
+    async fn ready_nodes(&self, label: &str) -> Vec<Node> {
+        let mut nodes: Vec<Node> = Api::<Node>::all(self.client.clone())
+            .list(&ListParams::default().labels(&format!("{POOL}={}", self.label(label))))
+            .await
+            .expect("nodes")
+            .items
+            .into_iter()
+            .filter(|n| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .collect();
+        nodes.sort_by_key(|n| n.name_any());
+        nodes
+    }
+
+    async fn events(&self, object: &str) -> Vec<(String, String)> {
+        Api::<Event>::namespaced(self.client.clone(), self.ns())
+            .list(&ListParams::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(object))
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect()
+    }
+
+    fn start_autoscaler(&mut self, tweak: impl FnOnce(&mut AutoscalerOptions)) {
+        let mut options = self
+            .cluster
+            .externalgrpc_autoscaler()
+            .expect("cloud-config");
+        tweak(&mut options);
+        self.cluster
+            .start_autoscaler(&options)
+            .unwrap_or_else(|e| panic!("starting cluster-autoscaler: {e}"));
+        self.log("cluster-autoscaler started");
+    }
+
+    async fn app(&self, name: &str, replicas: i32, label: &str) {
+        let selector = BTreeMap::from([(POOL.to_string(), self.label(label))]);
+        let app = workload::deployment(self.ns(), name, replicas, POD_CPU, &selector)
+            .expect("deployment");
+        workload::create(&self.client, &app)
+            .await
+            .expect("create deployment");
+        self.log(&format!("app {name}: {replicas} pods on {label}"));
+    }
+
+    /// Node names of the running pods of app `app`, sorted.
+    async fn nodes_running(&self, app: &str) -> Vec<String> {
+        let mut names: Vec<String> = Api::<Pod>::namespaced(self.client.clone(), self.ns())
+            .list(&ListParams::default().labels(&format!("app={app}")))
+            .await
+            .expect("pods")
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .filter_map(|p| p.spec.and_then(|s| s.node_name))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Polls `check` every 250 ms until it returns `Ok`, failing after [`WAIT`] with the
+    /// last reason; the operator (and cluster-autoscaler) must stay alive meanwhile.
+    async fn wait<T, F, Fut>(&self, what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
+        let start = Instant::now();
+        loop {
+            if let Err(e) = self.cluster.check_alive() {
+                panic!("while waiting for {what}: {e}");
+            }
+            match check().await {
+                Ok(value) => {
+                    self.log(&format!(
+                        "{what} (after {:.1}s)",
+                        start.elapsed().as_secs_f64()
+                    ));
+                    return value;
+                }
+                Err(reason) if start.elapsed() > WAIT => {
+                    panic!("timed out after {WAIT:?} waiting for {what}; last: {reason}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+    }
+
+    /// Waits until pool `name` reports `n` ready replicas of `n` and its servers match.
+    async fn wait_pool_ready(&self, name: &str, n: usize) -> NodePool {
+        self.wait(&format!("NodePool {name} at {n} Ready"), || async move {
+            let pool = self.get_pool(name).await;
+            let status = pool.status.clone().unwrap_or_default();
+            let servers = self.servers(name);
+            if status.ready_replicas as usize == n
+                && status.replicas as usize == n
+                && servers.len() == n
+                && pool.spec.replicas as usize == n
+            {
+                Ok(pool)
+            } else {
+                Err(format!(
+                    "spec {} status {}/{} ready, servers {servers:?}, conditions {:?}",
+                    pool.spec.replicas, status.ready_replicas, status.replicas, status.conditions
+                ))
+            }
+        })
+        .await
+    }
+}
+
+fn merge(target: &mut Value, patch: Value) {
+    if let (Some(t), Value::Object(p)) = (target.as_object_mut(), patch) {
+        for (k, v) in p {
+            match t.get_mut(&k) {
+                Some(existing) if v.is_object() && existing.is_object() => merge(existing, v),
+                _ => {
+                    t.insert(k, v);
+                }
+            }
+        }
+    }
+}
+
+/// Pending pods scale a NodePool up from zero through cluster-autoscaler (the template
+/// comes from the plan), servers boot with the minted token and run the pods; removing the
+/// load takes away exactly the idle servers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_pods_scale_a_node_pool_from_zero_and_idle_servers_go() {
+    let mut w = World::new("cherry-up", &[]).await;
+    w.pool("workers", SMALL, "workers", 0, 3, json!({})).await;
+    w.wait("the plan read into the pool's machine type", || async {
+        let pool = w.get_pool("workers").await;
+        let machine_type = pool.status.and_then(|s| s.machine_type);
+        match machine_type {
+            Some(t) if t.capacity.get("cpu").map(String::as_str) == Some("4") => Ok(t),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    w.start_autoscaler(|_| {});
+    w.app("web", 2, "workers").await;
+
+    let pool = w.wait_pool_ready("workers", 2).await;
+    let running = w
+        .wait("both pods running", || async {
+            let nodes = w.nodes_running("web").await;
+            if nodes.len() == 2 {
+                Ok(nodes)
+            } else {
+                Err(format!("{nodes:?}"))
+            }
+        })
+        .await;
+    let nodes = w.ready_nodes("workers").await;
+    assert_eq!(nodes.len(), 2);
+    for node in &nodes {
+        let pid = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.clone())
+            .unwrap_or_default();
+        assert!(pid.starts_with("cherryservers://"), "{pid}");
+        let labels = node.labels();
+        assert_eq!(
+            labels
+                .get("autoscaling.nodegroup.dev/node-pool")
+                .map(String::as_str),
+            Some(format!("{}.workers", w.ns()).as_str()),
+            "the pool label from the rendered user data"
+        );
+        assert!(
+            node.name_any().starts_with("c1-workers-"),
+            "default hostname pattern: {}",
+            node.name_any()
+        );
+    }
+    let instances = pool.status.clone().unwrap_or_default().instances;
+    assert_eq!(instances.len(), 2);
+    assert!(
+        instances.iter().all(|i| i.node.is_some() && i.id.is_some()),
+        "{instances:?}"
+    );
+    assert_eq!(w.requests("POST"), 2, "one order per server");
+    let secrets = Api::<Secret>::namespaced(w.client.clone(), "kube-system")
+        .list(&ListParams::default().labels(&format!(
+            "autoscaling.nodegroup.dev/node-pool={}.workers",
+            w.ns()
+        )))
+        .await
+        .expect("token secrets");
+    assert!(
+        !secrets.items.is_empty(),
+        "a bootstrap token was minted for the scale-up"
+    );
+    assert_eq!(
+        running,
+        nodes.iter().map(|n| n.name_any()).collect::<Vec<_>>()
+    );
+
+    // One pod goes: cluster-autoscaler removes exactly the server whose node is idle.
+    workload::scale(&w.client, w.ns(), "web", 1)
+        .await
+        .expect("scale app");
+    let busy = w
+        .wait("one pod left running", || async {
+            let nodes = w.nodes_running("web").await;
+            if nodes.len() == 1 {
+                Ok(nodes)
+            } else {
+                Err(format!("{nodes:?}"))
+            }
+        })
+        .await;
+    w.wait_pool_ready("workers", 1).await;
+    let left: Vec<String> = w
+        .ready_nodes("workers")
+        .await
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    assert_eq!(left, busy, "the busy node stays, the idle one went");
+    assert_eq!(w.requests("POST"), 2, "no server ordered on the way down");
+    let deletes = w
+        .cherry
+        .requests()
+        .iter()
+        .filter(|r| r.method == "DELETE")
+        .count();
+    assert_eq!(deletes, 1, "exactly one server deleted");
+
+    // Deleting the pool deletes its servers first.
+    w.pools()
+        .delete("workers", &Default::default())
+        .await
+        .expect("delete NodePool");
+    w.wait("the pool and its servers gone", || async {
+        let pool = w.pools().get_opt("workers").await.expect("get NodePool");
+        let servers = w.servers("workers");
+        if pool.is_none() && servers.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "pool exists: {}, servers {servers:?}",
+                pool.is_some()
+            ))
+        }
+    })
+    .await;
+}
+
+/// An out-of-stock plan is reported to cluster-autoscaler as an OutOfResources creation
+/// error on the first pool, which it backs off, falling back to the second pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_out_of_stock_plan_falls_back_to_a_second_pool() {
+    let mut w = World::new("cherry-stock", &[]).await;
+    assert!(w.cherry.set_stock(SMALL, REGION, 0));
+    // Same Node labels: the pod fits either; the cheaper plan is tried first.
+    w.pool("cheap", SMALL, "fallback", 0, 2, json!({})).await;
+    w.pool("dear", LARGE, "fallback", 0, 2, json!({})).await;
+    for pool in ["cheap", "dear"] {
+        let w = &w;
+        w.wait(&format!("{pool}'s machine type"), || async move {
+            w.get_pool(pool)
+                .await
+                .status
+                .and_then(|s| s.machine_type)
+                .ok_or_else(|| "no machine type yet".to_string())
+        })
+        .await;
+    }
+    w.start_autoscaler(|o| o.expander = "price".into());
+    w.app("batch", 1, "fallback").await;
+
+    w.wait_pool_ready("dear", 1).await;
+    w.wait("a pod running on the second pool", || async {
+        let nodes = w.nodes_running("batch").await;
+        if nodes.len() == 1 {
+            Ok(nodes)
+        } else {
+            Err(format!("{nodes:?}"))
+        }
+    })
+    .await;
+    let cheap = w
+        .wait("the first pool back at 0, its failure reported", || async {
+            let pool = w.get_pool("cheap").await;
+            let failed = World::condition(&pool, "ScaleUpFailed");
+            match failed {
+                Some((status, reason, _))
+                    if status == "True" && reason == "OutOfStock" && pool.spec.replicas == 0 =>
+                {
+                    Ok(pool)
+                }
+                other => Err(format!(
+                    "replicas {} ScaleUpFailed {other:?}",
+                    pool.spec.replicas
+                )),
+            }
+        })
+        .await;
+    assert!(
+        w.servers("cheap").is_empty(),
+        "no server of the out-of-stock plan"
+    );
+    assert_eq!(
+        w.cherry
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST" && r.body.contains(SMALL))
+            .count(),
+        0,
+        "no order is sent for a plan the API reports out of stock"
+    );
+    let events = w.events("cheap").await;
+    assert!(
+        events.iter().any(|(reason, _)| reason == "ScaleUpFailed"),
+        "{events:?}"
+    );
+    let instances = cheap.status.unwrap_or_default().instances;
+    assert!(
+        instances.is_empty(),
+        "the failed creation was taken back by cluster-autoscaler: {instances:?}"
+    );
+}
+
+/// The operator killed after ordering servers but before recording their ids finds them
+/// by their request tag after a restart: no server is ordered twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_killed_after_ordering_servers_orders_no_duplicate() {
+    let mut w = World::new(
+        "cherry-crash",
+        &[("NGO_FAULT_PAUSE_AT", "nodepool:after-creating-servers")],
+    )
+    .await;
+    w.pool("workers", SMALL, "workers", 0, 3, json!({})).await;
+    w.set_replicas("workers", 2).await;
+    w.wait("two servers ordered", || async {
+        let servers = w.servers("workers");
+        if servers.len() == 2 {
+            Ok(servers)
+        } else {
+            Err(format!("{servers:?}"))
+        }
+    })
+    .await;
+    // The pass is paused after ordering; the ids are not in the status.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let recorded = w
+        .get_pool("workers")
+        .await
+        .status
+        .unwrap_or_default()
+        .instances;
+    assert_eq!(
+        recorded.len(),
+        2,
+        "both creations were recorded before ordering"
+    );
+    assert!(recorded.iter().all(|i| i.id.is_none()), "{recorded:?}");
+    w.cluster.kill_operator();
+    w.log("operator killed (SIGKILL) between ordering and recording");
+
+    let mut operator = w.cluster.operator_options();
+    operator.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
+    operator
+        .extra_args
+        .push("--node-pool-interval-secs=2".into());
+    operator.name = format!("{}-operator-2", w.ns());
+    w.cluster
+        .start_operator(&operator)
+        .expect("restart operator");
+    let pool = w.wait_pool_ready("workers", 2).await;
+    assert_eq!(
+        w.requests("POST"),
+        2,
+        "no duplicate order after the restart"
+    );
+    let mut ids: Vec<String> = pool
+        .status
+        .unwrap_or_default()
+        .instances
+        .iter()
+        .filter_map(|i| i.id.clone())
+        .collect();
+    ids.sort();
+    let mut servers: Vec<String> = w.servers("workers").iter().map(i64::to_string).collect();
+    servers.sort();
+    assert_eq!(
+        ids, servers,
+        "the restarted operator adopted the servers it ordered"
+    );
+}
+
+/// A missing Secret, a refused token and user data with an unknown placeholder are each
+/// reported on their pool (condition and Event); a good pool next to them keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_and_a_bad_spec_are_reported_and_other_pools_keep_working() {
+    let mut w = World::new("cherry-bad", &[]).await;
+    w.secret("wrong", "not-the-token").await;
+    w.pool(
+        "nosecret",
+        SMALL,
+        "bad",
+        1,
+        2,
+        json!({"cherryServers": {"credentialsSecretRef": {"name": "missing", "key": "token"}}}),
+    )
+    .await;
+    w.pool(
+        "refused",
+        SMALL,
+        "bad",
+        1,
+        2,
+        json!({"cherryServers": {"credentialsSecretRef": {"name": "wrong", "key": "token"}}}),
+    )
+    .await;
+    w.pool(
+        "badtemplate",
+        SMALL,
+        "bad",
+        1,
+        2,
+        json!({"cherryServers": {"userData": "#!/bin/sh\necho {{.Nope}}\n"}}),
+    )
+    .await;
+    w.pool("good", SMALL, "good", 1, 2, json!({})).await;
+    // An expired token minted for this pool earlier: the leader deletes it.
+    let expired: Secret = serde_json::from_value(json!({
+        "metadata": {"name": format!("bootstrap-token-x{}", rand::random::<u32>() % 100_000),
+            "namespace": "kube-system",
+            "labels": {"autoscaling.nodegroup.dev/node-pool": format!("{}.good", w.ns())}},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": {"token-id": "abcdef", "token-secret": "0123456789abcdef",
+            "expiration": "2020-01-01T00:00:00Z", "usage-bootstrap-authentication": "true"},
+    }))
+    .expect("token secret");
+    let tokens = Api::<Secret>::namespaced(w.client.clone(), "kube-system");
+    tokens
+        .create(&PostParams::default(), &expired)
+        .await
+        .expect("create expired token");
+
+    w.wait_pool_ready("good", 1).await;
+    for (pool, condition, reason) in [
+        ("nosecret", "InvalidSpec", "CredentialsMissing"),
+        ("refused", "BackendUnavailable", "Unauthorized"),
+        ("badtemplate", "InvalidSpec", "InvalidUserData"),
+    ] {
+        let w = &w;
+        let message = w
+            .wait(&format!("{pool}: {condition} {reason}"), || async move {
+                let p = w.get_pool(pool).await;
+                match World::condition(&p, condition) {
+                    Some((status, r, message)) if status == "True" && r == reason => Ok(message),
+                    other => Err(format!("{other:?}")),
+                }
+            })
+            .await;
+        assert!(!message.is_empty());
+        let events = w
+            .wait(&format!("an Event on {pool}"), || async move {
+                let events = w.events(pool).await;
+                if events.iter().any(|(r, _)| {
+                    r == reason || (reason == "Unauthorized" && r == "BackendUnavailable")
+                }) {
+                    Ok(events)
+                } else {
+                    Err(format!("{events:?}"))
+                }
+            })
+            .await;
+        assert!(!events.is_empty());
+        let ready = World::condition(&w.get_pool(pool).await, "Ready");
+        assert_eq!(
+            ready.map(|r| r.0),
+            Some("False".to_string()),
+            "{pool} is not Ready"
+        );
+    }
+    assert!(
+        w.servers("nosecret").is_empty()
+            && w.servers("refused").is_empty()
+            && w.servers("badtemplate").is_empty()
+    );
+    let missing = World::condition(&w.get_pool("nosecret").await, "InvalidSpec")
+        .map(|c| c.2)
+        .unwrap_or_default();
+    assert!(
+        missing.contains("missing"),
+        "the message names the Secret: {missing}"
+    );
+    let template = World::condition(&w.get_pool("badtemplate").await, "InvalidSpec")
+        .map(|c| c.2)
+        .unwrap_or_default();
+    assert!(
+        template.contains("{{.Nope}}"),
+        "the message names the placeholder: {template}"
+    );
+
+    let expired_name = expired.name_any();
+    w.wait("the expired token deleted", || {
+        let tokens = tokens.clone();
+        let name = expired_name.clone();
+        async move {
+            match tokens.get_opt(&name).await.expect("get token") {
+                None => Ok(()),
+                Some(_) => Err("still there".to_string()),
+            }
+        }
+    })
+    .await;
+    let admin = w
+        .cluster
+        .operator()
+        .expect("operator running")
+        .admin_address;
+    let metrics = ngo_sandbox::process::http_get(admin, "/metrics").expect("metrics");
+    let refused = format!(
+        "nodegroup_nodepool_backend_available{{node_pool=\"{}/refused\"}} 0",
+        w.ns()
+    );
+    let good = format!(
+        "nodegroup_nodepool_backend_available{{node_pool=\"{}/good\"}} 1",
+        w.ns()
+    );
+    assert!(metrics.contains(&refused), "{refused} in metrics");
+    assert!(metrics.contains(&good), "{good} in metrics");
+}
