@@ -191,7 +191,8 @@ impl Transport {
             tracing::debug!(error = %e, "loading a system root certificate");
         }
         roots.add_parsable_certificates(native.certs);
-        let (_, rejected) = roots.add_parsable_certificates(options.extra_root_certificates.clone());
+        let (_, rejected) =
+            roots.add_parsable_certificates(options.extra_root_certificates.clone());
         if rejected > 0 {
             return Err(Error::Config(format!(
                 "{rejected} extra root certificates do not parse"
@@ -226,10 +227,14 @@ impl Transport {
             request.headers_mut().insert(header::USER_AGENT, agent);
         }
         let exchange = async {
-            let response = self.http.request(request).await.map_err(|e| Error::Transport {
-                action: action.to_string(),
-                message: error_chain(&e),
-            })?;
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(|e| Error::Transport {
+                    action: action.to_string(),
+                    message: error_chain(&e),
+                })?;
             let status = response.status();
             let body = response
                 .into_body()
@@ -281,7 +286,12 @@ impl Transport {
                         _ if status.is_server_error() && failures < policy.max_retries => {
                             failures += 1;
                             let wait = policy.wait(policy.backoff, failures);
-                            tracing::debug!(action, status = status.as_u16(), ?wait, "server error; retrying");
+                            tracing::debug!(
+                                action,
+                                status = status.as_u16(),
+                                ?wait,
+                                "server error; retrying"
+                            );
                             tokio::time::sleep(wait).await;
                         }
                         _ => {
@@ -432,7 +442,12 @@ impl Client {
     ) -> Result<T, Error> {
         let provider = self.provider();
         let mut credentials = provider.credentials().await?;
-        let endpoint = self.inner.options.endpoints.of(product).trim_end_matches('/');
+        let endpoint = self
+            .inner
+            .options
+            .endpoints
+            .of(product)
+            .trim_end_matches('/');
         let mut refreshed = false;
         let body = loop {
             let result = self
@@ -518,7 +533,9 @@ impl Client {
 
 /// Now, in the SDK's layout `2006-01-02T15:04:05Z` (UTC, no fraction).
 pub(crate) fn timestamp_now() -> String {
-    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 /// A fresh `SignatureNonce`: a random UUIDv4 as 32 lower-case hex digits, no dashes
@@ -545,7 +562,10 @@ mod tests {
         let a = nonce();
         let b = nonce();
         assert_eq!(a.len(), 32);
-        assert!(a.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
         assert_eq!(&a[12..13], "4");
         assert_ne!(a, b);
     }
@@ -575,6 +595,9 @@ mod tests {
         let e = ClientOptions::for_region("cn-hangzhou").endpoints;
         assert_eq!(e.ess, "https://ess.cn-hangzhou.aliyuncs.com");
         assert_eq!(e.ecs, "https://ecs.cn-hangzhou.aliyuncs.com");
-        assert_eq!(Endpoints::for_region("x", Scheme::Http).sts, "http://sts.x.aliyuncs.com");
+        assert_eq!(
+            Endpoints::for_region("x", Scheme::Http).sts,
+            "http://sts.x.aliyuncs.com"
+        );
     }
 }

@@ -78,7 +78,10 @@ impl fmt::Debug for Credentials {
         f.debug_struct("Credentials")
             .field("access_key_id", &self.access_key_id)
             .field("access_key_secret", &"<redacted>")
-            .field("security_token", &self.security_token.as_ref().map(|_| "<redacted>"))
+            .field(
+                "security_token",
+                &self.security_token.as_ref().map(|_| "<redacted>"),
+            )
             .field("expiration", &self.expiration)
             .finish()
     }
@@ -299,12 +302,12 @@ impl OidcRoleCredentials {
 
     async fn fetch(&self) -> Result<Credentials, CredentialsError> {
         let path = &self.config.token_file;
-        let token = tokio::fs::read_to_string(path)
-            .await
-            .map_err(|source| CredentialsError::TokenFile {
+        let token = tokio::fs::read_to_string(path).await.map_err(|source| {
+            CredentialsError::TokenFile {
                 path: path.clone(),
                 source,
-            })?;
+            }
+        })?;
         let token = token.trim();
         if token.is_empty() {
             return Err(CredentialsError::EmptyToken(path.clone()));
@@ -316,9 +319,14 @@ impl OidcRoleCredentials {
             role_session_name: self.config.session_name.clone(),
             duration_seconds: self.config.duration_seconds,
         };
-        sts::assume_role_with_oidc(&self.transport, &self.retry, &self.config.sts_endpoint, &request)
-            .await
-            .map_err(|e| CredentialsError::Sts(Box::new(e)))
+        sts::assume_role_with_oidc(
+            &self.transport,
+            &self.retry,
+            &self.config.sts_endpoint,
+            &request,
+        )
+        .await
+        .map_err(|e| CredentialsError::Sts(Box::new(e)))
     }
 }
 
@@ -345,7 +353,11 @@ struct RoleAuth {
     code: String,
     #[serde(rename = "AccessKeyId", default, deserialize_with = "fuzzy::string")]
     access_key_id: String,
-    #[serde(rename = "AccessKeySecret", default, deserialize_with = "fuzzy::string")]
+    #[serde(
+        rename = "AccessKeySecret",
+        default,
+        deserialize_with = "fuzzy::string"
+    )]
     access_key_secret: String,
     #[serde(rename = "SecurityToken", default, deserialize_with = "fuzzy::string")]
     security_token: String,
@@ -434,7 +446,9 @@ impl EcsRamRoleCredentials {
         let role = self
             .role
             .get_or_try_init(|| async {
-                let text = self.get("/latest/meta-data/ram/security-credentials/").await?;
+                let text = self
+                    .get("/latest/meta-data/ram/security-credentials/")
+                    .await?;
                 text.lines()
                     .map(str::trim)
                     .find(|l| !l.is_empty())
@@ -508,14 +522,20 @@ mod tests {
     fn long_lived_credentials_refresh_five_minutes_early() {
         let p = RefreshPolicy::default();
         let now = ts("2024-01-01T00:00:00Z");
-        assert_eq!(p.refresh_at(now, ts("2024-01-01T01:00:00Z")), ts("2024-01-01T00:55:00Z"));
+        assert_eq!(
+            p.refresh_at(now, ts("2024-01-01T01:00:00Z")),
+            ts("2024-01-01T00:55:00Z")
+        );
     }
 
     #[test]
     fn short_lived_credentials_refresh_at_four_fifths() {
         let p = RefreshPolicy::default();
         let now = ts("2024-01-01T00:00:00Z");
-        assert_eq!(p.refresh_at(now, ts("2024-01-01T00:00:10Z")), ts("2024-01-01T00:00:08Z"));
+        assert_eq!(
+            p.refresh_at(now, ts("2024-01-01T00:00:10Z")),
+            ts("2024-01-01T00:00:08Z")
+        );
         // Already expired: refresh now.
         assert!(p.refresh_at(now, ts("2023-12-31T23:59:00Z")) <= now);
     }
@@ -525,7 +545,10 @@ mod tests {
         let c = Credentials::new("LTAIkey", "s3cret").with_security_token("tok3n");
         let text = format!("{c:?}");
         assert!(text.contains("LTAIkey"));
-        assert!(!text.contains("s3cret") && !text.contains("tok3n"), "{text}");
+        assert!(
+            !text.contains("s3cret") && !text.contains("tok3n"),
+            "{text}"
+        );
     }
 
     #[tokio::test]
@@ -559,7 +582,10 @@ mod tests {
         assert_eq!(cache.get("test", failing).await.unwrap(), valid);
         // The next refresh waits `retry_after`; the valid credentials are served meanwhile.
         let retry_at = cache.slot.lock().await.as_ref().unwrap().refresh_at;
-        assert!(retry_at > now + jiff::SignedDuration::from_secs(4), "{retry_at}");
+        assert!(
+            retry_at > now + jiff::SignedDuration::from_secs(4),
+            "{retry_at}"
+        );
 
         let expired = Credentials::new("id", "secret")
             .with_expiration(now - jiff::SignedDuration::from_secs(1));

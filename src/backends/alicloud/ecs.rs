@@ -104,7 +104,11 @@ mod wire {
     pub struct InstanceType {
         #[serde(rename = "InstanceTypeId", default, deserialize_with = "fuzzy::string")]
         pub id: String,
-        #[serde(rename = "InstanceTypeFamily", default, deserialize_with = "fuzzy::string")]
+        #[serde(
+            rename = "InstanceTypeFamily",
+            default,
+            deserialize_with = "fuzzy::string"
+        )]
         pub family: String,
         #[serde(rename = "CpuCoreCount", default, deserialize_with = "fuzzy::u32")]
         pub cpu_cores: u32,
@@ -114,7 +118,11 @@ mod wire {
         pub gpu_amount: u32,
         #[serde(rename = "GPUSpec", default, deserialize_with = "fuzzy::opt_string")]
         pub gpu_spec: Option<String>,
-        #[serde(rename = "CpuArchitecture", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(
+            rename = "CpuArchitecture",
+            default,
+            deserialize_with = "fuzzy::opt_string"
+        )]
         pub cpu_architecture: Option<String>,
     }
 }

@@ -311,7 +311,10 @@ mod tests {
 
     #[test]
     fn missing_and_odd_fields_are_tolerated() {
-        let e = ApiError::from_response(404, br#"{"Code":"InvalidAccessKeyId.NotFound","RequestId":7}"#);
+        let e = ApiError::from_response(
+            404,
+            br#"{"Code":"InvalidAccessKeyId.NotFound","RequestId":7}"#,
+        );
         assert_eq!(e.kind(), ApiErrorKind::InvalidAccessKey);
         assert_eq!(e.message, "");
         assert_eq!(e.request_id.as_deref(), Some("7"));
@@ -320,16 +323,34 @@ mod tests {
     #[test]
     fn codes_sort_into_kinds() {
         let kind = |status, code| ApiErrorKind::of(status, code);
-        assert_eq!(kind(400, "SignatureDoesNotMatch"), ApiErrorKind::SignatureDoesNotMatch);
+        assert_eq!(
+            kind(400, "SignatureDoesNotMatch"),
+            ApiErrorKind::SignatureDoesNotMatch
+        );
         assert_eq!(kind(400, "Throttling.User"), ApiErrorKind::Throttling);
         assert_eq!(kind(400, "Throttling"), ApiErrorKind::Throttling);
         assert_eq!(kind(429, ""), ApiErrorKind::Throttling);
         assert_eq!(kind(400, "ThrottlingX"), ApiErrorKind::Other);
-        assert_eq!(kind(400, "IncorrectCapacity.MinSize"), ApiErrorKind::IncorrectCapacity);
-        assert_eq!(kind(404, "InvalidScalingGroupId.NotFound"), ApiErrorKind::NotFound);
-        assert_eq!(kind(400, "InvalidSecurityToken.Expired"), ApiErrorKind::InvalidSecurityToken);
+        assert_eq!(
+            kind(400, "IncorrectCapacity.MinSize"),
+            ApiErrorKind::IncorrectCapacity
+        );
+        assert_eq!(
+            kind(404, "InvalidScalingGroupId.NotFound"),
+            ApiErrorKind::NotFound
+        );
+        assert_eq!(
+            kind(400, "InvalidSecurityToken.Expired"),
+            ApiErrorKind::InvalidSecurityToken
+        );
         assert_eq!(kind(403, "Forbidden.RAM"), ApiErrorKind::Forbidden);
-        assert_eq!(kind(400, "MissingScalingGroupId"), ApiErrorKind::InvalidRequest);
-        assert_eq!(kind(503, "ServiceUnavailable"), ApiErrorKind::ServiceUnavailable);
+        assert_eq!(
+            kind(400, "MissingScalingGroupId"),
+            ApiErrorKind::InvalidRequest
+        );
+        assert_eq!(
+            kind(503, "ServiceUnavailable"),
+            ApiErrorKind::ServiceUnavailable
+        );
     }
 }

@@ -16,14 +16,16 @@ use super::error::Error;
 use super::fuzzy;
 use super::model::{
     ActivityStatus, DesiredCapacityChange, GroupLifecycleState, InstanceLifecycleState,
-    RemovalFailure, RemovalFailureReason, RemovalReport, RemoveOptions, ScalingActivity,
-    ScalingConfiguration, ScalingGroup, ScalingInstance,
+    RemovalFailure, RemovalFailureReason, RemovalReport, RemoveOptions, ScaleOutStarted,
+    ScalingActivity, ScalingConfiguration, ScalingGroup, ScalingInstance,
 };
 
 /// Largest page ESS serves (`PageSize` of the Describe calls).
 pub const MAX_PAGE_SIZE: u32 = 50;
 /// Most instances one `RemoveInstances` call takes (`InstanceId.N`, N in 1..=20).
 pub const REMOVE_BATCH_LIMIT: usize = 20;
+/// Most activities one `DescribeScalingActivities` call names (`ScalingActivityId.N`).
+pub const ACTIVITIES_PER_CALL: usize = 20;
 
 /// Typed ESS calls; from [`Client::ess`].
 #[derive(Clone)]
@@ -215,10 +217,12 @@ impl Ess {
                 Some(InstanceLifecycleState::Removing | InstanceLifecycleState::RemovingWait) => {
                     Some(RemovalFailureReason::AlreadyRemoving)
                 }
-                Some(state @ (InstanceLifecycleState::Pending | InstanceLifecycleState::PendingWait)) => {
-                    Some(RemovalFailureReason::NotRemovable(state.clone()))
+                Some(
+                    state @ (InstanceLifecycleState::Pending | InstanceLifecycleState::PendingWait),
+                ) => Some(RemovalFailureReason::NotRemovable(state.clone())),
+                Some(_) if batch.len() >= REMOVE_BATCH_LIMIT => {
+                    Some(RemovalFailureReason::Deferred)
                 }
-                Some(_) if batch.len() >= REMOVE_BATCH_LIMIT => Some(RemovalFailureReason::Deferred),
                 Some(_) => None,
             };
             match reason {
@@ -257,7 +261,11 @@ impl Ess {
                 }
                 Err(Error::Api { error, .. }) => {
                     let named = (error.code == "InvalidInstanceId.NotFound")
-                        .then(|| batch.iter().position(|id| error.message.contains(id.as_str())))
+                        .then(|| {
+                            batch
+                                .iter()
+                                .position(|id| error.message.contains(id.as_str()))
+                        })
                         .flatten();
                     match named {
                         Some(i) if batch.len() > 1 => {
@@ -286,6 +294,110 @@ impl Ess {
             }
         }
         Ok(report)
+    }
+
+    /// Starts a scale-out of `count` instances (`ScaleWithAdjustment`,
+    /// `AdjustmentType=QuantityChangeInCapacity`), as cluster-autoscaler's alicloud provider
+    /// resizes (`alicloud_auto_scaling.go` `setCapacityInstanceSize`, which sends an absolute
+    /// `TotalCapacity` instead; a relative change cannot undo a concurrent one).
+    ///
+    /// `client_token` (at most 64 ASCII characters) is ESS's idempotency key: a repeated
+    /// call with the same token starts nothing new and answers the first call's activity,
+    /// so a retry after a lost answer never scales twice. `metadata` becomes the activity's
+    /// `ActivityMetadata` (JSON), which [`Ess::scaling_activities_by_id`] reads back:
+    /// instances name their activity (`ScalingActivityId`), so an instance can be traced to
+    /// the request that made it. `SyncActivity=true` makes a group with expected capacity
+    /// start the activity now (rather than only raise its desired capacity).
+    ///
+    /// ESS refuses the call while another activity runs (`ScalingActivityInProgress`) and
+    /// clamps the result to MaxSize instead of failing.
+    pub async fn scale_out(
+        &self,
+        group_id: &str,
+        count: u32,
+        client_token: &str,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<ScaleOutStarted, Error> {
+        let metadata = serde_json::to_string(metadata)
+            .map_err(|e| Error::Config(format!("ActivityMetadata: {e}")))?;
+        let started: wire::ScaleStarted = self
+            .call(
+                "ScaleWithAdjustment",
+                &[
+                    p("ScalingGroupId", group_id),
+                    p("AdjustmentType", "QuantityChangeInCapacity"),
+                    p("AdjustmentValue", count.to_string()),
+                    p("ClientToken", client_token),
+                    p("ActivityMetadata", metadata),
+                    p("SyncActivity", "true"),
+                ],
+            )
+            .await?;
+        Ok(ScaleOutStarted {
+            scaling_activity_id: started.scaling_activity_id,
+            activity_type: started.activity_type,
+        })
+    }
+
+    /// Writes `user_data` (plain text; sent Base64-encoded, as the API wants it) into
+    /// scaling configuration `configuration_id` (`ModifyScalingConfiguration`): instances
+    /// ESS launches from then on boot with it.
+    pub async fn set_user_data(
+        &self,
+        configuration_id: &str,
+        user_data: &str,
+    ) -> Result<(), Error> {
+        use base64::Engine as _;
+        let encoded = base64::engine::general_purpose::STANDARD.encode(user_data);
+        let _: wire::Empty = self
+            .call(
+                "ModifyScalingConfiguration",
+                &[
+                    p("ScalingConfigurationId", configuration_id),
+                    p("UserData", encoded),
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The named activities of the group (`DescribeScalingActivities` with
+    /// `ScalingActivityId.N`, twenty per call); unknown ids are left out.
+    pub async fn scaling_activities_by_id(
+        &self,
+        group_id: &str,
+        ids: &[&str],
+    ) -> Result<Vec<ScalingActivity>, Error> {
+        let mut wanted: Vec<&str> = Vec::new();
+        for id in ids {
+            if !id.is_empty() && !wanted.contains(id) {
+                wanted.push(id);
+            }
+        }
+        let mut found = Vec::new();
+        for chunk in wanted.chunks(ACTIVITIES_PER_CALL) {
+            let mut params = vec![
+                p("ScalingGroupId", group_id),
+                p("PageSize", MAX_PAGE_SIZE.to_string()),
+            ];
+            params.extend(
+                chunk
+                    .iter()
+                    .enumerate()
+                    .map(|(i, id)| p(format!("ScalingActivityId.{}", i + 1), *id)),
+            );
+            let response: wire::DescribeScalingActivities =
+                self.call("DescribeScalingActivities", &params).await?;
+            found.extend(
+                response
+                    .activities
+                    .items
+                    .into_iter()
+                    .filter(|a| chunk.contains(&a.id.as_str()))
+                    .map(ScalingActivity::from),
+            );
+        }
+        Ok(found)
     }
 
     /// The group's scaling activities, newest first as ESS lists them
@@ -373,8 +485,28 @@ pub(super) mod wire {
     pub struct Empty {}
 
     #[derive(Deserialize, Default)]
+    pub struct ScaleStarted {
+        #[serde(
+            rename = "ScalingActivityId",
+            default,
+            deserialize_with = "fuzzy::opt_string"
+        )]
+        pub scaling_activity_id: Option<String>,
+        #[serde(
+            rename = "ActivityType",
+            default,
+            deserialize_with = "fuzzy::opt_string"
+        )]
+        pub activity_type: Option<String>,
+    }
+
+    #[derive(Deserialize, Default)]
     pub struct ActivityStarted {
-        #[serde(rename = "ScalingActivityId", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(
+            rename = "ScalingActivityId",
+            default,
+            deserialize_with = "fuzzy::opt_string"
+        )]
         pub scaling_activity_id: Option<String>,
     }
 
@@ -394,7 +526,11 @@ pub(super) mod wire {
     pub struct ScalingGroup {
         #[serde(rename = "ScalingGroupId", default, deserialize_with = "fuzzy::string")]
         pub id: String,
-        #[serde(rename = "ScalingGroupName", default, deserialize_with = "fuzzy::string")]
+        #[serde(
+            rename = "ScalingGroupName",
+            default,
+            deserialize_with = "fuzzy::string"
+        )]
         pub name: String,
         #[serde(rename = "RegionId", default, deserialize_with = "fuzzy::string")]
         pub region_id: String,
@@ -404,9 +540,17 @@ pub(super) mod wire {
         pub min_size: u32,
         #[serde(rename = "MaxSize", default, deserialize_with = "fuzzy::u32")]
         pub max_size: u32,
-        #[serde(rename = "DesiredCapacity", default, deserialize_with = "fuzzy::opt_u32")]
+        #[serde(
+            rename = "DesiredCapacity",
+            default,
+            deserialize_with = "fuzzy::opt_u32"
+        )]
         pub desired_capacity: Option<u32>,
-        #[serde(rename = "EnableDesiredCapacity", default, deserialize_with = "fuzzy::opt_bool")]
+        #[serde(
+            rename = "EnableDesiredCapacity",
+            default,
+            deserialize_with = "fuzzy::opt_bool"
+        )]
         pub enable_desired_capacity: Option<bool>,
         #[serde(rename = "TotalCapacity", default, deserialize_with = "fuzzy::u32")]
         pub total_capacity: u32,
@@ -426,7 +570,11 @@ pub(super) mod wire {
             deserialize_with = "fuzzy::opt_string"
         )]
         pub active_scaling_configuration_id: Option<String>,
-        #[serde(rename = "LaunchTemplateId", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(
+            rename = "LaunchTemplateId",
+            default,
+            deserialize_with = "fuzzy::opt_string"
+        )]
         pub launch_template_id: Option<String>,
         #[serde(rename = "VSwitchId", default, deserialize_with = "fuzzy::opt_string")]
         pub vswitch_id: Option<String>,
@@ -444,7 +592,11 @@ pub(super) mod wire {
     pub struct DescribeScalingInstances {
         #[serde(rename = "TotalCount", default, deserialize_with = "fuzzy::u32")]
         pub total_count: u32,
-        #[serde(rename = "ScalingInstances", default, deserialize_with = "fuzzy::object")]
+        #[serde(
+            rename = "ScalingInstances",
+            default,
+            deserialize_with = "fuzzy::object"
+        )]
         pub instances: ScalingInstances,
     }
 
@@ -466,7 +618,11 @@ pub(super) mod wire {
         pub creation_type: String,
         #[serde(rename = "ZoneId", default, deserialize_with = "fuzzy::opt_string")]
         pub zone_id: Option<String>,
-        #[serde(rename = "InstanceType", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(
+            rename = "InstanceType",
+            default,
+            deserialize_with = "fuzzy::opt_string"
+        )]
         pub instance_type: Option<String>,
         #[serde(
             rename = "ScalingConfigurationId",
@@ -474,9 +630,17 @@ pub(super) mod wire {
             deserialize_with = "fuzzy::opt_string"
         )]
         pub scaling_configuration_id: Option<String>,
-        #[serde(rename = "ScalingActivityId", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(
+            rename = "ScalingActivityId",
+            default,
+            deserialize_with = "fuzzy::opt_string"
+        )]
         pub scaling_activity_id: Option<String>,
-        #[serde(rename = "CreationTime", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(
+            rename = "CreationTime",
+            default,
+            deserialize_with = "fuzzy::opt_string"
+        )]
         pub creation_time: Option<String>,
         #[serde(rename = "Entrusted", default, deserialize_with = "fuzzy::bool")]
         pub entrusted: bool,
@@ -484,25 +648,45 @@ pub(super) mod wire {
 
     #[derive(Deserialize, Default)]
     pub struct DescribeScalingConfigurations {
-        #[serde(rename = "ScalingConfigurations", default, deserialize_with = "fuzzy::object")]
+        #[serde(
+            rename = "ScalingConfigurations",
+            default,
+            deserialize_with = "fuzzy::object"
+        )]
         pub configurations: ScalingConfigurations,
     }
 
     #[derive(Deserialize, Default)]
     pub struct ScalingConfigurations {
-        #[serde(rename = "ScalingConfiguration", default, deserialize_with = "fuzzy::list")]
+        #[serde(
+            rename = "ScalingConfiguration",
+            default,
+            deserialize_with = "fuzzy::list"
+        )]
         pub items: Vec<ScalingConfiguration>,
     }
 
     #[derive(Deserialize, Default)]
     pub struct ScalingConfiguration {
-        #[serde(rename = "ScalingConfigurationId", default, deserialize_with = "fuzzy::string")]
+        #[serde(
+            rename = "ScalingConfigurationId",
+            default,
+            deserialize_with = "fuzzy::string"
+        )]
         pub id: String,
-        #[serde(rename = "ScalingConfigurationName", default, deserialize_with = "fuzzy::string")]
+        #[serde(
+            rename = "ScalingConfigurationName",
+            default,
+            deserialize_with = "fuzzy::string"
+        )]
         pub name: String,
         #[serde(rename = "LifecycleState", default, deserialize_with = "fuzzy::string")]
         pub lifecycle_state: String,
-        #[serde(rename = "InstanceType", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(
+            rename = "InstanceType",
+            default,
+            deserialize_with = "fuzzy::opt_string"
+        )]
         pub instance_type: Option<String>,
         #[serde(rename = "InstanceTypes", default, deserialize_with = "fuzzy::object")]
         pub instance_types: InstanceTypes,
@@ -534,7 +718,11 @@ pub(super) mod wire {
 
     #[derive(Deserialize, Default)]
     pub struct DescribeScalingActivities {
-        #[serde(rename = "ScalingActivities", default, deserialize_with = "fuzzy::object")]
+        #[serde(
+            rename = "ScalingActivities",
+            default,
+            deserialize_with = "fuzzy::object"
+        )]
         pub activities: ScalingActivities,
     }
 
@@ -546,7 +734,11 @@ pub(super) mod wire {
 
     #[derive(Deserialize, Default)]
     pub struct ScalingActivity {
-        #[serde(rename = "ScalingActivityId", default, deserialize_with = "fuzzy::string")]
+        #[serde(
+            rename = "ScalingActivityId",
+            default,
+            deserialize_with = "fuzzy::string"
+        )]
         pub id: String,
         #[serde(rename = "StatusCode", default, deserialize_with = "fuzzy::string")]
         pub status_code: String,
@@ -564,8 +756,36 @@ pub(super) mod wire {
         pub progress: u32,
         #[serde(rename = "ErrorCode", default, deserialize_with = "fuzzy::opt_string")]
         pub error_code: Option<String>,
-        #[serde(rename = "ErrorMessage", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(
+            rename = "ErrorMessage",
+            default,
+            deserialize_with = "fuzzy::opt_string"
+        )]
         pub error_message: Option<String>,
+        #[serde(
+            rename = "ActivityMetadata",
+            default,
+            deserialize_with = "fuzzy::opt_string"
+        )]
+        pub activity_metadata: Option<String>,
+        #[serde(
+            rename = "CreatedInstances",
+            default,
+            deserialize_with = "fuzzy::object"
+        )]
+        pub created_instances: CreatedInstances,
+        #[serde(
+            rename = "ScalingInstanceNumber",
+            default,
+            deserialize_with = "fuzzy::u32"
+        )]
+        pub scaling_instance_number: u32,
+    }
+
+    #[derive(Deserialize, Default)]
+    pub struct CreatedInstances {
+        #[serde(rename = "CreatedInstance", default, deserialize_with = "fuzzy::list")]
+        pub items: Vec<String>,
     }
 }
 
@@ -629,12 +849,7 @@ impl From<wire::ScalingConfiguration> for ScalingConfiguration {
             instance_type: c.instance_type,
             instance_types: c.instance_types.items,
             image_id: c.image_id,
-            tags: c
-                .tags
-                .items
-                .into_iter()
-                .map(|t| (t.key, t.value))
-                .collect(),
+            tags: c.tags.items.into_iter().map(|t| (t.key, t.value)).collect(),
         }
     }
 }
@@ -652,6 +867,21 @@ impl From<wire::ScalingActivity> for ScalingActivity {
             progress: a.progress,
             error_code: a.error_code,
             error_message: a.error_message,
+            metadata: a
+                .activity_metadata
+                .as_deref()
+                .and_then(|m| serde_json::from_str::<BTreeMap<String, serde_json::Value>>(m).ok())
+                .map(|m| {
+                    m.into_iter()
+                        .map(|(k, v)| match v {
+                            serde_json::Value::String(s) => (k, s),
+                            other => (k, other.to_string()),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            created_instances: a.created_instances.items,
+            scaling_instance_number: a.scaling_instance_number,
         }
     }
 }
@@ -675,7 +905,10 @@ mod tests {
         assert_eq!(group.total_capacity, 2);
         assert_eq!(group.pending_capacity, 0);
         assert_eq!(group.vswitch_ids, ["vsw-a", "vsw-b"]);
-        assert_eq!(group.active_scaling_configuration_id.as_deref(), Some("asc-1"));
+        assert_eq!(
+            group.active_scaling_configuration_id.as_deref(),
+            Some("asc-1")
+        );
     }
 
     #[test]
@@ -723,5 +956,22 @@ mod tests {
         let a = ScalingActivity::from(r.activities.items.into_iter().next().unwrap());
         assert_eq!(a.status, ActivityStatus::Failed);
         assert_eq!(a.progress, 100);
+        assert!(a.metadata.is_empty());
+
+        // The metadata a scale-out sent comes back as a JSON string.
+        let body = br#"{"ScalingActivities":{"ScalingActivity":[{"ScalingActivityId":"asa-2","StatusCode":"Successful",
+            "ActivityMetadata":"{\"nodegroup.dev/requests\":\"r1,r2\",\"n\":2}","ScalingInstanceNumber":2,
+            "CreatedInstances":{"CreatedInstance":["i-a","i-b"]}}]}}"#;
+        let r: wire::DescribeScalingActivities = serde_json::from_slice(body).unwrap();
+        let a = ScalingActivity::from(r.activities.items.into_iter().next().unwrap());
+        assert_eq!(a.metadata["nodegroup.dev/requests"], "r1,r2");
+        assert_eq!(a.metadata["n"], "2");
+        assert_eq!(a.created_instances, ["i-a", "i-b"]);
+        assert_eq!(a.scaling_instance_number, 2);
+        let started: wire::ScaleStarted = serde_json::from_slice(
+            br#"{"RequestId":"R4","ScalingActivityId":"asa-1","ActivityType":"CapacityChange"}"#,
+        )
+        .unwrap();
+        assert_eq!(started.activity_type.as_deref(), Some("CapacityChange"));
     }
 }

@@ -9,8 +9,8 @@
 //! `tolerateEmptyArrayDecoder`, but never registers it), and a list may be a lone object
 //! ([`list`]), as XML-to-JSON gateways render one-element lists.
 
-use serde::de::{DeserializeOwned, Deserializer, Error as _};
 use serde::Deserialize;
+use serde::de::{DeserializeOwned, Deserializer, Error as _};
 use serde_json::Value;
 
 fn value<'de, D: Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
@@ -41,7 +41,11 @@ fn integer(v: &Value) -> Result<i64, String> {
     match v {
         Value::Number(n) => n
             .as_i64()
-            .or_else(|| n.as_f64().filter(|f| f.is_finite()).map(|f| f.trunc() as i64))
+            .or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.is_finite())
+                    .map(|f| f.trunc() as i64)
+            })
             .ok_or_else(|| format!("{n} is not an integer")),
         Value::String(s) if s.trim().is_empty() => Ok(0),
         Value::String(s) => {
@@ -209,20 +213,24 @@ mod tests {
 
     #[test]
     fn numbers_as_strings_and_strings_as_numbers() {
-        let w = decode(json!({"Name": 42, "Size": "7", "Memory": "8.5", "Enabled": "TRUE"}))
-            .unwrap();
+        let w =
+            decode(json!({"Name": 42, "Size": "7", "Memory": "8.5", "Enabled": "TRUE"})).unwrap();
         assert_eq!(w.name, "42");
         assert_eq!(w.size, 7);
         assert_eq!(w.memory, 8.5);
         assert!(w.enabled);
         let w = decode(json!({"Name": true, "Size": 3.9, "Memory": 16, "Enabled": 1})).unwrap();
-        assert_eq!((w.name.as_str(), w.size, w.memory, w.enabled), ("true", 3, 16.0, true));
+        assert_eq!(
+            (w.name.as_str(), w.size, w.memory, w.enabled),
+            ("true", 3, 16.0, true)
+        );
     }
 
     #[test]
     fn nulls_and_empty_strings_are_zero_values() {
-        let w = decode(json!({"Name": null, "Size": "", "Memory": null, "Enabled": "", "Tags": null}))
-            .unwrap();
+        let w =
+            decode(json!({"Name": null, "Size": "", "Memory": null, "Enabled": "", "Tags": null}))
+                .unwrap();
         assert_eq!(w, Wire::default());
     }
 

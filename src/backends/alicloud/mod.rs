@@ -54,14 +54,14 @@ pub mod sts;
 
 pub use client::{Client, ClientOptions, Endpoints, RetryPolicy, Scheme, TransportOptions};
 pub use credentials::{
-    Credentials, CredentialsError, CredentialsProvider, EcsRamRoleCredentials,
-    OidcRoleConfig, OidcRoleCredentials, RefreshPolicy, StaticCredentials,
+    Credentials, CredentialsError, CredentialsProvider, EcsRamRoleCredentials, OidcRoleConfig,
+    OidcRoleCredentials, RefreshPolicy, StaticCredentials,
 };
 pub use error::{ApiError, ApiErrorKind, Error};
 pub use model::{
     ActivityStatus, DesiredCapacityChange, GroupLifecycleState, InstanceLifecycleState,
     InstanceType, RemovalFailure, RemovalFailureReason, RemovalReport, RemoveOptions,
-    ScalingActivity, ScalingConfiguration, ScalingGroup, ScalingInstance,
+    ScaleOutStarted, ScalingActivity, ScalingConfiguration, ScalingGroup, ScalingInstance,
 };
 
 /// The providerID of an instance's Node: `<region>.<instance-id>`, as cluster-autoscaler's

@@ -215,6 +215,32 @@ pub struct ScalingActivity {
     pub error_code: Option<String>,
     /// `ErrorMessage` (newer API versions).
     pub error_message: Option<String>,
+    /// `ActivityMetadata`, the JSON object the call that started it sent (values that are
+    /// not strings as JSON text); empty when none or unreadable.
+    pub metadata: BTreeMap<String, String>,
+    /// `CreatedInstances.CreatedInstance`: the instances it launched.
+    pub created_instances: Vec<String>,
+    /// `ScalingInstanceNumber`: how many instances it adds or removes.
+    pub scaling_instance_number: u32,
+}
+
+impl ScalingActivity {
+    /// The activity is over (successful, partly successful, failed or refused).
+    pub fn is_finished(&self) -> bool {
+        !matches!(
+            self.status,
+            ActivityStatus::InProgress | ActivityStatus::Other(_)
+        )
+    }
+}
+
+/// What [`super::ess::Ess::scale_out`] started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScaleOutStarted {
+    /// `ScalingActivityId`; absent when ESS only changed the desired capacity.
+    pub scaling_activity_id: Option<String>,
+    /// `ActivityType`: `CapacityChange` when only the desired capacity changed.
+    pub activity_type: Option<String>,
 }
 
 /// The outcome of [`super::ess::Ess::set_desired_capacity`].
@@ -343,8 +369,14 @@ mod tests {
 
     #[test]
     fn states_round_trip_and_keep_unknown_values() {
-        assert_eq!(InstanceLifecycleState::from("Removing:Wait"), InstanceLifecycleState::RemovingWait);
-        assert_eq!(InstanceLifecycleState::RemovingWait.to_string(), "Removing:Wait");
+        assert_eq!(
+            InstanceLifecycleState::from("Removing:Wait"),
+            InstanceLifecycleState::RemovingWait
+        );
+        assert_eq!(
+            InstanceLifecycleState::RemovingWait.to_string(),
+            "Removing:Wait"
+        );
         let odd = InstanceLifecycleState::from("Hibernating");
         assert_eq!(odd.to_string(), "Hibernating");
     }

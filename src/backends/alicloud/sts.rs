@@ -54,7 +54,11 @@ struct Response {
 struct WireCredentials {
     #[serde(rename = "AccessKeyId", default, deserialize_with = "fuzzy::string")]
     access_key_id: String,
-    #[serde(rename = "AccessKeySecret", default, deserialize_with = "fuzzy::string")]
+    #[serde(
+        rename = "AccessKeySecret",
+        default,
+        deserialize_with = "fuzzy::string"
+    )]
     access_key_secret: String,
     #[serde(rename = "SecurityToken", default, deserialize_with = "fuzzy::string")]
     security_token: String,
@@ -112,17 +116,21 @@ pub async fn assume_role_with_oidc(
         source,
     })?;
     let c = response.credentials;
-    if c.access_key_id.is_empty() || c.access_key_secret.is_empty() || c.security_token.is_empty()
-    {
+    if c.access_key_id.is_empty() || c.access_key_secret.is_empty() || c.security_token.is_empty() {
         return Err(Error::Decode {
             action: ACTION.to_string(),
-            source: serde::de::Error::custom("Credentials lacks AccessKeyId, AccessKeySecret or SecurityToken"),
+            source: serde::de::Error::custom(
+                "Credentials lacks AccessKeyId, AccessKeySecret or SecurityToken",
+            ),
         });
     }
-    let expiration = c.expiration.parse::<jiff::Timestamp>().map_err(|e| Error::Decode {
-        action: ACTION.to_string(),
-        source: serde::de::Error::custom(format!("Expiration {:?}: {e}", c.expiration)),
-    })?;
+    let expiration = c
+        .expiration
+        .parse::<jiff::Timestamp>()
+        .map_err(|e| Error::Decode {
+            action: ACTION.to_string(),
+            source: serde::de::Error::custom(format!("Expiration {:?}: {e}", c.expiration)),
+        })?;
     Ok(Credentials::new(c.access_key_id, c.access_key_secret)
         .with_security_token(c.security_token)
         .with_expiration(expiration))
