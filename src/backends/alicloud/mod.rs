@@ -49,6 +49,7 @@ mod error;
 pub mod ess;
 pub mod fuzzy;
 mod model;
+pub mod pool;
 pub mod signature;
 pub mod sts;
 
