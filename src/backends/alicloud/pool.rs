@@ -290,6 +290,8 @@ impl AliCloudPool {
                     ),
                 }),
             },
+            // Refused before it ran: nothing happened, ask again next pass.
+            Err(e @ Error::Throttled { .. }) => all(Created::Deferred(e.to_string())),
             Err(e) if e.is_activity_in_progress() => all(Created::Deferred(e.to_string())),
             Err(e) => match backend_error(&e).kind {
                 BackendErrorKind::Unavailable => all(Created::Unknown(e.to_string())),
