@@ -148,8 +148,8 @@ impl Created {
 
 /// A pool's backend, connected with its credentials.
 pub enum Backend {
-    /// Cherry Servers.
-    Cherry(CherryPool),
+    /// Cherry Servers (boxed: its client is large).
+    Cherry(Box<CherryPool>),
     /// Alibaba Cloud Auto Scaling.
     AliCloud(AliCloudPool),
 }

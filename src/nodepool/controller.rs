@@ -583,7 +583,7 @@ impl PoolController {
                 )
             })?;
             return CherryPool::new(cherry, token, &pool.spec.cluster_name, &pool.name_any())
-                .map(Backend::Cherry)
+                .map(|p| Backend::Cherry(Box::new(p)))
                 .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.to_string()));
         }
         if let Some(ali) = &pool.spec.ali_cloud {

@@ -324,6 +324,9 @@ pub struct Finished {
 /// Request parameters, decoded.
 pub type Params = BTreeMap<String, String>;
 
+/// What an action answers: its JSON (without `RequestId`) and what it started.
+pub type Outcome = Result<(Value, Effects), ApiError>;
+
 /// The account.
 #[derive(Debug)]
 pub struct Account {
@@ -489,8 +492,8 @@ impl Account {
         &mut self,
         action: &str,
         params: &Params,
-        run: fn(&mut Self, &Params) -> Result<(Value, Effects), ApiError>,
-    ) -> Result<(Value, Effects), ApiError> {
+        run: fn(&mut Self, &Params) -> Outcome,
+    ) -> Outcome {
         if let Some(answer) = self.replay(action, params) {
             return Ok((answer, Effects::default()));
         }

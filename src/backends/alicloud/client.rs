@@ -280,7 +280,7 @@ impl Transport {
                             return Err(Error::Throttled {
                                 action: action.to_string(),
                                 attempts,
-                                last: error,
+                                last: Box::new(error),
                             });
                         }
                         _ if status.is_server_error() && failures < policy.max_retries => {
@@ -297,7 +297,7 @@ impl Transport {
                         _ => {
                             return Err(Error::Api {
                                 action: action.to_string(),
-                                error,
+                                error: Box::new(error),
                             });
                         }
                     }

@@ -166,7 +166,7 @@ pub enum Error {
         action: String,
         /// The answer.
         #[source]
-        error: ApiError,
+        error: Box<ApiError>,
     },
     /// Every attempt was throttled; the last answer is kept.
     #[error("{action}: throttled on {attempts} attempts: {last}")]
@@ -177,7 +177,7 @@ pub enum Error {
         attempts: u32,
         /// The last throttling answer.
         #[source]
-        last: ApiError,
+        last: Box<ApiError>,
     },
     /// No answer within the per-attempt timeout, on every attempt. A write may or may not
     /// have happened: read the state again before deciding.
@@ -245,8 +245,8 @@ impl Error {
     /// The API's answer, if this error is one.
     pub fn api(&self) -> Option<&ApiError> {
         match self {
-            Self::Api { error, .. } => Some(error),
-            Self::Throttled { last, .. } => Some(last),
+            Self::Api { error, .. } => Some(error.as_ref()),
+            Self::Throttled { last, .. } => Some(last.as_ref()),
             _ => None,
         }
     }
@@ -295,7 +295,7 @@ mod tests {
         assert_eq!(e.kind(), ApiErrorKind::ScalingActivityInProgress);
         let err = Error::Api {
             action: "RemoveInstances".into(),
-            error: e,
+            error: Box::new(e),
         };
         assert!(err.is_activity_in_progress());
         assert!(err.is_transient());

@@ -272,16 +272,16 @@ impl Ess {
                             let id = batch.remove(i);
                             report.failed.push(RemovalFailure {
                                 instance_id: id,
-                                reason: RemovalFailureReason::Rejected(error),
+                                reason: RemovalFailureReason::Rejected(*error),
                             });
                         }
                         _ => fail_all(&mut report, &mut batch, |_| {
-                            RemovalFailureReason::Rejected(error.clone())
+                            RemovalFailureReason::Rejected((*error).clone())
                         }),
                     }
                 }
                 Err(Error::Throttled { last, .. }) => fail_all(&mut report, &mut batch, |_| {
-                    RemovalFailureReason::Rejected(last.clone())
+                    RemovalFailureReason::Rejected((*last).clone())
                 }),
                 // Nothing was sent.
                 Err(e @ (Error::Credentials(_) | Error::Config(_))) => return Err(e),
