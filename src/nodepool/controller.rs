@@ -459,7 +459,7 @@ impl PoolController {
                     self.metrics
                         .observe_backend_call(backend.name(), "create", "Unknown");
                     self.event(pool, Severity::Warning, "ServerCreateUnconfirmed", "Create",
-                        format!("create of {} (request {}) got no answer: {message}; its server is looked for by tag until {}s after the request",
+                        format!("create of {} (request {}) got no answer: {message}; its server is looked for by its request (tag or scaling activity) until {}s after the request",
                             server.hostname, server.request, converge::CREATE_GRACE.as_secs()));
                 }
                 Created::Accepted(_) => {
