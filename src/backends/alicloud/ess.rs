@@ -780,6 +780,8 @@ pub(super) mod wire {
             deserialize_with = "fuzzy::u32"
         )]
         pub scaling_instance_number: u32,
+        #[serde(rename = "CreatedCapacity", default, deserialize_with = "fuzzy::u32")]
+        pub created_capacity: u32,
     }
 
     #[derive(Deserialize, Default)]
@@ -882,6 +884,7 @@ impl From<wire::ScalingActivity> for ScalingActivity {
                 .unwrap_or_default(),
             created_instances: a.created_instances.items,
             scaling_instance_number: a.scaling_instance_number,
+            created_capacity: a.created_capacity,
         }
     }
 }

@@ -222,9 +222,19 @@ pub struct ScalingActivity {
     pub created_instances: Vec<String>,
     /// `ScalingInstanceNumber`: how many instances it adds or removes.
     pub scaling_instance_number: u32,
+    /// `CreatedCapacity`: how many instances it launched.
+    pub created_capacity: u32,
 }
 
 impl ScalingActivity {
+    /// How many instances it launched: `CreatedInstances` or, when the answer lists none,
+    /// `CreatedCapacity`.
+    pub fn launched(&self) -> usize {
+        self.created_instances
+            .len()
+            .max(usize::try_from(self.created_capacity).unwrap_or(usize::MAX))
+    }
+
     /// The activity is over (successful, partly successful, failed or refused).
     pub fn is_finished(&self) -> bool {
         !matches!(

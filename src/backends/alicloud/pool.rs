@@ -352,7 +352,7 @@ impl AliCloudPool {
             if !requests.iter().any(|r| wanted.contains(r)) {
                 continue;
             }
-            let served = activity.created_instances.len();
+            let served = activity.launched();
             for request in requests.iter().skip(served).filter(|r| wanted.contains(*r)) {
                 let (class, code) = failure_class(activity);
                 failures.push(CreationFailure {
@@ -619,6 +619,7 @@ mod tests {
             metadata: BTreeMap::from([(REQUESTS_KEY.to_string(), requests.to_string())]),
             created_instances: created.iter().map(|s| s.to_string()).collect(),
             scaling_instance_number: 0,
+            created_capacity: 0,
         }
     }
 
@@ -676,6 +677,12 @@ mod tests {
         assert_eq!(failure_class(&stock), (OUT_OF_RESOURCES, "OutOfStock"));
         let clamped = activity("asa-2", ActivityStatus::Successful, "r1,r2", &["i-a"]);
         assert_eq!(failure_class(&clamped), (OTHER_ERROR, "MaxSizeReached"));
+        // An answer without CreatedInstances still counts what it launched.
+        let counted = ScalingActivity {
+            created_capacity: 2,
+            ..activity("asa-4", ActivityStatus::Successful, "r1,r2", &[])
+        };
+        assert_eq!(counted.launched(), 2);
         let mut quota = activity("asa-3", ActivityStatus::Failed, "r1", &[]);
         quota.status_message = "QuotaExceed.ElasticQuota".into();
         assert_eq!(failure_class(&quota), (OTHER_ERROR, "ScaleOutFailed"));
