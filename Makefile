@@ -30,9 +30,9 @@ safety: upstream
 	$(CARGO) test --locked --features fault-injection --test safety
 
 ## End to end with the real Cluster API manager, kwok and a test infrastructure provider, and
-## NodePools on the Cherry Servers emulator with the real cluster-autoscaler.
+## NodePools on the Cherry Servers and Alibaba Cloud emulators with the real cluster-autoscaler.
 e2e: upstream
-	$(CARGO) test --locked --features nodegroup-operator/fault-injection --test e2e_capi --test e2e_ca --test cherry
+	$(CARGO) test --locked --features nodegroup-operator/fault-injection --test e2e_capi --test e2e_ca --test cherry --test alicloud
 
 unit:
 	$(CARGO) test --locked --workspace --lib

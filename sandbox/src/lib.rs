@@ -7,8 +7,10 @@
 //! Upstream binaries come from `tests/upstream/build.sh` (`target/upstream/bin`). Every
 //! process runs in a temp dir, on free loopback ports, and dies with its parent.
 
+pub mod alicloud;
 pub mod autoscaler;
 pub mod bench;
+pub mod boot;
 pub mod ca_client;
 pub mod capi;
 pub mod cherry;

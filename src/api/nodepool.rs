@@ -94,7 +94,7 @@ const DURATION_PATTERN: &str = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$"
     )
 )]
 #[x_kube(validation = Rule::new("!has(self.minSize) || !has(self.maxSize) || self.minSize <= self.maxSize").message("minSize must not be greater than maxSize"))]
-#[x_kube(validation = Rule::new("has(self.cherryServers)").message("exactly one backend must be set: cherryServers"))]
+#[x_kube(validation = Rule::new("has(self.cherryServers) != has(self.aliCloud)").message("exactly one backend must be set: cherryServers or aliCloud"))]
 #[serde(rename_all = "camelCase")]
 pub struct NodePoolSpec {
     /// Number of servers wanted (the node group's target size).
@@ -126,6 +126,9 @@ pub struct NodePoolSpec {
     /// Cherry Servers backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cherry_servers: Option<CherryServersSpec>,
+    /// Alibaba Cloud backend: an Auto Scaling (ESS) scaling group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ali_cloud: Option<AliCloudSpec>,
 }
 
 /// Kubeadm bootstrap tokens: one per scale-up, stored as a `bootstrap.kubernetes.io/token`
@@ -205,6 +208,66 @@ pub struct CherryServersSpec {
     pub endpoint: Option<String>,
 }
 
+/// A Secret in the pool's namespace, read as a whole.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    /// Secret name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// Alibaba Cloud Auto Scaling (ESS): the instances of an existing scaling group. ESS
+/// launches and releases the instances; the pool asks it to scale out by a number of
+/// instances (`ScaleWithAdjustment`) and to remove exact ones (`RemoveInstances`).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AliCloudSpec {
+    /// Secret with the AccessKey, under the keys of cluster-autoscaler's alicloud Secret:
+    /// `access-key-id`, `access-key-secret` and, for temporary (STS) credentials,
+    /// `security-token`. Read on every pass, so a rotated key applies without a restart.
+    pub credentials_secret_ref: SecretRef,
+    /// Region of the scaling group, e.g. `cn-hangzhou`.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z]+(-[a-z0-9]+)+$"))]
+    pub region_id: String,
+    /// The scaling group (`asg-...`). Its active scaling configuration gives the instance
+    /// type (the first of its types when it has several) and the tags new Nodes are labelled
+    /// with.
+    #[schemars(length(min = 5, max = 64), regex(pattern = r"^asg-[A-Za-z0-9-]+$"))]
+    pub scaling_group_id: String,
+    /// Endpoint overrides (default `https://ess.<region>.aliyuncs.com` and
+    /// `https://ecs.<region>.aliyuncs.com`): a VPC endpoint, a proxy, an emulator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<AliCloudEndpoints>,
+    /// User data of new instances, as plain text, with the placeholders of
+    /// `cherryServers.userData` (`{{.BootstrapTokenID}}`, `{{.BootstrapTokenSecret}}`,
+    /// `{{.APIServerEndpoint}}`, `{{.NodeLabels}}`, ...; `{{.Hostname}}` is empty: ESS names
+    /// the instances). When set, it is written into the group's active scaling
+    /// configuration, with a fresh bootstrap token, before every scale-out; instances ESS
+    /// launches on its own (health replacements) boot with the last one written. When left
+    /// out, the scaling configuration's own user data is used unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 16384))]
+    pub user_data: Option<String>,
+    /// `host:port` of the API server new Nodes join (`{{.APIServerEndpoint}}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_server_endpoint: Option<String>,
+}
+
+/// Where the Alibaba Cloud APIs answer.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AliCloudEndpoints {
+    /// Auto Scaling (ESS) base URL, e.g. `https://ess-vpc.cn-hangzhou.aliyuncs.com`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('http://')").message("ess must be an http(s) URL"))]
+    pub ess: Option<String>,
+    /// ECS base URL (instance types), e.g. `https://ecs-vpc.cn-hangzhou.aliyuncs.com`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('http://')").message("ecs must be an http(s) URL"))]
+    pub ecs: Option<String>,
+}
+
 /// Observed state, written by the leader.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -215,7 +278,7 @@ pub struct NodePoolStatus {
     /// `Ready`, `BackendUnavailable`, `ScaleUpFailed`, `InvalidSpec`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// Backend in use (`cherryServers`).
+    /// Backend in use (`cherryServers` or `aliCloud`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
     /// Instances that count towards the size: servers not being deleted, creations in
@@ -269,7 +332,7 @@ pub struct PoolInstance {
     /// Cloud id of the server (absent while its creation is in flight, or when it failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    /// Provider ID the Node carries (`cherryservers://<id>`), or the instance id reported to
+    /// Provider ID the Node carries (`cherryservers://<id>`, `<region>.<instance-id>`), or the instance id reported to
     /// cluster-autoscaler for a failed creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(rename = "providerID")]
@@ -339,6 +402,10 @@ impl NodePool {
 
     /// Name of the backend block that is set.
     pub fn backend(&self) -> Option<&'static str> {
-        self.spec.cherry_servers.as_ref().map(|_| "cherryServers")
+        match (&self.spec.cherry_servers, &self.spec.ali_cloud) {
+            (Some(_), _) => Some("cherryServers"),
+            (None, Some(_)) => Some("aliCloud"),
+            (None, None) => None,
+        }
     }
 }

@@ -1,9 +1,11 @@
 //! The clouds NodePools run on, behind the one interface the reconciler drives: list the
-//! pool's servers, describe its machine type, create and delete servers.
+//! pool's servers, describe its machine type, create and delete servers (several at a time
+//! where the cloud takes them together), and say which creations in flight failed.
 
 use std::fmt;
 
 use crate::api::nodepool::MachineType;
+use crate::backends::alicloud::pool::AliCloudPool;
 use crate::backends::cherry::pool::CherryPool;
 
 use super::converge::Member;
@@ -104,6 +106,25 @@ pub enum Created {
     /// The outcome is unknown (timeout, outage): the server may exist, and is looked for by
     /// its request tag.
     Unknown(String),
+    /// The backend accepted the creation and makes the server itself (an Auto Scaling
+    /// activity); it is found by its request once listed.
+    Accepted(String),
+    /// Nothing was sent (the backend is busy with another change and would refuse it): the
+    /// creation is dropped and a later pass decides again.
+    Deferred(String),
+}
+
+/// A creation in flight that the backend reports failed after it was accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreationFailure {
+    /// The creation request.
+    pub request: String,
+    /// [`OUT_OF_RESOURCES`] or [`OTHER_ERROR`].
+    pub class: &'static str,
+    /// Short code (`OutOfStock`, `MaxSizeReached`, ...).
+    pub code: String,
+    /// What the backend said.
+    pub message: String,
 }
 
 impl Created {
@@ -127,8 +148,10 @@ impl Created {
 
 /// A pool's backend, connected with its credentials.
 pub enum Backend {
-    /// Cherry Servers.
-    Cherry(CherryPool),
+    /// Cherry Servers (boxed: its client is large).
+    Cherry(Box<CherryPool>),
+    /// Alibaba Cloud Auto Scaling.
+    AliCloud(AliCloudPool),
 }
 
 impl Backend {
@@ -136,6 +159,7 @@ impl Backend {
     pub fn name(&self) -> &'static str {
         match self {
             Self::Cherry(_) => "cherryServers",
+            Self::AliCloud(_) => "aliCloud",
         }
     }
 
@@ -143,6 +167,7 @@ impl Backend {
     pub async fn members(&self) -> Result<Vec<Member>, BackendError> {
         match self {
             Self::Cherry(b) => b.members().await,
+            Self::AliCloud(b) => b.members().await,
         }
     }
 
@@ -150,6 +175,7 @@ impl Backend {
     pub async fn machine_type(&self) -> Result<MachineTypeInfo, BackendError> {
         match self {
             Self::Cherry(b) => b.machine_type().await,
+            Self::AliCloud(b) => b.machine_type().await,
         }
     }
 
@@ -158,6 +184,40 @@ impl Backend {
     pub async fn create(&self, server: &NewServer) -> Created {
         match self {
             Self::Cherry(b) => b.create(server).await,
+            Self::AliCloud(b) => b.create(server).await,
+        }
+    }
+
+    /// Creates `servers`, one outcome per server in order: one by one on Cherry Servers,
+    /// in one scale-out on Alibaba Cloud.
+    pub async fn create_many(&self, servers: &[NewServer]) -> Vec<Created> {
+        match self {
+            Self::Cherry(b) => {
+                let mut outcomes = Vec::with_capacity(servers.len());
+                for server in servers {
+                    outcomes.push(b.create(server).await);
+                }
+                outcomes
+            }
+            Self::AliCloud(b) => b.create_many(servers).await,
+        }
+    }
+
+    /// Whether creations can fail after the backend accepted them
+    /// ([`Backend::creation_failures`] has something to say).
+    pub fn reports_late_failures(&self) -> bool {
+        matches!(self, Self::AliCloud(_))
+    }
+
+    /// The creations among `in_flight` (requests without a server yet) that failed after
+    /// the backend accepted them. Cherry Servers answers a create at once: none.
+    pub async fn creation_failures(
+        &self,
+        in_flight: &[String],
+    ) -> Result<Vec<CreationFailure>, BackendError> {
+        match self {
+            Self::Cherry(_) => Ok(Vec::new()),
+            Self::AliCloud(b) => b.creation_failures(in_flight).await,
         }
     }
 
@@ -165,6 +225,22 @@ impl Backend {
     pub async fn delete(&self, id: &str) -> Result<(), BackendError> {
         match self {
             Self::Cherry(b) => b.delete(id).await,
+            Self::AliCloud(b) => b.delete(id).await,
+        }
+    }
+
+    /// Deletes `ids`, one outcome per id: one by one on Cherry Servers, in batches on
+    /// Alibaba Cloud (which refuses a second removal while the first one's activity runs).
+    pub async fn delete_many(&self, ids: &[String]) -> Vec<(String, Result<(), BackendError>)> {
+        match self {
+            Self::Cherry(b) => {
+                let mut outcomes = Vec::with_capacity(ids.len());
+                for id in ids {
+                    outcomes.push((id.clone(), b.delete(id).await));
+                }
+                outcomes
+            }
+            Self::AliCloud(b) => b.delete_many(ids).await,
         }
     }
 }

@@ -19,12 +19,14 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::backend::{Backend, BackendError, Created, MachineTypeInfo, NewServer};
+use super::backend::{Backend, BackendError, Created, CreationFailure, MachineTypeInfo, NewServer};
 use super::converge::{self, Decision, Dropped, Observed, SeenNode};
 use super::{bootstrap, render, view};
 use crate::api::NodePool;
 use crate::api::conditions::{DesiredCondition, merge};
 use crate::api::nodepool::{InstanceErrorStatus, InstanceStateName, NodePoolStatus, PoolInstance};
+use crate::backends::alicloud::Credentials as AliCloudCredentials;
+use crate::backends::alicloud::pool::AliCloudPool;
 use crate::backends::cherry::pool::CherryPool;
 use crate::capi::providerid;
 use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger, request_id};
@@ -269,14 +271,15 @@ impl PoolController {
             max_creates: self.options.max_creates,
         });
         self.report_dropped(pool, &decision.dropped);
+        self.apply_creation_failures(pool, &backend, &mut decision, report)
+            .await;
 
         if !decision.delete.is_empty() {
             // Intent first: a pass killed after this still deletes these, and only these.
             report.instances = Some(decision.instances.clone());
             self.patch_instances(api, pool, &decision.instances).await?;
             fault::point("nodepool:after-recording-deletions").await;
-            for id in decision.delete.clone() {
-                let result = backend.delete(&id).await;
+            for (id, result) in backend.delete_many(&decision.delete).await {
                 self.observe(&backend, "delete", &result);
                 match result {
                     Ok(()) => {
@@ -421,8 +424,9 @@ impl PoolController {
         fault::point("nodepool:after-recording-creations").await;
 
         let mut created = 0;
-        for (k, server) in servers.iter().enumerate() {
-            let outcome = backend.create(server).await;
+        let mut deferred = Vec::new();
+        let outcomes = backend.create_many(&servers).await;
+        for (k, (server, outcome)) in servers.iter().zip(outcomes).enumerate() {
             let entry = &mut decision.instances[first_new + k];
             match outcome {
                 Created::Server(member) => {
@@ -455,10 +459,40 @@ impl PoolController {
                     self.metrics
                         .observe_backend_call(backend.name(), "create", "Unknown");
                     self.event(pool, Severity::Warning, "ServerCreateUnconfirmed", "Create",
-                        format!("create of {} (request {}) got no answer: {message}; its server is looked for by tag until {}s after the request",
+                        format!("create of {} (request {}) got no answer: {message}; its server is looked for by its request (tag or scaling activity) until {}s after the request",
                             server.hostname, server.request, converge::CREATE_GRACE.as_secs()));
                 }
+                Created::Accepted(_) => {
+                    self.metrics
+                        .observe_backend_call(backend.name(), "create", "ok");
+                    created += 1;
+                }
+                Created::Deferred(message) => {
+                    self.metrics
+                        .observe_backend_call(backend.name(), "create", "Deferred");
+                    deferred.push((first_new + k, message));
+                }
             }
+        }
+        if let Some((_, message)) = deferred.first() {
+            self.event(
+                pool,
+                Severity::Normal,
+                "ScaleUpDeferred",
+                "Create",
+                format!(
+                    "{} server(s) not ordered yet: {message}; the next pass tries again",
+                    deferred.len()
+                ),
+            );
+        }
+        // Nothing was sent for these: forget them, and record that.
+        for (index, _) in deferred.iter().rev() {
+            decision.instances.remove(*index);
+        }
+        if !deferred.is_empty() {
+            self.patch_instances(api, pool, &decision.instances).await?;
+            report.instances = Some(decision.instances.clone());
         }
         fault::point("nodepool:after-creating-servers").await;
         report.created = created > 0;
@@ -500,8 +534,8 @@ impl PoolController {
             .iter()
             .filter(|m| m.phase != converge::MemberPhase::Terminating)
             .collect();
-        for m in &live {
-            let result = backend.delete(&m.id).await;
+        let ids: Vec<String> = live.iter().map(|m| m.id.clone()).collect();
+        for (_, result) in backend.delete_many(&ids).await {
             self.observe(backend, "delete", &result);
             result.map_err(Blocked::Backend)?;
         }
@@ -528,48 +562,142 @@ impl PoolController {
 
     /// The pool's backend, connected with the credentials its Secret holds.
     async fn connect(&self, pool: &NodePool) -> Result<Backend, Blocked> {
+        if let Some(cherry) = &pool.spec.cherry_servers {
+            let reference = &cherry.credentials_secret_ref;
+            let secret = self
+                .secret(
+                    pool,
+                    &reference.name,
+                    "spec.cherryServers.credentialsSecretRef",
+                )
+                .await?;
+            let token = secret_value(&secret, &reference.key).ok_or_else(|| {
+                Blocked::Spec(
+                    "CredentialsMissing",
+                    format!(
+                        "Secret {}/{} has no non-empty key {:?}",
+                        secret.namespace().unwrap_or_default(),
+                        reference.name,
+                        reference.key
+                    ),
+                )
+            })?;
+            return CherryPool::new(cherry, token, &pool.spec.cluster_name, &pool.name_any())
+                .map(|p| Backend::Cherry(Box::new(p)))
+                .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.to_string()));
+        }
+        if let Some(ali) = &pool.spec.ali_cloud {
+            let name = &ali.credentials_secret_ref.name;
+            let secret = self
+                .secret(pool, name, "spec.aliCloud.credentialsSecretRef")
+                .await?;
+            let (Some(id), Some(key_secret)) = (
+                secret_value(&secret, "access-key-id"),
+                secret_value(&secret, "access-key-secret"),
+            ) else {
+                return Err(Blocked::Spec(
+                    "CredentialsMissing",
+                    format!(
+                        "Secret {}/{name} needs non-empty keys \"access-key-id\" and \"access-key-secret\"",
+                        pool.namespace().unwrap_or_default()
+                    ),
+                ));
+            };
+            let mut credentials = AliCloudCredentials::new(id, key_secret);
+            if let Some(token) = secret_value(&secret, "security-token") {
+                credentials = credentials.with_security_token(token);
+            }
+            return AliCloudPool::new(ali, credentials)
+                .map(Backend::AliCloud)
+                .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.to_string()));
+        }
+        Err(Blocked::Spec(
+            "NoBackend",
+            "neither spec.cherryServers nor spec.aliCloud is set".into(),
+        ))
+    }
+
+    /// Secret `name` in the pool's namespace, which `field` of the spec names.
+    async fn secret(&self, pool: &NodePool, name: &str, field: &str) -> Result<Secret, Blocked> {
         let namespace = pool.namespace().unwrap_or_default();
-        let Some(cherry) = &pool.spec.cherry_servers else {
-            return Err(Blocked::Spec(
-                "NoBackend",
-                "spec.cherryServers is not set".into(),
-            ));
-        };
-        let reference = &cherry.credentials_secret_ref;
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
-        let secret = secrets
-            .get_opt(&reference.name)
+        secrets
+            .get_opt(name)
             .await
             .map_err(|e| match e {
                 kube::Error::Api(status) if status.code == 403 => Blocked::Spec(
                     "CredentialsForbidden",
-                    format!("the operator may not read Secret {namespace}/{} (grant it with the chart's nodePools.secretNamespaces): {}", reference.name, status.message),
+                    format!("the operator may not read Secret {namespace}/{name} (grant it with the chart's nodePools.secretNamespaces): {}", status.message),
                 ),
-                e => Blocked::Api(format!("reading Secret {namespace}/{}: {e}", reference.name)),
+                e => Blocked::Api(format!("reading Secret {namespace}/{name}: {e}")),
             })?
             .ok_or_else(|| Blocked::Spec(
                 "CredentialsMissing",
-                format!("Secret {namespace}/{} (spec.cherryServers.credentialsSecretRef) does not exist", reference.name),
-            ))?;
-        let token = secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(&reference.key))
-            .and_then(|v| String::from_utf8(v.0.clone()).ok())
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| {
-                Blocked::Spec(
-                    "CredentialsMissing",
-                    format!(
-                        "Secret {namespace}/{} has no non-empty key {:?}",
-                        reference.name, reference.key
-                    ),
-                )
-            })?;
-        CherryPool::new(cherry, token, &pool.spec.cluster_name, &pool.name_any())
-            .map(Backend::Cherry)
-            .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.to_string()))
+                format!("Secret {namespace}/{name} ({field}) does not exist"),
+            ))
+    }
+
+    /// Turns the in-flight creations the backend reports failed into failed instances,
+    /// reported to cluster-autoscaler (and as `ScaleUpFailed`) like a refused create.
+    async fn apply_creation_failures(
+        &self,
+        pool: &NodePool,
+        backend: &Backend,
+        decision: &mut Decision,
+        report: &mut PassReport,
+    ) {
+        let in_flight: Vec<String> = decision
+            .instances
+            .iter()
+            .filter(|i| i.id.is_none() && i.state == Some(InstanceStateName::Creating))
+            .map(|i| i.request.clone())
+            .collect();
+        if in_flight.is_empty() || !backend.reports_late_failures() {
+            return;
+        }
+        let failures = backend.creation_failures(&in_flight).await;
+        self.observe(backend, "activities", &failures);
+        let failures: Vec<CreationFailure> = match failures {
+            Ok(f) => f,
+            Err(error) => {
+                tracing::warn!(%error, pool = %pool_key(pool), "cannot tell which creations failed; asking again next pass");
+                return;
+            }
+        };
+        let (namespace, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
+        for failure in failures {
+            let Some(entry) = decision
+                .instances
+                .iter_mut()
+                .find(|i| i.id.is_none() && i.request == failure.request)
+            else {
+                continue;
+            };
+            let created = entry
+                .created
+                .clone()
+                .unwrap_or(Time(jiff::Timestamp::now()));
+            *entry = failed_entry(
+                &namespace,
+                &name,
+                failure.request.clone(),
+                created,
+                &failure.code,
+                &failure.message,
+                failure.class,
+            );
+            self.event(
+                pool,
+                Severity::Warning,
+                "ScaleUpFailed",
+                "Create",
+                format!(
+                    "creation {} failed: {}: {}",
+                    failure.request, failure.code, failure.message
+                ),
+            );
+            report.create_failure = Some((failure.code, failure.message));
+        }
     }
 
     /// The pool's machine type: cached for [`PoolControllerOptions::machine_type_ttl`] unless
@@ -830,28 +958,37 @@ struct ServerSpec {
 
 impl ServerSpec {
     fn of(pool: &NodePool) -> Result<Self, Blocked> {
-        let Some(cherry) = &pool.spec.cherry_servers else {
-            return Err(Blocked::Spec(
-                "NoBackend",
-                "spec.cherryServers is not set".into(),
-            ));
-        };
-        let hostname_pattern = cherry
-            .hostname_pattern
-            .clone()
-            .unwrap_or_else(|| render::DEFAULT_HOSTNAME_PATTERN.into());
+        let (field, hostname_pattern, user_data, api_server_endpoint) =
+            match (&pool.spec.cherry_servers, &pool.spec.ali_cloud) {
+                (Some(cherry), _) => (
+                    "cherryServers",
+                    cherry.hostname_pattern.clone(),
+                    cherry.user_data.clone(),
+                    cherry.api_server_endpoint.clone(),
+                ),
+                (None, Some(ali)) => (
+                    "aliCloud",
+                    None,
+                    ali.user_data.clone().unwrap_or_default(),
+                    ali.api_server_endpoint.clone(),
+                ),
+                (None, None) => {
+                    return Err(Blocked::Spec(
+                        "NoBackend",
+                        "neither spec.cherryServers nor spec.aliCloud is set".into(),
+                    ));
+                }
+            };
+        let hostname_pattern =
+            hostname_pattern.unwrap_or_else(|| render::DEFAULT_HOSTNAME_PATTERN.into());
         render::check(&hostname_pattern, &render::HOSTNAME_PLACEHOLDERS).map_err(|m| {
             Blocked::Spec(
                 "InvalidHostnamePattern",
-                format!("spec.cherryServers.hostnamePattern: {m}"),
+                format!("spec.{field}.hostnamePattern: {m}"),
             )
         })?;
-        render::check(&cherry.user_data, &render::USER_DATA_PLACEHOLDERS).map_err(|m| {
-            Blocked::Spec(
-                "InvalidUserData",
-                format!("spec.cherryServers.userData: {m}"),
-            )
-        })?;
+        render::check(&user_data, &render::USER_DATA_PLACEHOLDERS)
+            .map_err(|m| Blocked::Spec("InvalidUserData", format!("spec.{field}.userData: {m}")))?;
         let bootstrap = pool.spec.bootstrap.clone().unwrap_or_default();
         let token_ttl = match &bootstrap.token_ttl {
             None => bootstrap::DEFAULT_TTL,
@@ -861,8 +998,8 @@ impl ServerSpec {
         };
         Ok(Self {
             hostname_pattern,
-            user_data: cherry.user_data.clone(),
-            api_server_endpoint: cherry.api_server_endpoint.clone().unwrap_or_default(),
+            user_data,
+            api_server_endpoint: api_server_endpoint.unwrap_or_default(),
             token_ttl,
             extra_groups: bootstrap.extra_groups,
         })
@@ -1041,11 +1178,22 @@ fn fingerprint(pool: &NodePool) -> String {
 }
 
 fn plan_key(pool: &NodePool) -> String {
-    pool.spec
-        .cherry_servers
+    match (&pool.spec.cherry_servers, &pool.spec.ali_cloud) {
+        (Some(c), _) => format!("cherry|{}|{}|{}", c.project_id, c.plan, c.region),
+        (None, Some(a)) => format!("alicloud|{}|{}", a.region_id, a.scaling_group_id),
+        (None, None) => String::new(),
+    }
+}
+
+/// The trimmed, non-empty UTF-8 value of `key` in `secret`.
+fn secret_value(secret: &Secret, key: &str) -> Option<String> {
+    secret
+        .data
         .as_ref()
-        .map(|c| format!("cherry|{}|{}|{}", c.project_id, c.plan, c.region))
-        .unwrap_or_default()
+        .and_then(|d| d.get(key))
+        .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
 }
 
 fn reference(pool: &NodePool) -> ObjectReference {

@@ -275,19 +275,10 @@ impl Shared {
             let plan = account.plan(&server.plan).cloned();
             (server, plan)
         };
-        let outcome = match &self.cluster {
-            None => BootOutcome::NoCluster,
-            Some(client) => match decode_user_data(&server.user_data) {
-                None => BootOutcome::Refused {
-                    reason: "the user data is not base64 text".into(),
-                },
-                Some(text) => match boot::join(client, &server, plan.as_ref(), &text).await {
-                    Ok(node) => BootOutcome::Joined { node },
-                    Err(boot::JoinError::Refused(reason)) => BootOutcome::Refused { reason },
-                    Err(boot::JoinError::Failed(error)) => BootOutcome::Failed { error },
-                },
-            },
-        };
+        let outcome = crate::boot::boot(self.cluster.as_ref(), &server.user_data, |join| {
+            boot::node_for(&server, plan.as_ref(), join)
+        })
+        .await;
         match &outcome {
             BootOutcome::Joined { node } => {
                 tracing::info!(server = id, node, "cherry emulator: server joined")

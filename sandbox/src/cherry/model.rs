@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use base64::Engine as _;
 use serde_json::{Value, json};
+
+pub use crate::boot::{BootOutcome, decode_user_data};
 
 /// A region plans are offered in.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,30 +174,6 @@ impl Lifecycle {
             Self::Active | Self::Terminating => "deployed",
         }
     }
-}
-
-/// What became of a server's boot: whether a Node joined the cluster.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BootOutcome {
-    /// Not deployed yet.
-    Pending,
-    /// The emulator has no cluster to join.
-    NoCluster,
-    /// The user data held a valid token; this Node was registered.
-    Joined {
-        /// Node name (the hostname).
-        node: String,
-    },
-    /// The server stays without a Node, for this reason (no token, bad token, expired...).
-    Refused {
-        /// Why.
-        reason: String,
-    },
-    /// The token was valid but writing the Node failed.
-    Failed {
-        /// The API error.
-        error: String,
-    },
 }
 
 /// A server of the emulated account.
@@ -576,17 +553,6 @@ impl Account {
         }
         value
     }
-}
-
-/// Base64 user data decoded to text (standard alphabet, padding optional, line breaks
-/// ignored).
-pub fn decode_user_data(data: &str) -> Option<String> {
-    let compact: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(&compact)
-        .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(&compact))
-        .ok()?;
-    String::from_utf8(bytes).ok()
 }
 
 #[cfg(test)]

@@ -1,0 +1,564 @@
+//! A local emulator of Alibaba Cloud Auto Scaling (ESS, `2014-08-28`) and the ECS instance
+//! type catalogue (`2014-05-26`), for the operator's tests and the sandbox: the RPC gateway
+//! with signature, timestamp, nonce and AccessKey checks ([`service`]), stateful scaling
+//! groups whose writes run as scaling activities ([`model`]), and the failures a client must
+//! survive (throttling, activities in progress, 5xx, hangs, resets, lost answers).
+//!
+//! One listener serves every product: actions are routed by name and their `Version`
+//! checked, so point both the ESS and the ECS endpoint of a client at [`AliCloudEmulator::url`].
+//!
+//! When given a cluster ([`AliCloudOptions::cluster`]), an instance whose launch activity
+//! ends boots: it registers a kwok Node (named `<region>.<private IP>` as ACK names them,
+//! providerID `<region>.<instance-id>` as the Alibaba Cloud controller manager writes it,
+//! `pkg/controller/node/manager.go`) if and only if the user data of its scaling
+//! configuration at launch carries a valid bootstrap token ([`crate::boot`]). A released
+//! instance's Node is deleted.
+
+mod model;
+mod service;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+pub use model::{
+    Activity, ActivityStatus, ApiError, EmulatedInstance, InstanceState, InstanceTypeSpec,
+    ScalingGroupSpec, default_instance_types,
+};
+pub use service::{signature, string_to_sign};
+
+use self::model::{Account, Params};
+use self::service::Throttle;
+use crate::boot::BootOutcome;
+use crate::kwok::FakeNode;
+
+/// An AccessKey the emulator accepts.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AccessKey {
+    /// `AccessKeyId`.
+    pub id: String,
+    /// `AccessKeySecret`.
+    pub secret: String,
+    /// The `SecurityToken` requests must carry: set for temporary (STS) keys.
+    pub security_token: Option<String>,
+}
+
+impl AccessKey {
+    /// A permanent AccessKey pair.
+    pub fn new(id: &str, secret: &str) -> Self {
+        Self {
+            id: id.into(),
+            secret: secret.into(),
+            security_token: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for AccessKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AccessKey")
+            .field("id", &self.id)
+            .field("temporary", &self.security_token.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How the emulator behaves.
+#[derive(Clone)]
+pub struct AliCloudOptions {
+    /// `RegionId` of everything. Default `cn-hangzhou`.
+    pub region: String,
+    /// AccessKeys accepted. Default one pair, `LTAIsandboxKey` / `sandbox-secret`.
+    pub access_keys: Vec<AccessKey>,
+    /// Scaling groups. Default one, `asg-sandbox` of `ecs.g6.xlarge`, 0..=10.
+    pub groups: Vec<ScalingGroupSpec>,
+    /// The ECS catalogue. Default [`default_instance_types`].
+    pub instance_types: Vec<InstanceTypeSpec>,
+    /// How long a scaling activity runs (writes to its group are refused meanwhile).
+    /// Default 1 s.
+    pub activity_duration: Duration,
+    /// Requests per second per AccessKey before `Throttling.User`; `None` (default): no
+    /// limit.
+    pub rate_limit: Option<u32>,
+    /// The cluster instances join; `None` (default): they never boot a Node.
+    pub cluster: Option<kube::Client>,
+    /// Seed of ids (instances, activities, configurations, private IPs). Default 0x100000.
+    pub first_id: u64,
+}
+
+impl Default for AliCloudOptions {
+    fn default() -> Self {
+        Self {
+            region: "cn-hangzhou".into(),
+            access_keys: vec![AccessKey::new("LTAIsandboxKey", "sandbox-secret")],
+            groups: vec![ScalingGroupSpec::new("asg-sandbox", "ecs.g6.xlarge")],
+            instance_types: default_instance_types(),
+            activity_duration: Duration::from_secs(1),
+            rate_limit: None,
+            cluster: None,
+            first_id: 0x10_0000,
+        }
+    }
+}
+
+impl std::fmt::Debug for AliCloudOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AliCloudOptions")
+            .field("region", &self.region)
+            .field("access_keys", &self.access_keys)
+            .field("groups", &self.groups)
+            .field("activity_duration", &self.activity_duration)
+            .field("rate_limit", &self.rate_limit)
+            .field("cluster", &self.cluster.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What an injected fault does to a request (after the gateway's checks, before the
+/// action runs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Answer this error (`{RequestId, HostId, Code, Message, Recommend}`); no effect.
+    Error {
+        /// HTTP status.
+        status: u16,
+        /// `Code`.
+        code: String,
+        /// `Message`.
+        message: String,
+    },
+    /// Wait this long, then handle the request normally.
+    Hang(Duration),
+    /// Reset the connection without handling the request: no effect.
+    Reset,
+    /// Handle the request, then reset the connection: the effect happens, the answer is
+    /// lost.
+    LoseAnswer,
+}
+
+impl FaultAction {
+    /// `Throttling.User` (HTTP 400), as the gateway answers over the flow-control limit.
+    pub fn throttling() -> Self {
+        Self::Error {
+            status: 400,
+            code: "Throttling.User".into(),
+            message: "Request was denied due to user flow control.".into(),
+        }
+    }
+
+    /// `ServiceUnavailable` (HTTP 503).
+    pub fn unavailable() -> Self {
+        Self::Error {
+            status: 503,
+            code: "ServiceUnavailable".into(),
+            message: "The request has failed due to a temporary failure of the server.".into(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Fault {
+    action: Option<String>,
+    remaining: usize,
+    fault: FaultAction,
+}
+
+/// A request as the emulator saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedRequest {
+    /// HTTP method.
+    pub method: String,
+    /// `Action` (empty when absent).
+    pub action: String,
+    /// Every parameter but `Signature` and `SecurityToken`, decoded.
+    pub params: BTreeMap<String, String>,
+    /// Status answered; `None` when the connection was reset before answering.
+    pub status: Option<u16>,
+    /// `Code` of an error answer.
+    pub code: Option<String>,
+    /// When it arrived (its answer, for [`FaultAction::LoseAnswer`]), since the start.
+    pub at: Duration,
+}
+
+struct Shared {
+    region: String,
+    account: Mutex<Account>,
+    keys: Mutex<Vec<AccessKey>>,
+    nonces: Mutex<HashMap<(String, String), Instant>>,
+    faults: Mutex<Vec<Fault>>,
+    log: Mutex<Vec<RecordedRequest>>,
+    throttle: Mutex<Throttle>,
+    tasks: Mutex<JoinSet<()>>,
+    activity_duration: Mutex<Duration>,
+    cluster: Option<kube::Client>,
+    started: Instant,
+    requests: std::sync::atomic::AtomicU64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn account(&self) -> MutexGuard<'_, Account> {
+        lock(&self.account)
+    }
+
+    fn log(&self) -> MutexGuard<'_, Vec<RecordedRequest>> {
+        lock(&self.log)
+    }
+
+    fn throttle(&self) -> MutexGuard<'_, Throttle> {
+        lock(&self.throttle)
+    }
+
+    fn request_id(&self) -> String {
+        let n = self
+            .requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!(
+            "E1A0{n:04X}-5A4D-4B0C-9E2F-{:012X}",
+            self.started.elapsed().as_micros()
+        )
+    }
+
+    fn access_key(&self, id: &str) -> Option<AccessKey> {
+        lock(&self.keys).iter().find(|k| k.id == id).cloned()
+    }
+
+    /// Records `nonce` for `key`; false when it was used in the last 15 minutes.
+    fn use_nonce(&self, key: &str, nonce: &str) -> bool {
+        let mut nonces = lock(&self.nonces);
+        let now = Instant::now();
+        nonces.retain(|_, at| now.duration_since(*at) < Duration::from_secs(15 * 60));
+        nonces
+            .insert((key.to_string(), nonce.to_string()), now)
+            .is_none()
+    }
+
+    fn record<B>(
+        &self,
+        mut record: RecordedRequest,
+        answer: http::Response<B>,
+    ) -> http::Response<B> {
+        record.status = Some(answer.status().as_u16());
+        self.log().push(record);
+        answer
+    }
+
+    fn take_fault(&self, action: &str) -> Option<FaultAction> {
+        let mut faults = lock(&self.faults);
+        let index = faults
+            .iter()
+            .position(|f| f.remaining > 0 && f.action.as_deref().is_none_or(|a| a == action))?;
+        let fault = &mut faults[index];
+        fault.remaining -= 1;
+        let action = fault.fault.clone();
+        if fault.remaining == 0 {
+            faults.remove(index);
+        }
+        Some(action)
+    }
+
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut tasks = lock(&self.tasks);
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(task);
+    }
+
+    /// Runs an action and schedules the end of the activities it started.
+    fn act(self: &Arc<Self>, action: &str, params: &Params) -> Result<Value, ApiError> {
+        let (answer, effects) = self.account().act(action, params)?;
+        for activity in effects.started {
+            self.schedule(activity);
+        }
+        Ok(answer)
+    }
+
+    fn schedule(self: &Arc<Self>, activity: String) {
+        let shared = self.clone();
+        let after = *lock(&self.activity_duration);
+        self.spawn(async move {
+            tokio::time::sleep(after).await;
+            shared.finish(&activity).await;
+        });
+    }
+
+    /// Ends an activity: boots what it launched, deletes the Nodes of what it released.
+    async fn finish(self: &Arc<Self>, activity: &str) {
+        let finished = self.account().finish(activity);
+        for next in finished.started {
+            self.schedule(next);
+        }
+        for instance in finished.released {
+            if let BootOutcome::Joined { node } = &instance.boot {
+                self.delete_node(node).await;
+            }
+        }
+        for instance in finished.launched {
+            let shared = self.clone();
+            self.spawn(async move { shared.boot(instance).await });
+        }
+    }
+
+    async fn boot(&self, instance: EmulatedInstance) {
+        let instance_type = self
+            .account()
+            .instance_types
+            .iter()
+            .find(|t| t.id == instance.instance_type)
+            .cloned();
+        let outcome = crate::boot::boot(self.cluster.as_ref(), &instance.user_data, |join| {
+            let mut node = node_for(&self.region, &instance, instance_type.as_ref());
+            node.labels.extend(join.labels.clone());
+            node
+        })
+        .await;
+        tracing::info!(instance = %instance.id, outcome = ?outcome, "alicloud emulator: instance booted");
+        let released_meanwhile = {
+            let mut account = self.account();
+            match account.instances.get_mut(&instance.id) {
+                Some(i) => {
+                    i.boot = outcome.clone();
+                    false
+                }
+                None => true,
+            }
+        };
+        if released_meanwhile && let BootOutcome::Joined { node } = &outcome {
+            self.delete_node(node).await;
+        }
+    }
+
+    async fn delete_node(&self, node: &str) {
+        if let Some(client) = &self.cluster
+            && let Err(e) = crate::kwok::delete_node(client, node).await
+        {
+            tracing::warn!(node, error = %e, "alicloud emulator: deleting the Node of a released instance");
+        }
+    }
+}
+
+/// The Node an instance registers: named `<region>.<private IP>` (ACK's node names),
+/// providerID `<region>.<instance-id>`, the labels the Alibaba Cloud controller manager sets
+/// (instance type, region, zone) and, for GPU types, `aliyun.accelerator/nvidia_name`; the
+/// type's capacity.
+pub fn node_for(
+    region: &str,
+    instance: &EmulatedInstance,
+    instance_type: Option<&InstanceTypeSpec>,
+) -> FakeNode {
+    let mut capacity = BTreeMap::from([("pods".to_string(), "110".to_string())]);
+    if let Some(t) = instance_type {
+        capacity.insert("cpu".into(), t.cpu.to_string());
+        // Whole MiB, as a kubelet reports memory (minus nothing: no reservations here).
+        let mib = (t.memory_gib * 1024.0).trunc();
+        capacity.insert("memory".into(), format!("{mib}Mi"));
+        if t.gpus > 0 {
+            capacity.insert("nvidia.com/gpu".into(), t.gpus.to_string());
+        }
+    }
+    let mut node = FakeNode::new(
+        &format!("{region}.{}", instance.private_ip),
+        &format!("{region}.{}", instance.id),
+        capacity,
+    );
+    node.labels.insert(
+        "node.kubernetes.io/instance-type".into(),
+        instance.instance_type.clone(),
+    );
+    node.labels
+        .insert("topology.kubernetes.io/region".into(), region.into());
+    node.labels
+        .insert("topology.kubernetes.io/zone".into(), instance.zone.clone());
+    if let Some(t) = instance_type.filter(|t| t.gpus > 0) {
+        node.labels.insert(
+            "aliyun.accelerator/nvidia_name".into(),
+            t.gpu_spec.replace(' ', "-"),
+        );
+    }
+    node
+}
+
+/// A running emulator on a loopback port. Dropping it stops the server and every task.
+pub struct AliCloudEmulator {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    server: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for AliCloudEmulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AliCloudEmulator")
+            .field("url", &self.url())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AliCloudEmulator {
+    /// Binds a free loopback port and serves until dropped. Must be called inside a tokio
+    /// runtime, which runs the emulator's tasks.
+    pub async fn start(options: AliCloudOptions) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            region: options.region.clone(),
+            account: Mutex::new(Account::new(
+                &options.region,
+                options.groups,
+                options.instance_types,
+                options.first_id,
+            )),
+            keys: Mutex::new(options.access_keys),
+            nonces: Mutex::new(HashMap::new()),
+            faults: Mutex::new(Vec::new()),
+            log: Mutex::new(Vec::new()),
+            throttle: Mutex::new(Throttle::new(options.rate_limit)),
+            tasks: Mutex::new(JoinSet::new()),
+            activity_duration: Mutex::new(options.activity_duration),
+            cluster: options.cluster,
+            started: Instant::now(),
+            requests: std::sync::atomic::AtomicU64::new(0),
+        });
+        let server = tokio::spawn(service::serve(listener, shared.clone()));
+        tracing::info!(%addr, "alicloud emulator listening");
+        Ok(Self {
+            shared,
+            addr,
+            server,
+        })
+    }
+
+    /// The endpoint clients take for ESS and ECS alike: `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The region.
+    pub fn region(&self) -> &str {
+        &self.shared.region
+    }
+
+    /// The AccessKeys accepted now.
+    pub fn access_keys(&self) -> Vec<AccessKey> {
+        lock(&self.shared.keys).clone()
+    }
+
+    /// Replaces the AccessKeys accepted (a rotation, a revoked key).
+    pub fn set_access_keys(&self, keys: Vec<AccessKey>) {
+        *lock(&self.shared.keys) = keys;
+    }
+
+    /// Adds (or replaces) a scaling group.
+    pub fn add_group(&self, spec: ScalingGroupSpec) {
+        self.shared.account().add_group(spec);
+    }
+
+    /// Sets group `id`'s `LifecycleState` (`Active`, `Inactive`); false when unknown.
+    pub fn set_group_state(&self, id: &str, state: &str) -> bool {
+        match self.shared.account().groups.get_mut(id) {
+            Some(g) => {
+                g.lifecycle_state = state.into();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Group `id` as created and modified since, with its desired capacity now.
+    pub fn group(&self, id: &str) -> Option<ScalingGroupSpec> {
+        self.shared.account().groups.get(id).map(|g| g.spec.clone())
+    }
+
+    /// The user data (decoded) of group `id`'s active scaling configuration.
+    pub fn user_data(&self, id: &str) -> Option<String> {
+        let account = self.shared.account();
+        let group = account.groups.get(id)?;
+        crate::boot::decode_user_data(&group.configuration.user_data)
+    }
+
+    /// Sets how many instances of `instance_type` can still launch (`None`: unlimited).
+    pub fn set_stock(&self, instance_type: &str, qty: Option<u32>) {
+        let mut account = self.shared.account();
+        match qty {
+            Some(q) => account.stock.insert(instance_type.into(), q),
+            None => account.stock.remove(instance_type),
+        };
+    }
+
+    /// Sets how long activities started from now on run.
+    pub fn set_activity_duration(&self, duration: Duration) {
+        *lock(&self.shared.activity_duration) = duration;
+    }
+
+    /// Instances of group `id` (every state), oldest first.
+    pub fn instances(&self, id: &str) -> Vec<EmulatedInstance> {
+        let mut instances: Vec<EmulatedInstance> = self
+            .shared
+            .account()
+            .members(id)
+            .into_iter()
+            .cloned()
+            .collect();
+        instances.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        instances
+    }
+
+    /// Activities of group `id`, oldest first.
+    pub fn activities(&self, id: &str) -> Vec<Activity> {
+        self.shared
+            .account()
+            .activities
+            .iter()
+            .filter(|a| a.group_id == id)
+            .cloned()
+            .collect()
+    }
+
+    /// Makes the next `times` requests of `action` (every action with `None`) meet
+    /// `fault`, in the order injected.
+    pub fn inject(&self, action: Option<&str>, times: usize, fault: FaultAction) {
+        if times > 0 {
+            lock(&self.shared.faults).push(Fault {
+                action: action.map(String::from),
+                remaining: times,
+                fault,
+            });
+        }
+    }
+
+    /// Drops every fault not yet used.
+    pub fn clear_faults(&self) {
+        lock(&self.shared.faults).clear();
+    }
+
+    /// Changes the per-AccessKey rate limit (`None`: none).
+    pub fn set_rate_limit(&self, per_second: Option<u32>) {
+        self.shared.throttle().limit = per_second;
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared.log().clone()
+    }
+
+    /// Requests of `action` so far.
+    pub fn requests_of(&self, action: &str) -> Vec<RecordedRequest> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.action == action)
+            .collect()
+    }
+}
+
+impl Drop for AliCloudEmulator {
+    fn drop(&mut self) {
+        self.server.abort();
+        lock(&self.shared.tasks).abort_all();
+    }
+}

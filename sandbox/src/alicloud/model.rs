@@ -1,0 +1,1454 @@
+//! The emulated account: scaling groups with their configuration, instances, scaling
+//! activities and the ECS instance-type catalogue, and what each ESS/ECS action does to them.
+//! Plain data and functions; the HTTP layer calls in under one lock and schedules the end of
+//! every activity an action starts.
+//!
+//! ESS semantics modelled (Alibaba Cloud's API reference for each action, and
+//! `reference/clouds.md` A5.10):
+//! - writes (`ScaleWithAdjustment`, `RemoveInstances`) need the group `Active` and no
+//!   activity in progress (`IncorrectScalingGroupStatus`, `ScalingActivityInProgress`);
+//! - `ScaleWithAdjustment` clamps the new total to `[MinSize, MaxSize]` instead of failing;
+//!   with expected capacity enabled it also sets `DesiredCapacity` to that total;
+//! - `RemoveInstances` refuses to go below MinSize (`IncorrectCapacity.MinSize`), removes only
+//!   `InService` members, lowers the desired capacity by the number removed unless
+//!   `DecreaseDesiredCapacity=false`, and releases the instances when the activity ends;
+//! - `ClientToken` makes a write idempotent: the same token answers the first call's answer;
+//! - `ModifyScalingGroup` changing the desired capacity makes the group converge to it in
+//!   activities of its own;
+//! - an activity that cannot launch every instance for want of stock ends `Warning` (some)
+//!   or `Failed` (none) with `OperationDenied.NoStock`; the emulator then lowers the desired
+//!   capacity to what exists (real ESS keeps trying to reach it: not modelled).
+
+use std::collections::{BTreeMap, HashMap};
+
+use base64::Engine as _;
+use jiff::Timestamp;
+use serde_json::{Value, json};
+
+use crate::boot::BootOutcome;
+
+/// An ECS instance type of the catalogue.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InstanceTypeSpec {
+    /// `InstanceTypeId`, e.g. `ecs.g6.large`.
+    pub id: String,
+    /// `InstanceTypeFamily`.
+    pub family: String,
+    /// `CpuCoreCount`.
+    pub cpu: u32,
+    /// `MemorySize`, GiB.
+    pub memory_gib: f64,
+    /// `GPUAmount`.
+    pub gpus: u32,
+    /// `GPUSpec`, e.g. `NVIDIA T4`.
+    pub gpu_spec: String,
+}
+
+impl InstanceTypeSpec {
+    /// A type without GPUs; the family is the id up to its last `.`.
+    pub fn new(id: &str, cpu: u32, memory_gib: f64) -> Self {
+        let family = id.rsplit_once('.').map_or(id, |(f, _)| f).to_string();
+        Self {
+            id: id.into(),
+            family,
+            cpu,
+            memory_gib,
+            gpus: 0,
+            gpu_spec: String::new(),
+        }
+    }
+
+    /// With `gpus` GPUs of `spec`.
+    pub fn gpus(mut self, gpus: u32, spec: &str) -> Self {
+        self.gpus = gpus;
+        self.gpu_spec = spec.into();
+        self
+    }
+}
+
+/// The catalogue: 110 filler types first, then real ones, so that the real types are beyond
+/// the first page of 100 that an unfiltered `DescribeInstanceTypes` answers (cluster-autoscaler
+/// only ever reads that page, `alicloud_instance_types.go`).
+pub fn default_instance_types() -> Vec<InstanceTypeSpec> {
+    let mut types: Vec<InstanceTypeSpec> = (1..=110)
+        .map(|n| InstanceTypeSpec::new(&format!("ecs.a0-n{n:03}.small"), 1, 1.0))
+        .collect();
+    types.extend([
+        InstanceTypeSpec::new("ecs.g6.large", 2, 8.0),
+        InstanceTypeSpec::new("ecs.g6.xlarge", 4, 16.0),
+        InstanceTypeSpec::new("ecs.c6.xlarge", 4, 8.0),
+        InstanceTypeSpec::new("ecs.r6.xlarge", 4, 32.0),
+        InstanceTypeSpec::new("ecs.gn6i-c4g1.xlarge", 4, 15.0).gpus(1, "NVIDIA T4"),
+    ]);
+    types
+}
+
+/// A scaling group to create at start.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScalingGroupSpec {
+    /// `ScalingGroupId` (`asg-...`).
+    pub id: String,
+    /// `ScalingGroupName`.
+    pub name: String,
+    /// `MinSize`.
+    pub min_size: u32,
+    /// `MaxSize`.
+    pub max_size: u32,
+    /// `DesiredCapacity`; `None` for a group without expected capacity.
+    pub desired_capacity: Option<u32>,
+    /// Instance type of its active scaling configuration.
+    pub instance_type: String,
+    /// Zones of its vSwitches, in order; instances go round-robin.
+    pub zones: Vec<String>,
+    /// Tags of the scaling configuration.
+    pub tags: BTreeMap<String, String>,
+    /// User data of the scaling configuration, plain text.
+    pub user_data: String,
+}
+
+impl ScalingGroupSpec {
+    /// A group of `instance_type` with expected capacity 0, sizes 0..=10, one zone.
+    pub fn new(id: &str, instance_type: &str) -> Self {
+        Self {
+            id: id.into(),
+            name: id.into(),
+            min_size: 0,
+            max_size: 10,
+            desired_capacity: Some(0),
+            instance_type: instance_type.into(),
+            zones: vec!["cn-hangzhou-k".into()],
+            tags: BTreeMap::new(),
+            user_data: String::new(),
+        }
+    }
+}
+
+/// A scaling group.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    /// As created.
+    pub spec: ScalingGroupSpec,
+    /// `LifecycleState`: `Active`, `Inactive` or `Deleting`.
+    pub lifecycle_state: String,
+    /// Its active scaling configuration.
+    pub configuration: Configuration,
+}
+
+/// A scaling configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Configuration {
+    /// `ScalingConfigurationId` (`asc-...`).
+    pub id: String,
+    /// `InstanceType`.
+    pub instance_type: String,
+    /// `Tags`.
+    pub tags: BTreeMap<String, String>,
+    /// `UserData`, Base64 as the API stores it.
+    pub user_data: String,
+}
+
+/// Lifecycle of a scaling instance (`LifecycleState`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstanceState {
+    /// Being created and added.
+    Pending,
+    /// Serving.
+    InService,
+    /// Being removed.
+    Removing,
+}
+
+impl InstanceState {
+    /// The API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::InService => "InService",
+            Self::Removing => "Removing",
+        }
+    }
+}
+
+/// An ECS instance in a scaling group.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EmulatedInstance {
+    /// `InstanceId` (`i-...`).
+    pub id: String,
+    /// Its group.
+    pub group_id: String,
+    /// The configuration it was launched from.
+    pub configuration_id: String,
+    /// `InstanceType`.
+    pub instance_type: String,
+    /// `ZoneId`.
+    pub zone: String,
+    /// `LifecycleState`.
+    pub state: InstanceState,
+    /// The activity that added it.
+    pub activity_id: String,
+    /// `CreationTime`.
+    pub created_at: Timestamp,
+    /// `PrivateIpAddress`.
+    pub private_ip: String,
+    /// User data it booted with (Base64), the configuration's at launch.
+    pub user_data: String,
+    /// Whether its Node joined.
+    pub boot: BootOutcome,
+}
+
+/// `StatusCode` of a scaling activity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActivityStatus {
+    /// Running.
+    InProgress,
+    /// Done.
+    Successful,
+    /// Partly done.
+    Warning,
+    /// Failed.
+    Failed,
+}
+
+impl ActivityStatus {
+    /// The API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InProgress => "InProgress",
+            Self::Successful => "Successful",
+            Self::Warning => "Warning",
+            Self::Failed => "Failed",
+        }
+    }
+}
+
+/// A scaling activity.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Activity {
+    /// `ScalingActivityId` (`asa-...`).
+    pub id: String,
+    /// Its group.
+    pub group_id: String,
+    /// `StatusCode`.
+    pub status: ActivityStatus,
+    /// `Description`.
+    pub description: String,
+    /// `Cause`.
+    pub cause: String,
+    /// `StatusMessage`.
+    pub status_message: String,
+    /// `ErrorCode` of a failed launch.
+    pub error_code: Option<String>,
+    /// `ActivityMetadata` as the call sent it.
+    pub metadata: Option<String>,
+    /// Instances it launches.
+    pub created: Vec<String>,
+    /// Instances it removes.
+    pub removed: Vec<String>,
+    /// Instances it was asked to add (scale-out) or remove.
+    pub requested: u32,
+    /// Group total when it ends.
+    pub total_after: u32,
+    /// `StartTime`.
+    pub started: Timestamp,
+    /// `EndTime`.
+    pub ended: Option<Timestamp>,
+}
+
+/// A refused request: HTTP status, `Code` and `Message`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: u16,
+    /// `Code`.
+    pub code: String,
+    /// `Message`.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error answer.
+    pub fn new(status: u16, code: &str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+
+    /// `Missing<Param>`: a mandatory parameter is absent.
+    pub fn missing(param: &str) -> Self {
+        Self::new(
+            400,
+            &format!("Missing{param}"),
+            format!(
+                "The input parameter \"{param}\" that is mandatory for processing this request is not supplied."
+            ),
+        )
+    }
+
+    fn invalid(param: &str, why: &str) -> Self {
+        Self::new(
+            400,
+            &format!("InvalidParameter.{param}"),
+            format!("The specified parameter \"{param}\" is not valid: {why}"),
+        )
+    }
+
+    fn group_not_found(id: &str) -> Self {
+        Self::new(
+            404,
+            "InvalidScalingGroupId.NotFound",
+            format!("The specified scaling group \"{id}\" does not exist."),
+        )
+    }
+}
+
+/// What an action did besides its answer: activities to end later.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// Activities started (each ends after the emulator's activity duration).
+    pub started: Vec<String>,
+}
+
+/// What ending an activity did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Finished {
+    /// Instances now `InService`, to boot.
+    pub launched: Vec<EmulatedInstance>,
+    /// Instances released, whose Nodes go.
+    pub released: Vec<EmulatedInstance>,
+    /// Activities the group started to converge to its desired capacity.
+    pub started: Vec<String>,
+}
+
+/// Request parameters, decoded.
+pub type Params = BTreeMap<String, String>;
+
+/// What an action answers: its JSON (without `RequestId`) and what it started.
+pub type Outcome = Result<(Value, Effects), ApiError>;
+
+/// The account.
+#[derive(Debug)]
+pub struct Account {
+    /// `RegionId` of everything.
+    pub region: String,
+    /// Groups by id.
+    pub groups: BTreeMap<String, Group>,
+    /// Instances by id, released ones gone.
+    pub instances: BTreeMap<String, EmulatedInstance>,
+    /// Activities, oldest first.
+    pub activities: Vec<Activity>,
+    /// The ECS catalogue, in its listing order.
+    pub instance_types: Vec<InstanceTypeSpec>,
+    /// Instances of each type that can still be launched (absent: unlimited).
+    pub stock: BTreeMap<String, u32>,
+    tokens: HashMap<String, Value>,
+    next_id: u64,
+}
+
+impl Account {
+    /// An account in `region` with `groups` and `instance_types`; ids start at `first_id`.
+    pub fn new(
+        region: &str,
+        groups: Vec<ScalingGroupSpec>,
+        instance_types: Vec<InstanceTypeSpec>,
+        first_id: u64,
+    ) -> Self {
+        let mut account = Self {
+            region: region.into(),
+            groups: BTreeMap::new(),
+            instances: BTreeMap::new(),
+            activities: Vec::new(),
+            instance_types,
+            stock: BTreeMap::new(),
+            tokens: HashMap::new(),
+            next_id: first_id,
+        };
+        for spec in groups {
+            account.add_group(spec);
+        }
+        account
+    }
+
+    fn id(&mut self, prefix: &str) -> String {
+        self.next_id += 1;
+        format!("{prefix}-{:x}", self.next_id)
+    }
+
+    /// Adds (or replaces) a group, with a fresh active configuration.
+    pub fn add_group(&mut self, spec: ScalingGroupSpec) {
+        let configuration = Configuration {
+            id: self.id("asc"),
+            instance_type: spec.instance_type.clone(),
+            tags: spec.tags.clone(),
+            user_data: base64::engine::general_purpose::STANDARD.encode(&spec.user_data),
+        };
+        self.groups.insert(
+            spec.id.clone(),
+            Group {
+                spec,
+                lifecycle_state: "Active".into(),
+                configuration,
+            },
+        );
+    }
+
+    fn group(&self, id: &str) -> Result<&Group, ApiError> {
+        self.groups
+            .get(id)
+            .ok_or_else(|| ApiError::group_not_found(id))
+    }
+
+    /// Members of group `id` (every state).
+    pub fn members(&self, id: &str) -> Vec<&EmulatedInstance> {
+        self.instances
+            .values()
+            .filter(|i| i.group_id == id)
+            .collect()
+    }
+
+    fn count(&self, id: &str, state: InstanceState) -> u32 {
+        let n = self.members(id).iter().filter(|i| i.state == state).count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// Instances of group `id` in every state.
+    pub fn total(&self, id: &str) -> u32 {
+        u32::try_from(self.members(id).len()).unwrap_or(u32::MAX)
+    }
+
+    /// The activity of group `id` in progress, if any.
+    pub fn in_progress(&self, id: &str) -> Option<&Activity> {
+        self.activities
+            .iter()
+            .find(|a| a.group_id == id && a.status == ActivityStatus::InProgress)
+    }
+
+    /// The group must be `Active` with no activity in progress to be scaled.
+    fn writable(&self, id: &str) -> Result<&Group, ApiError> {
+        let group = self.group(id)?;
+        if group.lifecycle_state != "Active" {
+            return Err(ApiError::new(
+                400,
+                "IncorrectScalingGroupStatus",
+                "The current status of the specified scaling group does not support this action.",
+            ));
+        }
+        if self.in_progress(id).is_some() {
+            return Err(ApiError::new(
+                400,
+                "ScalingActivityInProgress",
+                "You cannot delete a scaling group or launch a new scaling activity while there is a scaling activity in progress for the specified scaling group.",
+            ));
+        }
+        Ok(group)
+    }
+
+    /// The earlier answer to a write with this `ClientToken`.
+    fn replay(&self, action: &str, params: &Params) -> Option<Value> {
+        let token = params.get("ClientToken")?;
+        self.tokens.get(&format!("{action}|{token}")).cloned()
+    }
+
+    fn remember(&mut self, action: &str, params: &Params, answer: &Value) {
+        if let Some(token) = params.get("ClientToken") {
+            self.tokens
+                .insert(format!("{action}|{token}"), answer.clone());
+        }
+    }
+
+    /// Runs an ESS or ECS action; the answer's JSON (without `RequestId`) and what it
+    /// started.
+    pub fn act(&mut self, action: &str, params: &Params) -> Result<(Value, Effects), ApiError> {
+        match action {
+            "DescribeScalingGroups" => Ok((self.describe_groups(params)?, Effects::default())),
+            "DescribeScalingInstances" => {
+                Ok((self.describe_instances(params)?, Effects::default()))
+            }
+            "DescribeScalingConfigurations" => {
+                Ok((self.describe_configurations(params)?, Effects::default()))
+            }
+            "DescribeScalingActivities" => {
+                Ok((self.describe_activities(params)?, Effects::default()))
+            }
+            "DescribeInstanceTypes" => Ok((self.describe_types(params)?, Effects::default())),
+            "ModifyScalingConfiguration" => {
+                Ok((self.modify_configuration(params)?, Effects::default()))
+            }
+            "ScaleWithAdjustment" => self.idempotent(action, params, Self::scale_with_adjustment),
+            "RemoveInstances" => self.idempotent(action, params, Self::remove_instances),
+            "ModifyScalingGroup" => self.modify_group(params),
+            other => Err(ApiError::new(
+                404,
+                "InvalidAction.NotFound",
+                format!(
+                    "Specified api \"{other}\" is not found, please check your url and method."
+                ),
+            )),
+        }
+    }
+
+    fn idempotent(
+        &mut self,
+        action: &str,
+        params: &Params,
+        run: fn(&mut Self, &Params) -> Outcome,
+    ) -> Outcome {
+        if let Some(answer) = self.replay(action, params) {
+            return Ok((answer, Effects::default()));
+        }
+        let (answer, effects) = run(self, params)?;
+        self.remember(action, params, &answer);
+        Ok((answer, effects))
+    }
+
+    fn group_json(&self, group: &Group) -> Value {
+        let id = &group.spec.id;
+        let vswitches: Vec<String> = group
+            .spec
+            .zones
+            .iter()
+            .enumerate()
+            .map(|(i, _)| format!("vsw-{id}-{i}"))
+            .collect();
+        json!({
+            "ScalingGroupId": id,
+            "ScalingGroupName": group.spec.name,
+            "RegionId": self.region,
+            "LifecycleState": group.lifecycle_state,
+            "MinSize": group.spec.min_size,
+            "MaxSize": group.spec.max_size,
+            "DesiredCapacity": group.spec.desired_capacity.unwrap_or(0),
+            "EnableDesiredCapacity": group.spec.desired_capacity.is_some(),
+            "TotalCapacity": self.total(id),
+            "ActiveCapacity": self.count(id, InstanceState::InService),
+            "PendingCapacity": self.count(id, InstanceState::Pending),
+            "RemovingCapacity": self.count(id, InstanceState::Removing),
+            "InitCapacity": 0,
+            "StandbyCapacity": 0,
+            "ActiveScalingConfigurationId": group.configuration.id,
+            "VSwitchId": vswitches.first().cloned().unwrap_or_default(),
+            "VSwitchIds": {"VSwitchId": vswitches},
+            "RemovalPolicies": {"RemovalPolicy": ["OldestScalingConfiguration", "OldestInstance"]},
+            "DefaultCooldown": 300,
+            "MultiAZPolicy": "PRIORITY",
+        })
+    }
+
+    fn describe_groups(&self, params: &Params) -> Result<Value, ApiError> {
+        let ids = repeated(params, "ScalingGroupId", 20)?;
+        let (number, size) = paging(params)?;
+        let groups: Vec<Value> = self
+            .groups
+            .values()
+            .filter(|g| ids.is_empty() || ids.contains(&g.spec.id))
+            .map(|g| self.group_json(g))
+            .collect();
+        Ok(page_of(
+            groups,
+            number,
+            size,
+            "ScalingGroups",
+            "ScalingGroup",
+        ))
+    }
+
+    fn describe_instances(&self, params: &Params) -> Result<Value, ApiError> {
+        let group_id = params
+            .get("ScalingGroupId")
+            .ok_or_else(|| ApiError::missing("ScalingGroupId"))?;
+        self.group(group_id)?;
+        let ids = repeated(params, "InstanceId", 20)?;
+        let state = params.get("LifecycleState");
+        let (number, size) = paging(params)?;
+        let instances: Vec<Value> = self
+            .members(group_id)
+            .into_iter()
+            .filter(|i| ids.is_empty() || ids.contains(&i.id))
+            .filter(|i| state.is_none_or(|s| s == i.state.as_str()))
+            .map(|i| {
+                json!({
+                    "InstanceId": i.id,
+                    "ScalingGroupId": i.group_id,
+                    "ScalingConfigurationId": i.configuration_id,
+                    "LifecycleState": i.state.as_str(),
+                    "HealthStatus": "Healthy",
+                    "CreationType": "AutoCreated",
+                    "ZoneId": i.zone,
+                    "InstanceType": i.instance_type,
+                    "ScalingActivityId": i.activity_id,
+                    "CreationTime": i.created_at.strftime("%Y-%m-%dT%H:%MZ").to_string(),
+                    "CreatedTime": i.created_at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+                    "PrivateIpAddress": i.private_ip,
+                    "Entrusted": false,
+                    "WeightedCapacity": 1,
+                    "LoadBalancerWeight": 50,
+                })
+            })
+            .collect();
+        Ok(page_of(
+            instances,
+            number,
+            size,
+            "ScalingInstances",
+            "ScalingInstance",
+        ))
+    }
+
+    fn describe_configurations(&self, params: &Params) -> Result<Value, ApiError> {
+        let ids = repeated(params, "ScalingConfigurationId", 10)?;
+        let group = params.get("ScalingGroupId");
+        if let Some(g) = group {
+            self.group(g)?;
+        }
+        let (number, size) = paging(params)?;
+        let configurations: Vec<Value> = self
+            .groups
+            .values()
+            .filter(|g| group.is_none_or(|id| *id == g.spec.id))
+            .filter(|g| ids.is_empty() || ids.contains(&g.configuration.id))
+            .map(|g| {
+                let c = &g.configuration;
+                let tags: Vec<Value> = c
+                    .tags
+                    .iter()
+                    .map(|(k, v)| json!({"Key": k, "Value": v}))
+                    .collect();
+                json!({
+                    "ScalingConfigurationId": c.id,
+                    "ScalingConfigurationName": format!("{}-config", g.spec.name),
+                    "ScalingGroupId": g.spec.id,
+                    "InstanceType": c.instance_type,
+                    "InstanceTypes": {"InstanceType": [c.instance_type]},
+                    "LifecycleState": "Active",
+                    "ImageId": "aliyun_3_x64_20G_alibase_20240819.vhd",
+                    "Tags": {"Tag": tags},
+                })
+            })
+            .collect();
+        Ok(page_of(
+            configurations,
+            number,
+            size,
+            "ScalingConfigurations",
+            "ScalingConfiguration",
+        ))
+    }
+
+    fn activity_json(a: &Activity) -> Value {
+        let mut value = json!({
+            "ScalingActivityId": a.id,
+            "ScalingGroupId": a.group_id,
+            "StatusCode": a.status.as_str(),
+            "StatusMessage": a.status_message,
+            "Description": a.description,
+            "Cause": a.cause,
+            "Progress": if a.status == ActivityStatus::InProgress { 50 } else { 100 },
+            "StartTime": a.started.strftime("%Y-%m-%dT%H:%MZ").to_string(),
+            "TotalCapacity": a.total_after.to_string(),
+            "ScalingInstanceNumber": a.requested,
+            "CreatedCapacity": a.created.len(),
+            "DestroyedCapacity": a.removed.len(),
+            "CreatedInstances": {"CreatedInstance": a.created},
+            "DestroyedInstances": {"DestroyedInstance": a.removed},
+        });
+        if let Some(ended) = a.ended {
+            value["EndTime"] = json!(ended.strftime("%Y-%m-%dT%H:%MZ").to_string());
+        }
+        if let Some(m) = &a.metadata {
+            value["ActivityMetadata"] = json!(m);
+        }
+        if let Some(code) = &a.error_code {
+            value["ErrorCode"] = json!(code);
+            value["ErrorMessage"] = json!(a.status_message);
+        }
+        value
+    }
+
+    fn describe_activities(&self, params: &Params) -> Result<Value, ApiError> {
+        let group_id = params
+            .get("ScalingGroupId")
+            .ok_or_else(|| ApiError::missing("ScalingGroupId"))?;
+        self.group(group_id)?;
+        let ids = repeated(params, "ScalingActivityId", 20)?;
+        let status = params.get("StatusCode");
+        let (number, size) = paging(params)?;
+        let activities: Vec<Value> = self
+            .activities
+            .iter()
+            .rev()
+            .filter(|a| a.group_id == *group_id)
+            .filter(|a| ids.is_empty() || ids.contains(&a.id))
+            .filter(|a| status.is_none_or(|s| s == a.status.as_str()))
+            .map(Self::activity_json)
+            .collect();
+        Ok(page_of(
+            activities,
+            number,
+            size,
+            "ScalingActivities",
+            "ScalingActivity",
+        ))
+    }
+
+    fn describe_types(&self, params: &Params) -> Result<Value, ApiError> {
+        let names = repeated(params, "InstanceTypes", 10)?;
+        let family = params.get("InstanceTypeFamily");
+        let max = match params.get("MaxResults") {
+            None => 100,
+            Some(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=100).contains(n))
+                .ok_or_else(|| ApiError::invalid("MaxResults", "must be 1 to 100"))?,
+        };
+        let offset = match params.get("NextToken").filter(|t| !t.is_empty()) {
+            None => 0,
+            Some(t) => t
+                .strip_prefix("tok-")
+                .and_then(|n| n.parse::<usize>().ok())
+                .ok_or_else(|| ApiError::invalid("NextToken", "unknown token"))?,
+        };
+        let matching: Vec<&InstanceTypeSpec> = self
+            .instance_types
+            .iter()
+            .filter(|t| names.is_empty() || names.contains(&t.id))
+            .filter(|t| family.is_none_or(|f| *f == t.family))
+            .collect();
+        let items: Vec<Value> = matching
+            .iter()
+            .skip(offset)
+            .take(max)
+            .map(|t| {
+                json!({
+                    "InstanceTypeId": t.id,
+                    "InstanceTypeFamily": t.family,
+                    "CpuCoreCount": t.cpu,
+                    "MemorySize": t.memory_gib,
+                    "GPUAmount": t.gpus,
+                    "GPUSpec": t.gpu_spec,
+                    "CpuArchitecture": "X86",
+                    "InstanceCategory": "General-purpose",
+                })
+            })
+            .collect();
+        let next = if offset + max < matching.len() {
+            format!("tok-{}", offset + max)
+        } else {
+            String::new()
+        };
+        Ok(json!({"NextToken": next, "InstanceTypes": {"InstanceType": items}}))
+    }
+
+    fn modify_configuration(&mut self, params: &Params) -> Result<Value, ApiError> {
+        let id = params
+            .get("ScalingConfigurationId")
+            .ok_or_else(|| ApiError::missing("ScalingConfigurationId"))?;
+        let group = self
+            .groups
+            .values_mut()
+            .find(|g| g.configuration.id == *id)
+            .ok_or_else(|| {
+                ApiError::new(
+                    404,
+                    "InvalidScalingConfigurationId.NotFound",
+                    format!("The specified scaling configuration \"{id}\" does not exist."),
+                )
+            })?;
+        if let Some(data) = params.get("UserData") {
+            let decoded = crate::boot::decode_user_data(data).ok_or_else(|| {
+                ApiError::new(
+                    400,
+                    "InvalidUserData.Base64FormatInvalid",
+                    "The specified parameter UserData must be base64 encoded.",
+                )
+            })?;
+            if decoded.len() > 32 * 1024 {
+                return Err(ApiError::new(
+                    400,
+                    "InvalidUserData.SizeExceeded",
+                    "The specified parameter UserData exceeds the size limit of 32 KB.",
+                ));
+            }
+            group.configuration.user_data = data.clone();
+        }
+        if let Some(t) = params.get("InstanceType") {
+            group.configuration.instance_type = t.clone();
+        }
+        Ok(json!({}))
+    }
+
+    fn int(params: &Params, name: &str) -> Result<Option<i64>, ApiError> {
+        params
+            .get(name)
+            .map(|v| {
+                v.parse::<i64>()
+                    .map_err(|_| ApiError::invalid(name, "must be an integer"))
+            })
+            .transpose()
+    }
+
+    fn scale_with_adjustment(&mut self, params: &Params) -> Result<(Value, Effects), ApiError> {
+        let id = params
+            .get("ScalingGroupId")
+            .ok_or_else(|| ApiError::missing("ScalingGroupId"))?
+            .clone();
+        let kind = params
+            .get("AdjustmentType")
+            .ok_or_else(|| ApiError::missing("AdjustmentType"))?;
+        let value = Self::int(params, "AdjustmentValue")?
+            .ok_or_else(|| ApiError::missing("AdjustmentValue"))?;
+        if let Some(m) = params.get("ActivityMetadata") {
+            let object = serde_json::from_str::<Value>(m)
+                .ok()
+                .filter(Value::is_object);
+            if object.is_none() || m.len() > 4096 {
+                return Err(ApiError::invalid(
+                    "ActivityMetadata",
+                    "must be a JSON object of at most 4096 characters",
+                ));
+            }
+        }
+        let group = self.writable(&id)?;
+        let (min, max) = (group.spec.min_size, group.spec.max_size);
+        let total = i64::from(self.total(&id));
+        let wanted = match kind.as_str() {
+            "QuantityChangeInCapacity" => total + value,
+            "TotalCapacity" => value,
+            "PercentChangeInCapacity" => total + total * value / 100,
+            _ => {
+                return Err(ApiError::invalid(
+                    "AdjustmentType",
+                    "must be QuantityChangeInCapacity, PercentChangeInCapacity or TotalCapacity",
+                ));
+            }
+        };
+        let target = u32::try_from(wanted.clamp(i64::from(min), i64::from(max))).unwrap_or(min);
+        let enabled = group.spec.desired_capacity.is_some();
+        if let Some(g) = self.groups.get_mut(&id)
+            && enabled
+        {
+            g.spec.desired_capacity = Some(target);
+        }
+        let current = self.total(&id);
+        let metadata = params.get("ActivityMetadata").cloned();
+        let cause = format!(
+            "A user requested to execute scaling rule, changing the Total Capacity from \"{current}\" to \"{target}\"."
+        );
+        let activity = match target.cmp(&current) {
+            std::cmp::Ordering::Equal => None,
+            std::cmp::Ordering::Greater => {
+                Some(self.start_scale_out(&id, target - current, cause, metadata))
+            }
+            std::cmp::Ordering::Less => {
+                Some(self.start_scale_in(&id, current - target, cause, metadata))
+            }
+        };
+        let mut answer = json!({});
+        let mut effects = Effects::default();
+        match activity {
+            Some(a) => {
+                answer["ScalingActivityId"] = json!(a);
+                effects.started.push(a);
+            }
+            None => answer["ActivityType"] = json!("CapacityChange"),
+        }
+        Ok((answer, effects))
+    }
+
+    /// Starts an activity launching `count` instances (as many as the stock allows).
+    fn start_scale_out(
+        &mut self,
+        group_id: &str,
+        count: u32,
+        cause: String,
+        metadata: Option<String>,
+    ) -> String {
+        let activity_id = self.id("asa");
+        let Some(group) = self.groups.get(group_id).cloned() else {
+            return activity_id;
+        };
+        let instance_type = group.configuration.instance_type.clone();
+        let available = self.stock.get(&instance_type).copied().unwrap_or(u32::MAX);
+        let launch = count.min(available);
+        if let Some(s) = self.stock.get_mut(&instance_type) {
+            *s -= launch;
+        }
+        let mut created = Vec::new();
+        let zones = if group.spec.zones.is_empty() {
+            vec![format!("{}-a", self.region)]
+        } else {
+            group.spec.zones.clone()
+        };
+        for k in 0..launch {
+            let id = self.id("i-emu");
+            let n = self.next_id;
+            let instance = EmulatedInstance {
+                id: id.clone(),
+                group_id: group_id.into(),
+                configuration_id: group.configuration.id.clone(),
+                instance_type: instance_type.clone(),
+                zone: zones[k as usize % zones.len()].clone(),
+                state: InstanceState::Pending,
+                activity_id: activity_id.clone(),
+                created_at: Timestamp::now(),
+                private_ip: format!("10.{}.{}.{}", (n >> 16) & 0xff, (n >> 8) & 0xff, n & 0xff),
+                user_data: group.configuration.user_data.clone(),
+                boot: BootOutcome::Pending,
+            };
+            self.instances.insert(id.clone(), instance);
+            created.push(id);
+        }
+        let total_after = self.total(group_id);
+        self.activities.push(Activity {
+            id: activity_id.clone(),
+            group_id: group_id.into(),
+            status: ActivityStatus::InProgress,
+            description: format!("Add \"{count}\" ECS instance(s)"),
+            cause,
+            status_message: String::new(),
+            error_code: (launch < count).then(|| "OperationDenied.NoStock".to_string()),
+            metadata,
+            created,
+            removed: Vec::new(),
+            requested: count,
+            total_after,
+            started: Timestamp::now(),
+            ended: None,
+        });
+        activity_id
+    }
+
+    /// Starts an activity removing the `count` oldest `InService` instances.
+    fn start_scale_in(
+        &mut self,
+        group_id: &str,
+        count: u32,
+        cause: String,
+        metadata: Option<String>,
+    ) -> String {
+        let mut candidates: Vec<(Timestamp, String)> = self
+            .members(group_id)
+            .iter()
+            .filter(|i| i.state == InstanceState::InService)
+            .map(|i| (i.created_at, i.id.clone()))
+            .collect();
+        candidates.sort();
+        let ids: Vec<String> = candidates
+            .into_iter()
+            .take(count as usize)
+            .map(|(_, id)| id)
+            .collect();
+        self.start_removal(group_id, &ids, count, cause, metadata)
+    }
+
+    fn start_removal(
+        &mut self,
+        group_id: &str,
+        ids: &[String],
+        requested: u32,
+        cause: String,
+        metadata: Option<String>,
+    ) -> String {
+        let activity_id = self.id("asa");
+        for id in ids {
+            if let Some(i) = self.instances.get_mut(id) {
+                i.state = InstanceState::Removing;
+            }
+        }
+        let total_after = self
+            .total(group_id)
+            .saturating_sub(u32::try_from(ids.len()).unwrap_or(u32::MAX));
+        self.activities.push(Activity {
+            id: activity_id.clone(),
+            group_id: group_id.into(),
+            status: ActivityStatus::InProgress,
+            description: format!("Remove \"{}\" ECS instance(s)", ids.len()),
+            cause,
+            status_message: String::new(),
+            error_code: None,
+            metadata,
+            created: Vec::new(),
+            removed: ids.to_vec(),
+            requested,
+            total_after,
+            started: Timestamp::now(),
+            ended: None,
+        });
+        activity_id
+    }
+
+    fn remove_instances(&mut self, params: &Params) -> Result<(Value, Effects), ApiError> {
+        let id = params
+            .get("ScalingGroupId")
+            .ok_or_else(|| ApiError::missing("ScalingGroupId"))?
+            .clone();
+        let requested = repeated(params, "InstanceId", 20)?;
+        if requested.is_empty() {
+            return Err(ApiError::missing("InstanceId.1"));
+        }
+        let decrease = params
+            .get("DecreaseDesiredCapacity")
+            .is_none_or(|v| v != "false");
+        let ignore_invalid = params
+            .get("IgnoreInvalidInstance")
+            .is_some_and(|v| v == "true");
+        if let Some(policy) = params.get("RemovePolicy")
+            && !["release", "recycle", "remove"].contains(&policy.as_str())
+        {
+            return Err(ApiError::invalid(
+                "RemovePolicy",
+                "must be release, recycle or remove",
+            ));
+        }
+        let group = self.writable(&id)?;
+        let min = group.spec.min_size;
+        let enabled = group.spec.desired_capacity.is_some();
+        let mut ids = Vec::new();
+        for instance in &requested {
+            match self.instances.get(instance) {
+                Some(i) if i.group_id == id && i.state == InstanceState::InService => {
+                    if !ids.contains(instance) {
+                        ids.push(instance.clone());
+                    }
+                }
+                Some(i) if i.group_id == id => {
+                    if !ignore_invalid {
+                        return Err(ApiError::new(
+                            400,
+                            "IncorrectInstanceStatus",
+                            format!(
+                                "The current status of the specified ECS instance \"{instance}\" ({}) does not support this action.",
+                                i.state.as_str()
+                            ),
+                        ));
+                    }
+                }
+                _ => {
+                    if !ignore_invalid {
+                        return Err(ApiError::new(
+                            404,
+                            "InvalidInstanceId.NotFound",
+                            format!(
+                                "The specified ECS instance \"{instance}\" does not exist in the scaling group."
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        let total = self.total(&id);
+        let n = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+        if total.saturating_sub(n) < min {
+            return Err(ApiError::new(
+                400,
+                "IncorrectCapacity.MinSize",
+                format!(
+                    "To remove the instances, the total capacity will be lesser than the min size {min}."
+                ),
+            ));
+        }
+        if ids.is_empty() {
+            return Ok((json!({}), Effects::default()));
+        }
+        if decrease
+            && enabled
+            && let Some(g) = self.groups.get_mut(&id)
+        {
+            g.spec.desired_capacity = Some(
+                g.spec
+                    .desired_capacity
+                    .unwrap_or(0)
+                    .saturating_sub(n)
+                    .max(g.spec.min_size),
+            );
+        }
+        let activity = self.start_removal(
+            &id,
+            &ids,
+            n,
+            format!("A user removed ECS instance(s) \"{}\".", ids.join(",")),
+            None,
+        );
+        Ok((
+            json!({"ScalingActivityId": activity}),
+            Effects {
+                started: vec![activity],
+            },
+        ))
+    }
+
+    fn modify_group(&mut self, params: &Params) -> Result<(Value, Effects), ApiError> {
+        let id = params
+            .get("ScalingGroupId")
+            .ok_or_else(|| ApiError::missing("ScalingGroupId"))?
+            .clone();
+        let group = self.group(&id)?.clone();
+        let as_u32 = |v: Option<i64>, name: &str| -> Result<Option<u32>, ApiError> {
+            v.map(|v| u32::try_from(v).map_err(|_| ApiError::invalid(name, "must not be negative")))
+                .transpose()
+        };
+        let min = as_u32(Self::int(params, "MinSize")?, "MinSize")?.unwrap_or(group.spec.min_size);
+        let max = as_u32(Self::int(params, "MaxSize")?, "MaxSize")?.unwrap_or(group.spec.max_size);
+        let desired = as_u32(Self::int(params, "DesiredCapacity")?, "DesiredCapacity")?;
+        if min > max {
+            return Err(ApiError::new(
+                400,
+                "InvalidParameter.Conflict",
+                "The specified value of parameter \"MinSize\" must not be greater than \"MaxSize\".",
+            ));
+        }
+        let desired = desired.or(group.spec.desired_capacity);
+        if let Some(d) = desired
+            && !(min..=max).contains(&d)
+        {
+            return Err(ApiError::new(
+                400,
+                "InvalidParameter.Conflict",
+                "The specified value of parameter \"DesiredCapacity\" must be between MinSize and MaxSize.",
+            ));
+        }
+        if let Some(g) = self.groups.get_mut(&id) {
+            g.spec.min_size = min;
+            g.spec.max_size = max;
+            g.spec.desired_capacity = desired;
+        }
+        let started = self.converge(&id).into_iter().collect();
+        Ok((json!({}), Effects { started }))
+    }
+
+    /// Starts an activity bringing group `id` to its desired capacity, when it has one, it
+    /// differs from the total, and no activity runs.
+    fn converge(&mut self, id: &str) -> Option<String> {
+        let group = self.groups.get(id)?;
+        let desired = group.spec.desired_capacity?;
+        if group.lifecycle_state != "Active" || self.in_progress(id).is_some() {
+            return None;
+        }
+        let total = self.total(id);
+        let cause = format!(
+            "The expected number of instances changed, changing the Total Capacity from \"{total}\" to \"{desired}\"."
+        );
+        match desired.cmp(&total) {
+            std::cmp::Ordering::Greater => {
+                Some(self.start_scale_out(id, desired - total, cause, None))
+            }
+            std::cmp::Ordering::Less => Some(self.start_scale_in(id, total - desired, cause, None)),
+            std::cmp::Ordering::Equal => None,
+        }
+    }
+
+    /// Ends activity `id`: launched instances go `InService`, removed ones are released.
+    pub fn finish(&mut self, id: &str) -> Finished {
+        let mut finished = Finished::default();
+        let Some(index) = self
+            .activities
+            .iter()
+            .position(|a| a.id == id && a.status == ActivityStatus::InProgress)
+        else {
+            return finished;
+        };
+        let activity = self.activities[index].clone();
+        for instance in &activity.created {
+            if let Some(i) = self.instances.get_mut(instance)
+                && i.state == InstanceState::Pending
+            {
+                i.state = InstanceState::InService;
+                finished.launched.push(i.clone());
+            }
+        }
+        for instance in &activity.removed {
+            if let Some(i) = self.instances.remove(instance) {
+                finished.released.push(i);
+            }
+        }
+        let launched = u32::try_from(activity.created.len()).unwrap_or(u32::MAX);
+        let short = activity.removed.is_empty() && launched < activity.requested;
+        let a = &mut self.activities[index];
+        a.ended = Some(Timestamp::now());
+        if short {
+            a.status = if launched == 0 {
+                ActivityStatus::Failed
+            } else {
+                ActivityStatus::Warning
+            };
+            a.status_message = format!(
+                "Fail to create Instance: Code=\"OperationDenied.NoStock\", Message=\"The resource is out of stock in the specified zone. Please try other types, or choose other regions and zones.\" ({launched} of {} created)",
+                activity.requested
+            );
+        } else {
+            a.status = ActivityStatus::Successful;
+            a.status_message = "\"succeeded\"".into();
+        }
+        if short {
+            // Not modelled: real ESS keeps trying to reach the desired capacity.
+            let total = self.total(&activity.group_id);
+            if let Some(g) = self.groups.get_mut(&activity.group_id)
+                && g.spec.desired_capacity.is_some()
+            {
+                g.spec.desired_capacity = Some(total.max(g.spec.min_size));
+            }
+        }
+        finished.started = self.converge(&activity.group_id).into_iter().collect();
+        finished
+    }
+}
+
+/// `Name.1`, `Name.2`, ... up to `limit`, in order.
+fn repeated(params: &Params, name: &str, limit: usize) -> Result<Vec<String>, ApiError> {
+    let mut values = Vec::new();
+    for (key, value) in params {
+        if let Some(n) = key
+            .strip_prefix(name)
+            .and_then(|r| r.strip_prefix('.'))
+            .and_then(|n| n.parse::<usize>().ok())
+        {
+            if n == 0 || n > limit {
+                return Err(ApiError::invalid(
+                    &format!("{name}.{n}"),
+                    &format!("the index must be 1 to {limit}"),
+                ));
+            }
+            values.push((n, value.clone()));
+        }
+    }
+    values.sort();
+    Ok(values.into_iter().map(|(_, v)| v).collect())
+}
+
+/// `PageNumber` (1-based, default 1) and `PageSize` (default 10, at most 50).
+fn paging(params: &Params) -> Result<(usize, usize), ApiError> {
+    let number = match params.get("PageNumber") {
+        None => 1,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| ApiError::invalid("PageNumber", "must be a positive integer"))?,
+    };
+    let size = match params.get("PageSize") {
+        None => 10,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=50).contains(n))
+            .ok_or_else(|| ApiError::invalid("PageSize", "must be 1 to 50"))?,
+    };
+    Ok((number, size))
+}
+
+fn page_of(items: Vec<Value>, number: usize, size: usize, outer: &str, inner: &str) -> Value {
+    let total = items.len();
+    let selected: Vec<Value> = items
+        .into_iter()
+        .skip((number - 1).saturating_mul(size))
+        .take(size)
+        .collect();
+    json!({
+        "TotalCount": total,
+        "PageNumber": number,
+        "PageSize": size,
+        outer: {inner: selected},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn account() -> Account {
+        let mut g = ScalingGroupSpec::new("asg-1", "ecs.g6.large");
+        g.max_size = 5;
+        let mut plain = ScalingGroupSpec::new("asg-2", "ecs.g6.large");
+        plain.desired_capacity = None;
+        Account::new("cn-hangzhou", vec![g, plain], default_instance_types(), 100)
+    }
+
+    fn params(pairs: &[(&str, &str)]) -> Params {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn scale(
+        a: &mut Account,
+        group: &str,
+        n: i64,
+        token: &str,
+    ) -> Result<(Value, Effects), ApiError> {
+        a.act(
+            "ScaleWithAdjustment",
+            &params(&[
+                ("ScalingGroupId", group),
+                ("AdjustmentType", "QuantityChangeInCapacity"),
+                ("AdjustmentValue", &n.to_string()),
+                ("ClientToken", token),
+                ("ActivityMetadata", r#"{"r":"1"}"#),
+            ]),
+        )
+    }
+
+    #[test]
+    fn scale_out_launches_in_an_activity_and_blocks_writes_until_it_ends() {
+        let mut a = account();
+        let (answer, effects) = scale(&mut a, "asg-1", 2, "t1").unwrap();
+        let activity = answer["ScalingActivityId"].as_str().unwrap().to_string();
+        assert_eq!(effects.started, vec![activity.clone()]);
+        assert_eq!(a.total("asg-1"), 2);
+        assert_eq!(a.groups["asg-1"].spec.desired_capacity, Some(2));
+        let busy = scale(&mut a, "asg-1", 1, "t2").unwrap_err();
+        assert_eq!(busy.code, "ScalingActivityInProgress");
+        // The same token answers the same activity, and starts nothing.
+        let (again, effects) = scale(&mut a, "asg-1", 2, "t1").unwrap();
+        assert_eq!(again["ScalingActivityId"], activity.as_str());
+        assert!(effects.started.is_empty());
+        let finished = a.finish(&activity);
+        assert_eq!(finished.launched.len(), 2);
+        assert!(finished.started.is_empty());
+        let listed = a
+            .describe_activities(&params(&[("ScalingGroupId", "asg-1")]))
+            .unwrap();
+        let first = &listed["ScalingActivities"]["ScalingActivity"][0];
+        assert_eq!(first["StatusCode"], "Successful");
+        assert_eq!(first["ActivityMetadata"], r#"{"r":"1"}"#);
+        assert_eq!(
+            first["CreatedInstances"]["CreatedInstance"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
+    }
+
+    #[test]
+    fn scale_out_is_clamped_to_max_size_and_short_stock_fails_the_rest() {
+        let mut a = account();
+        let (answer, _) = scale(&mut a, "asg-1", 9, "t").unwrap();
+        assert_eq!(a.total("asg-1"), 5, "clamped to MaxSize");
+        a.finish(answer["ScalingActivityId"].as_str().unwrap());
+
+        let mut a = account();
+        a.stock.insert("ecs.g6.large".into(), 1);
+        let (answer, _) = scale(&mut a, "asg-1", 3, "t").unwrap();
+        let id = answer["ScalingActivityId"].as_str().unwrap().to_string();
+        a.finish(&id);
+        let activity = a.activities.iter().find(|x| x.id == id).unwrap();
+        assert_eq!(activity.status, ActivityStatus::Warning);
+        assert!(activity.status_message.contains("NoStock"));
+        assert_eq!(a.groups["asg-1"].spec.desired_capacity, Some(1));
+    }
+
+    #[test]
+    fn removal_checks_members_states_and_min_size() {
+        let mut a = account();
+        let (answer, _) = scale(&mut a, "asg-1", 3, "t").unwrap();
+        let activity = answer["ScalingActivityId"].as_str().unwrap().to_string();
+        let ids: Vec<String> = a.members("asg-1").iter().map(|i| i.id.clone()).collect();
+        let remove = |a: &mut Account, id: &str, token: &str| {
+            a.act(
+                "RemoveInstances",
+                &params(&[
+                    ("ScalingGroupId", "asg-1"),
+                    ("InstanceId.1", id),
+                    ("ClientToken", token),
+                ]),
+            )
+        };
+        assert_eq!(
+            remove(&mut a, &ids[0], "r0").unwrap_err().code,
+            "ScalingActivityInProgress"
+        );
+        a.finish(&activity);
+        assert_eq!(
+            remove(&mut a, "i-nope", "r1").unwrap_err().code,
+            "InvalidInstanceId.NotFound"
+        );
+        let (answer, _) = remove(&mut a, &ids[0], "r2").unwrap();
+        assert_eq!(a.groups["asg-1"].spec.desired_capacity, Some(2));
+        assert_eq!(a.instances[&ids[0]].state, InstanceState::Removing);
+        let finished = a.finish(answer["ScalingActivityId"].as_str().unwrap());
+        assert_eq!(finished.released.len(), 1);
+        assert!(finished.started.is_empty(), "desired capacity already met");
+        a.groups.get_mut("asg-1").unwrap().spec.min_size = 2;
+        assert_eq!(
+            remove(&mut a, &ids[1], "r3").unwrap_err().code,
+            "IncorrectCapacity.MinSize"
+        );
+    }
+
+    #[test]
+    fn a_desired_capacity_change_converges_in_activities() {
+        let mut a = account();
+        let (_, effects) = a
+            .act(
+                "ModifyScalingGroup",
+                &params(&[("ScalingGroupId", "asg-1"), ("DesiredCapacity", "2")]),
+            )
+            .unwrap();
+        assert_eq!(effects.started.len(), 1);
+        a.finish(&effects.started[0]);
+        assert_eq!(a.count("asg-1", InstanceState::InService), 2);
+        let err = a
+            .act(
+                "ModifyScalingGroup",
+                &params(&[("ScalingGroupId", "asg-1"), ("DesiredCapacity", "9")]),
+            )
+            .unwrap_err();
+        assert_eq!(err.code, "InvalidParameter.Conflict");
+    }
+
+    #[test]
+    fn groups_page_and_unknown_ids_list_nothing() {
+        let a = account();
+        let all = a.describe_groups(&Params::new()).unwrap();
+        assert_eq!(all["TotalCount"], 2);
+        let none = a
+            .describe_groups(&params(&[("ScalingGroupId.1", "asg-x")]))
+            .unwrap();
+        assert_eq!(
+            none["ScalingGroups"]["ScalingGroup"]
+                .as_array()
+                .unwrap()
+                .len(),
+            0
+        );
+        let plain = a
+            .describe_groups(&params(&[("ScalingGroupId.1", "asg-2")]))
+            .unwrap();
+        assert_eq!(
+            plain["ScalingGroups"]["ScalingGroup"][0]["EnableDesiredCapacity"],
+            false
+        );
+        assert!(a.describe_groups(&params(&[("PageSize", "51")])).is_err());
+    }
+
+    #[test]
+    fn instance_types_page_by_100_with_a_next_token() {
+        let a = account();
+        let first = a.describe_types(&Params::new()).unwrap();
+        assert_eq!(
+            first["InstanceTypes"]["InstanceType"]
+                .as_array()
+                .unwrap()
+                .len(),
+            100
+        );
+        assert_eq!(first["NextToken"], "tok-100");
+        let ids: Vec<&str> = first["InstanceTypes"]["InstanceType"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t["InstanceTypeId"].as_str())
+            .collect();
+        assert!(!ids.contains(&"ecs.g6.large"), "real types are past page 1");
+        let second = a
+            .describe_types(&params(&[("NextToken", "tok-100")]))
+            .unwrap();
+        assert_eq!(second["NextToken"], "");
+        let named = a
+            .describe_types(&params(&[("InstanceTypes.1", "ecs.gn6i-c4g1.xlarge")]))
+            .unwrap();
+        assert_eq!(named["InstanceTypes"]["InstanceType"][0]["GPUAmount"], 1);
+    }
+}

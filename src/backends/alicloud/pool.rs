@@ -1,0 +1,722 @@
+//! A NodePool's instances in an Alibaba Cloud Auto Scaling (ESS) scaling group.
+//!
+//! ESS launches instances itself, so a creation is not one call per server: the pool asks
+//! for several at once (`ScaleWithAdjustment` by a quantity) and recognises them afterwards.
+//! Every scale-out carries
+//! - `ClientToken` = its first creation request: ESS answers a repeated call with the first
+//!   call's activity, so a retry after a lost answer never scales twice;
+//! - `ActivityMetadata` = `{"nodegroup.dev/requests": "<r1>,<r2>,..."}`: the activity keeps
+//!   the requests it serves, and each instance names its activity (`ScalingActivityId`), so
+//!   a listed instance is traced to its request. An activity's instances are given to its
+//!   requests in the order ESS reports them (`CreatedInstances`, else creation time).
+//!
+//! Before scaling, the recent activities are read: a request one of them already serves is
+//! not sent again. A request whose activity ended without an instance for it (out of stock,
+//! clamped by MaxSize) is a failed creation ([`AliCloudPool::creation_failures`]). While
+//! another activity runs ESS refuses to scale: nothing is sent and the creations are
+//! [`Created::Deferred`].
+//!
+//! Removal is `RemoveInstances` of exactly the given instances, at most 20 per call,
+//! lowering the desired capacity by as many (`DecreaseDesiredCapacity=true`) and releasing
+//! them (`RemovePolicy=release`).
+//!
+//! Instances created by others (ESS health replacements, cluster-autoscaler's in-tree
+//! provider) are members too, without a request: the reconciler adopts them.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use super::{
+    Client, ClientOptions, Credentials, Endpoints, Error, InstanceLifecycleState,
+    RemovalFailureReason, RemoveOptions, ScalingActivity, ScalingInstance, Scheme,
+    StaticCredentials, provider_id,
+};
+use crate::api::nodepool::{AliCloudSpec, MachineType};
+use crate::nodepool::backend::{
+    BackendError, BackendErrorKind, Created, CreationFailure, MachineTypeInfo, NewServer,
+    OTHER_ERROR, OUT_OF_RESOURCES,
+};
+use crate::nodepool::converge::{Member, MemberPhase};
+
+/// `ActivityMetadata` key listing the creation requests a scale-out serves.
+pub const REQUESTS_KEY: &str = "nodegroup.dev/requests";
+/// Label of GPU Nodes naming the GPU model (cluster-autoscaler's alicloud `GPULabel`).
+pub const GPU_LABEL: &str = "aliyun.accelerator/nvidia_name";
+/// Activities read to trace instances and outcomes to requests (one page, newest first).
+const RECENT_ACTIVITIES: u32 = 50;
+
+/// A pool's view of its scaling group.
+pub struct AliCloudPool {
+    client: Client,
+    spec: AliCloudSpec,
+}
+
+impl AliCloudPool {
+    /// Connects to the group of `spec` with `credentials`.
+    pub fn new(spec: &AliCloudSpec, credentials: Credentials) -> Result<Self, BackendError> {
+        let mut options = ClientOptions::for_region(&spec.region_id);
+        let defaults = Endpoints::for_region(&spec.region_id, Scheme::Https);
+        if let Some(endpoints) = &spec.endpoints {
+            options.endpoints.ess = endpoints.ess.clone().unwrap_or(defaults.ess);
+            options.endpoints.ecs = endpoints.ecs.clone().unwrap_or(defaults.ecs);
+        }
+        let client = Client::new(
+            options,
+            Arc::new(StaticCredentials::from_credentials(credentials)),
+        )
+        .map_err(|e| backend_error(&e))?;
+        Ok(Self {
+            client,
+            spec: spec.clone(),
+        })
+    }
+
+    fn group(&self) -> &str {
+        &self.spec.scaling_group_id
+    }
+
+    /// The group's instances, each traced to its creation request when a recent activity
+    /// of this operator launched it.
+    pub async fn members(&self) -> Result<Vec<Member>, BackendError> {
+        let ess = self.client.ess();
+        let instances = ess
+            .scaling_instances(self.group())
+            .await
+            .map_err(|e| backend_error(&e))?;
+        let activities = ess
+            .scaling_activities(self.group(), None, RECENT_ACTIVITIES)
+            .await
+            .map_err(|e| backend_error(&e))?;
+        let requests = requests_by_instance(&activities, &instances);
+        Ok(instances
+            .iter()
+            .map(|i| Member {
+                id: i.instance_id.clone(),
+                provider_id: provider_id(&self.spec.region_id, &i.instance_id),
+                hostname: i.instance_id.clone(),
+                phase: phase(&i.lifecycle_state),
+                request: requests.get(i.instance_id.as_str()).cloned(),
+                created: i.creation_time.as_deref().and_then(parse_time),
+            })
+            .collect())
+    }
+
+    /// The instance type of the group's active scaling configuration: vCPUs, memory and
+    /// GPUs as capacity; instance type, region, the zone when the group has one vSwitch, the
+    /// GPU model and the configuration's tags as labels.
+    pub async fn machine_type(&self) -> Result<MachineTypeInfo, BackendError> {
+        let ess = self.client.ess();
+        let group = ess
+            .scaling_group(self.group())
+            .await
+            .map_err(|e| backend_error(&e))?;
+        let configuration_id = group.active_scaling_configuration_id.clone().ok_or_else(|| BackendError {
+            kind: BackendErrorKind::Rejected,
+            message: format!(
+                "scaling group {} has no active scaling configuration (groups launching from a launch template are not supported)",
+                self.group()
+            ),
+        })?;
+        let configuration = ess
+            .scaling_configuration(self.group(), &configuration_id)
+            .await
+            .map_err(|e| backend_error(&e))?
+            .ok_or_else(|| BackendError {
+                kind: BackendErrorKind::Rejected,
+                message: format!("scaling configuration {configuration_id} is not found"),
+            })?;
+        let type_id = configuration
+            .launch_types()
+            .first()
+            .map(|t| t.to_string())
+            .ok_or_else(|| BackendError {
+                kind: BackendErrorKind::Rejected,
+                message: format!("scaling configuration {configuration_id} names no instance type"),
+            })?;
+        let types = self
+            .client
+            .ecs()
+            .instance_types(&[type_id.as_str()])
+            .await
+            .map_err(|e| backend_error(&e))?;
+        let instance_type = types.first().ok_or_else(|| BackendError {
+            kind: BackendErrorKind::Rejected,
+            message: format!(
+                "instance type {type_id} is not offered in region {}",
+                self.spec.region_id
+            ),
+        })?;
+        let zone = if group.vswitch_ids.len() == 1 {
+            ess.scaling_instances(self.group())
+                .await
+                .ok()
+                .and_then(|instances| instances.into_iter().find_map(|i| i.zone_id))
+        } else {
+            None
+        };
+        let mut capacity = BTreeMap::from([
+            ("cpu".to_string(), instance_type.cpu_cores.to_string()),
+            (
+                "memory".to_string(),
+                instance_type.memory_bytes().to_string(),
+            ),
+            ("pods".to_string(), "110".to_string()),
+        ]);
+        let mut labels: BTreeMap<String, String> = configuration
+            .tags
+            .iter()
+            .filter(|(k, v)| valid_label_key(k) && valid_label_value(v))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if instance_type.gpu_amount > 0 {
+            capacity.insert(
+                "nvidia.com/gpu".into(),
+                instance_type.gpu_amount.to_string(),
+            );
+            if let Some(spec) = &instance_type.gpu_spec {
+                let value = spec.replace(' ', "-");
+                if valid_label_value(&value) {
+                    labels.insert(GPU_LABEL.into(), value);
+                }
+            }
+        }
+        labels.insert(
+            "node.kubernetes.io/instance-type".into(),
+            instance_type.id.clone(),
+        );
+        labels.insert(
+            "topology.kubernetes.io/region".into(),
+            self.spec.region_id.clone(),
+        );
+        labels.insert(
+            "kubernetes.io/arch".into(),
+            instance_type.kubernetes_arch().into(),
+        );
+        if let Some(zone) = zone {
+            labels.insert("topology.kubernetes.io/zone".into(), zone);
+        }
+        Ok(MachineTypeInfo {
+            machine_type: MachineType {
+                name: instance_type.id.clone(),
+                capacity,
+                hourly_price: None,
+                currency: None,
+                labels,
+            },
+            in_stock: None,
+        })
+    }
+
+    /// One creation: [`AliCloudPool::create_many`] of one.
+    pub async fn create(&self, server: &NewServer) -> Created {
+        self.create_many(std::slice::from_ref(server))
+            .await
+            .pop()
+            .unwrap_or_else(|| Created::Unknown("no outcome".into()))
+    }
+
+    /// Creates `servers` in one scale-out, one outcome per server in order. The first
+    /// server's user data goes into the scaling configuration when the spec has user data
+    /// (all of them share the pass's bootstrap token; ESS names the instances, so the
+    /// hostnames are not used).
+    pub async fn create_many(&self, servers: &[NewServer]) -> Vec<Created> {
+        if servers.is_empty() {
+            return Vec::new();
+        }
+        let ess = self.client.ess();
+        let requests: Vec<&str> = servers.iter().map(|s| s.request.as_str()).collect();
+        let all = |outcome: Created| vec![outcome; servers.len()];
+
+        // Read before acting: a request a recent activity serves is not sent again.
+        let activities = match ess
+            .scaling_activities(self.group(), None, RECENT_ACTIVITIES)
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                return all(Created::Deferred(format!(
+                    "reading the group's activities: {e}"
+                )));
+            }
+        };
+        if let Some(activity) = activities
+            .iter()
+            .find(|a| activity_requests(a).iter().any(|r| requests.contains(r)))
+        {
+            tracing::info!(activity = %activity.id, "a scale-out for these creations exists already; not sent again");
+            return self.outcomes(&activity.id, &requests).await;
+        }
+        if let Some(running) = activities.iter().find(|a| !a.is_finished()) {
+            return all(Created::Deferred(format!(
+                "scaling group {} runs activity {} ({}); ESS refuses to scale until it ends",
+                self.group(),
+                running.id,
+                running.description
+            )));
+        }
+
+        if let Some(first) = self.spec.user_data.as_ref().and(servers.first()) {
+            let group = match ess.scaling_group(self.group()).await {
+                Ok(g) => g,
+                Err(e) => return all(not_sent(&e)),
+            };
+            let Some(configuration) = group.active_scaling_configuration_id else {
+                return all(Created::Failed {
+                    class: OTHER_ERROR,
+                    code: "Rejected".into(),
+                    message: format!(
+                        "scaling group {} has no active scaling configuration to write the user data into",
+                        self.group()
+                    ),
+                });
+            };
+            if let Err(e) = ess.set_user_data(&configuration, &first.user_data).await {
+                return all(not_sent(&e));
+            }
+        }
+
+        let metadata = BTreeMap::from([(REQUESTS_KEY.to_string(), requests.join(","))]);
+        let token: String = requests[0].chars().take(64).collect();
+        let count = u32::try_from(servers.len()).unwrap_or(u32::MAX);
+        match ess.scale_out(self.group(), count, &token, &metadata).await {
+            Ok(started) => match started.scaling_activity_id {
+                Some(activity) => self.outcomes(&activity, &requests).await,
+                None => all(Created::Failed {
+                    class: OTHER_ERROR,
+                    code: "MaxSizeReached".into(),
+                    message: format!(
+                        "scaling group {} started no activity: it is at its MaxSize",
+                        self.group()
+                    ),
+                }),
+            },
+            // Refused before it ran: nothing happened, ask again next pass.
+            Err(e @ Error::Throttled { .. }) => all(Created::Deferred(e.to_string())),
+            Err(e) if e.is_activity_in_progress() => all(Created::Deferred(e.to_string())),
+            Err(e) => match backend_error(&e).kind {
+                BackendErrorKind::Unavailable => all(Created::Unknown(e.to_string())),
+                _ => all(Created::from_error(backend_error(&e))),
+            },
+        }
+    }
+
+    /// What became of `requests` served by `activity` so far: the instance each got, or
+    /// accepted (its instance is not listed yet).
+    async fn outcomes(&self, activity: &str, requests: &[&str]) -> Vec<Created> {
+        let instances = self
+            .client
+            .ess()
+            .scaling_instances(self.group())
+            .await
+            .unwrap_or_default();
+        let mut launched: Vec<&ScalingInstance> = instances
+            .iter()
+            .filter(|i| i.scaling_activity_id.as_deref() == Some(activity))
+            .collect();
+        launched.sort_by(|a, b| {
+            (&a.creation_time, &a.instance_id).cmp(&(&b.creation_time, &b.instance_id))
+        });
+        requests
+            .iter()
+            .enumerate()
+            .map(|(k, _)| match launched.get(k) {
+                Some(i) => Created::Server(Member {
+                    id: i.instance_id.clone(),
+                    provider_id: provider_id(&self.spec.region_id, &i.instance_id),
+                    hostname: i.instance_id.clone(),
+                    phase: phase(&i.lifecycle_state),
+                    request: None,
+                    created: i.creation_time.as_deref().and_then(parse_time),
+                }),
+                None => Created::Accepted(format!("scaling activity {activity}")),
+            })
+            .collect()
+    }
+
+    /// The creations among `in_flight` (requests without a server yet) whose scale-out
+    /// ended without an instance for them, with why.
+    pub async fn creation_failures(
+        &self,
+        in_flight: &[String],
+    ) -> Result<Vec<CreationFailure>, BackendError> {
+        let activities = self
+            .client
+            .ess()
+            .scaling_activities(self.group(), None, RECENT_ACTIVITIES)
+            .await
+            .map_err(|e| backend_error(&e))?;
+        let wanted: HashSet<&str> = in_flight.iter().map(String::as_str).collect();
+        let mut failures = Vec::new();
+        for activity in activities.iter().filter(|a| a.is_finished()) {
+            let requests = activity_requests(activity);
+            if !requests.iter().any(|r| wanted.contains(r)) {
+                continue;
+            }
+            let served = activity.launched();
+            for request in requests.iter().skip(served).filter(|r| wanted.contains(*r)) {
+                let (class, code) = failure_class(activity);
+                failures.push(CreationFailure {
+                    request: request.to_string(),
+                    class,
+                    code: code.into(),
+                    message: format!(
+                        "scaling activity {} ended {} with {served} of {} instances: {}",
+                        activity.id,
+                        activity.status,
+                        requests.len(),
+                        if activity.status_message.is_empty() {
+                            activity.error_message.clone().unwrap_or_default()
+                        } else {
+                            activity.status_message.clone()
+                        }
+                    ),
+                });
+            }
+        }
+        Ok(failures)
+    }
+
+    /// Removes instance `id` ([`AliCloudPool::delete_many`] of one).
+    pub async fn delete(&self, id: &str) -> Result<(), BackendError> {
+        self.delete_many(&[id.to_string()])
+            .await
+            .pop()
+            .map_or(Ok(()), |(_, result)| result)
+    }
+
+    /// Removes exactly `ids` from the group (released, desired capacity lowered), one
+    /// outcome per id; an instance already gone or being removed is not an error.
+    pub async fn delete_many(&self, ids: &[String]) -> Vec<(String, Result<(), BackendError>)> {
+        let options = RemoveOptions {
+            decrease_desired_capacity: true,
+            remove_policy: Some("release".into()),
+        };
+        let report = match self
+            .client
+            .ess()
+            .remove_instances(self.group(), ids, options)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                let error = backend_error(&e);
+                return ids
+                    .iter()
+                    .map(|id| (id.clone(), Err(error.clone())))
+                    .collect();
+            }
+        };
+        let failed: HashMap<&str, &RemovalFailureReason> = report
+            .failed
+            .iter()
+            .map(|f| (f.instance_id.as_str(), &f.reason))
+            .collect();
+        ids.iter()
+            .map(|id| {
+                let result = match failed.get(id.as_str()) {
+                    None => Ok(()),
+                    Some(
+                        RemovalFailureReason::NotInGroup | RemovalFailureReason::AlreadyRemoving,
+                    ) => Ok(()),
+                    Some(reason) => Err(removal_error(self.group(), id, reason)),
+                };
+                (id.clone(), result)
+            })
+            .collect()
+    }
+}
+
+/// The requests an activity's metadata lists, in order.
+fn activity_requests(activity: &ScalingActivity) -> Vec<&str> {
+    activity
+        .metadata
+        .get(REQUESTS_KEY)
+        .map(|r| r.split(',').filter(|r| !r.is_empty()).collect())
+        .unwrap_or_default()
+}
+
+/// Instance id -> the request it serves: each activity's instances (its `CreatedInstances`,
+/// else those naming it, oldest first) go to its requests in order.
+fn requests_by_instance<'a>(
+    activities: &'a [ScalingActivity],
+    instances: &'a [ScalingInstance],
+) -> HashMap<&'a str, String> {
+    let mut map = HashMap::new();
+    for activity in activities {
+        let requests = activity_requests(activity);
+        if requests.is_empty() {
+            continue;
+        }
+        let launched: Vec<&str> = if activity.created_instances.is_empty() {
+            let mut named: Vec<&ScalingInstance> = instances
+                .iter()
+                .filter(|i| i.scaling_activity_id.as_deref() == Some(activity.id.as_str()))
+                .collect();
+            named.sort_by(|a, b| {
+                (&a.creation_time, &a.instance_id).cmp(&(&b.creation_time, &b.instance_id))
+            });
+            named.iter().map(|i| i.instance_id.as_str()).collect()
+        } else {
+            activity
+                .created_instances
+                .iter()
+                .map(String::as_str)
+                .collect()
+        };
+        for (instance, request) in launched.into_iter().zip(requests) {
+            map.insert(instance, request.to_string());
+        }
+    }
+    map
+}
+
+fn phase(state: &InstanceLifecycleState) -> MemberPhase {
+    match state {
+        InstanceLifecycleState::Pending | InstanceLifecycleState::PendingWait => {
+            MemberPhase::Provisioning
+        }
+        InstanceLifecycleState::Removing | InstanceLifecycleState::RemovingWait => {
+            MemberPhase::Terminating
+        }
+        _ => MemberPhase::Active,
+    }
+}
+
+/// ESS times: `2024-01-02T03:04Z` (`CreationTime`) or with seconds.
+fn parse_time(text: &str) -> Option<jiff::Timestamp> {
+    text.parse().ok().or_else(|| {
+        text.strip_suffix('Z')
+            .and_then(|t| format!("{t}:00Z").parse().ok())
+    })
+}
+
+/// Out of stock is `OutOfResources` (cluster-autoscaler tries another group); anything
+/// else, a MaxSize clamp included, is `OtherError`.
+fn failure_class(activity: &ScalingActivity) -> (&'static str, &'static str) {
+    let text = format!(
+        "{} {} {}",
+        activity.error_code.as_deref().unwrap_or_default(),
+        activity.status_message,
+        activity.error_message.as_deref().unwrap_or_default()
+    );
+    if text.contains("NoStock") || text.contains("out of stock") || text.contains("OutOfStock") {
+        (OUT_OF_RESOURCES, "OutOfStock")
+    } else if activity.status == super::ActivityStatus::Successful {
+        (OTHER_ERROR, "MaxSizeReached")
+    } else {
+        (OTHER_ERROR, "ScaleOutFailed")
+    }
+}
+
+fn removal_error(group: &str, id: &str, reason: &RemovalFailureReason) -> BackendError {
+    let kind = match reason {
+        RemovalFailureReason::Rejected(e) => match e.kind() {
+            super::ApiErrorKind::SignatureDoesNotMatch
+            | super::ApiErrorKind::InvalidAccessKey
+            | super::ApiErrorKind::InvalidSecurityToken
+            | super::ApiErrorKind::Forbidden => BackendErrorKind::Unauthorized,
+            super::ApiErrorKind::IncorrectCapacity | super::ApiErrorKind::InvalidRequest => {
+                BackendErrorKind::Rejected
+            }
+            _ => BackendErrorKind::Unavailable,
+        },
+        _ => BackendErrorKind::Unavailable,
+    };
+    BackendError {
+        kind,
+        message: format!("RemoveInstances {id} from {group}: {reason}"),
+    }
+}
+
+fn not_sent(e: &Error) -> Created {
+    match backend_error(e).kind {
+        BackendErrorKind::Unavailable => Created::Deferred(e.to_string()),
+        _ => Created::from_error(backend_error(e)),
+    }
+}
+
+fn backend_error(error: &Error) -> BackendError {
+    use super::ApiErrorKind as K;
+    let kind = match error {
+        Error::Api { error: api, .. } => match api.kind() {
+            K::SignatureDoesNotMatch
+            | K::InvalidAccessKey
+            | K::InvalidSecurityToken
+            | K::Forbidden => BackendErrorKind::Unauthorized,
+            K::Throttling | K::ServiceUnavailable | K::ScalingActivityInProgress => {
+                BackendErrorKind::Unavailable
+            }
+            _ => BackendErrorKind::Rejected,
+        },
+        Error::Credentials(e) if e.is_transient() => BackendErrorKind::Unavailable,
+        Error::Credentials(_) => BackendErrorKind::Unauthorized,
+        Error::Throttled { .. }
+        | Error::Timeout { .. }
+        | Error::Transport { .. }
+        | Error::Decode { .. } => BackendErrorKind::Unavailable,
+        Error::Config(_)
+        | Error::GroupNotFound { .. }
+        | Error::OutOfBounds { .. }
+        | Error::GroupNotActive { .. } => BackendErrorKind::Rejected,
+    };
+    BackendError {
+        kind,
+        message: error.to_string(),
+    }
+}
+
+fn valid_label_value(value: &str) -> bool {
+    value.len() <= 63
+        && (value.is_empty()
+            || (value.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && value.ends_with(|c: char| c.is_ascii_alphanumeric())
+                && value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))))
+}
+
+fn valid_label_key(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    !name.is_empty()
+        && valid_label_value(name)
+        && prefix.is_none_or(|p| {
+            !p.is_empty()
+                && p.len() <= 253
+                && p.split('.').all(|part| {
+                    !part.is_empty()
+                        && part
+                            .chars()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backends::alicloud::ActivityStatus;
+
+    fn activity(
+        id: &str,
+        status: ActivityStatus,
+        requests: &str,
+        created: &[&str],
+    ) -> ScalingActivity {
+        ScalingActivity {
+            id: id.into(),
+            status,
+            status_message: String::new(),
+            cause: String::new(),
+            description: String::new(),
+            start_time: None,
+            end_time: None,
+            progress: 100,
+            error_code: None,
+            error_message: None,
+            metadata: BTreeMap::from([(REQUESTS_KEY.to_string(), requests.to_string())]),
+            created_instances: created.iter().map(|s| s.to_string()).collect(),
+            scaling_instance_number: 0,
+            created_capacity: 0,
+        }
+    }
+
+    fn instance(id: &str, activity: &str, created: &str) -> ScalingInstance {
+        ScalingInstance {
+            instance_id: id.into(),
+            lifecycle_state: InstanceLifecycleState::InService,
+            health_status: "Healthy".into(),
+            creation_type: "AutoCreated".into(),
+            zone_id: None,
+            instance_type: None,
+            scaling_configuration_id: None,
+            scaling_activity_id: Some(activity.into()),
+            creation_time: Some(created.into()),
+            entrusted: false,
+        }
+    }
+
+    #[test]
+    fn instances_are_traced_to_requests_through_their_activity() {
+        let activities = [
+            activity(
+                "asa-1",
+                ActivityStatus::Successful,
+                "r1,r2",
+                &["i-b", "i-a"],
+            ),
+            // No CreatedInstances: instances naming it, oldest first.
+            activity("asa-2", ActivityStatus::InProgress, "r3,r4", &[]),
+            // Someone else's activity.
+            ScalingActivity {
+                metadata: BTreeMap::new(),
+                ..activity("asa-3", ActivityStatus::Successful, "", &["i-z"])
+            },
+        ];
+        let instances = [
+            instance("i-a", "asa-1", "2024-01-01T00:00Z"),
+            instance("i-b", "asa-1", "2024-01-01T00:00Z"),
+            instance("i-d", "asa-2", "2024-01-01T00:02Z"),
+            instance("i-c", "asa-2", "2024-01-01T00:01Z"),
+            instance("i-z", "asa-3", "2024-01-01T00:00Z"),
+        ];
+        let map = requests_by_instance(&activities, &instances);
+        assert_eq!(map["i-b"], "r1");
+        assert_eq!(map["i-a"], "r2");
+        assert_eq!(map["i-c"], "r3");
+        assert_eq!(map["i-d"], "r4");
+        assert!(!map.contains_key("i-z"));
+    }
+
+    #[test]
+    fn requests_without_an_instance_fail_by_why_the_activity_ended() {
+        let mut stock = activity("asa-1", ActivityStatus::Warning, "r1,r2", &["i-a"]);
+        stock.error_code = Some("OperationDenied.NoStock".into());
+        assert_eq!(failure_class(&stock), (OUT_OF_RESOURCES, "OutOfStock"));
+        let clamped = activity("asa-2", ActivityStatus::Successful, "r1,r2", &["i-a"]);
+        assert_eq!(failure_class(&clamped), (OTHER_ERROR, "MaxSizeReached"));
+        // An answer without CreatedInstances still counts what it launched.
+        let counted = ScalingActivity {
+            created_capacity: 2,
+            ..activity("asa-4", ActivityStatus::Successful, "r1,r2", &[])
+        };
+        assert_eq!(counted.launched(), 2);
+        let mut quota = activity("asa-3", ActivityStatus::Failed, "r1", &[]);
+        quota.status_message = "QuotaExceed.ElasticQuota".into();
+        assert_eq!(failure_class(&quota), (OTHER_ERROR, "ScaleOutFailed"));
+    }
+
+    #[test]
+    fn lifecycle_states_map_to_phases_and_times_parse() {
+        assert_eq!(
+            phase(&InstanceLifecycleState::PendingWait),
+            MemberPhase::Provisioning
+        );
+        assert_eq!(
+            phase(&InstanceLifecycleState::Protected),
+            MemberPhase::Active
+        );
+        assert_eq!(
+            phase(&InstanceLifecycleState::RemovingWait),
+            MemberPhase::Terminating
+        );
+        assert_eq!(
+            parse_time("2024-01-02T03:04Z"),
+            "2024-01-02T03:04:00Z".parse().ok()
+        );
+        assert!(parse_time("2024-01-02T03:04:05Z").is_some());
+        assert!(parse_time("yesterday").is_none());
+    }
+
+    #[test]
+    fn only_valid_tags_become_labels() {
+        assert!(valid_label_key("workload_type"));
+        assert!(valid_label_key("example.com/tier"));
+        assert!(!valid_label_key("acs:autoscaling:scalingGroupId"));
+        assert!(!valid_label_key("Example.com/tier"));
+        assert!(valid_label_value("NVIDIA-T4"));
+        assert!(!valid_label_value("NVIDIA T4"));
+    }
+}

@@ -1,0 +1,645 @@
+//! NodePools on Alibaba Cloud Auto Scaling, end to end: one sandbox per test binary (control
+//! plane, Cluster API, kwok), and per test a namespace with the `nodegroup-operator` binary,
+//! an ESS/ECS emulator whose instances join the sandbox as kwok Nodes only with the
+//! bootstrap token the operator minted into the scaling configuration's user data, and
+//! (where the autoscaler decides) the real cluster-autoscaler 1.36.1 over externalgrpc.
+//! Assertions are on what users see: NodePool spec and status, the scaling group's
+//! instances, activities and desired capacity, Nodes, Pods and Events.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use ngo_sandbox::alicloud::{
+    AccessKey, AliCloudEmulator, AliCloudOptions, FaultAction, InstanceState, ScalingGroupSpec,
+};
+use ngo_sandbox::environment::{SandboxInfo, start_for_process};
+use ngo_sandbox::stack::AutoscaledCluster;
+use ngo_sandbox::workload;
+use nodegroup_operator::api::NodePool;
+use serde_json::{Value, json};
+
+/// Node label that pins a test's pods to its pools.
+const POOL: &str = "e2e.nodegroup.dev/pool";
+/// Each pod asks for 3 of an instance's 4 vCPUs: one pod per instance.
+const POD_CPU: &str = "3";
+/// 4 vCPUs, 16 GiB in the emulator's catalogue (listed past its first 100 types).
+const INSTANCE_TYPE: &str = "ecs.g6.xlarge";
+const REGION: &str = "cn-hangzhou";
+const KEY_ID: &str = "LTAI5tE2eSandbox";
+const KEY_SECRET: &str = "e2e-access-key-secret";
+const WAIT: Duration = Duration::from_secs(150);
+/// A kubeadm join script, as ACK-style node pools write theirs.
+const USER_DATA: &str = "#!/bin/bash\n\
+KUBELET_EXTRA_ARGS=\"--cloud-provider=external --provider-id=${REGION_ID}.${INSTANCE_ID} --node-labels={{.NodeLabels}}\"\n\
+kubeadm join --discovery-token-unsafe-skip-ca-verification --token {{.BootstrapTokenID}}.{{.BootstrapTokenSecret}} {{.APIServerEndpoint}}\n";
+
+fn sandbox() -> &'static SandboxInfo {
+    static SANDBOX: OnceLock<SandboxInfo> = OnceLock::new();
+    SANDBOX.get_or_init(|| {
+        let started = Instant::now();
+        let info = start_for_process().unwrap_or_else(|e| panic!("{e:#}"));
+        eprintln!(
+            "sandbox up in {:.1}s (logs: {})",
+            started.elapsed().as_secs_f64(),
+            info.log_dir.display()
+        );
+        info
+    })
+}
+
+/// One test's world: a namespace with a Cluster, the operator binary, an ESS emulator
+/// with scaling groups whose instances join the sandbox, and the credentials Secret.
+struct World {
+    cluster: AutoscaledCluster,
+    client: Client,
+    ess: AliCloudEmulator,
+    started: Instant,
+}
+
+impl World {
+    async fn new(prefix: &str, groups: &[&str]) -> Self {
+        let started = Instant::now();
+        let namespace = format!("{prefix}-{}", rand::random::<u32>() % 100_000);
+        let mut cluster = AutoscaledCluster::create(sandbox(), &namespace, "c1", json!({}))
+            .await
+            .unwrap_or_else(|e| panic!("creating {namespace}: {e:#}"));
+        let client = cluster.client().await.expect("client");
+        let ess = AliCloudEmulator::start(AliCloudOptions {
+            region: REGION.into(),
+            access_keys: vec![AccessKey::new(KEY_ID, KEY_SECRET)],
+            groups: groups
+                .iter()
+                .map(|g| {
+                    let mut spec = ScalingGroupSpec::new(g, INSTANCE_TYPE);
+                    spec.zones = vec![format!("{REGION}-k")];
+                    spec
+                })
+                .collect(),
+            activity_duration: Duration::from_millis(800),
+            cluster: Some(client.clone()),
+            // Instance ids and private IPs unique across the tests' emulators, as a cloud's
+            // are: Nodes of all tests share the sandbox.
+            first_id: 0x10_0000 + u64::from(rand::random::<u32>() % 4_000) * 0x1000,
+            ..Default::default()
+        })
+        .await
+        .expect("ESS emulator");
+        let mut operator = cluster.operator_options();
+        operator.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
+        operator
+            .extra_args
+            .push("--node-pool-interval-secs=2".into());
+        cluster
+            .start_operator(&operator)
+            .unwrap_or_else(|e| panic!("starting the operator: {e:#}"));
+        let world = Self {
+            cluster,
+            client,
+            ess,
+            started,
+        };
+        world.secret("alicloud", KEY_ID, KEY_SECRET).await;
+        world.log("namespace, Cluster, operator and ESS emulator ready");
+        world
+    }
+
+    fn ns(&self) -> &str {
+        &self.cluster.namespace
+    }
+
+    fn log(&self, what: &str) {
+        eprintln!(
+            "[{} +{:>5.1}s] {what}",
+            self.ns(),
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+
+    fn label(&self, pool: &str) -> String {
+        format!("{}-{pool}", self.ns())
+    }
+
+    fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), self.ns())
+    }
+
+    async fn secret(&self, name: &str, id: &str, secret: &str) {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": self.ns()},
+            "stringData": {"access-key-id": id, "access-key-secret": secret},
+        }))
+        .expect("secret");
+        self.secrets()
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("create secret");
+    }
+
+    /// A NodePool `name` on scaling group `group` whose Nodes carry `POOL=<ns>-<name>`,
+    /// with `extra` merged into its `aliCloud` block.
+    async fn pool(&self, name: &str, group: &str, replicas: i32, max: i32, extra: Value) {
+        let mut ali = json!({
+            "credentialsSecretRef": {"name": "alicloud"},
+            "regionId": REGION,
+            "scalingGroupId": group,
+            "endpoints": {"ess": self.ess.url(), "ecs": self.ess.url()},
+            "userData": USER_DATA,
+            "apiServerEndpoint": "127.0.0.1:6443",
+        });
+        if let (Some(a), Value::Object(e)) = (ali.as_object_mut(), extra) {
+            a.extend(e);
+        }
+        let pool: NodePool = serde_json::from_value(json!({
+            "apiVersion": "autoscaling.nodegroup.dev/v1alpha1",
+            "kind": "NodePool",
+            "metadata": {"name": name, "namespace": self.ns()},
+            "spec": {
+                "replicas": replicas,
+                "minSize": 0,
+                "maxSize": max,
+                "clusterName": "c1",
+                "template": {"labels": {POOL: self.label(name)}},
+                "aliCloud": ali,
+            },
+        }))
+        .expect("NodePool");
+        self.pools()
+            .create(&PostParams::default(), &pool)
+            .await
+            .unwrap_or_else(|e| panic!("creating NodePool {name}: {e}"));
+        self.log(&format!(
+            "NodePool {name} on {group} ({replicas} of max {max})"
+        ));
+    }
+
+    fn pools(&self) -> Api<NodePool> {
+        Api::namespaced(self.client.clone(), self.ns())
+    }
+
+    async fn get_pool(&self, name: &str) -> NodePool {
+        self.pools().get(name).await.expect("NodePool")
+    }
+
+    async fn set_replicas(&self, name: &str, replicas: i32) {
+        self.pools()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .expect("scale NodePool");
+        self.log(&format!("NodePool {name} set to {replicas}"));
+    }
+
+    fn condition(pool: &NodePool, type_: &str) -> Option<(String, String, String)> {
+        pool.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    }
+
+    /// Instances of `group` not being removed.
+    fn instances(&self, group: &str) -> Vec<String> {
+        self.ess
+            .instances(group)
+            .iter()
+            .filter(|i| i.state != InstanceState::Removing)
+            .map(|i| i.id.clone())
+            .collect()
+    }
+
+    fn calls(&self, action: &str) -> usize {
+        self.ess
+            .requests_of(action)
+            .iter()
+            .filter(|r| r.status == Some(200))
+            .count()
+    }
+
+    async fn ready_nodes(&self, pool: &str) -> Vec<Node> {
+        let mut nodes: Vec<Node> = Api::<Node>::all(self.client.clone())
+            .list(&ListParams::default().labels(&format!("{POOL}={}", self.label(pool))))
+            .await
+            .expect("nodes")
+            .items
+            .into_iter()
+            .filter(|n| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .collect();
+        nodes.sort_by_key(|n| n.name_any());
+        nodes
+    }
+
+    async fn events(&self, object: &str) -> Vec<(String, String)> {
+        Api::<Event>::namespaced(self.client.clone(), self.ns())
+            .list(&ListParams::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(object))
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect()
+    }
+
+    async fn app(&self, name: &str, replicas: i32, pool: &str) {
+        let selector = BTreeMap::from([(POOL.to_string(), self.label(pool))]);
+        let app = workload::deployment(self.ns(), name, replicas, POD_CPU, &selector)
+            .expect("deployment");
+        workload::create(&self.client, &app)
+            .await
+            .expect("create deployment");
+        self.log(&format!("app {name}: {replicas} pods on {pool}"));
+    }
+
+    async fn nodes_running(&self, app: &str) -> Vec<String> {
+        let mut names: Vec<String> = Api::<Pod>::namespaced(self.client.clone(), self.ns())
+            .list(&ListParams::default().labels(&format!("app={app}")))
+            .await
+            .expect("pods")
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .filter_map(|p| p.spec.and_then(|s| s.node_name))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Polls `check` every 250 ms until `Ok`, failing after [`WAIT`] with the last reason;
+    /// the operator (and cluster-autoscaler) must stay alive meanwhile.
+    async fn wait<T, F, Fut>(&self, what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
+        let start = Instant::now();
+        loop {
+            if let Err(e) = self.cluster.check_alive() {
+                panic!("while waiting for {what}: {e}");
+            }
+            match check().await {
+                Ok(value) => {
+                    self.log(&format!(
+                        "{what} (after {:.1}s)",
+                        start.elapsed().as_secs_f64()
+                    ));
+                    return value;
+                }
+                Err(reason) if start.elapsed() > WAIT => {
+                    panic!("timed out after {WAIT:?} waiting for {what}; last: {reason}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+    }
+
+    /// Waits until pool `name` on `group` reports `n` Ready of `n` and the group has `n`
+    /// instances.
+    async fn wait_pool_ready(&self, name: &str, group: &str, n: usize) -> NodePool {
+        self.wait(&format!("NodePool {name} at {n} Ready"), || async move {
+            let pool = self.get_pool(name).await;
+            let status = pool.status.clone().unwrap_or_default();
+            let instances = self.instances(group);
+            if status.ready_replicas as usize == n
+                && status.replicas as usize == n
+                && instances.len() == n
+                && pool.spec.replicas as usize == n
+            {
+                Ok(pool)
+            } else {
+                Err(format!(
+                    "spec {} status {}/{} ready, instances {instances:?}, conditions {:?}",
+                    pool.spec.replicas, status.ready_replicas, status.replicas, status.conditions
+                ))
+            }
+        })
+        .await
+    }
+}
+
+/// Pending pods scale an ESS group up from zero through cluster-autoscaler (the template
+/// comes from the scaling configuration's instance type); instances boot with the token the
+/// operator wrote into the configuration's user data, join as `<region>.<instance-id>`,
+/// and run the pods; removing the load removes exactly the idle instance from the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_pods_scale_a_scaling_group_from_zero_and_the_idle_instance_goes() {
+    let mut w = World::new("ali-up", &["asg-workers"]).await;
+    w.pool("workers", "asg-workers", 0, 3, json!({})).await;
+    let machine_type = w
+        .wait(
+            "the instance type read into the pool's machine type",
+            || async {
+                let pool = w.get_pool("workers").await;
+                match pool.status.and_then(|s| s.machine_type) {
+                    Some(t) if t.capacity.get("cpu").map(String::as_str) == Some("4") => Ok(t),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+    assert_eq!(machine_type.name, INSTANCE_TYPE);
+    assert_eq!(
+        machine_type.capacity["memory"],
+        (16u64 << 30).to_string(),
+        "16 GiB in bytes"
+    );
+    assert_eq!(machine_type.labels["topology.kubernetes.io/region"], REGION);
+
+    let options = w.cluster.externalgrpc_autoscaler().expect("cloud-config");
+    w.cluster
+        .start_autoscaler(&options)
+        .unwrap_or_else(|e| panic!("starting cluster-autoscaler: {e}"));
+    w.log("cluster-autoscaler started");
+    w.app("web", 2, "workers").await;
+
+    let pool = w.wait_pool_ready("workers", "asg-workers", 2).await;
+    let running = w
+        .wait("both pods running", || async {
+            let nodes = w.nodes_running("web").await;
+            if nodes.len() == 2 {
+                Ok(nodes)
+            } else {
+                Err(format!("{nodes:?}"))
+            }
+        })
+        .await;
+    let nodes = w.ready_nodes("workers").await;
+    assert_eq!(
+        running,
+        nodes.iter().map(|n| n.name_any()).collect::<Vec<_>>()
+    );
+    let instances = w.instances("asg-workers");
+    for node in &nodes {
+        let pid = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.clone())
+            .unwrap_or_default();
+        let id = pid
+            .strip_prefix(&format!("{REGION}."))
+            .unwrap_or_else(|| panic!("providerID {pid} is <region>.<instance-id>"));
+        assert!(instances.iter().any(|i| i == id), "{id} in {instances:?}");
+        assert_eq!(
+            node.labels()
+                .get("autoscaling.nodegroup.dev/node-pool")
+                .map(String::as_str),
+            Some(format!("{}.workers", w.ns()).as_str()),
+            "the pool label from the rendered user data"
+        );
+    }
+    let recorded = pool.status.clone().unwrap_or_default().instances;
+    assert_eq!(recorded.len(), 2);
+    assert!(
+        recorded
+            .iter()
+            .all(|i| i.node.is_some() && i.id.is_some() && !i.request.starts_with("adopted-")),
+        "every instance traced to the request that made it: {recorded:?}"
+    );
+    let scale_outs = w.calls("ScaleWithAdjustment");
+    let activities = w.ess.activities("asg-workers");
+    assert_eq!(
+        activities.iter().map(|a| a.created.len()).sum::<usize>(),
+        2,
+        "exactly two instances launched: {activities:?}"
+    );
+    assert!((1..=2).contains(&scale_outs), "{scale_outs} scale-outs");
+    assert!(
+        w.ess
+            .user_data("asg-workers")
+            .is_some_and(|u| u.contains("kubeadm join") && !u.contains("{{")),
+        "the rendered user data is in the scaling configuration"
+    );
+    assert_eq!(
+        w.ess.group("asg-workers").expect("group").desired_capacity,
+        Some(2)
+    );
+
+    // One pod goes: cluster-autoscaler removes exactly the instance whose node is idle.
+    workload::scale(&w.client, w.ns(), "web", 1)
+        .await
+        .expect("scale app");
+    let busy = w
+        .wait("one pod left running", || async {
+            let nodes = w.nodes_running("web").await;
+            if nodes.len() == 1 {
+                Ok(nodes)
+            } else {
+                Err(format!("{nodes:?}"))
+            }
+        })
+        .await;
+    w.wait_pool_ready("workers", "asg-workers", 1).await;
+    w.wait("the idle node gone", || async {
+        let left: Vec<String> = w
+            .ready_nodes("workers")
+            .await
+            .iter()
+            .map(|n| n.name_any())
+            .collect();
+        if left == busy {
+            Ok(())
+        } else {
+            Err(format!("{left:?} (busy: {busy:?})"))
+        }
+    })
+    .await;
+    let removals = w.ess.requests_of("RemoveInstances");
+    let removed: Vec<&String> = removals
+        .iter()
+        .filter(|r| r.status == Some(200))
+        .flat_map(|r| {
+            r.params
+                .iter()
+                .filter(|(k, _)| k.starts_with("InstanceId."))
+        })
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(
+        removed.len(),
+        1,
+        "exactly one instance removed: {removals:?}"
+    );
+    assert!(
+        !instances.is_empty() && !w.instances("asg-workers").contains(removed[0]),
+        "the removed instance left the group"
+    );
+    assert_eq!(
+        w.ess.group("asg-workers").expect("group").desired_capacity,
+        Some(1),
+        "the removal lowered the desired capacity"
+    );
+    assert_eq!(
+        w.ess
+            .activities("asg-workers")
+            .iter()
+            .map(|a| a.created.len())
+            .sum::<usize>(),
+        2,
+        "no instance launched on the way down"
+    );
+}
+
+/// Throttling (`Throttling.User` injected on every kind of call, then the gateway's own
+/// flow control) and a scale-out whose answer is lost: the pool still reaches its size with
+/// exactly as many instances as wanted, every one traced to its request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_and_a_lost_answer_are_survived_without_a_second_scale_out() {
+    let w = World::new("ali-throttle", &["asg-busy"]).await;
+    w.ess.inject(None, 6, FaultAction::throttling());
+    w.ess
+        .inject(Some("ScaleWithAdjustment"), 2, FaultAction::throttling());
+    w.ess
+        .inject(Some("ScaleWithAdjustment"), 1, FaultAction::LoseAnswer);
+    w.ess.set_rate_limit(Some(4));
+    w.pool("busy", "asg-busy", 3, 5, json!({})).await;
+
+    let pool = w.wait_pool_ready("busy", "asg-busy", 3).await;
+    let throttled = w
+        .ess
+        .requests()
+        .iter()
+        .filter(|r| r.code.as_deref() == Some("Throttling.User"))
+        .count();
+    assert!(throttled >= 8, "{throttled} throttled requests");
+    let activities = w.ess.activities("asg-busy");
+    assert_eq!(
+        activities.len(),
+        1,
+        "one scale-out, the lost answer not repeated into a second: {activities:?}"
+    );
+    assert_eq!(activities[0].created.len(), 3);
+    let instances = pool.status.unwrap_or_default().instances;
+    let mut requests: Vec<&str> = instances.iter().map(|i| i.request.as_str()).collect();
+    requests.sort();
+    requests.dedup();
+    assert_eq!(requests.len(), 3, "{instances:?}");
+    assert!(requests.iter().all(|r| !r.starts_with("adopted-")));
+    assert_eq!(
+        w.ess.group("asg-busy").expect("group").desired_capacity,
+        Some(3)
+    );
+}
+
+/// A wrong AccessKey secret and a Secret without the key id are each reported on their pool
+/// (condition and Event) while a good pool next to them scales; the wrong key, once fixed
+/// in its Secret, is picked up without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_are_reported_and_a_fixed_secret_is_picked_up() {
+    let w = World::new("ali-bad", &["asg-good", "asg-wrong", "asg-partial"]).await;
+    w.secret("wrong", KEY_ID, "not-the-secret").await;
+    let partial: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "partial", "namespace": w.ns()},
+        "stringData": {"access-key-secret": KEY_SECRET},
+    }))
+    .expect("secret");
+    w.secrets()
+        .create(&PostParams::default(), &partial)
+        .await
+        .expect("create secret");
+    w.pool(
+        "wrong",
+        "asg-wrong",
+        1,
+        2,
+        json!({"credentialsSecretRef": {"name": "wrong"}}),
+    )
+    .await;
+    w.pool(
+        "partial",
+        "asg-partial",
+        1,
+        2,
+        json!({"credentialsSecretRef": {"name": "partial"}}),
+    )
+    .await;
+    w.pool("good", "asg-good", 1, 2, json!({})).await;
+
+    w.wait_pool_ready("good", "asg-good", 1).await;
+    for (pool, condition, reason, names) in [
+        (
+            "wrong",
+            "BackendUnavailable",
+            "Unauthorized",
+            "SignatureDoesNotMatch",
+        ),
+        (
+            "partial",
+            "InvalidSpec",
+            "CredentialsMissing",
+            "access-key-id",
+        ),
+    ] {
+        let w = &w;
+        let message = w
+            .wait(&format!("{pool}: {condition} {reason}"), || async move {
+                let p = w.get_pool(pool).await;
+                match World::condition(&p, condition) {
+                    Some((status, r, message)) if status == "True" && r == reason => Ok(message),
+                    other => Err(format!("{other:?}")),
+                }
+            })
+            .await;
+        assert!(message.contains(names), "{pool}: {message}");
+        w.wait(&format!("an Event on {pool}"), || async move {
+            let events = w.events(pool).await;
+            if events
+                .iter()
+                .any(|(r, _)| r == reason || r == "BackendUnavailable")
+            {
+                Ok(())
+            } else {
+                Err(format!("{events:?}"))
+            }
+        })
+        .await;
+        assert_eq!(
+            World::condition(&w.get_pool(pool).await, "Ready").map(|r| r.0),
+            Some("False".to_string()),
+            "{pool} is not Ready"
+        );
+    }
+    assert!(w.ess.instances("asg-wrong").is_empty() && w.ess.instances("asg-partial").is_empty());
+
+    // The right secret written into the Secret: the next pass uses it.
+    w.secrets()
+        .patch(
+            "wrong",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"access-key-secret": KEY_SECRET}})),
+        )
+        .await
+        .expect("fix secret");
+    w.log("Secret wrong fixed");
+    w.wait_pool_ready("wrong", "asg-wrong", 1).await;
+    let available = World::condition(&w.get_pool("wrong").await, "BackendUnavailable");
+    assert_eq!(available.map(|c| c.0), Some("False".to_string()));
+
+    // Scaling the good pool down to zero removes its instance and lowers the group.
+    w.set_replicas("good", 0).await;
+    w.wait("the good pool's instance removed", || async {
+        let instances = w.ess.instances("asg-good");
+        if instances.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{instances:?}"))
+        }
+    })
+    .await;
+    assert_eq!(
+        w.ess.group("asg-good").expect("group").desired_capacity,
+        Some(0)
+    );
+}

@@ -1,0 +1,516 @@
+//! The Alibaba Cloud client (`backends::alicloud`) against the sandbox's ESS/ECS emulator:
+//! the calls a node pool makes, paging, the signature and credential checks of the gateway,
+//! throttling, activities in progress, outages, hung requests, lost answers and idempotent
+//! scale-outs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ngo_sandbox::alicloud::{
+    AccessKey, AliCloudEmulator, AliCloudOptions, FaultAction, InstanceState, ScalingGroupSpec,
+};
+use nodegroup_operator::backends::alicloud::{
+    ActivityStatus, ApiErrorKind, Client, ClientOptions, Credentials, Endpoints, Error,
+    GroupLifecycleState, InstanceLifecycleState, RemovalFailureReason, RemoveOptions, RetryPolicy,
+    StaticCredentials, TransportOptions,
+};
+
+const GROUP: &str = "asg-workers";
+
+async fn emulator(tweak: impl FnOnce(&mut AliCloudOptions)) -> AliCloudEmulator {
+    let mut group = ScalingGroupSpec::new(GROUP, "ecs.g6.xlarge");
+    group.max_size = 60;
+    group.tags = BTreeMap::from([("workload_type".into(), "cpu".into())]);
+    let mut options = AliCloudOptions {
+        groups: vec![group],
+        activity_duration: Duration::from_millis(200),
+        ..Default::default()
+    };
+    tweak(&mut options);
+    AliCloudEmulator::start(options).await.expect("emulator")
+}
+
+fn options(emulator: &AliCloudEmulator) -> ClientOptions {
+    ClientOptions {
+        region_id: emulator.region().into(),
+        endpoints: Endpoints {
+            ess: emulator.url(),
+            ecs: emulator.url(),
+            sts: emulator.url(),
+        },
+        transport: TransportOptions {
+            timeout: Duration::from_secs(5),
+            ..Default::default()
+        },
+        retry: RetryPolicy {
+            max_retries: 3,
+            backoff: Duration::from_millis(20),
+            throttle_retries: 3,
+            throttle_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(200),
+        },
+    }
+}
+
+fn client_with(emulator: &AliCloudEmulator, credentials: Credentials) -> Client {
+    Client::new(
+        options(emulator),
+        Arc::new(StaticCredentials::from_credentials(credentials)),
+    )
+    .expect("client")
+}
+
+fn client(emulator: &AliCloudEmulator) -> Client {
+    let key = &emulator.access_keys()[0];
+    client_with(emulator, Credentials::new(&key.id, &key.secret))
+}
+
+async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn metadata(request: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([("nodegroup.dev/requests".to_string(), request.to_string())])
+}
+
+/// Waits until no activity of the group runs.
+async fn settled(emulator: &AliCloudEmulator) {
+    eventually("the group's activities to end", || {
+        emulator
+            .activities(GROUP)
+            .iter()
+            .all(|a| a.ended.is_some())
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_scale_out_is_traced_from_instances_to_its_activity_and_request() {
+    let emulator = emulator(|_| {}).await;
+    let ess = client(&emulator).ess();
+
+    let group = ess.scaling_group(GROUP).await.expect("group");
+    assert_eq!(group.lifecycle_state, GroupLifecycleState::Active);
+    assert_eq!((group.min_size, group.max_size), (0, 60));
+    assert_eq!(group.desired_capacity, Some(0));
+    assert_eq!(group.region_id, "cn-hangzhou");
+
+    let started = ess
+        .scale_out(GROUP, 2, "token-r1", &metadata("r1,r2"))
+        .await
+        .expect("scale out");
+    let activity = started.scaling_activity_id.expect("an activity");
+    let instances = ess.scaling_instances(GROUP).await.expect("instances");
+    assert_eq!(instances.len(), 2);
+    assert!(
+        instances
+            .iter()
+            .all(|i| i.lifecycle_state == InstanceLifecycleState::Pending
+                && i.scaling_activity_id.as_deref() == Some(activity.as_str()))
+    );
+    let found = ess
+        .scaling_activities_by_id(GROUP, &[activity.as_str(), "asa-unknown"])
+        .await
+        .expect("activities");
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].metadata["nodegroup.dev/requests"], "r1,r2");
+    assert_eq!(found[0].scaling_instance_number, 2);
+
+    settled(&emulator).await;
+    let instances = ess.scaling_instances(GROUP).await.expect("instances");
+    assert!(
+        instances
+            .iter()
+            .all(|i| i.lifecycle_state == InstanceLifecycleState::InService)
+    );
+    let done = ess
+        .scaling_activity(GROUP, &activity)
+        .await
+        .expect("activity")
+        .expect("known");
+    assert_eq!(done.status, ActivityStatus::Successful);
+    assert_eq!(done.created_instances.len(), 2);
+    assert_eq!(
+        ess.scaling_group(GROUP).await.expect("group").target_size(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_lost_scale_out_answer_repeated_with_its_client_token_scales_once() {
+    let emulator = emulator(|_| {}).await;
+    let ess = client(&emulator).ess();
+    emulator.inject(Some("ScaleWithAdjustment"), 1, FaultAction::LoseAnswer);
+    let lost = ess.scale_out(GROUP, 3, "token-lost", &metadata("r")).await;
+    assert!(
+        matches!(lost, Err(Error::Transport { .. })),
+        "the answer was lost: {lost:?}"
+    );
+    // The activity runs: a repeat with the same token answers it instead of refusing or
+    // starting another.
+    let repeat = ess
+        .scale_out(GROUP, 3, "token-lost", &metadata("r"))
+        .await
+        .expect("repeat");
+    assert_eq!(emulator.activities(GROUP).len(), 1);
+    assert_eq!(
+        repeat.scaling_activity_id.as_deref(),
+        Some(emulator.activities(GROUP)[0].id.as_str())
+    );
+    assert_eq!(emulator.instances(GROUP).len(), 3);
+
+    // A different token while the activity runs is refused, as ESS refuses it.
+    let busy = ess
+        .scale_out(GROUP, 1, "token-other", &metadata("s"))
+        .await
+        .expect_err("activity in progress");
+    assert!(busy.is_activity_in_progress(), "{busy}");
+    assert!(busy.is_transient());
+}
+
+#[tokio::test]
+async fn instances_page_past_fifty_and_types_are_found_beyond_the_first_page() {
+    let emulator = emulator(|_| {}).await;
+    let client = client(&emulator);
+    client
+        .ess()
+        .scale_out(GROUP, 55, "token-55", &BTreeMap::new())
+        .await
+        .expect("scale out");
+    let instances = client
+        .ess()
+        .scaling_instances(GROUP)
+        .await
+        .expect("instances");
+    assert_eq!(instances.len(), 55);
+    let pages = emulator.requests_of("DescribeScalingInstances");
+    assert_eq!(pages.len(), 2, "two pages of 50");
+    assert!(pages.iter().all(|r| r.params["PageSize"] == "50"));
+
+    // The group's type is listed after the first 100 (where cluster-autoscaler stops).
+    let types = client
+        .ecs()
+        .instance_types(&["ecs.g6.xlarge", "ecs.gn6i-c4g1.xlarge", "ecs.nope"])
+        .await
+        .expect("types");
+    assert_eq!(types.len(), 2);
+    assert_eq!((types[0].cpu_cores, types[0].memory_gib), (4, 16.0));
+    assert_eq!(types[1].gpu_amount, 1);
+    assert_eq!(types[1].gpu_spec.as_deref(), Some("NVIDIA T4"));
+    let all = client.ecs().all_instance_types().await.expect("all types");
+    assert_eq!(all.len(), 115, "every page, following NextToken");
+
+    let configuration = client
+        .ess()
+        .scaling_configuration(
+            GROUP,
+            client
+                .ess()
+                .scaling_group(GROUP)
+                .await
+                .expect("group")
+                .active_scaling_configuration_id
+                .as_deref()
+                .expect("active configuration"),
+        )
+        .await
+        .expect("configuration")
+        .expect("found");
+    assert_eq!(configuration.launch_types(), ["ecs.g6.xlarge"]);
+    assert_eq!(configuration.tags["workload_type"], "cpu");
+}
+
+#[tokio::test]
+async fn removal_takes_exactly_the_named_instances_and_reports_each_failure() {
+    let emulator = emulator(|_| {}).await;
+    let ess = client(&emulator).ess();
+    ess.scale_out(GROUP, 3, "token-3", &BTreeMap::new())
+        .await
+        .expect("scale out");
+    let ids: Vec<String> = emulator
+        .instances(GROUP)
+        .iter()
+        .map(|i| i.id.clone())
+        .collect();
+
+    // While the launch runs, ESS refuses: the whole batch fails with that reason.
+    let refused = ess
+        .remove_instances(GROUP, &ids[..1], RemoveOptions::default())
+        .await
+        .expect("report");
+    assert!(refused.removed.is_empty());
+    assert!(matches!(
+        &refused.failed[0].reason,
+        RemovalFailureReason::NotRemovable(InstanceLifecycleState::Pending)
+    ));
+    settled(&emulator).await;
+
+    let options = RemoveOptions {
+        remove_policy: Some("release".into()),
+        ..RemoveOptions::default()
+    };
+    let report = ess
+        .remove_instances(
+            GROUP,
+            &[ids[0].clone(), "i-unknown".into(), ids[1].clone()],
+            options.clone(),
+        )
+        .await
+        .expect("report");
+    assert_eq!(report.removed, vec![ids[0].clone(), ids[1].clone()]);
+    assert_eq!(report.failed.len(), 1);
+    assert_eq!(report.failed[0].instance_id, "i-unknown");
+    assert_eq!(report.failed[0].reason, RemovalFailureReason::NotInGroup);
+    let sent = emulator.requests_of("RemoveInstances");
+    let last = &sent.last().expect("a call").params;
+    assert_eq!(last["RemovePolicy"], "release");
+    assert_eq!(last["DecreaseDesiredCapacity"], "true");
+    assert!(last.contains_key("ClientToken"));
+
+    // A second removal while the first one's activity runs.
+    let busy = ess
+        .remove_instances(GROUP, &ids[2..], options)
+        .await
+        .expect("report");
+    match &busy.failed[0].reason {
+        RemovalFailureReason::Rejected(e) => {
+            assert_eq!(e.kind(), ApiErrorKind::ScalingActivityInProgress)
+        }
+        other => panic!("expected a rejection, got {other}"),
+    }
+    settled(&emulator).await;
+    assert_eq!(
+        emulator
+            .instances(GROUP)
+            .iter()
+            .map(|i| i.id.clone())
+            .collect::<Vec<_>>(),
+        vec![ids[2].clone()]
+    );
+    assert_eq!(
+        emulator.group(GROUP).expect("group").desired_capacity,
+        Some(1)
+    );
+}
+
+#[tokio::test]
+async fn server_errors_and_throttling_are_retried_with_fresh_nonces() {
+    let emulator = emulator(|_| {}).await;
+    let ess = client(&emulator).ess();
+    emulator.inject(Some("DescribeScalingGroups"), 2, FaultAction::unavailable());
+    emulator.inject(Some("DescribeScalingGroups"), 2, FaultAction::throttling());
+    ess.scaling_group(GROUP).await.expect("group after retries");
+    let calls = emulator.requests_of("DescribeScalingGroups");
+    assert_eq!(calls.len(), 5);
+    let nonces: std::collections::BTreeSet<&String> =
+        calls.iter().map(|r| &r.params["SignatureNonce"]).collect();
+    assert_eq!(nonces.len(), 5, "every attempt signed anew");
+    assert_eq!(
+        calls
+            .iter()
+            .filter_map(|r| r.code.as_deref())
+            .collect::<Vec<_>>(),
+        vec![
+            "ServiceUnavailable",
+            "ServiceUnavailable",
+            "Throttling.User",
+            "Throttling.User"
+        ]
+    );
+
+    // Throttled beyond the retries: reported as such, with the last answer.
+    emulator.inject(Some("DescribeScalingGroups"), 4, FaultAction::throttling());
+    let throttled = ess.scaling_group(GROUP).await.expect_err("throttled");
+    assert!(
+        matches!(throttled, Error::Throttled { attempts: 4, .. }),
+        "{throttled}"
+    );
+    assert!(throttled.is_transient());
+
+    // The gateway's own flow control, per AccessKey: waited out.
+    emulator.set_rate_limit(Some(2));
+    let mut patient = options(&emulator);
+    patient.retry.throttle_backoff = Duration::from_millis(600);
+    patient.retry.max_backoff = Duration::from_secs(1);
+    let key = &emulator.access_keys()[0];
+    let patient = Client::new(
+        patient,
+        Arc::new(StaticCredentials::new(&key.id, &key.secret)),
+    )
+    .expect("client");
+    let started = Instant::now();
+    for _ in 0..3 {
+        patient
+            .ess()
+            .scaling_group(GROUP)
+            .await
+            .expect("paced by back-off");
+    }
+    assert!(started.elapsed() >= Duration::from_millis(600));
+    assert!(
+        emulator
+            .requests_of("DescribeScalingGroups")
+            .iter()
+            .filter(|r| r.code.as_deref() == Some("Throttling.User"))
+            .count()
+            > 6
+    );
+}
+
+#[tokio::test]
+async fn hung_requests_time_out_and_reads_are_retried() {
+    let emulator = emulator(|_| {}).await;
+    let mut options = options(&emulator);
+    options.transport.timeout = Duration::from_millis(300);
+    let key = &emulator.access_keys()[0];
+    let client = Client::new(
+        options,
+        Arc::new(StaticCredentials::new(&key.id, &key.secret)),
+    )
+    .expect("client");
+    emulator.inject(
+        Some("DescribeScalingInstances"),
+        1,
+        FaultAction::Hang(Duration::from_secs(2)),
+    );
+    let started = Instant::now();
+    client
+        .ess()
+        .scaling_instances(GROUP)
+        .await
+        .expect("retried");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    emulator.inject(
+        Some("DescribeScalingInstances"),
+        4,
+        FaultAction::Hang(Duration::from_secs(2)),
+    );
+    let timed_out = client
+        .ess()
+        .scaling_instances(GROUP)
+        .await
+        .expect_err("timeout");
+    assert!(
+        matches!(timed_out, Error::Timeout { attempts: 4, .. }),
+        "{timed_out}"
+    );
+}
+
+#[tokio::test]
+async fn the_gateway_refuses_bad_secrets_unknown_keys_and_missing_sts_tokens() {
+    let emulator = emulator(|o| {
+        o.access_keys = vec![
+            AccessKey::new("LTAIgood", "right-secret"),
+            AccessKey {
+                id: "STS.temporary".into(),
+                secret: "sts-secret".into(),
+                security_token: Some("CAIS-token".into()),
+            },
+        ];
+    })
+    .await;
+    let kind = |e: &Error| e.kind();
+
+    let wrong = client_with(&emulator, Credentials::new("LTAIgood", "wrong-secret"));
+    let e = wrong.ess().scaling_group(GROUP).await.expect_err("refused");
+    assert_eq!(kind(&e), Some(ApiErrorKind::SignatureDoesNotMatch), "{e}");
+    assert!(
+        e.api()
+            .expect("api error")
+            .message
+            .contains("server string to sign is:POST&%2F&AccessKeyId%3DLTAIgood"),
+        "{e}"
+    );
+    assert!(!e.is_transient());
+
+    let unknown = client_with(&emulator, Credentials::new("LTAInobody", "x"));
+    let e = unknown
+        .ess()
+        .scaling_group(GROUP)
+        .await
+        .expect_err("refused");
+    assert_eq!(kind(&e), Some(ApiErrorKind::InvalidAccessKey), "{e}");
+    assert_eq!(e.api().map(|a| a.status), Some(404));
+
+    let no_token = client_with(&emulator, Credentials::new("STS.temporary", "sts-secret"));
+    let e = no_token
+        .ess()
+        .scaling_group(GROUP)
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        e.api().map(|a| a.code.as_str()),
+        Some("MissingSecurityToken")
+    );
+
+    let sts = client_with(
+        &emulator,
+        Credentials::new("STS.temporary", "sts-secret").with_security_token("CAIS-token"),
+    );
+    sts.ess()
+        .scaling_group(GROUP)
+        .await
+        .expect("signed with the token");
+    let last = emulator.requests().pop().expect("logged");
+    assert!(
+        !last.params.contains_key("SecurityToken"),
+        "the log never keeps the token"
+    );
+
+    // A key rotated away: the same client is refused from then on.
+    emulator.set_access_keys(vec![AccessKey::new("LTAInew", "new-secret")]);
+    let good = client_with(&emulator, Credentials::new("LTAIgood", "right-secret"));
+    let e = good.ess().scaling_group(GROUP).await.expect_err("revoked");
+    assert_eq!(kind(&e), Some(ApiErrorKind::InvalidAccessKey));
+    good.set_credentials(Arc::new(StaticCredentials::new("LTAInew", "new-secret")));
+    good.ess().scaling_group(GROUP).await.expect("new key");
+}
+
+#[tokio::test]
+async fn user_data_goes_into_the_active_configuration_and_unknown_groups_are_not_found() {
+    let emulator = emulator(|_| {}).await;
+    let ess = client(&emulator).ess();
+    let group = ess.scaling_group(GROUP).await.expect("group");
+    let configuration = group
+        .active_scaling_configuration_id
+        .expect("active configuration");
+    let script = "#!/bin/bash\nkubeadm join --token abcdef.0123456789abcdef 10.0.0.1:6443\n";
+    ess.set_user_data(&configuration, script)
+        .await
+        .expect("user data");
+    assert_eq!(emulator.user_data(GROUP).as_deref(), Some(script));
+    let sent = &emulator.requests_of("ModifyScalingConfiguration")[0].params["UserData"];
+    assert_ne!(sent, script, "sent Base64-encoded");
+
+    let missing = ess.scaling_group("asg-missing").await.expect_err("unknown");
+    assert!(matches!(missing, Error::GroupNotFound { .. }), "{missing}");
+
+    emulator.set_group_state(GROUP, "Inactive");
+    let inactive = ess
+        .scale_out(GROUP, 1, "token-inactive", &BTreeMap::new())
+        .await
+        .expect_err("inactive");
+    assert_eq!(
+        inactive.api().map(|a| a.code.as_str()),
+        Some("IncorrectScalingGroupStatus")
+    );
+    assert!(emulator.instances(GROUP).is_empty());
+    assert!(
+        emulator
+            .instances(GROUP)
+            .iter()
+            .all(|i| i.state != InstanceState::Pending)
+    );
+}
