@@ -58,11 +58,48 @@ where
                 return v;
             }
             Err(last) if start.elapsed() > WAIT => {
-                panic!("timed out after {WAIT:?} waiting for {what}; last: {last}")
+                panic!(
+                    "timed out after {WAIT:?} waiting for {what}; last: {last}\n{}",
+                    diagnose().await
+                )
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
         }
     }
+}
+
+/// For a timeout (CI keeps no log directory): whether each workload cluster answers, and the
+/// operators' last warnings and errors.
+async fn diagnose() -> String {
+    let mut lines = Vec::new();
+    for cluster in &sandbox().workload_clusters {
+        let state = match cluster.client().await {
+            Ok(client) => match Api::<Node>::all(client).list(&ListParams::default()).await {
+                Ok(nodes) => format!("answers, {} Nodes", nodes.items.len()),
+                Err(error) => format!("does not answer: {error}"),
+            },
+            Err(error) => format!("no client: {error:#}"),
+        };
+        lines.push(format!("workload cluster {}: {state}", cluster.name));
+    }
+    let logs = std::fs::read_dir(&sandbox().log_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains("operator"));
+    for log in logs {
+        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+        let notable: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .collect();
+        lines.push(format!(
+            "{} (last warnings and errors):\n{}",
+            log.file_name().to_string_lossy(),
+            notable[notable.len().saturating_sub(15)..].join("\n")
+        ));
+    }
+    lines.join("\n")
 }
 
 /// Two Clusters, one per workload cluster, each with a MachineDeployment `w` (min 1, max 4)
