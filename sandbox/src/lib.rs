@@ -17,6 +17,7 @@ pub mod cherry;
 pub mod controlplane;
 pub mod crds;
 pub mod demo;
+pub mod emulator;
 pub mod environment;
 pub mod infra_provider;
 pub mod kwok;

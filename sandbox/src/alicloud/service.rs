@@ -14,7 +14,7 @@
 //! The signature is computed here independently of the operator's client (the canonical
 //! query is rebuilt from the decoded parameters, never taken from the raw query text).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,15 +23,12 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{Value, json};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
+use tokio::net::TcpListener;
 
 use super::model::{ApiError, Params};
 use super::{FaultAction, RecordedRequest, Shared};
+use crate::emulator::{self, Answer, RateWindow, ResetConnection};
 
 /// ESS actions this emulator serves.
 const ESS_ACTIONS: &[&str] = &[
@@ -139,7 +136,7 @@ fn parse_timestamp(text: &str) -> Option<jiff::Timestamp> {
 #[derive(Debug, Default)]
 pub(super) struct Throttle {
     pub limit: Option<u32>,
-    windows: HashMap<String, VecDeque<Instant>>,
+    windows: HashMap<String, RateWindow>,
 }
 
 impl Throttle {
@@ -152,86 +149,21 @@ impl Throttle {
 
     /// Whether a request of `key` may pass now (and then it counts).
     fn admit(&mut self, key: &str, now: Instant) -> bool {
-        let Some(limit) = self.limit else {
-            return true;
-        };
         let window = self.windows.entry(key.to_string()).or_default();
-        while window
-            .front()
-            .is_some_and(|t| now.duration_since(*t) >= Duration::from_secs(1))
-        {
-            window.pop_front();
-        }
-        if window.len() < limit as usize {
-            window.push_back(now);
-            true
-        } else {
-            false
-        }
+        window.limit = self.limit;
+        window.admit(now).is_none()
     }
 }
 
-#[derive(Debug)]
-struct ResetConnection;
-
-impl std::fmt::Display for ResetConnection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("injected connection reset")
-    }
-}
-
-impl std::error::Error for ResetConnection {}
-
-type Answer = Response<Full<Bytes>>;
-
-/// Accepts connections until the task is aborted.
+/// Accepts connections until the task is aborted (which aborts every connection).
 pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
-    let mut connections = JoinSet::new();
-    loop {
-        while connections.try_join_next().is_some() {}
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                tracing::warn!(error = %e, "alicloud emulator: accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        connections.spawn(serve_connection(stream, shared.clone()));
-    }
-}
-
-async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
-    // A second handle on the socket, to send RST (SO_LINGER 0) when a fault asks for it.
-    let (socket, stream) = match stream
-        .into_std()
-        .and_then(|s| Ok((s.try_clone()?, s)))
-        .and_then(|(handle, s)| Ok((Arc::new(handle), TcpStream::from_std(s)?)))
-    {
-        Ok(pair) => pair,
-        Err(e) => {
-            tracing::warn!(error = %e, "alicloud emulator: cannot take the connection");
-            return;
-        }
-    };
-    let service = service_fn(move |request| {
-        let shared = shared.clone();
-        let socket = socket.clone();
-        async move {
-            let outcome = handle(&shared, request).await;
-            if outcome.is_err() {
-                let _ = socket2::SockRef::from(socket.as_ref()).set_linger(Some(Duration::ZERO));
-            }
-            outcome
-        }
-    });
-    if let Err(e) = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .serve_connection(TokioIo::new(stream), service)
-        .await
-    {
-        tracing::debug!(error = %e, "alicloud emulator: connection ended");
-    }
+    emulator::serve(
+        listener,
+        "alicloud emulator",
+        shared,
+        |shared, request| async move { handle(&shared, request).await },
+    )
+    .await;
 }
 
 /// What the gateway made of a request before the action ran.

@@ -54,7 +54,7 @@ pub use model::{
 };
 
 use self::model::Account;
-use self::service::RateWindow;
+use crate::emulator::RateWindow;
 
 /// How the emulator behaves.
 #[derive(Clone)]

@@ -3,58 +3,19 @@
 //! included: cluster-autoscaler's `request` (`cherry_manager_rest.go`) fails any answer
 //! without it.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::Value;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
+use tokio::net::TcpListener;
 
 use super::model::ApiError;
 use super::{FaultAction, RecordedRequest, RequestKind, Shared};
-
-/// Requests per emulator beyond which a one-second window answers 429.
-#[derive(Debug, Default)]
-pub(super) struct RateWindow {
-    pub limit: Option<u32>,
-    accepted: VecDeque<Instant>,
-}
-
-impl RateWindow {
-    /// A window admitting `limit` requests per second (`None`: all).
-    pub(super) fn new(limit: Option<u32>) -> Self {
-        Self {
-            limit,
-            accepted: VecDeque::new(),
-        }
-    }
-
-    /// `None` when the request may pass (and counts), else how long until it would.
-    fn admit(&mut self, now: Instant) -> Option<Duration> {
-        let limit = self.limit? as usize;
-        while self
-            .accepted
-            .front()
-            .is_some_and(|t| now.duration_since(*t) >= Duration::from_secs(1))
-        {
-            self.accepted.pop_front();
-        }
-        if self.accepted.len() < limit {
-            self.accepted.push_back(now);
-            return None;
-        }
-        let oldest = self.accepted.front().copied().unwrap_or(now);
-        Some(Duration::from_secs(1).saturating_sub(now.duration_since(oldest)))
-    }
-}
+use crate::emulator::{self, Answer, ResetConnection};
 
 /// A request, routed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,70 +74,15 @@ impl Route {
     }
 }
 
-/// The service's error: drop the connection without an answer.
-#[derive(Debug)]
-struct ResetConnection;
-
-impl std::fmt::Display for ResetConnection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("injected connection reset")
-    }
-}
-
-impl std::error::Error for ResetConnection {}
-
-type Answer = Response<Full<Bytes>>;
-
 /// Accepts connections until the task is aborted (which aborts every connection).
 pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
-    let mut connections = JoinSet::new();
-    loop {
-        while connections.try_join_next().is_some() {}
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                tracing::warn!(error = %e, "cherry emulator: accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        connections.spawn(serve_connection(stream, shared.clone()));
-    }
-}
-
-async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
-    // A second handle on the socket, to set SO_LINGER to zero when a request asks for a
-    // reset: closing then sends RST instead of FIN.
-    let handle = match stream
-        .into_std()
-        .and_then(|s| Ok((s.try_clone()?, s)))
-        .and_then(|(handle, s)| Ok((handle, TcpStream::from_std(s)?)))
-    {
-        Ok((handle, stream)) => (Arc::new(handle), stream),
-        Err(e) => {
-            tracing::warn!(error = %e, "cherry emulator: cannot take the connection");
-            return;
-        }
-    };
-    let (socket, stream) = handle;
-    let service = service_fn(move |request| {
-        let shared = shared.clone();
-        let socket = socket.clone();
-        async move {
-            let outcome = handle_request(&shared, request).await;
-            if outcome.is_err() {
-                let _ = socket2::SockRef::from(socket.as_ref()).set_linger(Some(Duration::ZERO));
-            }
-            outcome
-        }
-    });
-    let served = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .serve_connection(TokioIo::new(stream), service)
-        .await;
-    if let Err(e) = served {
-        tracing::debug!(error = %e, "cherry emulator: connection ended");
-    }
+    emulator::serve(
+        listener,
+        "cherry emulator",
+        shared,
+        |shared, request| async move { handle_request(&shared, request).await },
+    )
+    .await;
 }
 
 async fn handle_request(
@@ -416,19 +322,6 @@ mod tests {
         // `ResolveReference`): such paths are not found.
         assert_eq!(Route::of(&Method::GET, "/servers/9"), Route::NotFound);
         assert_eq!(Route::of(&Method::GET, "/v1/servers/abc"), Route::NotFound);
-    }
-
-    #[test]
-    fn rate_window_admits_the_limit_per_second() {
-        let mut window = RateWindow::new(Some(2));
-        let t0 = Instant::now();
-        assert_eq!(window.admit(t0), None);
-        assert_eq!(window.admit(t0 + Duration::from_millis(100)), None);
-        let wait = window.admit(t0 + Duration::from_millis(200)).unwrap();
-        assert_eq!(wait, Duration::from_millis(800));
-        assert_eq!(window.admit(t0 + Duration::from_millis(1000)), None);
-        let unlimited = &mut RateWindow::default();
-        assert!((0..100).all(|_| unlimited.admit(t0).is_none()));
     }
 
     #[test]
