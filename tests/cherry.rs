@@ -293,30 +293,18 @@ impl World {
 
     /// Polls `check` every 250 ms until it returns `Ok`, failing after [`WAIT`] with the
     /// last reason; the operator (and cluster-autoscaler) must stay alive meanwhile.
-    async fn wait<T, F, Fut>(&self, what: &str, mut check: F) -> T
+    async fn wait<T, F, Fut>(&self, what: &str, check: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, String>>,
     {
-        let start = Instant::now();
-        loop {
-            if let Err(e) = self.cluster.check_alive() {
-                panic!("while waiting for {what}: {e}");
-            }
-            match check().await {
-                Ok(value) => {
-                    self.log(&format!(
-                        "{what} (after {:.1}s)",
-                        start.elapsed().as_secs_f64()
-                    ));
-                    return value;
-                }
-                Err(reason) if start.elapsed() > WAIT => {
-                    panic!("timed out after {WAIT:?} waiting for {what}; last: {reason}")
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-            }
-        }
+        let (value, took) = self
+            .cluster
+            .poll(what, WAIT, check)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.log(&format!("{what} (after {:.1}s)", took.as_secs_f64()));
+        value
     }
 
     /// Waits until pool `name` reports `n` ready replicas of `n` and its servers match.

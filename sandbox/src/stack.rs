@@ -226,6 +226,36 @@ impl AutoscaledCluster {
         self.autoscaler.as_ref()
     }
 
+    /// Polls `check` every 250 ms until it returns `Ok`, while the operator and
+    /// cluster-autoscaler stay alive; returns the value and how long it took. Fails with
+    /// `what` and the last reason after `timeout`, or at once when a process died.
+    pub async fn poll<T, F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: F,
+    ) -> Result<(T, Duration), String>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
+        let start = std::time::Instant::now();
+        loop {
+            if let Err(e) = self.check_alive() {
+                return Err(format!("while waiting for {what}: {e}"));
+            }
+            match check().await {
+                Ok(value) => return Ok((value, start.elapsed())),
+                Err(reason) if start.elapsed() > timeout => {
+                    return Err(format!(
+                        "timed out after {timeout:?} waiting for {what}; last: {reason}"
+                    ));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+    }
+
     /// Fails if the operator or cluster-autoscaler has exited.
     pub fn check_alive(&self) -> Result<(), ProcessError> {
         if let Some(operator) = &self.operator {
