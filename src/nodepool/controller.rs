@@ -271,6 +271,7 @@ impl PoolController {
             max_creates: self.options.max_creates,
         });
         self.report_dropped(pool, &decision.dropped);
+        report.nodes = Some(nodes);
         self.apply_creation_failures(pool, &backend, &mut decision, report)
             .await;
 
@@ -783,11 +784,19 @@ impl PoolController {
             namespace: pool.namespace().unwrap_or_default(),
             name: pool.spec.cluster_name.clone(),
         };
-        let ready_nodes = self
-            .watches
-            .node_cluster(&cluster)
-            .map(|(_, nodes)| seen_nodes(&nodes))
-            .unwrap_or_default();
+        // The pass's own view of the Nodes when it got that far; read here otherwise.
+        let read_now;
+        let ready_nodes = match &report.nodes {
+            Some(nodes) => nodes,
+            None => {
+                read_now = self
+                    .watches
+                    .node_cluster(&cluster)
+                    .map(|(_, nodes)| seen_nodes(&nodes))
+                    .unwrap_or_default();
+                &read_now
+            }
+        };
         let registered = instances
             .iter()
             .filter(live)
@@ -945,6 +954,8 @@ struct PassReport {
     /// Servers were ordered in this pass.
     created: bool,
     create_failure: Option<(String, String)>,
+    /// Registered Nodes by normalized provider ID, as the pass saw them.
+    nodes: Option<HashMap<String, SeenNode>>,
 }
 
 /// The settings of new servers, checked before anything is ordered.
