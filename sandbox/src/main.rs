@@ -61,6 +61,11 @@ enum Command {
         /// Where to write the results (default: target/bench/results.json).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Only our server, on one dataset of `<groups>x<nodes>` (e.g. 1000x10): read
+        /// metrics, memory, propagation and the single-Machine change, no peers and no
+        /// cluster-autoscaler; prints the raw figures (for work on the operator).
+        #[arg(long, value_name = "GROUPSxNODES", conflicts_with = "smoke")]
+        ours_only: Option<String>,
     },
     /// Run the demo: scale a MachineDeployment up and down through cluster-autoscaler.
     Demo {
@@ -134,7 +139,21 @@ fn main() -> anyhow::Result<()> {
             };
             runtime.block_on(soak(sandbox, &options))
         }
-        Command::Bench { smoke, out } => {
+        Command::Bench {
+            smoke: _,
+            out,
+            ours_only: Some(shape),
+        } => {
+            let out = out.unwrap_or_else(|| {
+                ngo_sandbox::workspace_root().join("target/bench/ours-only.json")
+            });
+            bench_ours(&runtime, &shape, &out, started)
+        }
+        Command::Bench {
+            smoke,
+            out,
+            ours_only: None,
+        } => {
             let out = out
                 .unwrap_or_else(|| ngo_sandbox::workspace_root().join("target/bench/results.json"));
             bench(&runtime, smoke, &out, started)
@@ -308,6 +327,39 @@ fn bench(
     println!("\n{}", summary::render(&results));
     let shown = std::fs::canonicalize(out).unwrap_or_else(|_| out.to_path_buf());
     println!("results: {}", shown.display());
+    Ok(())
+}
+
+fn bench_ours(
+    runtime: &tokio::runtime::Runtime,
+    shape: &str,
+    out: &std::path::Path,
+    started: Instant,
+) -> anyhow::Result<()> {
+    use ngo_sandbox::bench::{self, BenchOptions, dataset::DatasetSpec, report::MachineInfo};
+    let (groups, nodes) = shape
+        .split_once('x')
+        .and_then(|(g, n)| Some((g.parse().ok()?, n.parse().ok()?)))
+        .with_context(|| {
+            format!("--ours-only wants <groups>x<nodes>, e.g. 1000x10, not {shape:?}")
+        })?;
+    let machine = MachineInfo::read();
+    say(
+        started,
+        &format!("benchmark (ours only) on {}", machine.line()),
+    );
+    let run = bench::run_ours(
+        runtime,
+        DatasetSpec::single(groups, nodes),
+        &BenchOptions::full(),
+        &|line| say(started, line),
+    )?;
+    let figures = serde_json::to_string_pretty(&run)?;
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(out, &figures).with_context(|| format!("writing {}", out.display()))?;
+    println!("{figures}");
     Ok(())
 }
 

@@ -3,11 +3,16 @@
 //! Works for v1beta1 and v1beta2 shapes: where a field moved between versions both places are
 //! read (see each field's doc).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
-use kube::api::DynamicObject;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{ApiResource, DynamicObject};
+use kube::core::DynamicResourceScope;
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use super::keys::CapiKeys;
@@ -230,7 +235,7 @@ impl ScalableResource {
                 .unwrap_or_default(),
         };
         let owner_machine_deployment = if kind == ScalableKind::MachineSet {
-            owner_named(obj, "MachineDeployment")
+            owner_named(meta, "MachineDeployment")
         } else {
             None
         };
@@ -310,10 +315,14 @@ pub struct Machine {
 impl Machine {
     /// Extracts the view from a dynamic Machine.
     pub fn from_dynamic(obj: &DynamicObject) -> Self {
-        let meta = &obj.metadata;
-        let data = &obj.data;
-        let failure_message = str_at(data, &["status", "failureMessage"])
-            .or_else(|| str_at(data, &["status", "deprecated", "v1beta1", "failureMessage"]))
+        let field = |name| obj.data.get(name).unwrap_or(&Value::Null);
+        Self::extract(&obj.metadata, field("spec"), field("status"))
+    }
+
+    /// The view of a Machine with this metadata, spec and status.
+    fn extract(meta: &ObjectMeta, spec: &Value, status: &Value) -> Self {
+        let failure_message = str_at(status, &["failureMessage"])
+            .or_else(|| str_at(status, &["deprecated", "v1beta1", "failureMessage"]))
             .filter(|m| !m.is_empty())
             .map(String::from);
         Self {
@@ -321,19 +330,19 @@ impl Machine {
             name: meta.name.clone().unwrap_or_default(),
             labels: meta.labels.clone().unwrap_or_default(),
             annotations: meta.annotations.clone().unwrap_or_default(),
-            cluster_name: str_at(data, &["spec", "clusterName"])
+            cluster_name: str_at(spec, &["clusterName"])
                 .unwrap_or_default()
                 .to_string(),
-            owner_machine_set: owner_named(obj, "MachineSet"),
-            owner_machine_pool: owner_named(obj, "MachinePool"),
-            provider_id: str_at(data, &["spec", "providerID"])
+            owner_machine_set: owner_named(meta, "MachineSet"),
+            owner_machine_pool: owner_named(meta, "MachinePool"),
+            provider_id: str_at(spec, &["providerID"])
                 .filter(|p| !p.is_empty())
                 .map(String::from),
-            node_ref_name: str_at(data, &["status", "nodeRef", "name"])
+            node_ref_name: str_at(status, &["nodeRef", "name"])
                 .filter(|n| !n.is_empty())
                 .map(String::from),
-            node_ref_kind: str_at(data, &["status", "nodeRef", "kind"]).map(String::from),
-            phase: str_at(data, &["status", "phase"]).map(String::from),
+            node_ref_kind: str_at(status, &["nodeRef", "kind"]).map(String::from),
+            phase: str_at(status, &["phase"]).map(String::from),
             failure_message,
             deleting: meta.deletion_timestamp.is_some(),
         }
@@ -347,6 +356,83 @@ impl Machine {
     /// Failed: a failure message and phase `Failed`, as upstream.
     pub fn is_failed(&self) -> bool {
         self.failure_message.is_some() && self.phase.as_deref() == Some("Failed")
+    }
+}
+
+/// A Machine as the operator caches it: decoded straight into its [`Machine`] view, so the
+/// cache keeps the view and the object's identity only. Everything else (conditions,
+/// addresses, bootstrap and infrastructure references, field managers) is skipped while the
+/// watch event is decoded and never held. The view is shared with the index.
+#[derive(Clone, Debug)]
+pub struct WatchedMachine {
+    /// Name, namespace, uid and resourceVersion; labels, annotations and owners are in the view.
+    pub metadata: ObjectMeta,
+    /// The view.
+    pub view: Arc<Machine>,
+}
+
+impl<'de> Deserialize<'de> for WatchedMachine {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// The parts of a Machine the view reads. `spec` and `status` are decoded as plain
+        /// JSON (a Machine's status is only as strict as its CRD schema), read, then dropped.
+        #[derive(Deserialize)]
+        struct Parts {
+            #[serde(default)]
+            metadata: ObjectMeta,
+            #[serde(default)]
+            spec: Value,
+            #[serde(default)]
+            status: Value,
+        }
+        let Parts {
+            metadata,
+            spec,
+            status,
+        } = Parts::deserialize(deserializer)?;
+        let view = Machine::extract(&metadata, &spec, &status);
+        Ok(Self {
+            metadata: ObjectMeta {
+                name: metadata.name,
+                namespace: metadata.namespace,
+                uid: metadata.uid,
+                resource_version: metadata.resource_version,
+                ..ObjectMeta::default()
+            },
+            view: Arc::new(view),
+        })
+    }
+}
+
+impl kube::Resource for WatchedMachine {
+    type DynamicType = ApiResource;
+    type Scope = DynamicResourceScope;
+
+    fn kind(dt: &ApiResource) -> Cow<'_, str> {
+        dt.kind.as_str().into()
+    }
+
+    fn group(dt: &ApiResource) -> Cow<'_, str> {
+        dt.group.as_str().into()
+    }
+
+    fn version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.version.as_str().into()
+    }
+
+    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.api_version.as_str().into()
+    }
+
+    fn plural(dt: &ApiResource) -> Cow<'_, str> {
+        dt.plural.as_str().into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
     }
 }
 
@@ -388,9 +474,8 @@ impl InfraTemplate {
     }
 }
 
-fn owner_named(obj: &DynamicObject, kind: &str) -> Option<String> {
-    obj.metadata
-        .owner_references
+fn owner_named(meta: &ObjectMeta, kind: &str) -> Option<String> {
+    meta.owner_references
         .as_ref()?
         .iter()
         .find(|o| o.kind == kind && !o.name.is_empty())
@@ -466,6 +551,70 @@ mod tests {
 
     fn dynamic(v: Value) -> DynamicObject {
         serde_json::from_value(v).unwrap()
+    }
+
+    /// A v1beta2 Machine as the API server sends it, with the status a real controller writes.
+    fn full_machine() -> Value {
+        json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {
+                "name": "m1", "namespace": "ns", "uid": "u1", "resourceVersion": "42",
+                "generation": 3, "creationTimestamp": "2026-01-01T00:00:00Z",
+                "deletionTimestamp": "2026-01-02T00:00:00Z", "finalizers": ["machine.cluster.x-k8s.io"],
+                "labels": {"cluster.x-k8s.io/cluster-name": "c1", "cluster.x-k8s.io/set-name": "ms"},
+                "annotations": {"cluster.x-k8s.io/delete-machine": "yes"},
+                "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet", "name": "ms", "uid": "x"}],
+                "managedFields": [{"manager": "capi", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
+            },
+            "spec": {
+                "clusterName": "c1", "providerID": "test:////m1", "version": "v1.34.0",
+                "bootstrap": {"dataSecretName": "m1-bootstrap"},
+                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "TestMachine", "name": "m1"}
+            },
+            "status": {
+                "phase": "Failed",
+                "nodeRef": {"name": "node-1"},
+                "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
+                "conditions": [{"type": "Ready", "status": "False", "reason": "NotReady", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                "deprecated": {"v1beta1": {"failureMessage": "the instance is gone", "conditions": []}}
+            }
+        })
+    }
+
+    #[test]
+    fn a_watched_machine_holds_the_same_view_as_the_whole_object_and_only_its_identity() {
+        let watched: WatchedMachine = serde_json::from_value(full_machine()).unwrap();
+        let view = Machine::from_dynamic(&dynamic(full_machine()));
+        assert_eq!(*watched.view, view);
+        assert_eq!(view.provider_id.as_deref(), Some("test:////m1"));
+        assert_eq!(view.node_ref_name.as_deref(), Some("node-1"));
+        assert_eq!(view.owner_machine_set.as_deref(), Some("ms"));
+        assert!(view.is_failed() && view.deleting);
+        assert_eq!(
+            watched.metadata,
+            ObjectMeta {
+                name: Some("m1".into()),
+                namespace: Some("ns".into()),
+                uid: Some("u1".into()),
+                resource_version: Some("42".into()),
+                ..ObjectMeta::default()
+            }
+        );
+    }
+
+    #[test]
+    fn a_watched_machine_tolerates_what_the_view_does_not_read_or_cannot_use() {
+        let mut odd = full_machine();
+        odd["spec"]["providerID"] = json!(7);
+        odd["status"] = json!("not an object");
+        odd["extra"] = json!({"anything": [1, 2]});
+        let watched: WatchedMachine = serde_json::from_value(odd).unwrap();
+        assert_eq!(watched.view.provider_id, None);
+        assert_eq!(watched.view.phase, None);
+        assert_eq!(watched.view.cluster_name, "c1");
+        let bare: WatchedMachine =
+            serde_json::from_value(json!({"metadata": {"name": "m"}})).unwrap();
+        assert_eq!(bare.view.name, "m");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Builds a [`Snapshot`] from plain views of the cached objects. Pure and deterministic.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use super::model::{
     ClusterKey, ConfigWarning, ExclusionReason, Instance, InstanceError, InstanceState, NodeGroup,
@@ -72,8 +73,8 @@ pub struct IndexInputs {
     pub default_arch: String,
     /// MachineDeployments, MachineSets and MachinePools.
     pub resources: Vec<ScalableResource>,
-    /// Machines.
-    pub machines: Vec<Machine>,
+    /// Machines (shared with the watch cache).
+    pub machines: Vec<Arc<Machine>>,
     /// Nodes.
     pub nodes: Vec<NodeView>,
     /// Cached infrastructure templates.

@@ -3,6 +3,7 @@
 
 pub mod build;
 mod handle;
+mod keyset;
 mod model;
 mod policy;
 mod pool;

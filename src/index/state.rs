@@ -21,6 +21,7 @@ use super::build::{
     Assessment, IndexInputs, NodeFinder, NodeView, allowed, assess, instance_for, owning_group,
     workload_not_synced,
 };
+use super::keyset::KeySet;
 use super::model::{
     ClusterKey, Exclusion, ExclusionReason, IndexCounts, Instance, InstanceState, MachineEntry,
     NodeGroup, PolicyReport, ProviderIdOwner, Snapshot,
@@ -56,20 +57,20 @@ pub struct IndexState {
     /// Policies, oldest first (the oldest selecting policy governs).
     policies: Vec<PolicyRules>,
     resources: BTreeMap<ResourceKey, ScalableResource>,
-    machines: BTreeMap<String, Machine>,
+    machines: BTreeMap<String, Arc<Machine>>,
     nodes: BTreeMap<NodeKey, NodeView>,
 
     // Reverse indexes.
-    sets_by_deployment: HashMap<(String, String), BTreeSet<String>>,
-    machines_by_set: HashMap<(String, String), BTreeSet<String>>,
-    machines_by_pool: HashMap<(String, String), BTreeSet<String>>,
-    machines_by_pid: HashMap<String, BTreeSet<String>>,
-    machines_by_node_name: HashMap<String, BTreeSet<String>>,
-    nodes_by_pid: HashMap<String, BTreeSet<NodeKey>>,
-    nodes_by_name: HashMap<String, BTreeSet<NodeKey>>,
+    sets_by_deployment: HashMap<(String, String), KeySet<String>>,
+    machines_by_set: HashMap<(String, String), KeySet<String>>,
+    machines_by_pool: HashMap<(String, String), KeySet<String>>,
+    machines_by_pid: HashMap<String, KeySet<String>>,
+    machines_by_node_name: HashMap<String, KeySet<String>>,
+    nodes_by_pid: HashMap<String, KeySet<NodeKey>>,
+    nodes_by_name: HashMap<String, KeySet<NodeKey>>,
     /// Nodes whose annotations name a machine, by that machine's key.
-    nodes_by_machine: HashMap<String, BTreeSet<NodeKey>>,
-    pools_by_pid: HashMap<String, BTreeSet<ResourceKey>>,
+    nodes_by_machine: HashMap<String, KeySet<NodeKey>>,
+    pools_by_pid: HashMap<String, KeySet<ResourceKey>>,
 
     // Outputs.
     roots: BTreeMap<ResourceKey, RootOutput>,
@@ -244,7 +245,8 @@ impl IndexState {
     }
 
     /// Adds or replaces a Machine.
-    pub fn upsert_machine(&mut self, m: Machine) {
+    pub fn upsert_machine(&mut self, m: impl Into<Arc<Machine>>) {
+        let m = m.into();
         let key = m.key();
         self.remove_machine_indexes(&key);
         let ns = m.namespace.clone();
@@ -414,8 +416,10 @@ impl IndexState {
         let mut machines: BTreeSet<String> = self
             .machines_by_node_name
             .get(&node.name)
+            .into_iter()
+            .flatten()
             .cloned()
-            .unwrap_or_default();
+            .collect();
         if let Some(pid) = &pid {
             machines.extend(self.machines_by_pid.get(pid).into_iter().flatten().cloned());
             self.dirty_roots
@@ -665,7 +669,7 @@ impl IndexState {
             })
             .collect();
         keys.into_iter()
-            .filter_map(|k| self.machines.get(k))
+            .filter_map(|k| self.machines.get(k).map(|m| &**m))
             .collect()
     }
 
@@ -745,7 +749,7 @@ impl NodeFinder for IndexState {
 /// Of the candidate Nodes, one of `cluster`, else one read from the shared view.
 fn pick<'a>(
     nodes: &'a BTreeMap<NodeKey, NodeView>,
-    candidates: Option<&BTreeSet<NodeKey>>,
+    candidates: Option<&KeySet<NodeKey>>,
     cluster: &ClusterKey,
 ) -> Option<&'a NodeView> {
     let candidates = candidates?;
@@ -767,7 +771,7 @@ fn note_warnings<'a>(
     }
 }
 
-fn remove_from<K, Q, V, R>(map: &mut HashMap<K, BTreeSet<V>>, key: &Q, value: &R)
+fn remove_from<K, Q, V, R>(map: &mut HashMap<K, KeySet<V>>, key: &Q, value: &R)
 where
     K: std::borrow::Borrow<Q> + std::hash::Hash + Eq,
     Q: std::hash::Hash + Eq + ?Sized,
@@ -1071,13 +1075,13 @@ mod tests {
             ));
             for n in 0..10 {
                 let pid = format!("test:////p{g}-{n}");
-                inputs.machines.push(Machine::from_dynamic(&dynamic(json!({
+                inputs.machines.push(Arc::new(Machine::from_dynamic(&dynamic(json!({
                     "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
                     "metadata": {"name": format!("m{g}-{n}"), "namespace": NS, "ownerReferences": [
                         {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet", "name": format!("md{g}-ms"), "uid": "y"}]},
                     "spec": {"clusterName": "c1", "providerID": pid},
                     "status": {"nodeRef": {"name": format!("n{g}-{n}")}}
-                }))));
+                })))));
                 inputs.nodes.push(NodeView {
                     name: format!("n{g}-{n}"),
                     provider_id: Some(pid),
@@ -1088,7 +1092,7 @@ mod tests {
         }
         let mut state = IndexState::new(&inputs);
         let before = state.snapshot();
-        let mut changed = inputs.machines[4242].clone();
+        let mut changed = Machine::clone(&inputs.machines[4242]);
         changed
             .annotations
             .insert("cluster.x-k8s.io/delete-machine".into(), "x".into());

@@ -6,6 +6,7 @@ mod admin;
 mod changes;
 mod exclusions;
 pub mod leader;
+mod memory;
 pub(crate) mod watches;
 mod workload;
 

@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
 use kube::api::{Api, DynamicObject, ListParams};
+use kube::core::DynamicResourceScope;
 use kube::discovery::{ApiResource, Discovery};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -20,11 +21,14 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::changes::{Changes, Pending, Track};
+use super::memory;
 use super::workload::WorkloadClusters;
 use crate::api::{NodeGroupPolicy, NodePool};
 use crate::capi::CapiKeys;
 use crate::capi::autodiscovery::DiscoveryFilter;
-use crate::capi::objects::{InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource};
+use crate::capi::objects::{
+    InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource, WatchedMachine,
+};
 use crate::capi::resources::CapiResources;
 use crate::index::state::{IndexState, NodeKey, ResourceKey};
 use crate::index::{
@@ -127,7 +131,7 @@ struct Inner {
     filter: DiscoveryFilter,
     default_arch: String,
     scalables: Vec<(ScalableKind, ApiResource, Stores<DynamicObject>)>,
-    machines: (ApiResource, Stores<DynamicObject>),
+    machines: (ApiResource, Stores<WatchedMachine>),
     clusters: Stores<DynamicObject>,
     nodes: NodeStores,
     policies: Option<Stores<NodeGroupPolicy>>,
@@ -184,27 +188,12 @@ impl Watches {
             None => vec![None],
         };
         let dynamic = |tasks: &mut JoinSet<anyhow::Result<()>>, ar: &ApiResource, track: Track| {
-            Stores(
-                scopes
-                    .iter()
-                    .map(|scope| {
-                        let api = match scope {
-                            Some(ns) => {
-                                Api::<DynamicObject>::namespaced_with(client.clone(), ns, ar)
-                            }
-                            None => Api::<DynamicObject>::all_with(client.clone(), ar),
-                        };
-                        spawn_reflector(
-                            tasks,
-                            api,
-                            ar.clone(),
-                            (changes.clone(), track.clone()),
-                            shutdown.clone(),
-                            trim_dynamic,
-                            None,
-                        )
-                    })
-                    .collect(),
+            scoped_stores(
+                tasks,
+                (&client, &scopes, ar),
+                (changes.clone(), track),
+                shutdown.clone(),
+                trim_dynamic,
             )
         };
         let mut scalables = Vec::new();
@@ -215,7 +204,13 @@ impl Watches {
         }
         let machines = (
             resources.machines.clone(),
-            dynamic(tasks, &resources.machines, Track::Machines),
+            scoped_stores(
+                tasks,
+                (&client, &scopes, &resources.machines),
+                (changes.clone(), Track::Machines),
+                shutdown.clone(),
+                |_: &mut WatchedMachine| {},
+            ),
         );
         let clusters = match &resources.clusters {
             Some(ar) if watch_clusters || matches!(nodes, NodeSource::ClusterSecrets) => {
@@ -374,6 +369,10 @@ impl Watches {
                     "index updated"
                 );
                 state = Some(update.state);
+                if update.full {
+                    // The previous state and snapshot are gone: most of what they held is free.
+                    tokio::task::spawn_blocking(memory::release_free_memory);
+                }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
@@ -475,7 +474,7 @@ impl Watches {
             .1
             .state()
             .iter()
-            .map(|m| Machine::from_dynamic(m))
+            .map(|m| m.view.clone())
             .collect();
         let nodes = match &inner.nodes {
             NodeStores::Single(store, _) => {
@@ -568,11 +567,10 @@ impl Watches {
     }
 
     /// The cached Machine `namespace/name`.
-    fn machine(&self, namespace: &str, name: &str) -> Option<Machine> {
+    fn machine(&self, namespace: &str, name: &str) -> Option<Arc<Machine>> {
         let (ar, stores) = &self.inner.machines;
         let key = reflector::ObjectRef::new_with(name, ar.clone()).within(namespace);
-        let object = stores.get(&key)?;
-        Some(Machine::from_dynamic(&object))
+        Some(stores.get(&key)?.view.clone())
     }
 
     /// The cached Node `key` names.
@@ -746,13 +744,35 @@ fn trim_dynamic(object: &mut DynamicObject) {
     object.managed_fields_mut().clear();
 }
 
-/// Only metadata, providerID, the Ready condition and capacity are used; drop the bulk.
+/// Only metadata, providerID, the Ready condition and capacity are read (by the index and the
+/// NodePool reconciler); the rest of a Node (images, addresses, allocatable, system info, its
+/// other conditions and their messages) is dropped as it arrives.
 fn trim_node(node: &mut Node) {
     node.managed_fields_mut().clear();
+    if let Some(spec) = node.spec.as_mut() {
+        *spec = NodeSpec {
+            provider_id: spec.provider_id.take(),
+            ..NodeSpec::default()
+        };
+    }
     if let Some(status) = node.status.as_mut() {
-        status.images = None;
-        status.volumes_attached = None;
-        status.volumes_in_use = None;
+        let ready = status
+            .conditions
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.type_ == "Ready")
+            .map(|c| NodeCondition {
+                type_: c.type_,
+                status: c.status,
+                ..NodeCondition::default()
+            })
+            .collect();
+        *status = NodeStatus {
+            capacity: status.capacity.take(),
+            conditions: Some(ready),
+            ..NodeStatus::default()
+        };
     }
 }
 
@@ -780,6 +800,45 @@ fn node_view(node: &Node, cluster: Option<ClusterKey>) -> NodeView {
             .unwrap_or_default(),
         cluster,
     }
+}
+
+/// Reflectors for a kind served under `ar`, one per scope (a namespace, or `None` for all).
+fn scoped_stores<K>(
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+    (client, scopes, ar): (&Client, &[Option<String>], &ApiResource),
+    recording: (Arc<Changes>, Track),
+    shutdown: CancellationToken,
+    trim: fn(&mut K),
+) -> Stores<K>
+where
+    K: Resource<DynamicType = ApiResource, Scope = DynamicResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    Stores(
+        scopes
+            .iter()
+            .map(|scope| {
+                let api = match scope {
+                    Some(ns) => Api::<K>::namespaced_with(client.clone(), ns, ar),
+                    None => Api::<K>::all_with(client.clone(), ar),
+                };
+                spawn_reflector(
+                    tasks,
+                    api,
+                    ar.clone(),
+                    recording.clone(),
+                    shutdown.clone(),
+                    trim,
+                    None,
+                )
+            })
+            .collect(),
+    )
 }
 
 /// Runs a reflector for `api` in `tasks`, recording every event in `changes` as `track`, or,
@@ -915,6 +974,48 @@ fn node_fingerprint(node: &Node) -> u64 {
 mod tests {
     use super::*;
     use kube::runtime::utils::Backoff as _;
+
+    #[test]
+    fn a_trimmed_node_keeps_everything_its_view_and_node_pools_read() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "labels": {"zone": "a"}, "annotations": {"x": "y"},
+                "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"providerID": "test:////n1", "podCIDR": "10.0.0.0/24",
+                "taints": [{"key": "k", "effect": "NoSchedule"}]},
+            "status": {
+                "capacity": {"cpu": "4", "memory": "8Gi"},
+                "allocatable": {"cpu": "3900m"},
+                "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
+                "conditions": [
+                    {"type": "MemoryPressure", "status": "False", "message": "ok"},
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
+                ],
+                "nodeInfo": {"architecture": "amd64", "bootID": "", "containerRuntimeVersion": "",
+                    "kernelVersion": "", "kubeProxyVersion": "", "kubeletVersion": "", "machineID": "",
+                    "operatingSystem": "linux", "osImage": "", "systemUUID": ""},
+                "images": [{"names": ["registry.example/image:1"], "sizeBytes": 1}]
+            }
+        }))
+        .unwrap();
+        let mut trimmed = node.clone();
+        trim_node(&mut trimmed);
+        assert_eq!(node_view(&trimmed, None), node_view(&node, None));
+        assert!(node_view(&trimmed, None).ready);
+        let spec = trimmed.spec.unwrap();
+        assert_eq!(spec.provider_id.as_deref(), Some("test:////n1"));
+        assert!(spec.taints.is_none() && spec.pod_cidr.is_none());
+        let status = trimmed.status.unwrap();
+        assert_eq!(status.conditions.unwrap().len(), 1);
+        assert!(status.allocatable.is_none() && status.node_info.is_none());
+        assert!(status.addresses.is_none() && status.images.is_none());
+        assert!(
+            trimmed
+                .metadata
+                .managed_fields
+                .unwrap_or_default()
+                .is_empty()
+        );
+    }
 
     #[test]
     fn watch_retries_back_off_to_a_few_seconds_and_reset() {

@@ -12,6 +12,7 @@
 //! reaching a watcher to the first answer that shows it: what "one change until the new
 //! snapshot is served" costs the operator.
 
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -58,14 +59,23 @@ pub struct ChangeStats {
     pub after_watch_p50_ms: Option<f64>,
     /// 99th percentile of the same.
     pub after_watch_p99_ms: Option<f64>,
+    /// Median of the operator's own measure of each change: from its watch handing it the
+    /// event to the snapshot holding it being built and published
+    /// (`nodegroup_index_update_latency_seconds{pass="incremental"}`, read after each change).
+    pub operator_p50_ms: Option<f64>,
+    /// 99th percentile of the same.
+    pub operator_p99_ms: Option<f64>,
 }
 
 fn stats(
     mut served: Vec<Duration>,
     mut watched: Vec<Duration>,
     mut after_watch: Vec<Duration>,
+    mut operator: Vec<Duration>,
 ) -> ChangeStats {
     ChangeStats {
+        operator_p50_ms: load::percentile(&mut operator, 0.5).map(load::ms),
+        operator_p99_ms: load::percentile(&mut operator, 0.99).map(load::ms),
         changes: served.len(),
         p50_ms: load::percentile(&mut served, 0.5).map_or(0.0, load::ms),
         p99_ms: load::percentile(&mut served, 0.99).map_or(0.0, load::ms),
@@ -125,17 +135,20 @@ pub async fn propagation(
         }
         served.push(start.elapsed());
     }
-    Ok(stats(served, Vec::new(), Vec::new()))
+    Ok(stats(served, Vec::new(), Vec::new(), Vec::new()))
 }
 
 /// `changes` single-Machine status changes (failed, then running again, on machines spread
-/// over the dataset), each until `NodeGroupNodes` of its group shows it.
+/// over the dataset), each until `NodeGroupNodes` of its group shows it. With the operator's
+/// admin address, its own latency histogram is read after each change too.
 pub async fn single_machine(
     kube: &Client,
     grpc: &GrpcClient,
     dataset: &Dataset,
     changes: usize,
+    operator_admin: Option<SocketAddr>,
 ) -> anyhow::Result<ChangeStats> {
+    let mut operator_figures = OperatorLatency::new(operator_admin).await;
     let cluster = dataset
         .clusters
         .first()
@@ -146,6 +159,7 @@ pub async fn single_machine(
     let mut served = Vec::with_capacity(changes);
     let mut watched = Vec::with_capacity(changes);
     let mut after_watch = Vec::with_capacity(changes);
+    let mut operator = Vec::with_capacity(changes);
     for k in 0..changes {
         let pair = k / 2;
         let group = &cluster.groups[(pair * 7919) % cluster.groups.len()];
@@ -190,8 +204,56 @@ pub async fn single_machine(
             watched.push(seen.saturating_duration_since(start));
             after_watch.push(answered.saturating_duration_since(seen));
         }
+        if let Some(latency) = operator_figures.next().await {
+            operator.push(latency);
+        }
     }
-    Ok(stats(served, watched, after_watch))
+    Ok(stats(served, watched, after_watch, operator))
+}
+
+/// Reads the operator's incremental-update latency histogram change by change.
+struct OperatorLatency {
+    admin: Option<SocketAddr>,
+    last: String,
+}
+
+/// The operator's histogram of "watch event received -> index update holding it built".
+const LATENCY_HISTOGRAM: &str = "nodegroup_index_update_latency_seconds";
+const INCREMENTAL: &str = "pass=\"incremental\"";
+
+impl OperatorLatency {
+    async fn new(admin: Option<SocketAddr>) -> Self {
+        let last = match admin {
+            Some(addr) => scrape(addr).await.unwrap_or_default(),
+            None => String::new(),
+        };
+        Self { admin, last }
+    }
+
+    /// The latency of the updates since the last call (their mean when the operator made
+    /// several), waiting up to a second for the operator to record the one just served.
+    async fn next(&mut self) -> Option<Duration> {
+        let addr = self.admin?;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(1) {
+            let now = scrape(addr).await?;
+            if let Some((mean_ms, _)) =
+                super::histogram_delta(&self.last, &now, LATENCY_HISTOGRAM, Some(INCREMENTAL))
+            {
+                self.last = now;
+                return Some(Duration::from_secs_f64(mean_ms / 1e3));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        None
+    }
+}
+
+async fn scrape(addr: SocketAddr) -> Option<String> {
+    tokio::task::spawn_blocking(move || crate::process::http_get(addr, "/metrics").ok())
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Machine events as the bench's own watch received them: (name, resourceVersion, when).

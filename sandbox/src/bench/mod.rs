@@ -241,6 +241,24 @@ enum Role {
     Main,
     Growth,
     Index,
+    /// Our server alone: reads, propagation and the single-Machine change.
+    OursOnly,
+}
+
+/// Our server alone on `spec`: read metrics, resident memory, propagation and the
+/// single-Machine change, with `options`' load, and neither the upstream peers nor
+/// cluster-autoscaler (minutes instead of the full run's twenty): for work on the operator.
+/// The figures are raw; only the full run has ratios.
+pub fn run_ours(
+    runtime: &tokio::runtime::Runtime,
+    spec: DatasetSpec,
+    options: &BenchOptions,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<DatasetRun> {
+    let plane = start_plane(&spec, say)?;
+    runtime
+        .block_on(single_cluster(&plane, spec, Role::OursOnly, options, say))
+        .with_context(|| format!("dataset {}", spec.label()))
 }
 
 fn start_plane(spec: &DatasetSpec, say: &dyn Fn(&str)) -> anyhow::Result<ControlPlane> {
@@ -307,16 +325,21 @@ async fn single_cluster(
         visible: vec![all.clone(); options.connections],
     };
     let ours = server::measure(&ours_target, &options.load, true).await?;
-    let propagation = if role == Role::Main {
+    let propagation = if matches!(role, Role::Main | Role::OursOnly) {
         Some(changes::propagation(&kube, &ours_target.clients[0], &dataset, options.changes).await?)
     } else {
         None
     };
-    let index = if role == Role::Index {
+    let index = if matches!(role, Role::Index | Role::OursOnly) {
         let before = http_get(operator.admin_address, "/metrics").unwrap_or_default();
-        let served =
-            changes::single_machine(&kube, &ours_target.clients[0], &dataset, options.changes)
-                .await?;
+        let served = changes::single_machine(
+            &kube,
+            &ours_target.clients[0],
+            &dataset,
+            options.changes,
+            Some(operator.admin_address),
+        )
+        .await?;
         let after = http_get(operator.admin_address, "/metrics").unwrap_or_default();
         let updates = histogram_delta(&before, &after, "nodegroup_snapshot_build_seconds", None);
         let incremental = histogram_delta(
@@ -369,6 +392,17 @@ async fn single_cluster(
     };
     operator.stop(Duration::from_secs(10));
     drop(operator);
+    if role == Role::OursOnly {
+        return Ok(DatasetRun {
+            spec,
+            create_seconds: dataset.create_seconds,
+            ours,
+            upstream: ServerFigures::default(),
+            propagation,
+            index,
+            ca: None,
+        });
+    }
 
     say(&format!(
         "dataset {}: upstream example server",
@@ -554,7 +588,7 @@ async fn ca_run(
 
 /// The mean (ms) and count of the observations histogram `name` (restricted to the series
 /// whose labels contain `label`) gained between two reads of Prometheus text.
-fn histogram_delta(
+pub(super) fn histogram_delta(
     before: &str,
     after: &str,
     name: &str,

@@ -1,6 +1,7 @@
 //! Scenario tests for the snapshot builder (mirrors upstream's provider checklist).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 
@@ -84,7 +85,7 @@ fn inputs(
     IndexInputs {
         default_arch: "amd64".into(),
         resources,
-        machines,
+        machines: machines.into_iter().map(Arc::new).collect(),
         nodes,
         ..Default::default()
     }
@@ -699,7 +700,7 @@ fn cluster(name: &str) -> ClusterKey {
 /// reuse node names (kubelets name nodes per cluster).
 fn two_workload_clusters(states: Vec<(&str, WorkloadState)>) -> IndexInputs {
     let mut inputs = deployment(0, bounds("1", "5"), 2);
-    inputs.machines = vec![
+    inputs.machines = [
         // A provider that never sets Machine.spec.providerID: only nodeRef links the Node.
         machine("m0", "md-ms", None, Some("worker-0"), json!({}), false),
         machine(
@@ -710,7 +711,10 @@ fn two_workload_clusters(states: Vec<(&str, WorkloadState)>) -> IndexInputs {
             json!({}),
             false,
         ),
-    ];
+    ]
+    .into_iter()
+    .map(Arc::new)
+    .collect();
     let in_cluster = |name: &str, pid: &str, c: &str| NodeView {
         cluster: Some(cluster(c)),
         ..node(name, pid, true)
