@@ -75,8 +75,8 @@ pub struct IndexInputs {
     pub resources: Vec<ScalableResource>,
     /// Machines (shared with the watch cache).
     pub machines: Vec<Arc<Machine>>,
-    /// Nodes.
-    pub nodes: Vec<NodeView>,
+    /// Nodes (shared with the watch cache).
+    pub nodes: Vec<Arc<NodeView>>,
     /// Cached infrastructure templates.
     pub templates: HashMap<TemplateKey, InfraTemplate>,
     /// State of the watch of each infrastructure template kind, by (group, kind). A kind

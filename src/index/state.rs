@@ -58,7 +58,7 @@ pub struct IndexState {
     policies: Vec<PolicyRules>,
     resources: BTreeMap<ResourceKey, ScalableResource>,
     machines: BTreeMap<String, Arc<Machine>>,
-    nodes: BTreeMap<NodeKey, NodeView>,
+    nodes: BTreeMap<NodeKey, Arc<NodeView>>,
 
     // Reverse indexes.
     sets_by_deployment: HashMap<(String, String), KeySet<String>>,
@@ -356,7 +356,8 @@ impl IndexState {
     }
 
     /// Adds or replaces a Node (read from `node.cluster`).
-    pub fn upsert_node(&mut self, node: NodeView) {
+    pub fn upsert_node(&mut self, node: impl Into<Arc<NodeView>>) {
+        let node = node.into();
         let key = (node.cluster.clone(), node.name.clone());
         self.remove_node_indexes(&key);
         if let Some(pid) = node.provider_id.as_deref().filter(|p| !p.is_empty()) {
@@ -748,7 +749,7 @@ impl NodeFinder for IndexState {
 
 /// Of the candidate Nodes, one of `cluster`, else one read from the shared view.
 fn pick<'a>(
-    nodes: &'a BTreeMap<NodeKey, NodeView>,
+    nodes: &'a BTreeMap<NodeKey, Arc<NodeView>>,
     candidates: Option<&KeySet<NodeKey>>,
     cluster: &ClusterKey,
 ) -> Option<&'a NodeView> {
@@ -758,6 +759,7 @@ fn pick<'a>(
         .find(|(c, _)| c.as_ref() == Some(cluster))
         .or_else(|| candidates.iter().find(|(c, _)| c.is_none()))
         .and_then(|k| nodes.get(k))
+        .map(|n| &**n)
 }
 
 fn note_warnings<'a>(
@@ -1082,12 +1084,12 @@ mod tests {
                     "spec": {"clusterName": "c1", "providerID": pid},
                     "status": {"nodeRef": {"name": format!("n{g}-{n}")}}
                 })))));
-                inputs.nodes.push(NodeView {
+                inputs.nodes.push(Arc::new(NodeView {
                     name: format!("n{g}-{n}"),
                     provider_id: Some(pid),
                     ready: true,
                     ..Default::default()
-                });
+                }));
             }
         }
         let mut state = IndexState::new(&inputs);

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Secret};
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
@@ -35,6 +35,7 @@ use crate::events::{EventPublisher, Severity};
 use crate::fault;
 use crate::index::{ClusterKey, SnapshotHandle};
 use crate::metrics::Metrics;
+use crate::runtime::nodes::WatchedNode;
 use crate::runtime::watches::Watches;
 
 /// Finalizer that deletes a pool's servers before the pool goes.
@@ -1149,21 +1150,16 @@ async fn add_finalizer(api: &Api<NodePool>, pool: &NodePool) -> Result<(), Block
     .map_err(|e| Blocked::Api(format!("adding finalizer {FINALIZER}: {e}")))
 }
 
-fn seen_nodes(nodes: &[Arc<Node>]) -> HashMap<String, SeenNode> {
+fn seen_nodes(nodes: &[Arc<WatchedNode>]) -> HashMap<String, SeenNode> {
     nodes
         .iter()
         .filter_map(|n| {
-            let pid = n.spec.as_ref()?.provider_id.as_deref()?;
-            let ready = n
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            let pid = n.view.provider_id.as_deref()?;
             Some((
                 providerid::normalize(pid).to_string(),
                 SeenNode {
-                    name: n.name_any(),
-                    ready,
+                    name: n.view.name.clone(),
+                    ready: n.view.ready,
                 },
             ))
         })

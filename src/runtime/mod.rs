@@ -7,6 +7,7 @@ mod changes;
 mod exclusions;
 pub mod leader;
 mod memory;
+pub mod nodes;
 pub(crate) mod watches;
 mod workload;
 

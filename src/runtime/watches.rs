@@ -4,12 +4,11 @@
 
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::DynamicResourceScope;
 use kube::discovery::{ApiResource, Discovery};
@@ -22,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::changes::{Changes, Pending, Track};
 use super::memory;
+use super::nodes::WatchedNode;
 use super::workload::WorkloadClusters;
 use crate::api::{NodeGroupPolicy, NodePool};
 use crate::capi::CapiKeys;
@@ -113,7 +113,7 @@ where
 /// Nodes: one cache, or one per workload cluster.
 enum NodeStores {
     /// One cluster's Nodes, and the client they are read with.
-    Single(Store<Node>, Client),
+    Single(Store<WatchedNode>, Client),
     PerCluster(WorkloadClusters),
 }
 
@@ -227,12 +227,12 @@ impl Watches {
                 NodeStores::Single(
                     spawn_reflector(
                         tasks,
-                        Api::<Node>::all(node_client.clone()),
+                        Api::<WatchedNode>::all(node_client.clone()),
                         (),
                         (changes.clone(), Track::Nodes(None)),
                         shutdown.clone(),
-                        trim_node,
-                        Some(node_fingerprint),
+                        |_| {},
+                        Some(WatchedNode::fingerprint),
                     ),
                     node_client,
                 )
@@ -242,8 +242,6 @@ impl Watches {
                 tasks.spawn(workload.clone().run(
                     client.clone(),
                     clusters.0.clone(),
-                    trim_node,
-                    node_fingerprint,
                     changes.clone(),
                     shutdown.clone(),
                 ));
@@ -477,17 +475,12 @@ impl Watches {
             .map(|m| m.view.clone())
             .collect();
         let nodes = match &inner.nodes {
-            NodeStores::Single(store, _) => {
-                store.state().iter().map(|n| node_view(n, None)).collect()
-            }
+            NodeStores::Single(store, _) => store.state().iter().map(|n| n.view.clone()).collect(),
             NodeStores::PerCluster(workload) => workload
                 .nodes()
                 .into_iter()
-                .flat_map(|(cluster, cached)| {
-                    cached
-                        .into_iter()
-                        .map(move |n| node_view(&n, Some(cluster.clone())))
-                })
+                // Each cluster's views name it (see `workload`).
+                .flat_map(|(_, cached)| cached.into_iter().map(|n| n.view.clone()))
                 .collect(),
         };
         IndexInputs {
@@ -574,13 +567,13 @@ impl Watches {
     }
 
     /// The cached Node `key` names.
-    fn node(&self, (cluster, name): &NodeKey) -> Option<NodeView> {
+    fn node(&self, (cluster, name): &NodeKey) -> Option<Arc<NodeView>> {
         let node = match (&self.inner.nodes, cluster) {
             (NodeStores::Single(store, _), None) => store.get(&reflector::ObjectRef::new(name))?,
             (NodeStores::PerCluster(workload), Some(cluster)) => workload.node(cluster, name)?,
             _ => return None,
         };
-        Some(node_view(&node, cluster.clone()))
+        Some(node.view.clone())
     }
 
     /// True when every Cluster's Nodes come from one view (not the per-cluster topology).
@@ -590,7 +583,7 @@ impl Watches {
 
     /// The cluster that holds the Nodes of Cluster `cluster`: its client and cached Nodes.
     /// `None` while a workload cluster is not connected.
-    pub fn node_cluster(&self, cluster: &ClusterKey) -> Option<(Client, Vec<Arc<Node>>)> {
+    pub fn node_cluster(&self, cluster: &ClusterKey) -> Option<(Client, Vec<Arc<WatchedNode>>)> {
         match &self.inner.nodes {
             NodeStores::Single(store, client) => Some((client.clone(), store.state())),
             NodeStores::PerCluster(workload) => workload.cluster(cluster),
@@ -742,64 +735,6 @@ async fn resolve_kind(client: &Client, infra: &InfraRef) -> Result<ApiResource, 
 /// them at the watch took the operator from 360 to 275 MiB at 10,000 Machines (`make bench`).
 fn trim_dynamic(object: &mut DynamicObject) {
     object.managed_fields_mut().clear();
-}
-
-/// Only metadata, providerID, the Ready condition and capacity are read (by the index and the
-/// NodePool reconciler); the rest of a Node (images, addresses, allocatable, system info, its
-/// other conditions and their messages) is dropped as it arrives.
-fn trim_node(node: &mut Node) {
-    node.managed_fields_mut().clear();
-    if let Some(spec) = node.spec.as_mut() {
-        *spec = NodeSpec {
-            provider_id: spec.provider_id.take(),
-            ..NodeSpec::default()
-        };
-    }
-    if let Some(status) = node.status.as_mut() {
-        let ready = status
-            .conditions
-            .take()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| c.type_ == "Ready")
-            .map(|c| NodeCondition {
-                type_: c.type_,
-                status: c.status,
-                ..NodeCondition::default()
-            })
-            .collect();
-        *status = NodeStatus {
-            capacity: status.capacity.take(),
-            conditions: Some(ready),
-            ..NodeStatus::default()
-        };
-    }
-}
-
-fn node_view(node: &Node, cluster: Option<ClusterKey>) -> NodeView {
-    let ready = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    NodeView {
-        name: node.name_any(),
-        provider_id: node
-            .spec
-            .as_ref()
-            .and_then(|s| s.provider_id.clone())
-            .filter(|p| !p.is_empty()),
-        annotations: node.annotations().clone(),
-        labels: node.labels().clone(),
-        ready,
-        capacity: node
-            .status
-            .as_ref()
-            .and_then(|s| s.capacity.as_ref())
-            .map(|c| c.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
-            .unwrap_or_default(),
-        cluster,
-    }
 }
 
 /// Reflectors for a kind served under `ar`, one per scope (a namespace, or `None` for all).
@@ -964,58 +899,10 @@ pub(super) fn relevant<K: Resource>(
     }
 }
 
-fn node_fingerprint(node: &Node) -> u64 {
-    let mut hasher = std::hash::DefaultHasher::new();
-    node_view(node, None).hash(&mut hasher);
-    hasher.finish()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use kube::runtime::utils::Backoff as _;
-
-    #[test]
-    fn a_trimmed_node_keeps_everything_its_view_and_node_pools_read() {
-        let node: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "n1", "labels": {"zone": "a"}, "annotations": {"x": "y"},
-                "managedFields": [{"manager": "kubelet"}]},
-            "spec": {"providerID": "test:////n1", "podCIDR": "10.0.0.0/24",
-                "taints": [{"key": "k", "effect": "NoSchedule"}]},
-            "status": {
-                "capacity": {"cpu": "4", "memory": "8Gi"},
-                "allocatable": {"cpu": "3900m"},
-                "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
-                "conditions": [
-                    {"type": "MemoryPressure", "status": "False", "message": "ok"},
-                    {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
-                ],
-                "nodeInfo": {"architecture": "amd64", "bootID": "", "containerRuntimeVersion": "",
-                    "kernelVersion": "", "kubeProxyVersion": "", "kubeletVersion": "", "machineID": "",
-                    "operatingSystem": "linux", "osImage": "", "systemUUID": ""},
-                "images": [{"names": ["registry.example/image:1"], "sizeBytes": 1}]
-            }
-        }))
-        .unwrap();
-        let mut trimmed = node.clone();
-        trim_node(&mut trimmed);
-        assert_eq!(node_view(&trimmed, None), node_view(&node, None));
-        assert!(node_view(&trimmed, None).ready);
-        let spec = trimmed.spec.unwrap();
-        assert_eq!(spec.provider_id.as_deref(), Some("test:////n1"));
-        assert!(spec.taints.is_none() && spec.pod_cidr.is_none());
-        let status = trimmed.status.unwrap();
-        assert_eq!(status.conditions.unwrap().len(), 1);
-        assert!(status.allocatable.is_none() && status.node_info.is_none());
-        assert!(status.addresses.is_none() && status.images.is_none());
-        assert!(
-            trimmed
-                .metadata
-                .managed_fields
-                .unwrap_or_default()
-                .is_empty()
-        );
-    }
 
     #[test]
     fn watch_retries_back_off_to_a_few_seconds_and_reset() {

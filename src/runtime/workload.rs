@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -23,6 +23,7 @@ use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use super::changes::{Changes, Track};
+use super::nodes::WatchedNode;
 use crate::index::{ClusterKey, WorkloadState};
 
 /// How often the set of Clusters is compared with the open connections.
@@ -37,7 +38,7 @@ pub struct WorkloadClusters {
 }
 
 struct Connection {
-    store: Store<Node>,
+    store: Store<WatchedNode>,
     /// The workload cluster's client; `None` while no kubeconfig could be read.
     client: Option<Client>,
     state: Arc<Mutex<WorkloadState>>,
@@ -59,8 +60,6 @@ impl WorkloadClusters {
         self,
         management: Client,
         clusters: Vec<Store<DynamicObject>>,
-        trim: fn(&mut Node),
-        fingerprint: fn(&Node) -> u64,
         changes: Arc<Changes>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
@@ -94,7 +93,7 @@ impl WorkloadClusters {
                     .is_none_or(|at| at.elapsed() >= SECRET_INTERVAL);
                 if due {
                     secrets_read.insert(cluster.clone(), tokio::time::Instant::now());
-                    self.connect(&management, cluster, trim, fingerprint, &changes, &shutdown)
+                    self.connect(&management, cluster, &changes, &shutdown)
                         .await;
                 }
             }
@@ -126,8 +125,6 @@ impl WorkloadClusters {
         &self,
         management: &Client,
         cluster: &ClusterKey,
-        trim: fn(&mut Node),
-        fingerprint: fn(&Node) -> u64,
         changes: &Arc<Changes>,
         shutdown: &CancellationToken,
     ) {
@@ -181,8 +178,6 @@ impl WorkloadClusters {
             cluster.clone(),
             client,
             version,
-            trim,
-            fingerprint,
             changes.clone(),
             shutdown.child_token(),
         );
@@ -214,7 +209,7 @@ impl WorkloadClusters {
         connections.insert(
             cluster.clone(),
             Connection {
-                store: reflector::store::Writer::<Node>::default().as_reader(),
+                store: reflector::store::Writer::<WatchedNode>::default().as_reader(),
                 client: None,
                 state: Arc::new(Mutex::new(state)),
                 secret_version: String::new(),
@@ -237,7 +232,7 @@ impl WorkloadClusters {
     }
 
     /// Every workload cluster's cached Nodes.
-    pub fn nodes(&self) -> Vec<(ClusterKey, Vec<Arc<Node>>)> {
+    pub fn nodes(&self) -> Vec<(ClusterKey, Vec<Arc<WatchedNode>>)> {
         let connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
         connections
             .iter()
@@ -246,14 +241,14 @@ impl WorkloadClusters {
     }
 
     /// The client and cached Nodes of `cluster`, when it is connected.
-    pub fn cluster(&self, cluster: &ClusterKey) -> Option<(Client, Vec<Arc<Node>>)> {
+    pub fn cluster(&self, cluster: &ClusterKey) -> Option<(Client, Vec<Arc<WatchedNode>>)> {
         let connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
         let connection = connections.get(cluster)?;
         Some((connection.client.clone()?, connection.store.state()))
     }
 
     /// The cached Node `name` of `cluster`.
-    pub fn node(&self, cluster: &ClusterKey, name: &str) -> Option<Arc<Node>> {
+    pub fn node(&self, cluster: &ClusterKey, name: &str) -> Option<Arc<WatchedNode>> {
         let connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
         connections
             .get(cluster)?
@@ -291,19 +286,20 @@ fn watch_nodes(
     cluster: ClusterKey,
     client: Client,
     secret_version: String,
-    trim: fn(&mut Node),
-    fingerprint: fn(&Node) -> u64,
     changes: Arc<Changes>,
     shutdown: CancellationToken,
 ) -> Connection {
-    let writer = reflector::store::Writer::<Node>::default();
+    let writer = reflector::store::Writer::<WatchedNode>::default();
     let store = writer.as_reader();
     let state = Arc::new(Mutex::new(WorkloadState::Syncing));
     let stream = watcher(
-        Api::<Node>::all(client.clone()),
+        Api::<WatchedNode>::all(client.clone()),
         watcher::Config::default().any_semantic(),
     )
-    .modify(trim)
+    .modify({
+        let cluster = cluster.clone();
+        move |node| node.set_cluster(&cluster)
+    })
     .backoff(super::watches::WatchBackoff::default())
     .reflect(writer);
     let task_state = state.clone();
@@ -339,7 +335,7 @@ fn watch_nodes(
                         _ if reachable => set(WorkloadState::Synced),
                         _ => {}
                     }
-                    if super::watches::relevant(&event, Some(fingerprint), &mut seen) {
+                    if super::watches::relevant(&event, Some(WatchedNode::fingerprint), &mut seen) {
                         changes.record(&track, &event);
                     }
                 }

@@ -86,7 +86,7 @@ fn inputs(
         default_arch: "amd64".into(),
         resources,
         machines: machines.into_iter().map(Arc::new).collect(),
-        nodes,
+        nodes: nodes.into_iter().map(Arc::new).collect(),
         ..Default::default()
     }
 }
@@ -671,10 +671,9 @@ fn live_node_labels_are_copied_into_the_template() {
     a["capacity.cluster-autoscaler.kubernetes.io/cpu"] = json!("2");
     a["capacity.cluster-autoscaler.kubernetes.io/memory"] = json!("4Gi");
     let mut i = deployment(1, a, 1);
-    i.nodes[0]
-        .labels
-        .insert("node.kubernetes.io/instance-type".into(), "m5.large".into());
-    i.nodes[0].labels.insert("unrelated".into(), "x".into());
+    let labels = &mut Arc::make_mut(&mut i.nodes[0]).labels;
+    labels.insert("node.kubernetes.io/instance-type".into(), "m5.large".into());
+    labels.insert("unrelated".into(), "x".into());
     let snap = build_snapshot(&i);
     let t = snap.groups["MachineDeployment/ns/md"]
         .template
@@ -719,13 +718,16 @@ fn two_workload_clusters(states: Vec<(&str, WorkloadState)>) -> IndexInputs {
         cluster: Some(cluster(c)),
         ..node(name, pid, true)
     };
-    inputs.nodes = vec![
+    inputs.nodes = [
         in_cluster("worker-0", "test:////c1-0", "c1"),
         in_cluster("worker-1", "test:////c1-1", "c1"),
         // Same names in another workload cluster, other providerIDs.
         in_cluster("worker-0", "test:////c2-0", "c2"),
         in_cluster("worker-1", "test:////c2-1", "c2"),
-    ];
+    ]
+    .into_iter()
+    .map(Arc::new)
+    .collect();
     inputs.clusters = vec![cluster("c1"), cluster("c2")];
     inputs.workload = Some(states.into_iter().map(|(c, s)| (cluster(c), s)).collect());
     inputs

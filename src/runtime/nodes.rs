@@ -1,0 +1,192 @@
+//! Nodes as the operator caches them: decoded into the index's view of a Node, and nothing
+//! more.
+
+use std::borrow::Cow;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::ClusterResourceScope;
+use kube::{Resource, ResourceExt};
+use serde::{Deserialize, Deserializer};
+
+use crate::index::{ClusterKey, NodeView};
+
+/// A Node as cached: its identity and its [`NodeView`] (name, provider ID, labels,
+/// annotations, Ready, capacity), which the index shares. The rest of the Node (images,
+/// addresses, allocatable, system info, its other conditions, field managers) is dropped as
+/// the watch event is decoded.
+#[derive(Clone, Debug)]
+pub struct WatchedNode {
+    /// Name, uid and resourceVersion.
+    pub metadata: ObjectMeta,
+    /// The view.
+    pub view: Arc<NodeView>,
+}
+
+impl WatchedNode {
+    /// Marks the view as read from workload cluster `cluster` (a fresh view is not shared
+    /// yet, so this copies nothing).
+    pub fn set_cluster(&mut self, cluster: &ClusterKey) {
+        Arc::make_mut(&mut self.view).cluster = Some(cluster.clone());
+    }
+
+    /// A hash of what the index reads: a Node event that leaves it unchanged (a heartbeat, an
+    /// image list) needs no index update.
+    pub fn fingerprint(&self) -> u64 {
+        let mut hasher = std::hash::DefaultHasher::new();
+        self.view.hash(&mut hasher);
+        hasher.finish()
+    }
+}
+
+impl<'de> Deserialize<'de> for WatchedNode {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let node = Node::deserialize(deserializer)?;
+        let view = node_view(&node, None);
+        Ok(Self {
+            metadata: ObjectMeta {
+                name: node.metadata.name,
+                uid: node.metadata.uid,
+                resource_version: node.metadata.resource_version,
+                ..ObjectMeta::default()
+            },
+            view: Arc::new(view),
+        })
+    }
+}
+
+impl Resource for WatchedNode {
+    type DynamicType = ();
+    type Scope = ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Node::kind(&())
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        Node::group(&())
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        Node::version(&())
+    }
+
+    fn api_version(_: &()) -> Cow<'_, str> {
+        Node::api_version(&())
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        Node::plural(&())
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// The index's view of `node`, read from `cluster` (`None`: the view shared by every cluster).
+pub fn node_view(node: &Node, cluster: Option<ClusterKey>) -> NodeView {
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    NodeView {
+        name: node.name_any(),
+        provider_id: node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.clone())
+            .filter(|p| !p.is_empty()),
+        annotations: node.annotations().clone(),
+        labels: node.labels().clone(),
+        ready,
+        capacity: node
+            .status
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .map(|c| c.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+            .unwrap_or_default(),
+        cluster,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node_json() -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "uid": "u", "resourceVersion": "7", "labels": {"zone": "a"},
+                "annotations": {"x": "y"}, "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"providerID": "test:////n1", "podCIDR": "10.0.0.0/24",
+                "taints": [{"key": "k", "effect": "NoSchedule"}]},
+            "status": {
+                "capacity": {"cpu": "4", "memory": "8Gi"},
+                "allocatable": {"cpu": "3900m"},
+                "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
+                "conditions": [
+                    {"type": "MemoryPressure", "status": "False", "message": "ok"},
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+                ],
+                "images": [{"names": ["registry.example/image:1"], "sizeBytes": 1}]
+            }
+        })
+    }
+
+    #[test]
+    fn a_watched_node_holds_its_view_and_identity_only() {
+        let node: Node = serde_json::from_value(node_json()).unwrap();
+        let watched: WatchedNode = serde_json::from_value(node_json()).unwrap();
+        assert_eq!(*watched.view, node_view(&node, None));
+        assert!(watched.view.ready);
+        assert_eq!(watched.view.provider_id.as_deref(), Some("test:////n1"));
+        assert_eq!(
+            watched.view.capacity.get("cpu").map(String::as_str),
+            Some("4")
+        );
+        assert_eq!(
+            watched.metadata,
+            ObjectMeta {
+                name: Some("n1".into()),
+                uid: Some("u".into()),
+                resource_version: Some("7".into()),
+                ..ObjectMeta::default()
+            }
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_keeps_the_fingerprint_and_a_readiness_change_does_not() {
+        let watched: WatchedNode = serde_json::from_value(node_json()).unwrap();
+        let mut heartbeat = node_json();
+        heartbeat["status"]["conditions"][1]["lastHeartbeatTime"] = "2026-01-01T00:00:00Z".into();
+        heartbeat["status"]["images"] = serde_json::json!([]);
+        let heartbeat: WatchedNode = serde_json::from_value(heartbeat).unwrap();
+        assert_eq!(heartbeat.fingerprint(), watched.fingerprint());
+        let mut not_ready = node_json();
+        not_ready["status"]["conditions"][1]["status"] = "False".into();
+        let not_ready: WatchedNode = serde_json::from_value(not_ready).unwrap();
+        assert_ne!(not_ready.fingerprint(), watched.fingerprint());
+        let mut in_cluster = watched.clone();
+        in_cluster.set_cluster(&ClusterKey {
+            namespace: "ns".into(),
+            name: "c1".into(),
+        });
+        assert_eq!(
+            in_cluster.view.cluster.as_ref().map(|c| c.name.as_str()),
+            Some("c1")
+        );
+        assert_eq!(
+            watched.view.cluster, None,
+            "the original view is not changed"
+        );
+    }
+}
