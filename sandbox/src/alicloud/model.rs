@@ -472,6 +472,7 @@ impl Account {
                 Ok((self.describe_activities(params)?, Effects::default()))
             }
             "DescribeInstanceTypes" => Ok((self.describe_types(params)?, Effects::default())),
+            "DescribeVSwitches" => Ok((self.describe_vswitches(params)?, Effects::default())),
             "ModifyScalingConfiguration" => {
                 Ok((self.modify_configuration(params)?, Effects::default()))
             }
@@ -689,6 +690,31 @@ impl Account {
             "ScalingActivities",
             "ScalingActivity",
         ))
+    }
+
+    /// VPC `DescribeVSwitches` (`2016-04-28`): the vSwitches of every group (`vsw-<group>-<k>`
+    /// in the group's k-th zone), filtered by `VSwitchId`, paged like ESS.
+    fn describe_vswitches(&self, params: &Params) -> Result<Value, ApiError> {
+        let (number, size) = paging(params)?;
+        let wanted = params.get("VSwitchId").filter(|v| !v.is_empty());
+        let mut items = Vec::new();
+        for group in self.groups.values() {
+            for (k, zone) in group.spec.zones.iter().enumerate() {
+                let id = format!("vsw-{}-{k}", group.spec.id);
+                if wanted.is_some_and(|w| *w != id) {
+                    continue;
+                }
+                items.push(json!({
+                    "VSwitchId": id,
+                    "VpcId": "vpc-sandbox",
+                    "ZoneId": zone,
+                    "Status": "Available",
+                    "CidrBlock": format!("172.16.{k}.0/24"),
+                    "VSwitchName": format!("{}-{zone}", group.spec.id),
+                }));
+            }
+        }
+        Ok(page_of(items, number, size, "VSwitches", "VSwitch"))
     }
 
     fn describe_types(&self, params: &Params) -> Result<Value, ApiError> {
