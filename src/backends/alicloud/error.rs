@@ -219,26 +219,6 @@ pub enum Error {
         /// The id asked for.
         group_id: String,
     },
-    /// A desired capacity outside the group's `[MinSize, MaxSize]`; nothing was written.
-    #[error("desired capacity {desired} of scaling group {group_id} is outside [{min}, {max}]")]
-    OutOfBounds {
-        /// The group.
-        group_id: String,
-        /// What was asked.
-        desired: u32,
-        /// Its MinSize.
-        min: u32,
-        /// Its MaxSize.
-        max: u32,
-    },
-    /// The group is not `Active` (disabled or being deleted); nothing was written.
-    #[error("scaling group {group_id} is {state}, not Active")]
-    GroupNotActive {
-        /// The group.
-        group_id: String,
-        /// Its `LifecycleState`.
-        state: String,
-    },
 }
 
 impl Error {
