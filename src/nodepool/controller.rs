@@ -25,8 +25,8 @@ use super::{bootstrap, render, view};
 use crate::api::NodePool;
 use crate::api::conditions::{DesiredCondition, merge};
 use crate::api::nodepool::{InstanceErrorStatus, InstanceStateName, NodePoolStatus, PoolInstance};
-use crate::backends::alicloud::Credentials as AliCloudCredentials;
-use crate::backends::alicloud::pool::AliCloudPool;
+use crate::backends::alicloud::auth::{self as alicloud_auth, CredentialsSource, ProviderCache};
+use crate::backends::alicloud::pool::{AliCloudPool, client_options};
 use crate::backends::cherry::pool::CherryPool;
 use crate::capi::providerid;
 use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger, request_id};
@@ -41,6 +41,9 @@ use crate::runtime::watches::Watches;
 pub const FINALIZER: &str = "autoscaling.nodegroup.dev/servers";
 /// Label added to every Node a pool's servers register (`<namespace>.<name>` of the pool).
 pub const NODE_POOL_LABEL: &str = "autoscaling.nodegroup.dev/node-pool";
+/// `InvalidSpec` reason (and Event reason) of a pool whose min/max lie outside the
+/// backend's own bounds (an ESS scaling group's MinSize/MaxSize).
+pub const SIZE_OUTSIDE_BACKEND: &str = "SizeOutsideScalingGroup";
 
 /// How the reconciler runs.
 #[derive(Clone, Debug)]
@@ -74,6 +77,8 @@ pub struct PoolController {
     metrics: Arc<Metrics>,
     options: PoolControllerOptions,
     machine_types: Mutex<HashMap<String, (Instant, MachineTypeInfo)>>,
+    /// Alibaba Cloud credentials providers per pool: temporary credentials outlive a pass.
+    alicloud_credentials: ProviderCache,
 }
 
 /// Why a pass stopped early; reported on the pool.
@@ -103,6 +108,7 @@ impl PoolController {
             metrics,
             options,
             machine_types: Mutex::default(),
+            alicloud_credentials: ProviderCache::default(),
         }
     }
 
@@ -142,8 +148,16 @@ impl PoolController {
                     if shutdown.is_cancelled() {
                         return Ok(());
                     }
-                    self.reconcile(&pool.namespace().unwrap_or_default(), &pool.name_any())
-                        .await;
+                    // The effective bounds (a governing policy may supply them) as served.
+                    let effective = snapshots
+                        .current()
+                        .and_then(|s| s.group(&pool.group_id()).map(|g| (g.min, g.max)));
+                    self.reconcile(
+                        &pool.namespace().unwrap_or_default(),
+                        &pool.name_any(),
+                        effective,
+                    )
+                    .await;
                 }
             }
             if full {
@@ -151,6 +165,7 @@ impl PoolController {
             }
             for gone in seen.keys().filter(|k| !current.contains_key(*k)) {
                 self.metrics.forget_pool(gone);
+                self.alicloud_credentials.forget(gone);
             }
             seen = current;
             let wait = self.options.interval.saturating_sub(last_full.elapsed());
@@ -199,8 +214,9 @@ impl PoolController {
         }
     }
 
-    /// One pass over pool `namespace/name`; every outcome is reported on the pool.
-    pub async fn reconcile(&self, namespace: &str, name: &str) {
+    /// One pass over pool `namespace/name`, whose served min/max are `effective` (`None`
+    /// when it is not served); every outcome is reported on the pool.
+    pub async fn reconcile(&self, namespace: &str, name: &str, effective: Option<(i32, i32)>) {
         let api: Api<NodePool> = Api::namespaced(self.client.clone(), namespace);
         let pool = match api.get_opt(name).await {
             Ok(Some(pool)) => pool,
@@ -210,7 +226,10 @@ impl PoolController {
                 return;
             }
         };
-        let mut report = PassReport::default();
+        let mut report = PassReport {
+            effective,
+            ..Default::default()
+        };
         let outcome = self.pass(&api, &pool, &mut report).await;
         if let Err(blocked) = &outcome {
             self.report_blocked(&pool, blocked);
@@ -234,6 +253,10 @@ impl PoolController {
         self.observe(&backend, "list", &members);
         let members = members.map_err(Blocked::Backend)?;
         self.metrics.set_backend_available(&key, true);
+        let bounds = backend.bounds().await;
+        self.observe(&backend, "bounds", &bounds);
+        report.backend_bounds = bounds.map_err(Blocked::Backend)?;
+        self.check_bounds(pool, report);
 
         if pool.metadata.deletion_timestamp.is_some() {
             return self.finalize(api, pool, &backend, &members, report).await;
@@ -261,8 +284,13 @@ impl PoolController {
             .as_ref()
             .map(|s| s.instances.clone())
             .unwrap_or_default();
+        // Never pushed outside the backend's own bounds, whatever the spec asks.
+        let desired = match report.backend_bounds {
+            Some((min, max)) if min <= max => pool.spec.replicas.clamp(min, max),
+            _ => pool.spec.replicas,
+        };
         let mut decision = converge::decide(&Observed {
-            desired: pool.spec.replicas,
+            desired,
             previous: &previous,
             members: &members,
             ledger: &ledger,
@@ -588,34 +616,99 @@ impl PoolController {
                 .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.to_string()));
         }
         if let Some(ali) = &pool.spec.ali_cloud {
-            let name = &ali.credentials_secret_ref.name;
-            let secret = self
-                .secret(pool, name, "spec.aliCloud.credentialsSecretRef")
-                .await?;
-            let (Some(id), Some(key_secret)) = (
-                secret_value(&secret, "access-key-id"),
-                secret_value(&secret, "access-key-secret"),
-            ) else {
-                return Err(Blocked::Spec(
-                    "CredentialsMissing",
-                    format!(
-                        "Secret {}/{name} needs non-empty keys \"access-key-id\" and \"access-key-secret\"",
-                        pool.namespace().unwrap_or_default()
-                    ),
-                ));
+            let secret = match &ali.credentials_secret_ref {
+                Some(reference) => Some(
+                    self.secret(pool, &reference.name, "spec.aliCloud.credentialsSecretRef")
+                        .await?,
+                ),
+                None => None,
             };
-            let mut credentials = AliCloudCredentials::new(id, key_secret);
-            if let Some(token) = secret_value(&secret, "security-token") {
-                credentials = credentials.with_security_token(token);
-            }
-            return AliCloudPool::new(ali, credentials)
-                .map(Backend::AliCloud)
-                .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.to_string()));
+            let source = CredentialsSource::of(ali, secret.as_ref().and_then(|s| s.data.as_ref()))
+                .map_err(|m| {
+                    let name = ali
+                        .credentials_secret_ref
+                        .as_ref()
+                        .map_or("", |r| r.name.as_str());
+                    Blocked::Spec(
+                        "CredentialsMissing",
+                        format!(
+                            "Secret {}/{name} (credentialsMode {:?}) {m}",
+                            pool.namespace().unwrap_or_default(),
+                            ali.credentials_mode.unwrap_or_default(),
+                        ),
+                    )
+                })?;
+            let options = client_options(ali);
+            let credentials = self
+                .alicloud_credentials
+                .provider(
+                    &pool_key(pool),
+                    &source,
+                    &options.endpoints.sts,
+                    &alicloud_auth::metadata_endpoint(ali),
+                    &options.transport,
+                    &options.retry,
+                )
+                .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.to_string()))?;
+            return AliCloudPool::new(ali, options, credentials)
+                .map(|p| Backend::AliCloud(Box::new(p)))
+                .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.message));
         }
         Err(Blocked::Spec(
             "NoBackend",
             "neither spec.cherryServers nor spec.aliCloud is set".into(),
         ))
+    }
+
+    /// Records in `report` (and reports, when it starts) a min/max outside the backend's own
+    /// bounds: the pool's served bounds, or the spec's when it is not served.
+    fn check_bounds(&self, pool: &NodePool, report: &mut PassReport) {
+        let Some((backend_min, backend_max)) = report.backend_bounds else {
+            return;
+        };
+        let (min, max) = match report.effective {
+            Some(bounds) => (Some(bounds.0), Some(bounds.1)),
+            None => (pool.spec.min_size, pool.spec.max_size),
+        };
+        let mut problems = Vec::new();
+        if let Some(min) = min.filter(|m| *m < backend_min) {
+            problems.push(format!(
+                "min size {min} is below the group's MinSize {backend_min}"
+            ));
+        }
+        if let Some(max) = max.filter(|m| *m > backend_max) {
+            problems.push(format!(
+                "max size {max} is above the group's MaxSize {backend_max}"
+            ));
+        }
+        if problems.is_empty() {
+            return;
+        }
+        let message = format!(
+            "{}; the pool is kept within [{backend_min}, {backend_max}]",
+            problems.join(" and ")
+        );
+        let already = pool.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().any(|c| {
+                c.type_ == "InvalidSpec" && c.reason == SIZE_OUTSIDE_BACKEND && c.message == message
+            })
+        });
+        if !already {
+            tracing::warn!(pool = %pool_key(pool), %message, "NodePool size bounds outside the backend's");
+            self.event(
+                pool,
+                Severity::Warning,
+                SIZE_OUTSIDE_BACKEND,
+                "Reconcile",
+                message.clone(),
+            );
+        }
+        self.metrics.observe_backend_call(
+            pool.backend().unwrap_or_default(),
+            "bounds",
+            SIZE_OUTSIDE_BACKEND,
+        );
+        report.size_violation = Some(message);
     }
 
     /// Secret `name` in the pool's namespace, which `field` of the spec names.
@@ -843,6 +936,14 @@ impl PoolController {
             ready_replicas: i32::try_from(ready).unwrap_or(i32::MAX),
             min_size: pool.spec.min_size,
             max_size: pool.spec.max_size,
+            backend_min_size: report
+                .backend_bounds
+                .map(|b| b.0)
+                .or(previous.backend_min_size),
+            backend_max_size: report
+                .backend_bounds
+                .map(|b| b.1)
+                .or(previous.backend_max_size),
             instances,
             machine_type,
             last_scale_up_time: if report.scaled_up {
@@ -956,6 +1057,12 @@ struct PassReport {
     create_failure: Option<(String, String)>,
     /// Registered Nodes by normalized provider ID, as the pass saw them.
     nodes: Option<HashMap<String, SeenNode>>,
+    /// The pool's served min/max.
+    effective: Option<(i32, i32)>,
+    /// The backend's own min/max, read this pass.
+    backend_bounds: Option<(i32, i32)>,
+    /// Why the pool's min/max do not fit the backend's.
+    size_violation: Option<String>,
 }
 
 /// The settings of new servers, checked before anything is ordered.
@@ -1031,10 +1138,11 @@ fn conditions(
         reason: reason.into(),
         message,
     };
-    let invalid = match blocked {
-        Some(Blocked::Spec(reason, message)) => {
+    let invalid = match (blocked, &report.size_violation) {
+        (Some(Blocked::Spec(reason, message)), _) => {
             condition("InvalidSpec", true, reason, message.clone())
         }
+        (_, Some(message)) => condition("InvalidSpec", true, SIZE_OUTSIDE_BACKEND, message.clone()),
         _ => condition(
             "InvalidSpec",
             false,

@@ -44,6 +44,7 @@
 //! cached and refreshed before they expire. [`Client::set_credentials`] swaps the provider
 //! for every clone of a client, for when the Secret holding the AccessKey changes.
 
+pub mod auth;
 pub mod client;
 pub mod credentials;
 pub mod ecs;
