@@ -1025,3 +1025,111 @@ async fn twenty_concurrent_increases_land_exactly_priced_and_zoned_within_the_gr
         narrow.instances
     );
 }
+
+/// cluster-autoscaler (its own externalgrpc client) deletes two nodes in one DeleteNodes;
+/// ESS removes one and refuses the other (`Protected`: `IncorrectInstanceStatus`). The call
+/// fails with the refused instance and ESS's code, so CA untaints that node instead of
+/// believing it gone; the refused deletion is rolled back (replicas raised back, the
+/// instance Running again) and the removed one is gone with the desired capacity lowered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_refused_mid_batch_is_reported_to_cluster_autoscaler_and_rolled_back() {
+    let w = World::new("ali-midbatch", &["asg-mid"]).await;
+    w.pool("mid", "asg-mid", 3, 5, json!({})).await;
+    w.wait_pool_ready("mid", "asg-mid", 3).await;
+    let nodes = w.ready_nodes("mid").await;
+    let victims: Vec<(String, String)> = nodes
+        .iter()
+        .take(2)
+        .map(|n| {
+            let pid = n.spec.as_ref().and_then(|s| s.provider_id.clone());
+            (n.name_any(), pid.unwrap_or_default())
+        })
+        .collect();
+    let instance = |pid: &str| pid.trim_start_matches(&format!("{REGION}.")).to_string();
+    let (removable, protected) = (instance(&victims[0].1), instance(&victims[1].1));
+    w.ess.set_protected(&protected, true);
+    w.log(&format!("{protected} protected from scale-in"));
+
+    let config = w.cluster.cloud_config().expect("cloud-config");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = ngo_sandbox::ca_client::CaClient::start(&config, &dir.path().join("ca.log"))
+        .expect("CA's client");
+    let id = w.get_pool("mid").await.group_id();
+    ca.value(json!({"call": "NodeGroups"})).await;
+    let started = Instant::now();
+    let result = ca
+        .call(json!({"call": "DeleteNodes", "group": id, "nodes": victims
+            .iter()
+            .map(|(name, pid)| json!({"name": name, "providerID": pid}))
+            .collect::<Vec<_>>()}))
+        .await;
+    w.log(&format!(
+        "DeleteNodes answered in {:.1}s: {result}",
+        started.elapsed().as_secs_f64()
+    ));
+    let error = result["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("CA sees an error: {result}"));
+    assert_eq!(result["code"], "FailedPrecondition", "{result}");
+    assert!(
+        error.contains(&victims[1].1) && error.contains("IncorrectInstanceStatus"),
+        "the refused instance and ESS's code: {error}"
+    );
+    assert!(
+        !error.contains(&victims[0].1),
+        "the removed one is not an error: {error}"
+    );
+
+    w.wait(
+        "the removable instance gone, the protected one kept",
+        || async {
+            let left = w.instances("asg-mid");
+            if !left.contains(&removable) && left.contains(&protected) && left.len() == 2 {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    )
+    .await;
+    let pool = w.get_pool("mid").await;
+    assert_eq!(pool.spec.replicas, 2, "3 - 2 removals + 1 rolled back");
+    let entry = pool
+        .status
+        .unwrap_or_default()
+        .instances
+        .into_iter()
+        .find(|i| i.id.as_deref() == Some(protected.as_str()))
+        .expect("the protected instance's entry");
+    assert_eq!(
+        entry.state,
+        Some(nodegroup_operator::api::nodepool::InstanceStateName::Running)
+    );
+    assert_eq!(
+        entry.deletion.map(|d| d.outcome),
+        Some(nodegroup_operator::api::nodepool::DeletionOutcome::Refused)
+    );
+    assert!(
+        w.events("mid")
+            .await
+            .iter()
+            .any(|(r, _)| r == "ServerDeleteRefused"),
+        "an Event says the deletion was refused"
+    );
+    ca.value(json!({"call": "Refresh"})).await;
+    ca.value(json!({"call": "NodeGroups"})).await;
+    assert_eq!(
+        ca.value(json!({"call": "TargetSize", "group": id})).await,
+        json!(2)
+    );
+    let instances = ca.value(json!({"call": "Nodes", "group": id})).await;
+    assert!(
+        instances.to_string().contains(&victims[1].1),
+        "CA still sees the protected instance: {instances}"
+    );
+    assert_eq!(
+        w.ess.group("asg-mid").expect("group").desired_capacity,
+        Some(2)
+    );
+    let _ = ca.finish().await;
+}

@@ -429,9 +429,39 @@ pub struct PoolInstance {
     /// When its creation was requested.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created: Option<Time>,
-    /// Why its creation failed.
+    /// Why its creation failed, or why the last attempt to delete it failed (retried).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<InstanceErrorStatus>,
+    /// What the backend made of the last deletion cluster-autoscaler asked for
+    /// (DeleteNodes), so the request can report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion: Option<InstanceDeletion>,
+}
+
+/// The outcome of a deletion cluster-autoscaler asked for.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceDeletion {
+    /// The DeleteNodes request, as the scale-down ledger records it.
+    pub request: String,
+    /// `Accepted`: the backend is removing the server. `Refused`: the backend refused; the
+    /// deletion was rolled back (the pool's replicas raised back), and the server stays.
+    pub outcome: DeletionOutcome,
+    /// Why the backend refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<InstanceErrorStatus>,
+}
+
+/// What the backend made of a deletion.
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+pub enum DeletionOutcome {
+    /// The backend is removing the server.
+    #[default]
+    Accepted,
+    /// The backend refused; the deletion was rolled back.
+    Refused,
 }
 
 /// A failed creation.

@@ -176,6 +176,7 @@ pub fn decide(o: &Observed<'_>) -> Decision {
                 .and_then(|p| p.created.clone())
                 .or_else(|| m.created.map(Time)),
             error: None,
+            deletion: previous.and_then(|p| p.deletion.clone()),
         });
     }
 
@@ -321,6 +322,7 @@ mod tests {
             node: None,
             created: Some(Time(at(age))),
             error: None,
+            deletion: None,
         }
     }
 

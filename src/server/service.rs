@@ -526,9 +526,19 @@ impl CloudProvider for CloudProviderService {
             let deleted = self
                 .detached(async move {
                     let request = actuator.request_id();
-                    actuator
+                    let deleted = actuator
                         .delete_nodes(&snapshot, &group, &nodes, &request, &deadline)
-                        .await
+                        .await?;
+                    // A NodePool's cloud removes the instances: report what it refused.
+                    let named: Vec<String> = nodes
+                        .iter()
+                        .map(|n| n.provider_id.clone())
+                        .filter(|p| !p.is_empty())
+                        .collect();
+                    actuator
+                        .await_pool_removals(&group, &named, &deadline)
+                        .await?;
+                    Ok(deleted)
                 })
                 .await?;
             if let Some(target) = deleted.target {

@@ -549,6 +549,17 @@ impl AliCloudEmulator {
         };
     }
 
+    /// Puts InService instance `id` in the `Protected` state (or takes it out): ESS refuses
+    /// to remove a protected instance (`IncorrectInstanceStatus` naming it).
+    pub fn set_protected(&self, id: &str, protected: bool) {
+        let mut account = self.shared.account();
+        if protected {
+            account.protected.insert(id.into());
+        } else {
+            account.protected.remove(id);
+        }
+    }
+
     /// Sets how long activities started from now on run.
     pub fn set_activity_duration(&self, duration: Duration) {
         *lock(&self.shared.activity_duration) = duration;

@@ -19,7 +19,7 @@
 //!   or `Failed` (none) with `OperationDenied.NoStock`; the emulator then lowers the desired
 //!   capacity to what exists (real ESS keeps trying to reach it: not modelled).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use base64::Engine as _;
 use jiff::Timestamp;
@@ -342,6 +342,9 @@ pub struct Account {
     pub instance_types: Vec<InstanceTypeSpec>,
     /// Instances of each type that can still be launched (absent: unlimited).
     pub stock: BTreeMap<String, u32>,
+    /// InService instances put in the `Protected` state (scale-in protection): listed as
+    /// such, and `RemoveInstances` naming one is refused (`IncorrectInstanceStatus`).
+    pub protected: BTreeSet<String>,
     tokens: HashMap<String, Value>,
     next_id: u64,
 }
@@ -361,6 +364,7 @@ impl Account {
             activities: Vec::new(),
             instance_types,
             stock: BTreeMap::new(),
+            protected: BTreeSet::new(),
             tokens: HashMap::new(),
             next_id: first_id,
         };
@@ -572,7 +576,11 @@ impl Account {
                     "InstanceId": i.id,
                     "ScalingGroupId": i.group_id,
                     "ScalingConfigurationId": i.configuration_id,
-                    "LifecycleState": i.state.as_str(),
+                    "LifecycleState": if self.protected.contains(&i.id) {
+                        "Protected"
+                    } else {
+                        i.state.as_str()
+                    },
                     "HealthStatus": "Healthy",
                     "CreationType": "AutoCreated",
                     "ZoneId": i.zone,
@@ -1033,6 +1041,17 @@ impl Account {
         let mut ids = Vec::new();
         for instance in &requested {
             match self.instances.get(instance) {
+                Some(i) if i.group_id == id && self.protected.contains(&i.id) => {
+                    if !ignore_invalid {
+                        return Err(ApiError::new(
+                            400,
+                            "IncorrectInstanceStatus",
+                            format!(
+                                "The current status of the specified ECS instance \"{instance}\" (Protected) does not support this action."
+                            ),
+                        ));
+                    }
+                }
                 Some(i) if i.group_id == id && i.state == InstanceState::InService => {
                     if !ids.contains(instance) {
                         ids.push(instance.clone());

@@ -16,6 +16,7 @@
 //! repeated or concurrent DeleteNodes never lowers replicas twice for one machine.
 
 mod marks;
+mod pool_removals;
 mod replicas;
 
 use std::collections::HashMap;

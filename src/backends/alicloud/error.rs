@@ -110,6 +110,9 @@ pub enum ApiErrorKind {
     IncorrectScalingGroupStatus,
     /// `IncorrectCapacity.*`: the change would leave the group below MinSize or above MaxSize.
     IncorrectCapacity,
+    /// `IncorrectInstanceStatus`: an instance is in a state ESS does not remove (`Protected`,
+    /// `Standby`, still being added).
+    IncorrectInstanceStatus,
     /// `*.NotFound` (other than AccessKeys): the group, instance or configuration is gone.
     NotFound,
     /// `InvalidParameter*`, `MissingParameter*`, `InvalidTimeStamp.*`, `SignatureNonceUsed`.
@@ -139,6 +142,8 @@ impl ApiErrorKind {
             Self::IncorrectScalingGroupStatus
         } else if family("IncorrectCapacity") {
             Self::IncorrectCapacity
+        } else if code == "IncorrectInstanceStatus" {
+            Self::IncorrectInstanceStatus
         } else if code.ends_with(".NotFound") {
             Self::NotFound
         } else if family("InvalidParameter")

@@ -133,8 +133,9 @@ impl Ess {
     /// [`REMOVE_BATCH_LIMIT`]; any beyond it are [`RemovalFailureReason::Deferred`]: the
     /// accepted call starts a scaling activity, and ESS rejects further removals until it
     /// ends (`ScalingActivityInProgress`), so send them on a later pass. When ESS rejects the
-    /// call naming one of the instances (`InvalidInstanceId.NotFound`), that instance fails
-    /// and the call is made again without it; any other rejection fails the whole batch with
+    /// call naming one of the instances (`InvalidInstanceId.NotFound`, or
+    /// `IncorrectInstanceStatus` for a `Protected` or `Standby` one), that instance fails and
+    /// the call is made again without it; any other rejection fails the whole batch with
     /// ESS's error (`IncorrectCapacity.MinSize`, `ScalingActivityInProgress`...).
     ///
     /// The call carries a `ClientToken` that stays the same across its retries, so a retry
@@ -209,13 +210,16 @@ impl Ess {
                     report.removed = std::mem::take(&mut batch);
                 }
                 Err(Error::Api { error, .. }) => {
-                    let named = (error.code == "InvalidInstanceId.NotFound")
-                        .then(|| {
-                            batch
-                                .iter()
-                                .position(|id| error.message.contains(id.as_str()))
-                        })
-                        .flatten();
+                    let named = matches!(
+                        error.code.as_str(),
+                        "InvalidInstanceId.NotFound" | "IncorrectInstanceStatus"
+                    )
+                    .then(|| {
+                        batch
+                            .iter()
+                            .position(|id| error.message.contains(id.as_str()))
+                    })
+                    .flatten();
                     match named {
                         Some(i) if batch.len() > 1 => {
                             let id = batch.remove(i);

@@ -575,9 +575,9 @@ fn removal_error(group: &str, id: &str, reason: &RemovalFailureReason) -> Backen
             | super::ApiErrorKind::InvalidAccessKey
             | super::ApiErrorKind::InvalidSecurityToken
             | super::ApiErrorKind::Forbidden => BackendErrorKind::Unauthorized,
-            super::ApiErrorKind::IncorrectCapacity | super::ApiErrorKind::InvalidRequest => {
-                BackendErrorKind::Rejected
-            }
+            super::ApiErrorKind::IncorrectCapacity
+            | super::ApiErrorKind::IncorrectInstanceStatus
+            | super::ApiErrorKind::InvalidRequest => BackendErrorKind::Rejected,
             _ => BackendErrorKind::Unavailable,
         },
         _ => BackendErrorKind::Unavailable,
