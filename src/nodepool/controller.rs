@@ -1089,6 +1089,10 @@ impl PoolController {
         let key = pool_key(pool);
         match blocked {
             Blocked::Spec(reason, message) => {
+                if reason.starts_with("Credentials") {
+                    // No usable credentials: the backend cannot be called.
+                    self.metrics.set_backend_available(&key, false);
+                }
                 tracing::warn!(pool = %key, reason, %message, "NodePool cannot be reconciled");
                 self.event(
                     pool,

@@ -768,6 +768,34 @@ mod tests {
     }
 
     #[test]
+    fn endpoints_default_to_https_regional_hosts_unless_overridden_or_http() {
+        let mut spec = AliCloudSpec {
+            region_id: "cn-shanghai".into(),
+            scaling_group_id: "asg-1".into(),
+            ..Default::default()
+        };
+        let e = client_options(&spec).endpoints;
+        assert_eq!(e.ess, "https://ess.cn-shanghai.aliyuncs.com");
+        assert_eq!(e.vpc, "https://vpc.cn-shanghai.aliyuncs.com");
+        assert_eq!(e.sts, "https://sts.cn-shanghai.aliyuncs.com");
+        spec.endpoints = Some(crate::api::nodepool::AliCloudEndpoints {
+            scheme: Some(UrlScheme::Http),
+            ess: Some("https://ess-vpc.cn-shanghai.aliyuncs.com".into()),
+            ..Default::default()
+        });
+        let e = client_options(&spec).endpoints;
+        assert_eq!(
+            e.ess, "https://ess-vpc.cn-shanghai.aliyuncs.com",
+            "an override wins"
+        );
+        assert_eq!(
+            e.ecs, "http://ecs.cn-shanghai.aliyuncs.com",
+            "the scheme of defaults"
+        );
+        assert_eq!(e.sts, "http://sts.cn-shanghai.aliyuncs.com");
+    }
+
+    #[test]
     fn only_valid_tags_become_labels() {
         assert!(valid_label_key("workload_type"));
         assert!(valid_label_key("example.com/tier"));
