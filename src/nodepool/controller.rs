@@ -304,6 +304,7 @@ impl PoolController {
             max_creates: self.options.max_creates,
         });
         self.report_dropped(pool, &decision.dropped);
+        accept_removals_under_way(&ledger, &mut decision);
         report.nodes = Some(nodes);
         self.apply_creation_failures(pool, &backend, &mut decision, report)
             .await;
@@ -1422,6 +1423,35 @@ fn plan_key(pool: &NodePool) -> String {
         (Some(c), _) => format!("cherry|{}|{}|{}", c.project_id, c.plan, c.region),
         (None, Some(a)) => format!("alicloud|{}|{}", a.region_id, a.scaling_group_id),
         (None, None) => String::new(),
+    }
+}
+
+/// Records as accepted the DeleteNodes removals the backend already carries out (the
+/// instance is listed as terminating, so no delete call is made for it), so the request
+/// waiting for them learns so.
+fn accept_removals_under_way(ledger: &Ledger, decision: &mut Decision) {
+    let calling = &decision.delete;
+    for entry in decision.instances.iter_mut() {
+        let (Some(id), Some(pid)) = (entry.id.as_deref(), entry.provider_id.as_deref()) else {
+            continue;
+        };
+        if entry.state != Some(InstanceStateName::Deleting) || calling.iter().any(|d| d == id) {
+            continue;
+        }
+        let Some(asked) = ledger.get(&pool_instance_key(pid)) else {
+            continue;
+        };
+        if entry
+            .deletion
+            .as_ref()
+            .is_none_or(|d| d.request != asked.request)
+        {
+            entry.deletion = Some(InstanceDeletion {
+                request: asked.request.clone(),
+                outcome: DeletionOutcome::Accepted,
+                error: None,
+            });
+        }
     }
 }
 

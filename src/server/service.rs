@@ -530,13 +530,8 @@ impl CloudProvider for CloudProviderService {
                         .delete_nodes(&snapshot, &group, &nodes, &request, &deadline)
                         .await?;
                     // A NodePool's cloud removes the instances: report what it refused.
-                    let named: Vec<String> = nodes
-                        .iter()
-                        .map(|n| n.provider_id.clone())
-                        .filter(|p| !p.is_empty())
-                        .collect();
                     actuator
-                        .await_pool_removals(&group, &named, &deadline)
+                        .await_pool_removals(&group, &deleted.pool_removals, &deadline)
                         .await?;
                     Ok(deleted)
                 })

@@ -45,22 +45,22 @@ enum Removal {
 
 impl CapiActuator {
     /// For a NodePool group, waits until the pool's reconciler has tried to remove each of
-    /// `provider_ids` (the instances one DeleteNodes named): `Ok` when every removal was
-    /// accepted (or is still undecided as the client's deadline nears), an error naming
-    /// each instance the cloud refused otherwise. Other groups return at once.
+    /// `removals` (instances one DeleteNodes decremented, with the ledger request each is
+    /// recorded under when known, from [`super::Deleted::pool_removals`]): `Ok` when every
+    /// removal was accepted (or is still undecided as the client's deadline nears), an error
+    /// naming each instance the cloud refused otherwise. Other groups return at once.
     pub async fn await_pool_removals(
         &self,
         group: &NodeGroup,
-        provider_ids: &[String],
+        removals: &[(String, Option<String>)],
         deadline: &MutationDeadline,
     ) -> Result<(), ActuateError> {
-        if group.kind != ScalableKind::NodePool || provider_ids.is_empty() {
+        if group.kind != ScalableKind::NodePool || removals.is_empty() {
             return Ok(());
         }
         let api: Api<NodePool> = Api::namespaced(self.client.clone(), &group.namespace);
-        // The ledger request each instance's removal is recorded under, read once: after a
-        // rollback the ledger no longer has it.
-        let mut requests: Vec<(String, Option<String>)> = Vec::new();
+        let mut requests: Vec<(String, Option<String>)> = removals.to_vec();
+        let mut first = true;
         loop {
             let pool = match api.get_opt(&group.name).await {
                 Ok(Some(pool)) => pool,
@@ -70,19 +70,21 @@ impl CapiActuator {
                     return Ok(());
                 }
             };
-            if requests.is_empty() {
+            if first {
+                // A decrement another request applied concurrently: its ledger request.
                 let ledger = Ledger::parse(
                     pool.annotations()
                         .get(LEDGER_ANNOTATION)
                         .map(String::as_str),
                 );
-                requests = provider_ids
-                    .iter()
-                    .map(|pid| {
-                        let key = pool_instance_key(pid);
-                        (pid.clone(), ledger.get(&key).map(|e| e.request.clone()))
-                    })
-                    .collect();
+                for (pid, request) in &mut requests {
+                    if request.is_none() {
+                        *request = ledger
+                            .get(&pool_instance_key(pid))
+                            .map(|e| e.request.clone());
+                    }
+                }
+                first = false;
             }
             let states: Vec<(&str, Removal)> = requests
                 .iter()
@@ -102,7 +104,7 @@ impl CapiActuator {
                 return Err(ActuateError::RemovalRefused {
                     group: group.id.clone(),
                     refused: refused.len(),
-                    asked: provider_ids.len(),
+                    asked: removals.len(),
                     details: refused.join("; "),
                 });
             }
@@ -143,5 +145,57 @@ fn removal(pool: &NodePool, pid: &str, request: Option<&str>) -> Removal {
             ),
         },
         _ => Removal::Pending,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(instances: serde_json::Value) -> NodePool {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodePool",
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"replicas": 1, "clusterName": "c1",
+                "aliCloud": {"credentialsSecretRef": {"name": "s"}, "regionId": "cn-hangzhou",
+                    "scalingGroupId": "asg-1"}},
+            "status": {"instances": instances},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_removal_is_decided_by_the_outcome_recorded_for_its_request() {
+        let p = pool(serde_json::json!([
+            {"id": "i-a", "providerID": "cn-hangzhou.i-a", "state": "Deleting", "request": "q",
+             "deletion": {"request": "r1", "outcome": "Accepted"}},
+            {"id": "i-b", "providerID": "cn-hangzhou.i-b", "state": "Running", "request": "q",
+             "deletion": {"request": "r1", "outcome": "Refused",
+                "error": {"class": "OtherError", "code": "Rejected", "message": "IncorrectInstanceStatus"}}},
+            {"id": "i-c", "providerID": "cn-hangzhou.i-c", "state": "Deleting", "request": "q",
+             "deletion": {"request": "r0", "outcome": "Refused"}},
+        ]));
+        assert!(matches!(
+            removal(&p, "cn-hangzhou.i-a", Some("r1")),
+            Removal::Done
+        ));
+        match removal(&p, "cn-hangzhou.i-b", Some("r1")) {
+            Removal::Refused(why) => assert_eq!(why, "Rejected: IncorrectInstanceStatus"),
+            _ => panic!("refused"),
+        }
+        // An outcome of an earlier request says nothing about this one.
+        assert!(matches!(
+            removal(&p, "cn-hangzhou.i-c", Some("r1")),
+            Removal::Pending
+        ));
+        // Gone from the status, or never decremented: nothing left to wait for.
+        assert!(matches!(
+            removal(&p, "cn-hangzhou.i-z", Some("r1")),
+            Removal::Done
+        ));
+        assert!(matches!(
+            removal(&p, "cn-hangzhou.i-c", None),
+            Removal::Done
+        ));
     }
 }

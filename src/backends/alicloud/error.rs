@@ -321,6 +321,10 @@ mod tests {
             ApiErrorKind::IncorrectCapacity
         );
         assert_eq!(
+            kind(400, "IncorrectInstanceStatus"),
+            ApiErrorKind::IncorrectInstanceStatus
+        );
+        assert_eq!(
             kind(404, "InvalidScalingGroupId.NotFound"),
             ApiErrorKind::NotFound
         );
