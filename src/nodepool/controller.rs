@@ -23,7 +23,7 @@ use super::backend::{
     Backend, BackendError, BackendErrorKind, Created, CreationFailure, MachineTypeInfo, NewServer,
 };
 use super::converge::{self, Decision, Dropped, Observed, SeenNode};
-use super::{bootstrap, render, view};
+use super::{bootstrap, deletions, render, view};
 use crate::api::NodePool;
 use crate::api::conditions::{DesiredCondition, merge};
 use crate::api::nodepool::{
@@ -304,7 +304,7 @@ impl PoolController {
             max_creates: self.options.max_creates,
         });
         self.report_dropped(pool, &decision.dropped);
-        accept_removals_under_way(&ledger, &mut decision);
+        deletions::accept_removals_under_way(&ledger, &mut decision);
         report.nodes = Some(nodes);
         self.apply_creation_failures(pool, &backend, &mut decision, report)
             .await;
@@ -734,7 +734,7 @@ impl PoolController {
             .filter_map(|(i, _, _)| decision.instances[*i].provider_id.as_deref())
             .map(pool_instance_key)
             .collect();
-        match roll_back_deletions(api, &pool.name_any(), &keys).await {
+        match deletions::roll_back(api, &pool.name_any(), &keys).await {
             Ok(raised) => {
                 let nodes = report.nodes.as_ref();
                 for (index, request, status) in refused {
@@ -783,28 +783,13 @@ impl PoolController {
         let Some((backend_min, backend_max)) = report.backend_bounds else {
             return;
         };
-        let (min, max) = match report.effective {
+        let bounds = match report.effective {
             Some(bounds) => (Some(bounds.0), Some(bounds.1)),
             None => (pool.spec.min_size, pool.spec.max_size),
         };
-        let mut problems = Vec::new();
-        if let Some(min) = min.filter(|m| *m < backend_min) {
-            problems.push(format!(
-                "min size {min} is below the group's MinSize {backend_min}"
-            ));
-        }
-        if let Some(max) = max.filter(|m| *m > backend_max) {
-            problems.push(format!(
-                "max size {max} is above the group's MaxSize {backend_max}"
-            ));
-        }
-        if problems.is_empty() {
+        let Some(message) = converge::size_outside(bounds, (backend_min, backend_max)) else {
             return;
-        }
-        let message = format!(
-            "{}; the pool is kept within [{backend_min}, {backend_max}]",
-            problems.join(" and ")
-        );
+        };
         let already = pool.status.as_ref().is_some_and(|s| {
             s.conditions.iter().any(|c| {
                 c.type_ == "InvalidSpec" && c.reason == SIZE_OUTSIDE_BACKEND && c.message == message
@@ -1423,77 +1408,6 @@ fn plan_key(pool: &NodePool) -> String {
         (Some(c), _) => format!("cherry|{}|{}|{}", c.project_id, c.plan, c.region),
         (None, Some(a)) => format!("alicloud|{}|{}", a.region_id, a.scaling_group_id),
         (None, None) => String::new(),
-    }
-}
-
-/// Records as accepted the DeleteNodes removals the backend already carries out (the
-/// instance is listed as terminating, so no delete call is made for it), so the request
-/// waiting for them learns so.
-fn accept_removals_under_way(ledger: &Ledger, decision: &mut Decision) {
-    let calling = &decision.delete;
-    for entry in decision.instances.iter_mut() {
-        let (Some(id), Some(pid)) = (entry.id.as_deref(), entry.provider_id.as_deref()) else {
-            continue;
-        };
-        if entry.state != Some(InstanceStateName::Deleting) || calling.iter().any(|d| d == id) {
-            continue;
-        }
-        let Some(asked) = ledger.get(&pool_instance_key(pid)) else {
-            continue;
-        };
-        if entry
-            .deletion
-            .as_ref()
-            .is_none_or(|d| d.request != asked.request)
-        {
-            entry.deletion = Some(InstanceDeletion {
-                request: asked.request.clone(),
-                outcome: DeletionOutcome::Accepted,
-                error: None,
-            });
-        }
-    }
-}
-
-/// Undoes the DeleteNodes decrements of ledger `keys`: raises `spec.replicas` by one per
-/// key still in the ledger and drops those keys, in one write guarded by the pool's
-/// resourceVersion, re-read and retried on conflict. Returns by how much replicas rose.
-async fn roll_back_deletions(
-    api: &Api<NodePool>,
-    name: &str,
-    keys: &[String],
-) -> Result<i32, kube::Error> {
-    let mut attempt = 0;
-    loop {
-        let pool = api.get(name).await?;
-        let mut ledger = Ledger::parse(
-            pool.annotations()
-                .get(LEDGER_ANNOTATION)
-                .map(String::as_str),
-        );
-        let removed = keys.iter().filter(|k| ledger.remove(k).is_some()).count();
-        if removed == 0 {
-            return Ok(0);
-        }
-        let raised = i32::try_from(removed).unwrap_or(i32::MAX);
-        let patch = json!({
-            "metadata": {
-                "resourceVersion": pool.resource_version(),
-                "annotations": {LEDGER_ANNOTATION: ledger.to_annotation()},
-            },
-            "spec": {"replicas": pool.spec.replicas.saturating_add(raised)},
-        });
-        match api
-            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-        {
-            Ok(_) => return Ok(raised),
-            Err(kube::Error::Api(status)) if status.code == 409 && attempt < 5 => {
-                attempt += 1;
-                tokio::time::sleep(crate::actuate::deadline::conflict_backoff(attempt)).await;
-            }
-            Err(e) => return Err(e),
-        }
     }
 }
 
