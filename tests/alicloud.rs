@@ -947,10 +947,19 @@ async fn twenty_concurrent_increases_land_exactly_priced_and_zoned_within_the_gr
         json!(format!("{REGION}-k")),
         "{template:#}"
     );
-    let price = ca
-        .value(json!({"call": "NodePrice", "hours": 2,
-            "node": {"name": template["name"], "providerID": "",
-                     "annotations": template["annotations"]}}))
+    // The policy's watch event may trail the pool's: priced once the index has both.
+    let price = w
+        .wait("the template node priced by the policy", || async {
+            let result = ca
+                .call(json!({"call": "NodePrice", "hours": 2,
+                    "node": {"name": template["name"], "providerID": "",
+                             "annotations": template["annotations"]}}))
+                .await;
+            match result.get("error") {
+                None => Ok(result["value"].clone()),
+                Some(e) => Err(e.to_string()),
+            }
+        })
         .await;
     assert!(
         (price.as_f64().unwrap_or_default() - 1.0).abs() < 1e-9,
