@@ -663,20 +663,29 @@ fn signed_by_temporary_keys(ess: &AliCloudEmulator) -> Result<usize, String> {
 
 /// A pool without a Secret (`ECSRAMRole`) signs with the RAM role's temporary credentials
 /// from the metadata server, renews them before they expire (the emulator refuses expired
-/// ones, so a late renewal would show as `InvalidSecurityToken.Expired`), and a pool naming
-/// a role the instance does not have is reported (condition and Event), not retried blindly.
+/// ones, so a late renewal would show as `InvalidSecurityToken.Expired`); a pool naming a
+/// role the instance does not have, and one whose metadata server does not answer, are
+/// reported (condition, Event, `nodegroup_nodepool_backend_available` 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ecs_ram_role_credentials_come_from_the_metadata_server_and_are_renewed_in_time() {
-    let w = World::with("ali-ecsrole", &["asg-role", "asg-norole"], |o| {
-        o.ram_role = Some("ngo-node-role".into());
-        o.temporary_key_lifetime = Duration::from_secs(6);
-    })
+    let mut w = World::with(
+        "ali-ecsrole",
+        &["asg-role", "asg-norole", "asg-nometa"],
+        |o| {
+            o.ram_role = Some("ngo-node-role".into());
+            o.temporary_key_lifetime = Duration::from_secs(6);
+        },
+    )
     .await;
     let role = json!({"credentialsMode": "ECSRAMRole", "credentialsSecretRef": null});
     w.pool("role", "asg-role", 1, 2, role.clone()).await;
-    let mut wrong = role;
+    let mut wrong = role.clone();
     wrong["ramRoleName"] = json!("not-attached");
     w.pool("norole", "asg-norole", 1, 2, wrong).await;
+    // Off ECS: nothing answers at the metadata address.
+    let mut unreachable = role;
+    unreachable["endpoints"]["metadata"] = json!("http://127.0.0.1:9");
+    w.pool("nometa", "asg-nometa", 1, 2, unreachable).await;
 
     w.wait_pool_ready("role", "asg-role", 1).await;
     let message = w
@@ -699,6 +708,29 @@ async fn ecs_ram_role_credentials_come_from_the_metadata_server_and_are_renewed_
     })
     .await;
     assert!(w.ess.instances("asg-norole").is_empty());
+    let message = w
+        .wait("nometa: BackendUnavailable Unavailable", || async {
+            let p = w.get_pool("nometa").await;
+            match World::condition(&p, "BackendUnavailable") {
+                Some((s, r, m)) if s == "True" && r == "Unavailable" => Ok(m),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    assert!(message.contains("127.0.0.1:9"), "{message}");
+    let admin = w
+        .cluster
+        .operator()
+        .expect("operator running")
+        .admin_address;
+    let metrics = ngo_sandbox::process::http_get(admin, "/metrics").expect("metrics");
+    for (pool, up) in [("role", 1), ("norole", 0), ("nometa", 0)] {
+        let line = format!(
+            "nodegroup_nodepool_backend_available{{node_pool=\"{}/{pool}\"}} {up}",
+            w.ns()
+        );
+        assert!(metrics.contains(&line), "{line} in metrics");
+    }
 
     // Three lifetimes of 6 s: the key is renewed at least twice, never used expired.
     w.wait("the metadata credentials renewed twice", || async {
