@@ -887,7 +887,8 @@ async fn an_rrsa_pool_assumes_its_role_with_the_token_file_and_rereads_it() {
 /// exactly 20 instances launched. Before any instance exists the template already has the
 /// zone of the group's single vSwitch (`DescribeVSwitches`), and CA prices the pool's
 /// nodes from its NodeGroupPolicy. A pool whose max lies above its group's MaxSize reports
-/// `SizeOutsideScalingGroup` with the group's bounds in its status and is kept within them.
+/// `SizeOutsideScalingGroup` with the group's bounds in its status, is offered to CA with
+/// the group's MaxSize, and is kept within it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_concurrent_increases_land_exactly_priced_and_zoned_within_the_group_bounds() {
     let w = World::with("ali-burst", &["asg-burst", "asg-narrow"], |o| {
@@ -967,10 +968,17 @@ async fn twenty_concurrent_increases_land_exactly_priced_and_zoned_within_the_gr
     let config = w.cluster.cloud_config().expect("cloud-config");
     let dir = tempfile::tempdir().expect("tempdir");
     let id = w.get_pool("burst").await.group_id();
+    let narrow_id = w.get_pool("narrow").await.group_id();
     let ca = ngo_sandbox::ca_client::CaClient::start(&config, &dir.path().join("ca.log"))
         .expect("CA's client");
     let groups = ca.value(json!({"call": "NodeGroups"})).await;
     assert!(groups.to_string().contains(&id), "{groups}");
+    assert_eq!(
+        ca.value(json!({"call": "MaxSize", "group": narrow_id}))
+            .await,
+        json!(3),
+        "CA is offered the group's MaxSize, not the spec's 5"
+    );
     let template = ca
         .value(json!({"call": "TemplateNodeInfo", "group": id}))
         .await;

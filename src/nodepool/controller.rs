@@ -38,7 +38,8 @@ use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger, pool_instance_key, requ
 use crate::duration;
 use crate::events::{EventPublisher, Severity};
 use crate::fault;
-use crate::index::{ClusterKey, SnapshotHandle};
+
+use crate::index::{BACKEND_BOUNDS_FIELD, ClusterKey, SnapshotHandle};
 use crate::metrics::Metrics;
 use crate::runtime::watches::Watches;
 
@@ -153,14 +154,21 @@ impl PoolController {
                     if shutdown.is_cancelled() {
                         return Ok(());
                     }
-                    // The effective bounds (a governing policy may supply them) as served.
-                    let effective = snapshots
-                        .current()
-                        .and_then(|s| s.group(&pool.group_id()).map(|g| (g.min, g.max)));
+                    // How the index serves the pool's bounds (a governing policy may supply
+                    // them; they are clamped into the backend's): what did not fit.
+                    let outside_backend = snapshots.current().and_then(|s| {
+                        s.group(&pool.group_id()).map(|g| {
+                            g.warnings
+                                .iter()
+                                .filter(|w| w.field == BACKEND_BOUNDS_FIELD)
+                                .map(|w| w.message.clone())
+                                .collect::<Vec<_>>()
+                        })
+                    });
                     self.reconcile(
                         &pool.namespace().unwrap_or_default(),
                         &pool.name_any(),
-                        effective,
+                        outside_backend,
                     )
                     .await;
                 }
@@ -219,9 +227,15 @@ impl PoolController {
         }
     }
 
-    /// One pass over pool `namespace/name`, whose served min/max are `effective` (`None`
-    /// when it is not served); every outcome is reported on the pool.
-    pub async fn reconcile(&self, namespace: &str, name: &str, effective: Option<(i32, i32)>) {
+    /// One pass over pool `namespace/name`; every outcome is reported on the pool.
+    /// `outside_backend` says how the index had to clamp its served bounds into the
+    /// backend's (`None` when the pool is not served: its spec is checked instead).
+    pub async fn reconcile(
+        &self,
+        namespace: &str,
+        name: &str,
+        outside_backend: Option<Vec<String>>,
+    ) {
         let api: Api<NodePool> = Api::namespaced(self.client.clone(), namespace);
         let pool = match api.get_opt(name).await {
             Ok(Some(pool)) => pool,
@@ -232,7 +246,7 @@ impl PoolController {
             }
         };
         let mut report = PassReport {
-            effective,
+            outside_backend,
             ..Default::default()
         };
         let outcome = self.pass(&api, &pool, &mut report).await;
@@ -783,11 +797,15 @@ impl PoolController {
         let Some((backend_min, backend_max)) = report.backend_bounds else {
             return;
         };
-        let bounds = match report.effective {
-            Some(bounds) => (Some(bounds.0), Some(bounds.1)),
-            None => (pool.spec.min_size, pool.spec.max_size),
+        let message = match &report.outside_backend {
+            Some(served) if served.is_empty() => None,
+            Some(served) => Some(served.join("; ")),
+            None => converge::size_outside(
+                (pool.spec.min_size, pool.spec.max_size),
+                (backend_min, backend_max),
+            ),
         };
-        let Some(message) = converge::size_outside(bounds, (backend_min, backend_max)) else {
+        let Some(message) = message else {
             return;
         };
         let already = pool.status.as_ref().is_some_and(|s| {
@@ -1163,8 +1181,9 @@ struct PassReport {
     create_failure: Option<(String, String)>,
     /// Registered Nodes by normalized provider ID, as the pass saw them.
     nodes: Option<HashMap<String, SeenNode>>,
-    /// The pool's served min/max.
-    effective: Option<(i32, i32)>,
+    /// How the index clamped the pool's served bounds into the backend's (`None`: not
+    /// served).
+    outside_backend: Option<Vec<String>>,
     /// The backend's own min/max, read this pass.
     backend_bounds: Option<(i32, i32)>,
     /// Why the pool's min/max do not fit the backend's.

@@ -96,6 +96,7 @@ pub fn resource_view(pool: &NodePool) -> ScalableResource {
             machine_type,
             instances,
             invalid,
+            backend_bounds: status.backend_min_size.zip(status.backend_max_size),
         })),
     }
 }
