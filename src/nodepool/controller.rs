@@ -19,22 +19,17 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::backend::{
-    Backend, BackendError, BackendErrorKind, Created, CreationFailure, MachineTypeInfo, NewServer,
-};
+use super::backend::{Backend, BackendError, Created, CreationFailure, MachineTypeInfo, NewServer};
 use super::converge::{self, Decision, Dropped, Observed, SeenNode};
 use super::{bootstrap, deletions, render, view};
 use crate::api::NodePool;
 use crate::api::conditions::{DesiredCondition, merge};
-use crate::api::nodepool::{
-    DeletionOutcome, InstanceDeletion, InstanceErrorStatus, InstanceStateName, NodePoolStatus,
-    PoolInstance,
-};
+use crate::api::nodepool::{InstanceErrorStatus, InstanceStateName, NodePoolStatus, PoolInstance};
 use crate::backends::alicloud::auth::{self as alicloud_auth, CredentialsSource, ProviderCache};
 use crate::backends::alicloud::pool::{AliCloudPool, client_options};
 use crate::backends::cherry::pool::CherryPool;
 use crate::capi::providerid;
-use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger, pool_instance_key, request_id};
+use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger, request_id};
 use crate::duration;
 use crate::events::{EventPublisher, Severity};
 use crate::fault;
@@ -662,13 +657,8 @@ impl PoolController {
         ))
     }
 
-    /// Records what the backend made of each deletion on its status entry. A deletion
-    /// cluster-autoscaler asked for (in the scale-down ledger) that the backend refuses
-    /// outright is rolled back — replicas raised back and the ledger entry dropped in one
-    /// compare-and-swap — and recorded as `Refused`, so the DeleteNodes call waiting for it
-    /// reports the failure to cluster-autoscaler (which then untaints the node) instead of
-    /// success. Failures that may pass (an activity in progress, throttling, no answer) stay
-    /// in the ledger with their error on the entry, and are retried next pass.
+    /// Records the deletions' outcomes ([`deletions::apply`]) and reports them: a metric per
+    /// call, an Event per outcome.
     async fn apply_deletions(
         &self,
         api: &Api<NodePool>,
@@ -679,115 +669,19 @@ impl PoolController {
         report: &mut PassReport,
     ) {
         let backend = pool.backend().unwrap_or_default();
-        let mut refused: Vec<(usize, String, InstanceErrorStatus)> = Vec::new();
-        for (id, result) in outcomes {
-            let outcome = match &result {
+        for (_, result) in &outcomes {
+            let outcome = match result {
                 Ok(()) => "ok",
                 Err(e) => e.kind.as_str(),
             };
             self.metrics
                 .observe_backend_call(backend, "delete", outcome);
-            let Some(index) = decision
-                .instances
-                .iter()
-                .position(|i| i.id.as_deref() == Some(id.as_str()))
-            else {
-                continue;
-            };
-            let entry = &mut decision.instances[index];
-            let asked = entry
-                .provider_id
-                .as_deref()
-                .and_then(|pid| ledger.get(&pool_instance_key(pid)))
-                .map(|e| e.request.clone());
-            match result {
-                Ok(()) => {
-                    report.scaled_down = true;
-                    entry.error = None;
-                    if let Some(request) = asked {
-                        entry.deletion = Some(InstanceDeletion {
-                            request,
-                            outcome: DeletionOutcome::Accepted,
-                            error: None,
-                        });
-                    }
-                    self.event(
-                        pool,
-                        Severity::Normal,
-                        "ServerDeleted",
-                        "Delete",
-                        format!("deleted server {id}"),
-                    );
-                }
-                Err(error) => {
-                    let status = InstanceErrorStatus {
-                        class: super::backend::OTHER_ERROR.into(),
-                        code: error.kind.as_str().into(),
-                        message: error.message.clone(),
-                    };
-                    if let (BackendErrorKind::Rejected, Some(request)) = (error.kind, asked) {
-                        refused.push((index, request, status));
-                        continue;
-                    }
-                    entry.error = Some(status);
-                    self.event(
-                        pool,
-                        Severity::Warning,
-                        "ServerDeleteFailed",
-                        "Delete",
-                        format!("deleting server {id}: {error}; retrying next pass"),
-                    );
-                }
-            }
         }
-        if refused.is_empty() {
-            return;
-        }
-        let keys: Vec<String> = refused
-            .iter()
-            .filter_map(|(i, _, _)| decision.instances[*i].provider_id.as_deref())
-            .map(pool_instance_key)
-            .collect();
-        match deletions::roll_back(api, &pool.name_any(), &keys).await {
-            Ok(raised) => {
-                let nodes = report.nodes.as_ref();
-                for (index, request, status) in refused {
-                    let entry = &mut decision.instances[index];
-                    let registered = entry
-                        .provider_id
-                        .as_deref()
-                        .and_then(|pid| nodes?.get(providerid::normalize(pid)));
-                    entry.state = Some(if registered.is_some() {
-                        InstanceStateName::Running
-                    } else {
-                        InstanceStateName::Creating
-                    });
-                    entry.error = None;
-                    self.event(
-                        pool,
-                        Severity::Warning,
-                        "ServerDeleteRefused",
-                        "Delete",
-                        format!(
-                            "the backend refused to delete server {}: {}: {}; the deletion is rolled back (replicas raised by {raised}) and reported to cluster-autoscaler",
-                            entry.id.clone().unwrap_or_default(),
-                            status.code,
-                            status.message
-                        ),
-                    );
-                    entry.deletion = Some(InstanceDeletion {
-                        request,
-                        outcome: DeletionOutcome::Refused,
-                        error: Some(status),
-                    });
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%error, pool = %pool_key(pool), "cannot roll back refused deletions; retrying them next pass");
-                for (index, _, status) in refused {
-                    decision.instances[index].error = Some(status);
-                }
-            }
+        let applied =
+            deletions::apply(api, pool, ledger, outcomes, decision, report.nodes.as_ref()).await;
+        report.scaled_down |= applied.deleted;
+        for note in applied.notes {
+            self.event(pool, note.severity, note.reason, "Delete", note.message);
         }
     }
 

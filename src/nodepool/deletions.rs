@@ -3,14 +3,159 @@
 //! them (`actuate::capi::pool_removals`) learns how each went, and the undo of a deletion
 //! the backend refused.
 
+use std::collections::HashMap;
+
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use super::converge::Decision;
+use super::backend::{BackendError, BackendErrorKind, OTHER_ERROR};
+use super::converge::{Decision, SeenNode};
 use crate::api::NodePool;
-use crate::api::nodepool::{DeletionOutcome, InstanceDeletion, InstanceStateName};
+use crate::api::nodepool::{
+    DeletionOutcome, InstanceDeletion, InstanceErrorStatus, InstanceStateName,
+};
+use crate::capi::providerid;
 use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger, pool_instance_key};
+use crate::events::Severity;
+
+/// An Event to publish on the pool.
+#[derive(Debug)]
+pub struct Note {
+    /// Normal or Warning.
+    pub severity: Severity,
+    /// Event reason.
+    pub reason: &'static str,
+    /// Event message.
+    pub message: String,
+}
+
+/// What [`apply`] did.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// At least one deletion was accepted.
+    pub deleted: bool,
+    /// Events to publish.
+    pub notes: Vec<Note>,
+}
+
+/// Records what the backend made of each deletion (`outcomes` of the delete calls) on its
+/// entry in `decision`. A deletion cluster-autoscaler asked for (in the scale-down
+/// `ledger`) that the backend refuses outright is rolled back — replicas raised back and
+/// the ledger entry dropped in one compare-and-swap ([`roll_back`]) — and recorded as
+/// `Refused`, so the DeleteNodes call waiting for it reports the failure to
+/// cluster-autoscaler (which then untaints the node) instead of success; the instance is
+/// Running (or Creating, without a Node) again. Failures that may pass (an activity in
+/// progress, throttling, no answer) stay in the ledger with their error on the entry and
+/// are retried next pass; so are refused ones when the rollback itself fails.
+pub async fn apply(
+    api: &Api<NodePool>,
+    pool: &NodePool,
+    ledger: &Ledger,
+    outcomes: Vec<(String, Result<(), BackendError>)>,
+    decision: &mut Decision,
+    nodes: Option<&HashMap<String, SeenNode>>,
+) -> Applied {
+    let mut applied = Applied::default();
+    let mut refused: Vec<(usize, String, InstanceErrorStatus)> = Vec::new();
+    for (id, result) in outcomes {
+        let Some(index) = decision
+            .instances
+            .iter()
+            .position(|i| i.id.as_deref() == Some(id.as_str()))
+        else {
+            continue;
+        };
+        let entry = &mut decision.instances[index];
+        let asked = entry
+            .provider_id
+            .as_deref()
+            .and_then(|pid| ledger.get(&pool_instance_key(pid)))
+            .map(|e| e.request.clone());
+        match result {
+            Ok(()) => {
+                applied.deleted = true;
+                entry.error = None;
+                if let Some(request) = asked {
+                    entry.deletion = Some(InstanceDeletion {
+                        request,
+                        outcome: DeletionOutcome::Accepted,
+                        error: None,
+                    });
+                }
+                applied.notes.push(Note {
+                    severity: Severity::Normal,
+                    reason: "ServerDeleted",
+                    message: format!("deleted server {id}"),
+                });
+            }
+            Err(error) => {
+                let status = InstanceErrorStatus {
+                    class: OTHER_ERROR.into(),
+                    code: error.kind.as_str().into(),
+                    message: error.message.clone(),
+                };
+                if let (BackendErrorKind::Rejected, Some(request)) = (error.kind, asked) {
+                    refused.push((index, request, status));
+                    continue;
+                }
+                entry.error = Some(status);
+                applied.notes.push(Note {
+                    severity: Severity::Warning,
+                    reason: "ServerDeleteFailed",
+                    message: format!("deleting server {id}: {error}; retrying next pass"),
+                });
+            }
+        }
+    }
+    if refused.is_empty() {
+        return applied;
+    }
+    let keys: Vec<String> = refused
+        .iter()
+        .filter_map(|(i, _, _)| decision.instances[*i].provider_id.as_deref())
+        .map(pool_instance_key)
+        .collect();
+    match roll_back(api, &pool.name_any(), &keys).await {
+        Ok(raised) => {
+            for (index, request, status) in refused {
+                let entry = &mut decision.instances[index];
+                let registered = entry
+                    .provider_id
+                    .as_deref()
+                    .and_then(|pid| nodes?.get(providerid::normalize(pid)));
+                entry.state = Some(if registered.is_some() {
+                    InstanceStateName::Running
+                } else {
+                    InstanceStateName::Creating
+                });
+                entry.error = None;
+                applied.notes.push(Note {
+                    severity: Severity::Warning,
+                    reason: "ServerDeleteRefused",
+                    message: format!(
+                        "the backend refused to delete server {}: {}: {}; the deletion is rolled back (replicas raised by {raised}) and reported to cluster-autoscaler",
+                        entry.id.clone().unwrap_or_default(),
+                        status.code,
+                        status.message
+                    ),
+                });
+                entry.deletion = Some(InstanceDeletion {
+                    request,
+                    outcome: DeletionOutcome::Refused,
+                    error: Some(status),
+                });
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, pool = %pool.name_any(), "cannot roll back refused deletions; retrying them next pass");
+            for (index, _, status) in refused {
+                decision.instances[index].error = Some(status);
+            }
+        }
+    }
+    applied
+}
 
 /// Records as accepted the DeleteNodes removals the backend already carries out (the
 /// instance is listed as terminating, so no delete call is made for it), so the request
