@@ -173,7 +173,7 @@ impl Metrics {
         let backend_calls = Family::<BackendCallLabels, Counter>::default();
         registry.register(
             "nodepool_backend_calls",
-            "Calls NodePools made to their cloud backends, by backend, operation (list, plans, create, delete) and outcome (ok or the error kind)",
+            "Calls NodePools made to their cloud backends, by backend, operation (list, bounds, plans, activities, create, delete) and outcome (ok, the error kind, or SizeOutsideScalingGroup for bounds the pool's min/max exceed)",
             backend_calls.clone(),
         );
         let backend_available = Family::<PoolLabels, Gauge>::default();

@@ -62,13 +62,18 @@ struct World {
 
 impl World {
     async fn new(prefix: &str, groups: &[&str]) -> Self {
+        Self::with(prefix, groups, |_| {}).await
+    }
+
+    /// [`World::new`] with the emulator's options changed by `tweak`.
+    async fn with(prefix: &str, groups: &[&str], tweak: impl FnOnce(&mut AliCloudOptions)) -> Self {
         let started = Instant::now();
         let namespace = format!("{prefix}-{}", rand::random::<u32>() % 100_000);
         let mut cluster = AutoscaledCluster::create(sandbox(), &namespace, "c1", json!({}))
             .await
             .unwrap_or_else(|e| panic!("creating {namespace}: {e:#}"));
         let client = cluster.client().await.expect("client");
-        let ess = AliCloudEmulator::start(AliCloudOptions {
+        let mut options = AliCloudOptions {
             region: REGION.into(),
             access_keys: vec![AccessKey::new(KEY_ID, KEY_SECRET)],
             groups: groups
@@ -85,9 +90,11 @@ impl World {
             // are: Nodes of all tests share the sandbox.
             first_id: 0x10_0000 + u64::from(rand::random::<u32>() % 4_000) * 0x1000,
             ..Default::default()
-        })
-        .await
-        .expect("ESS emulator");
+        };
+        tweak(&mut options);
+        let ess = AliCloudEmulator::start(options)
+            .await
+            .expect("ESS emulator");
         let mut operator = cluster.operator_options();
         operator.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
         operator
@@ -142,11 +149,12 @@ impl World {
     /// A NodePool `name` on scaling group `group` whose Nodes carry `POOL=<ns>-<name>`,
     /// with `extra` merged into its `aliCloud` block.
     async fn pool(&self, name: &str, group: &str, replicas: i32, max: i32, extra: Value) {
+        let url = self.ess.url();
         let mut ali = json!({
             "credentialsSecretRef": {"name": "alicloud"},
             "regionId": REGION,
             "scalingGroupId": group,
-            "endpoints": {"ess": self.ess.url(), "ecs": self.ess.url()},
+            "endpoints": {"ess": url, "ecs": url, "vpc": url, "sts": url, "metadata": url},
             "userData": USER_DATA,
             "apiServerEndpoint": "127.0.0.1:6443",
         });
@@ -630,4 +638,547 @@ async fn bad_credentials_are_reported_and_a_fixed_secret_is_picked_up() {
         w.ess.group("asg-good").expect("group").desired_capacity,
         Some(0)
     );
+}
+
+/// Every ESS call of `ess` so far was signed by a temporary key (`STS.…`) with its token.
+fn signed_by_temporary_keys(ess: &AliCloudEmulator) -> Result<usize, String> {
+    let calls: Vec<_> = ess
+        .requests()
+        .into_iter()
+        .filter(|r| r.action.starts_with("Describe") || r.action == "ScaleWithAdjustment")
+        .collect();
+    match calls.iter().find(|r| {
+        !r.params
+            .get("AccessKeyId")
+            .is_some_and(|k| k.starts_with("STS."))
+    }) {
+        Some(r) => Err(format!(
+            "{} signed by {:?}",
+            r.action,
+            r.params.get("AccessKeyId")
+        )),
+        None => Ok(calls.len()),
+    }
+}
+
+/// A pool without a Secret (`ECSRAMRole`) signs with the RAM role's temporary credentials
+/// from the metadata server, renews them before they expire (the emulator refuses expired
+/// ones, so a late renewal would show as `InvalidSecurityToken.Expired`); a pool naming a
+/// role the instance does not have, and one whose metadata server does not answer, are
+/// reported (condition, Event, `nodegroup_nodepool_backend_available` 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ecs_ram_role_credentials_come_from_the_metadata_server_and_are_renewed_in_time() {
+    let mut w = World::with(
+        "ali-ecsrole",
+        &["asg-role", "asg-norole", "asg-nometa"],
+        |o| {
+            o.ram_role = Some("ngo-node-role".into());
+            o.temporary_key_lifetime = Duration::from_secs(6);
+        },
+    )
+    .await;
+    let role = json!({"credentialsMode": "ECSRAMRole", "credentialsSecretRef": null});
+    w.pool("role", "asg-role", 1, 2, role.clone()).await;
+    let mut wrong = role.clone();
+    wrong["ramRoleName"] = json!("not-attached");
+    w.pool("norole", "asg-norole", 1, 2, wrong).await;
+    // Off ECS: nothing answers at the metadata address.
+    let mut unreachable = role;
+    unreachable["endpoints"]["metadata"] = json!("http://127.0.0.1:9");
+    w.pool("nometa", "asg-nometa", 1, 2, unreachable).await;
+
+    w.wait_pool_ready("role", "asg-role", 1).await;
+    let message = w
+        .wait("norole: BackendUnavailable Unauthorized", || async {
+            let p = w.get_pool("norole").await;
+            match World::condition(&p, "BackendUnavailable") {
+                Some((s, r, m)) if s == "True" && r == "Unauthorized" => Ok(m),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    assert!(message.contains("not-attached"), "{message}");
+    w.wait("a BackendUnavailable Event on norole", || async {
+        let events = w.events("norole").await;
+        if events.iter().any(|(r, _)| r == "BackendUnavailable") {
+            Ok(())
+        } else {
+            Err(format!("{events:?}"))
+        }
+    })
+    .await;
+    assert!(w.ess.instances("asg-norole").is_empty());
+    let message = w
+        .wait("nometa: BackendUnavailable Unavailable", || async {
+            let p = w.get_pool("nometa").await;
+            match World::condition(&p, "BackendUnavailable") {
+                Some((s, r, m)) if s == "True" && r == "Unavailable" => Ok(m),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    assert!(message.contains("127.0.0.1:9"), "{message}");
+    let admin = w
+        .cluster
+        .operator()
+        .expect("operator running")
+        .admin_address;
+    let metrics = ngo_sandbox::process::http_get(admin, "/metrics").expect("metrics");
+    for (pool, up) in [("role", 1), ("norole", 0), ("nometa", 0)] {
+        let line = format!(
+            "nodegroup_nodepool_backend_available{{node_pool=\"{}/{pool}\"}} {up}",
+            w.ns()
+        );
+        assert!(metrics.contains(&line), "{line} in metrics");
+    }
+
+    // Three lifetimes of 6 s: the key is renewed at least twice, never used expired.
+    w.wait("the metadata credentials renewed twice", || async {
+        let keys = w.ess.temporary_keys();
+        if keys.len() >= 3 {
+            Ok(())
+        } else {
+            Err(format!("{} temporary keys", keys.len()))
+        }
+    })
+    .await;
+    let metadata = w.ess.requests_of("Metadata");
+    assert!(
+        metadata.iter().any(|r| r.params["path"] == "/latest/meta-data/ram/security-credentials/ngo-node-role"),
+        "{metadata:?}"
+    );
+    let expired: Vec<_> = w
+        .ess
+        .requests()
+        .into_iter()
+        .filter(|r| r.code.as_deref() == Some("InvalidSecurityToken.Expired"))
+        .collect();
+    assert!(
+        expired.is_empty(),
+        "a key was used after it expired: {expired:?}"
+    );
+    let signed = signed_by_temporary_keys(&w.ess).unwrap_or_else(|e| panic!("{e}"));
+    assert!(signed > 0);
+    let available = World::condition(&w.get_pool("role").await, "BackendUnavailable");
+    assert_eq!(available.map(|c| c.0), Some("False".to_string()));
+}
+
+/// An `RRSA` pool assumes its RAM role with the service-account token file its Secret names
+/// (`AssumeRoleWithOIDC`), signs with the temporary key, and reads the file again on every
+/// renewal: a token the issuer no longer accepts is reported once the key must be renewed,
+/// and a good token written back is picked up without a restart. A Secret missing the
+/// provider ARN is an `InvalidSpec` naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rrsa_pool_assumes_its_role_with_the_token_file_and_rereads_it() {
+    const ROLE: &str = "acs:ram::1234567890:role/nodegroup-operator";
+    const PROVIDER: &str = "acs:ram::1234567890:oidc-provider/ack-rrsa-c1";
+    const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJuZ28ifQ.c2lnbmF0dXJl";
+    let w = World::with("ali-rrsa", &["asg-rrsa", "asg-halfrrsa"], |o| {
+        o.oidc_roles = vec![ngo_sandbox::alicloud::OidcRole {
+            role_arn: ROLE.into(),
+            oidc_provider_arn: PROVIDER.into(),
+            token: TOKEN.into(),
+        }];
+        o.temporary_key_lifetime = Duration::from_secs(6);
+    })
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).expect("token file");
+    for (name, data) in [
+        (
+            "rrsa",
+            json!({"role-arn": ROLE, "oidc-provider-arn": PROVIDER,
+                   "oidc-token-file-path": token_file.display().to_string(),
+                   "session-name": "ngo-e2e"}),
+        ),
+        (
+            "half",
+            json!({"role-arn": ROLE, "oidc-token-file-path": token_file.display().to_string()}),
+        ),
+    ] {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": w.ns()},
+            "stringData": data,
+        }))
+        .expect("secret");
+        w.secrets()
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("create secret");
+    }
+    w.pool(
+        "rrsa",
+        "asg-rrsa",
+        1,
+        2,
+        json!({"credentialsMode": "RRSA", "credentialsSecretRef": {"name": "rrsa"}}),
+    )
+    .await;
+    w.pool(
+        "half",
+        "asg-halfrrsa",
+        1,
+        2,
+        json!({"credentialsMode": "RRSA", "credentialsSecretRef": {"name": "half"}}),
+    )
+    .await;
+
+    w.wait_pool_ready("rrsa", "asg-rrsa", 1).await;
+    let assumed = w.ess.requests_of("AssumeRoleWithOIDC");
+    assert!(
+        assumed
+            .iter()
+            .all(|r| r.params["RoleSessionName"] == "ngo-e2e"
+                && r.params["RoleArn"] == ROLE
+                && !r.params.contains_key("AccessKeyId")
+                && !r.params.contains_key("Signature")),
+        "anonymous AssumeRoleWithOIDC with the Secret's role and session: {assumed:?}"
+    );
+    signed_by_temporary_keys(&w.ess).unwrap_or_else(|e| panic!("{e}"));
+    let message = w
+        .wait("half: InvalidSpec CredentialsMissing", || async {
+            let p = w.get_pool("half").await;
+            match World::condition(&p, "InvalidSpec") {
+                Some((s, r, m)) if s == "True" && r == "CredentialsMissing" => Ok(m),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    assert!(message.contains("oidc-provider-arn"), "{message}");
+
+    // A token the issuer refuses: the next renewal fails and the pool says why.
+    std::fs::write(&token_file, "eyJ.revoked.token").expect("token file");
+    w.log("token file replaced by a refused token");
+    let message = w
+        .wait("rrsa: BackendUnavailable Unauthorized", || async {
+            let p = w.get_pool("rrsa").await;
+            match World::condition(&p, "BackendUnavailable") {
+                Some((s, r, m)) if s == "True" && r == "Unauthorized" => Ok(m),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    assert!(
+        message.contains("AuthenticationFail.OIDCToken.Invalid"),
+        "{message}"
+    );
+    std::fs::write(&token_file, TOKEN).expect("token file");
+    w.log("good token written back");
+    w.wait("rrsa: the backend answers again", || async {
+        let p = w.get_pool("rrsa").await;
+        match World::condition(&p, "BackendUnavailable") {
+            Some((s, _, _)) if s == "False" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let expired = w
+        .ess
+        .requests()
+        .iter()
+        .filter(|r| r.code.as_deref() == Some("InvalidSecurityToken.Expired"))
+        .count();
+    assert_eq!(expired, 0, "no call was signed with an expired key");
+}
+
+/// 20 cluster-autoscaler clients (CA's own externalgrpc client, one process each) call
+/// IncreaseSize(1) on one pool at once: all succeed and the pool lands on exactly 20, with
+/// exactly 20 instances launched. Before any instance exists the template already has the
+/// zone of the group's single vSwitch (`DescribeVSwitches`), and CA prices the pool's
+/// nodes from its NodeGroupPolicy. A pool whose max lies above its group's MaxSize reports
+/// `SizeOutsideScalingGroup` with the group's bounds in its status, is offered to CA with
+/// the group's MaxSize, and is kept within it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_increases_land_exactly_priced_and_zoned_within_the_group_bounds() {
+    let w = World::with("ali-burst", &["asg-burst", "asg-narrow"], |o| {
+        for g in &mut o.groups {
+            g.max_size = if g.id == "asg-burst" { 25 } else { 3 };
+        }
+        o.activity_duration = Duration::from_millis(300);
+    })
+    .await;
+    let policy: nodegroup_operator::api::NodeGroupPolicy = serde_json::from_value(json!({
+        "apiVersion": "autoscaling.nodegroup.dev/v1alpha1",
+        "kind": "NodeGroupPolicy",
+        "metadata": {"name": "prices", "namespace": w.ns()},
+        "spec": {
+            "selector": {"kinds": ["NodePool"]},
+            "pricing": {"nodeHourly": 0.5, "cpuCoreHourly": 0.1, "memoryGibHourly": 0.01},
+        },
+    }))
+    .expect("policy");
+    Api::<nodegroup_operator::api::NodeGroupPolicy>::namespaced(w.client.clone(), w.ns())
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("create policy");
+    w.pool("burst", "asg-burst", 0, 20, json!({})).await;
+    w.pool("narrow", "asg-narrow", 4, 5, json!({})).await;
+
+    // The group's bounds: reported, validated, and the pool kept within them.
+    let narrow = w
+        .wait("narrow: InvalidSpec SizeOutsideScalingGroup", || async {
+            let p = w.get_pool("narrow").await;
+            match World::condition(&p, "InvalidSpec") {
+                Some((s, r, m)) if s == "True" && r == "SizeOutsideScalingGroup" => Ok((p, m)),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    assert!(narrow.1.contains("MaxSize 3"), "{}", narrow.1);
+    let status = narrow.0.status.clone().unwrap_or_default();
+    assert_eq!(
+        (status.backend_min_size, status.backend_max_size),
+        (Some(0), Some(3))
+    );
+    w.wait("narrow: three instances, no more", || async {
+        let n = w.instances("asg-narrow").len();
+        if n == 3 {
+            Ok(())
+        } else {
+            Err(format!("{n} instances"))
+        }
+    })
+    .await;
+    assert!(
+        w.events("narrow")
+            .await
+            .iter()
+            .any(|(r, _)| r == "SizeOutsideScalingGroup"),
+        "an Event says why"
+    );
+
+    // The template of an empty group: the zone from its vSwitch.
+    let machine_type = w
+        .wait("burst: machine type with the zone", || async {
+            let p = w.get_pool("burst").await;
+            match p.status.and_then(|s| s.machine_type) {
+                Some(t) if t.labels.contains_key("topology.kubernetes.io/zone") => Ok(t),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    assert_eq!(
+        machine_type.labels["topology.kubernetes.io/zone"],
+        format!("{REGION}-k")
+    );
+    assert!(w.ess.instances("asg-burst").is_empty());
+    assert!(w.calls("DescribeVSwitches") > 0);
+
+    let config = w.cluster.cloud_config().expect("cloud-config");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let id = w.get_pool("burst").await.group_id();
+    let narrow_id = w.get_pool("narrow").await.group_id();
+    let ca = ngo_sandbox::ca_client::CaClient::start(&config, &dir.path().join("ca.log"))
+        .expect("CA's client");
+    let groups = ca.value(json!({"call": "NodeGroups"})).await;
+    assert!(groups.to_string().contains(&id), "{groups}");
+    assert_eq!(
+        ca.value(json!({"call": "MaxSize", "group": narrow_id}))
+            .await,
+        json!(3),
+        "CA is offered the group's MaxSize, not the spec's 5"
+    );
+    let template = ca
+        .value(json!({"call": "TemplateNodeInfo", "group": id}))
+        .await;
+    assert_eq!(
+        template["labels"]["topology.kubernetes.io/zone"],
+        json!(format!("{REGION}-k")),
+        "{template:#}"
+    );
+    // The policy's watch event may trail the pool's: priced once the index has both.
+    let price = w
+        .wait("the template node priced by the policy", || async {
+            let result = ca
+                .call(json!({"call": "NodePrice", "hours": 2,
+                    "node": {"name": template["name"], "providerID": "",
+                             "annotations": template["annotations"]}}))
+                .await;
+            match result.get("error") {
+                None => Ok(result["value"].clone()),
+                Some(e) => Err(e.to_string()),
+            }
+        })
+        .await;
+    assert!(
+        (price.as_f64().unwrap_or_default() - 1.0).abs() < 1e-9,
+        "2 h at 0.5: {price}"
+    );
+
+    let started = Instant::now();
+    let calls = (0..20).map(|i| {
+        let (config, id) = (config.clone(), id.clone());
+        let log = dir.path().join(format!("ca-{i}.log"));
+        async move {
+            let ca = ngo_sandbox::ca_client::CaClient::start(&config, &log).expect("CA's client");
+            ca.value(json!({"call": "NodeGroups"})).await;
+            let result = ca
+                .call(json!({"call": "IncreaseSize", "group": id, "delta": 1}))
+                .await;
+            let _ = ca.finish().await;
+            result
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    w.log(&format!(
+        "20 concurrent IncreaseSize(1) answered in {:.1}s",
+        started.elapsed().as_secs_f64()
+    ));
+    let failed: Vec<_> = results
+        .iter()
+        .filter(|r| r.get("error").is_some())
+        .collect();
+    assert!(failed.is_empty(), "every IncreaseSize succeeds: {failed:?}");
+    assert_eq!(
+        w.get_pool("burst").await.spec.replicas,
+        20,
+        "no lost update"
+    );
+    assert_eq!(ca.value(json!({"call": "Refresh"})).await, Value::Null);
+    ca.value(json!({"call": "NodeGroups"})).await;
+    assert_eq!(
+        ca.value(json!({"call": "TargetSize", "group": id})).await,
+        json!(20)
+    );
+
+    w.wait_pool_ready("burst", "asg-burst", 20).await;
+    let launched: usize = w
+        .ess
+        .activities("asg-burst")
+        .iter()
+        .map(|a| a.created.len())
+        .sum();
+    assert_eq!(launched, 20, "exactly 20 instances launched");
+    let node = w.ready_nodes("burst").await.remove(0);
+    let pid = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.provider_id.clone())
+        .unwrap_or_default();
+    let price = ca
+        .value(json!({"call": "NodePrice", "node": {"name": node.name_any(), "providerID": pid}}))
+        .await;
+    assert!(
+        (price.as_f64().unwrap_or_default() - 0.5).abs() < 1e-9,
+        "1 h at 0.5: {price}"
+    );
+    let _ = ca.finish().await;
+
+    // Meanwhile the narrow pool never asked its group for more than it holds.
+    let narrow = w.get_pool("narrow").await.status.unwrap_or_default();
+    assert_eq!(w.instances("asg-narrow").len(), 3);
+    assert!(
+        narrow.instances.iter().all(|i| i.error.is_none()) && narrow.instances.len() == 3,
+        "no scale-out beyond MaxSize, so no failed creation: {:?}",
+        narrow.instances
+    );
+}
+
+/// cluster-autoscaler (its own externalgrpc client) deletes two nodes in one DeleteNodes;
+/// ESS removes one and refuses the other (`Protected`: `IncorrectInstanceStatus`). The call
+/// fails with the refused instance and ESS's code, so CA untaints that node instead of
+/// believing it gone; the refused deletion is rolled back (replicas raised back, the
+/// instance Running again) and the removed one is gone with the desired capacity lowered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_refused_mid_batch_is_reported_to_cluster_autoscaler_and_rolled_back() {
+    let w = World::new("ali-midbatch", &["asg-mid"]).await;
+    w.pool("mid", "asg-mid", 3, 5, json!({})).await;
+    w.wait_pool_ready("mid", "asg-mid", 3).await;
+    let nodes = w.ready_nodes("mid").await;
+    let victims: Vec<(String, String)> = nodes
+        .iter()
+        .take(2)
+        .map(|n| {
+            let pid = n.spec.as_ref().and_then(|s| s.provider_id.clone());
+            (n.name_any(), pid.unwrap_or_default())
+        })
+        .collect();
+    let instance = |pid: &str| pid.trim_start_matches(&format!("{REGION}.")).to_string();
+    let (removable, protected) = (instance(&victims[0].1), instance(&victims[1].1));
+    w.ess.set_protected(&protected, true);
+    w.log(&format!("{protected} protected from scale-in"));
+
+    let config = w.cluster.cloud_config().expect("cloud-config");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = ngo_sandbox::ca_client::CaClient::start(&config, &dir.path().join("ca.log"))
+        .expect("CA's client");
+    let id = w.get_pool("mid").await.group_id();
+    ca.value(json!({"call": "NodeGroups"})).await;
+    let started = Instant::now();
+    let result = ca
+        .call(json!({"call": "DeleteNodes", "group": id, "nodes": victims
+            .iter()
+            .map(|(name, pid)| json!({"name": name, "providerID": pid}))
+            .collect::<Vec<_>>()}))
+        .await;
+    w.log(&format!(
+        "DeleteNodes answered in {:.1}s: {result}",
+        started.elapsed().as_secs_f64()
+    ));
+    let error = result["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("CA sees an error: {result}"));
+    assert_eq!(result["code"], "FailedPrecondition", "{result}");
+    assert!(
+        error.contains(&victims[1].1) && error.contains("IncorrectInstanceStatus"),
+        "the refused instance and ESS's code: {error}"
+    );
+    assert!(
+        !error.contains(&victims[0].1),
+        "the removed one is not an error: {error}"
+    );
+
+    w.wait(
+        "the removable instance gone, the protected one kept",
+        || async {
+            let left = w.instances("asg-mid");
+            if !left.contains(&removable) && left.contains(&protected) && left.len() == 2 {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    )
+    .await;
+    let pool = w.get_pool("mid").await;
+    assert_eq!(pool.spec.replicas, 2, "3 - 2 removals + 1 rolled back");
+    let entry = pool
+        .status
+        .unwrap_or_default()
+        .instances
+        .into_iter()
+        .find(|i| i.id.as_deref() == Some(protected.as_str()))
+        .expect("the protected instance's entry");
+    assert_eq!(
+        entry.state,
+        Some(nodegroup_operator::api::nodepool::InstanceStateName::Running)
+    );
+    assert_eq!(
+        entry.deletion.map(|d| d.outcome),
+        Some(nodegroup_operator::api::nodepool::DeletionOutcome::Refused)
+    );
+    assert!(
+        w.events("mid")
+            .await
+            .iter()
+            .any(|(r, _)| r == "ServerDeleteRefused"),
+        "an Event says the deletion was refused"
+    );
+    ca.value(json!({"call": "Refresh"})).await;
+    ca.value(json!({"call": "NodeGroups"})).await;
+    assert_eq!(
+        ca.value(json!({"call": "TargetSize", "group": id})).await,
+        json!(2)
+    );
+    let instances = ca.value(json!({"call": "Nodes", "group": id})).await;
+    assert!(
+        instances.to_string().contains(&victims[1].1),
+        "CA still sees the protected instance: {instances}"
+    );
+    assert_eq!(
+        w.ess.group("asg-mid").expect("group").desired_capacity,
+        Some(2)
+    );
+    let _ = ca.finish().await;
 }

@@ -37,6 +37,7 @@ fn options(emulator: &AliCloudEmulator) -> ClientOptions {
         endpoints: Endpoints {
             ess: emulator.url(),
             ecs: emulator.url(),
+            vpc: emulator.url(),
             sts: emulator.url(),
         },
         transport: TransportOptions {
@@ -417,6 +418,7 @@ async fn the_gateway_refuses_bad_secrets_unknown_keys_and_missing_sts_tokens() {
                 id: "STS.temporary".into(),
                 secret: "sts-secret".into(),
                 security_token: Some("CAIS-token".into()),
+                expiration: None,
             },
         ];
     })

@@ -128,6 +128,21 @@ pub enum ActuateError {
         /// The other request's id.
         request: String,
     },
+    /// The cloud refused to remove some of the instances a DeleteNodes named; their
+    /// deletion was rolled back (the pool's replicas raised back) and they stay.
+    #[error(
+        "node group {group}: the cloud refused to remove {refused} of {asked} instance(s); rolled back: {details}"
+    )]
+    RemovalRefused {
+        /// Group id.
+        group: String,
+        /// How many were refused.
+        refused: usize,
+        /// How many the request named.
+        asked: usize,
+        /// `<providerID>: <code>: <message>` of each, `; `-separated.
+        details: String,
+    },
     /// An API call failed.
     #[error("{action}: {source}")]
     Api {

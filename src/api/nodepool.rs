@@ -222,21 +222,39 @@ pub struct SecretRef {
 /// instances (`ScaleWithAdjustment`) and to remove exact ones (`RemoveInstances`).
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.credentialsSecretRef) || (has(self.credentialsMode) && self.credentialsMode == 'ECSRAMRole')").message("credentialsSecretRef is required unless credentialsMode is ECSRAMRole"))]
 pub struct AliCloudSpec {
-    /// Secret with the AccessKey, under the keys of cluster-autoscaler's alicloud Secret:
-    /// `access-key-id`, `access-key-secret` and, for temporary (STS) credentials,
-    /// `security-token`. Read on every pass, so a rotated key applies without a restart.
-    pub credentials_secret_ref: SecretRef,
+    /// Where the credentials come from, the three modes of cluster-autoscaler's alicloud
+    /// provider (`alicloud_cloud_config.go` `isValid`): `AccessKey` (default), `RRSA`
+    /// (`AssumeRoleWithOIDC` with the operator's projected service-account token) or
+    /// `ECSRAMRole` (the RAM role of the ECS instance the operator runs on, from the
+    /// metadata server). Temporary credentials are cached per pool and refreshed before
+    /// they expire; a change of the Secret or of this block starts afresh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_mode: Option<AliCloudCredentialsMode>,
+    /// Secret with the credentials, under the keys of cluster-autoscaler's alicloud Secret.
+    /// `AccessKey`: `access-key-id`, `access-key-secret` and, for temporary (STS)
+    /// credentials, `security-token`. `RRSA`: `role-arn`, `oidc-provider-arn`,
+    /// `oidc-token-file-path` (the token file in the operator's pod) and optionally
+    /// `session-name` (default `nodegroup-operator`). Not needed for `ECSRAMRole`. Read on
+    /// every pass, so a rotated key applies without a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<SecretRef>,
+    /// `ECSRAMRole` only: the RAM role whose credentials the metadata server gives; found
+    /// through the metadata server (the role attached to the instance) when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub ram_role_name: Option<String>,
     /// Region of the scaling group, e.g. `cn-hangzhou`.
     #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z]+(-[a-z0-9]+)+$"))]
     pub region_id: String,
     /// The scaling group (`asg-...`). Its active scaling configuration gives the instance
     /// type (the first of its types when it has several) and the tags new Nodes are labelled
-    /// with.
+    /// with; its MinSize and MaxSize bound the pool's.
     #[schemars(length(min = 5, max = 64), regex(pattern = r"^asg-[A-Za-z0-9-]+$"))]
     pub scaling_group_id: String,
-    /// Endpoint overrides (default `https://ess.<region>.aliyuncs.com` and
-    /// `https://ecs.<region>.aliyuncs.com`): a VPC endpoint, a proxy, an emulator.
+    /// Endpoint overrides (default `<scheme>://ess.<region>.aliyuncs.com`, `ecs.`, `vpc.`,
+    /// `sts.`; metadata `http://100.100.100.200`): a VPC endpoint, a proxy, an emulator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<AliCloudEndpoints>,
     /// User data of new instances, as plain text, with the placeholders of
@@ -254,10 +272,48 @@ pub struct AliCloudSpec {
     pub api_server_endpoint: Option<String>,
 }
 
+/// Where an Alibaba Cloud pool's credentials come from.
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+pub enum AliCloudCredentialsMode {
+    /// A RAM user's AccessKey pair (optionally an STS token) from the Secret
+    /// (`ACCESS_KEY_ID`, `ACCESS_KEY_SECRET` upstream).
+    #[default]
+    AccessKey,
+    /// RAM Roles for Service Accounts: `AssumeRoleWithOIDC` with the role and OIDC provider
+    /// ARNs from the Secret and the projected token file (`ALIBABA_CLOUD_ROLE_ARN`,
+    /// `ALIBABA_CLOUD_OIDC_PROVIDER_ARN`, `ALIBABA_CLOUD_OIDC_TOKEN_FILE`,
+    /// `ALIBABA_CLOUD_SESSION_NAME` upstream).
+    #[serde(rename = "RRSA")]
+    Rrsa,
+    /// The ECS instance's RAM role, from the metadata server (upstream's fallback when no
+    /// key is configured).
+    #[serde(rename = "ECSRAMRole")]
+    EcsRamRole,
+}
+
+/// `https` or `http`.
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+pub enum UrlScheme {
+    /// HTTPS (default).
+    #[default]
+    #[serde(rename = "https")]
+    Https,
+    /// Plain HTTP (cluster-autoscaler's SDK default; a VPC-internal proxy, an emulator).
+    #[serde(rename = "http")]
+    Http,
+}
+
 /// Where the Alibaba Cloud APIs answer.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AliCloudEndpoints {
+    /// Scheme of the default ESS, ECS, VPC and STS endpoints (default `https`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<UrlScheme>,
     /// Auto Scaling (ESS) base URL, e.g. `https://ess-vpc.cn-hangzhou.aliyuncs.com`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('http://')").message("ess must be an http(s) URL"))]
@@ -266,6 +322,20 @@ pub struct AliCloudEndpoints {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('http://')").message("ecs must be an http(s) URL"))]
     pub ecs: Option<String>,
+    /// VPC base URL (the zones of the group's vSwitches), e.g.
+    /// `https://vpc-vpc.cn-hangzhou.aliyuncs.com`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('http://')").message("vpc must be an http(s) URL"))]
+    pub vpc: Option<String>,
+    /// STS base URL (`RRSA`), e.g. `https://sts-vpc.cn-hangzhou.aliyuncs.com`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('http://')").message("sts must be an http(s) URL"))]
+    pub sts: Option<String>,
+    /// ECS metadata server base URL (`ECSRAMRole`; default `http://100.100.100.200`,
+    /// cluster-autoscaler's `METADATA_ENDPOINT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('http://')").message("metadata must be an http(s) URL"))]
+    pub metadata: Option<String>,
 }
 
 /// Observed state, written by the leader.
@@ -275,7 +345,8 @@ pub struct NodePoolStatus {
     /// Generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`, `BackendUnavailable`, `ScaleUpFailed`, `InvalidSpec`.
+    /// `Ready`, `BackendUnavailable`, `ScaleUpFailed`, `InvalidSpec` (`SizeOutsideScalingGroup`
+    /// when min/max lie outside the backend's bounds).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Backend in use (`cherryServers` or `aliCloud`).
@@ -297,6 +368,12 @@ pub struct NodePoolStatus {
     /// Max size as the spec sets it (a governing NodeGroupPolicy may supply it instead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_size: Option<i32>,
+    /// The backend's own lower bound, as last read (an ESS scaling group's `MinSize`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_min_size: Option<i32>,
+    /// The backend's own upper bound, as last read (an ESS scaling group's `MaxSize`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_max_size: Option<i32>,
     /// Every instance: servers, creations in flight and failed creations. Always written,
     /// empty included, so that a merge patch of the status clears it.
     #[serde(default)]
@@ -352,9 +429,39 @@ pub struct PoolInstance {
     /// When its creation was requested.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created: Option<Time>,
-    /// Why its creation failed.
+    /// Why its creation failed, or why the last attempt to delete it failed (retried).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<InstanceErrorStatus>,
+    /// What the backend made of the last deletion cluster-autoscaler asked for
+    /// (DeleteNodes), so the request can report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion: Option<InstanceDeletion>,
+}
+
+/// The outcome of a deletion cluster-autoscaler asked for.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceDeletion {
+    /// The DeleteNodes request, as the scale-down ledger records it.
+    pub request: String,
+    /// `Accepted`: the backend is removing the server. `Refused`: the backend refused; the
+    /// deletion was rolled back (the pool's replicas raised back), and the server stays.
+    pub outcome: DeletionOutcome,
+    /// Why the backend refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<InstanceErrorStatus>,
+}
+
+/// What the backend made of a deletion.
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+pub enum DeletionOutcome {
+    /// The backend is removing the server.
+    #[default]
+    Accepted,
+    /// The backend refused; the deletion was rolled back.
+    Refused,
 }
 
 /// A failed creation.

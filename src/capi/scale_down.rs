@@ -101,6 +101,11 @@ impl Ledger {
         serde_json::to_string(self).unwrap_or_default()
     }
 
+    /// Drops the entry of `key` (its decrement was undone), returning it.
+    pub fn remove(&mut self, key: &str) -> Option<LedgerEntry> {
+        self.entries.remove(key)
+    }
+
     /// The entry for machine `key`, if its decrement was applied.
     pub fn get(&self, key: &str) -> Option<&LedgerEntry> {
         self.entries.get(key)

@@ -18,5 +18,6 @@ pub use model::{
     Source, TemplateInputs, WorkloadState,
 };
 pub use policy::{PolicyRef, PolicyRules, PolicyTemplate, PriceList};
+pub use pool::BACKEND_BOUNDS_FIELD;
 pub use sharded::ShardedMap;
 pub use state::IndexState;

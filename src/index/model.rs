@@ -136,6 +136,9 @@ pub struct PoolView {
     pub instances: Vec<Instance>,
     /// Why the spec is unusable (a problem the API server's schema cannot catch).
     pub invalid: Option<String>,
+    /// The backend's own `[min, max]` (an ESS scaling group's MinSize/MaxSize), from the
+    /// pool's status: the served bounds never lie outside it.
+    pub backend_bounds: Option<(i32, i32)>,
 }
 
 /// One server type of a NodePool's backend.

@@ -1,5 +1,5 @@
 //! NodePools as node groups: bounds from the pool's spec (the governing policy fills what it
-//! leaves out), the template from the backend's machine type overlaid by the pool's and the
+//! leaves out), clamped into the backend's own bounds, the template from the backend's machine type overlaid by the pool's and the
 //! policy's template, instances from the pool's status.
 
 use std::collections::BTreeMap;
@@ -54,6 +54,16 @@ pub(super) fn assess(
     if min > max {
         let reason = ExclusionReason::Invalid(format!(
             "effective min size {min} (from {min_source:?}) is greater than max size {max} (from {max_source:?})"
+        ));
+        return Assessment::Excluded(reason, warnings);
+    }
+    let (min, max, bound_warnings) = within_backend(min, max, pool.backend_bounds);
+    let mut warnings = warnings;
+    warnings.extend(bound_warnings);
+    if min > max {
+        let reason = ExclusionReason::Invalid(format!(
+            "min size {min} and max size {max} leave no room within the backend's bounds {:?}",
+            pool.backend_bounds
         ));
         return Assessment::Excluded(reason, warnings);
     }
@@ -129,6 +139,44 @@ pub(super) fn assess(
     }))
 }
 
+/// Field of the warnings [`within_backend`] gives: the reconciler reports them on the pool.
+pub const BACKEND_BOUNDS_FIELD: &str = "status.backendMinSize/backendMaxSize";
+
+/// `min`/`max` clamped into the backend's own `[min, max]` (an ESS scaling group's
+/// MinSize/MaxSize), with a warning for each bound that had to move: cluster-autoscaler is
+/// never offered a size the backend refuses.
+pub fn within_backend(
+    min: i32,
+    max: i32,
+    backend: Option<(i32, i32)>,
+) -> (i32, i32, Vec<ConfigWarning>) {
+    let Some((backend_min, backend_max)) = backend.filter(|(lo, hi)| lo <= hi) else {
+        return (min, max, Vec::new());
+    };
+    let mut warnings = Vec::new();
+    let warn = |message: String| ConfigWarning {
+        field: BACKEND_BOUNDS_FIELD.into(),
+        message,
+    };
+    let served_min = if min < backend_min {
+        warnings.push(warn(format!(
+            "min size {min} is below the group's MinSize {backend_min}; served as {backend_min}"
+        )));
+        backend_min
+    } else {
+        min
+    };
+    let served_max = if max > backend_max {
+        warnings.push(warn(format!(
+            "max size {max} is above the group's MaxSize {backend_max}; served as {backend_max}"
+        )));
+        backend_max
+    } else {
+        max
+    };
+    (served_min, served_max, warnings)
+}
+
 /// Prices from the machine type's hourly price: the node's, and per core and per GiB (half
 /// of the price each over the cores and the memory), so that cluster-autoscaler's `price`
 /// expander, which needs pod prices too, can compare pools.
@@ -200,6 +248,22 @@ pub(super) fn instances(pool: &PoolView, g: &NodeGroup, nodes: &impl NodeFinder)
 mod price_tests {
     use super::*;
     use crate::index::model::PoolMachineType;
+
+    #[test]
+    fn bounds_are_served_within_the_backends() {
+        assert_eq!(super::within_backend(0, 5, None), (0, 5, Vec::new()));
+        assert_eq!(super::within_backend(1, 5, Some((0, 10))).2, Vec::new());
+        let (min, max, warnings) = super::within_backend(0, 5, Some((1, 3)));
+        assert_eq!((min, max), (1, 3));
+        let messages: Vec<&str> = warnings.iter().map(|w| w.message.as_str()).collect();
+        assert_eq!(
+            messages,
+            vec![
+                "min size 0 is below the group's MinSize 1; served as 1",
+                "max size 5 is above the group's MaxSize 3; served as 3"
+            ]
+        );
+    }
 
     #[test]
     fn a_plan_price_splits_into_core_and_memory_prices_that_add_up() {

@@ -150,8 +150,8 @@ impl Created {
 pub enum Backend {
     /// Cherry Servers (boxed: its client is large).
     Cherry(Box<CherryPool>),
-    /// Alibaba Cloud Auto Scaling.
-    AliCloud(AliCloudPool),
+    /// Alibaba Cloud Auto Scaling (boxed: it keeps the pool's spec).
+    AliCloud(Box<AliCloudPool>),
 }
 
 impl Backend {
@@ -168,6 +168,20 @@ impl Backend {
         match self {
             Self::Cherry(b) => b.members().await,
             Self::AliCloud(b) => b.members().await,
+        }
+    }
+
+    /// The backend's own size bounds, read now (an ESS scaling group's `MinSize` and
+    /// `MaxSize`); `None` when it has none (Cherry Servers).
+    pub async fn bounds(&self) -> Result<Option<(i32, i32)>, BackendError> {
+        match self {
+            Self::Cherry(_) => Ok(None),
+            Self::AliCloud(b) => b.bounds().await.map(|g| {
+                Some((
+                    i32::try_from(g.min).unwrap_or(i32::MAX),
+                    i32::try_from(g.max).unwrap_or(i32::MAX),
+                ))
+            }),
         }
     }
 

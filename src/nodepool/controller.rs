@@ -21,19 +21,20 @@ use tokio_util::sync::CancellationToken;
 
 use super::backend::{Backend, BackendError, Created, CreationFailure, MachineTypeInfo, NewServer};
 use super::converge::{self, Decision, Dropped, Observed, SeenNode};
-use super::{bootstrap, render, view};
+use super::{bootstrap, deletions, render, view};
 use crate::api::NodePool;
 use crate::api::conditions::{DesiredCondition, merge};
 use crate::api::nodepool::{InstanceErrorStatus, InstanceStateName, NodePoolStatus, PoolInstance};
-use crate::backends::alicloud::Credentials as AliCloudCredentials;
-use crate::backends::alicloud::pool::AliCloudPool;
+use crate::backends::alicloud::auth::{self as alicloud_auth, CredentialsSource, ProviderCache};
+use crate::backends::alicloud::pool::{AliCloudPool, client_options};
 use crate::backends::cherry::pool::CherryPool;
 use crate::capi::providerid;
 use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger, request_id};
 use crate::duration;
 use crate::events::{EventPublisher, Severity};
 use crate::fault;
-use crate::index::{ClusterKey, SnapshotHandle};
+
+use crate::index::{BACKEND_BOUNDS_FIELD, ClusterKey, SnapshotHandle};
 use crate::metrics::Metrics;
 use crate::runtime::nodes::WatchedNode;
 use crate::runtime::watches::Watches;
@@ -42,6 +43,9 @@ use crate::runtime::watches::Watches;
 pub const FINALIZER: &str = "autoscaling.nodegroup.dev/servers";
 /// Label added to every Node a pool's servers register (`<namespace>.<name>` of the pool).
 pub const NODE_POOL_LABEL: &str = "autoscaling.nodegroup.dev/node-pool";
+/// `InvalidSpec` reason (and Event reason) of a pool whose min/max lie outside the
+/// backend's own bounds (an ESS scaling group's MinSize/MaxSize).
+pub const SIZE_OUTSIDE_BACKEND: &str = "SizeOutsideScalingGroup";
 
 /// How the reconciler runs.
 #[derive(Clone, Debug)]
@@ -75,6 +79,8 @@ pub struct PoolController {
     metrics: Arc<Metrics>,
     options: PoolControllerOptions,
     machine_types: Mutex<HashMap<String, (Instant, MachineTypeInfo)>>,
+    /// Alibaba Cloud credentials providers per pool: temporary credentials outlive a pass.
+    alicloud_credentials: ProviderCache,
 }
 
 /// Why a pass stopped early; reported on the pool.
@@ -104,6 +110,7 @@ impl PoolController {
             metrics,
             options,
             machine_types: Mutex::default(),
+            alicloud_credentials: ProviderCache::default(),
         }
     }
 
@@ -143,8 +150,23 @@ impl PoolController {
                     if shutdown.is_cancelled() {
                         return Ok(());
                     }
-                    self.reconcile(&pool.namespace().unwrap_or_default(), &pool.name_any())
-                        .await;
+                    // How the index serves the pool's bounds (a governing policy may supply
+                    // them; they are clamped into the backend's): what did not fit.
+                    let outside_backend = snapshots.current().and_then(|s| {
+                        s.group(&pool.group_id()).map(|g| {
+                            g.warnings
+                                .iter()
+                                .filter(|w| w.field == BACKEND_BOUNDS_FIELD)
+                                .map(|w| w.message.clone())
+                                .collect::<Vec<_>>()
+                        })
+                    });
+                    self.reconcile(
+                        &pool.namespace().unwrap_or_default(),
+                        &pool.name_any(),
+                        outside_backend,
+                    )
+                    .await;
                 }
             }
             if full {
@@ -152,6 +174,7 @@ impl PoolController {
             }
             for gone in seen.keys().filter(|k| !current.contains_key(*k)) {
                 self.metrics.forget_pool(gone);
+                self.alicloud_credentials.forget(gone);
             }
             seen = current;
             let wait = self.options.interval.saturating_sub(last_full.elapsed());
@@ -201,7 +224,14 @@ impl PoolController {
     }
 
     /// One pass over pool `namespace/name`; every outcome is reported on the pool.
-    pub async fn reconcile(&self, namespace: &str, name: &str) {
+    /// `outside_backend` says how the index had to clamp its served bounds into the
+    /// backend's (`None` when the pool is not served: its spec is checked instead).
+    pub async fn reconcile(
+        &self,
+        namespace: &str,
+        name: &str,
+        outside_backend: Option<Vec<String>>,
+    ) {
         let api: Api<NodePool> = Api::namespaced(self.client.clone(), namespace);
         let pool = match api.get_opt(name).await {
             Ok(Some(pool)) => pool,
@@ -211,7 +241,10 @@ impl PoolController {
                 return;
             }
         };
-        let mut report = PassReport::default();
+        let mut report = PassReport {
+            outside_backend,
+            ..Default::default()
+        };
         let outcome = self.pass(&api, &pool, &mut report).await;
         if let Err(blocked) = &outcome {
             self.report_blocked(&pool, blocked);
@@ -235,6 +268,10 @@ impl PoolController {
         self.observe(&backend, "list", &members);
         let members = members.map_err(Blocked::Backend)?;
         self.metrics.set_backend_available(&key, true);
+        let bounds = backend.bounds().await;
+        self.observe(&backend, "bounds", &bounds);
+        report.backend_bounds = bounds.map_err(Blocked::Backend)?;
+        self.check_bounds(pool, report);
 
         if pool.metadata.deletion_timestamp.is_some() {
             return self.finalize(api, pool, &backend, &members, report).await;
@@ -262,8 +299,13 @@ impl PoolController {
             .as_ref()
             .map(|s| s.instances.clone())
             .unwrap_or_default();
+        // Never pushed outside the backend's own bounds, whatever the spec asks.
+        let desired = match report.backend_bounds {
+            Some((min, max)) if min <= max => pool.spec.replicas.clamp(min, max),
+            _ => pool.spec.replicas,
+        };
         let mut decision = converge::decide(&Observed {
-            desired: pool.spec.replicas,
+            desired,
             previous: &previous,
             members: &members,
             ledger: &ledger,
@@ -272,6 +314,7 @@ impl PoolController {
             max_creates: self.options.max_creates,
         });
         self.report_dropped(pool, &decision.dropped);
+        deletions::accept_removals_under_way(&ledger, &mut decision);
         report.nodes = Some(nodes);
         self.apply_creation_failures(pool, &backend, &mut decision, report)
             .await;
@@ -281,30 +324,12 @@ impl PoolController {
             report.instances = Some(decision.instances.clone());
             self.patch_instances(api, pool, &decision.instances).await?;
             fault::point("nodepool:after-recording-deletions").await;
-            for (id, result) in backend.delete_many(&decision.delete).await {
-                self.observe(&backend, "delete", &result);
-                match result {
-                    Ok(()) => {
-                        report.scaled_down = true;
-                        self.event(
-                            pool,
-                            Severity::Normal,
-                            "ServerDeleted",
-                            "Delete",
-                            format!("deleted server {id}"),
-                        );
-                    }
-                    Err(error) => {
-                        self.event(
-                            pool,
-                            Severity::Warning,
-                            "ServerDeleteFailed",
-                            "Delete",
-                            format!("deleting server {id}: {error}; retrying next pass"),
-                        );
-                    }
-                }
-            }
+            let outcomes = backend.delete_many(&decision.delete).await;
+            self.apply_deletions(api, pool, &ledger, outcomes, &mut decision, report)
+                .await;
+            // The outcomes at once: a DeleteNodes call waits for them.
+            self.patch_instances(api, pool, &decision.instances).await?;
+            report.instances = Some(decision.instances.clone());
         }
 
         if decision.create > 0 {
@@ -589,34 +614,116 @@ impl PoolController {
                 .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.to_string()));
         }
         if let Some(ali) = &pool.spec.ali_cloud {
-            let name = &ali.credentials_secret_ref.name;
-            let secret = self
-                .secret(pool, name, "spec.aliCloud.credentialsSecretRef")
-                .await?;
-            let (Some(id), Some(key_secret)) = (
-                secret_value(&secret, "access-key-id"),
-                secret_value(&secret, "access-key-secret"),
-            ) else {
-                return Err(Blocked::Spec(
-                    "CredentialsMissing",
-                    format!(
-                        "Secret {}/{name} needs non-empty keys \"access-key-id\" and \"access-key-secret\"",
-                        pool.namespace().unwrap_or_default()
-                    ),
-                ));
+            let secret = match &ali.credentials_secret_ref {
+                Some(reference) => Some(
+                    self.secret(pool, &reference.name, "spec.aliCloud.credentialsSecretRef")
+                        .await?,
+                ),
+                None => None,
             };
-            let mut credentials = AliCloudCredentials::new(id, key_secret);
-            if let Some(token) = secret_value(&secret, "security-token") {
-                credentials = credentials.with_security_token(token);
-            }
-            return AliCloudPool::new(ali, credentials)
-                .map(Backend::AliCloud)
-                .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.to_string()));
+            let source = CredentialsSource::of(ali, secret.as_ref().and_then(|s| s.data.as_ref()))
+                .map_err(|m| {
+                    let name = ali
+                        .credentials_secret_ref
+                        .as_ref()
+                        .map_or("", |r| r.name.as_str());
+                    Blocked::Spec(
+                        "CredentialsMissing",
+                        format!(
+                            "Secret {}/{name} (credentialsMode {:?}) {m}",
+                            pool.namespace().unwrap_or_default(),
+                            ali.credentials_mode.unwrap_or_default(),
+                        ),
+                    )
+                })?;
+            let options = client_options(ali);
+            let credentials = self
+                .alicloud_credentials
+                .provider(
+                    &pool_key(pool),
+                    &source,
+                    &options.endpoints.sts,
+                    &alicloud_auth::metadata_endpoint(ali),
+                    &options.transport,
+                    &options.retry,
+                )
+                .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.to_string()))?;
+            return AliCloudPool::new(ali, options, credentials)
+                .map(|p| Backend::AliCloud(Box::new(p)))
+                .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.message));
         }
         Err(Blocked::Spec(
             "NoBackend",
             "neither spec.cherryServers nor spec.aliCloud is set".into(),
         ))
+    }
+
+    /// Records the deletions' outcomes ([`deletions::apply`]) and reports them: a metric per
+    /// call, an Event per outcome.
+    async fn apply_deletions(
+        &self,
+        api: &Api<NodePool>,
+        pool: &NodePool,
+        ledger: &Ledger,
+        outcomes: Vec<(String, Result<(), BackendError>)>,
+        decision: &mut Decision,
+        report: &mut PassReport,
+    ) {
+        let backend = pool.backend().unwrap_or_default();
+        for (_, result) in &outcomes {
+            let outcome = match result {
+                Ok(()) => "ok",
+                Err(e) => e.kind.as_str(),
+            };
+            self.metrics
+                .observe_backend_call(backend, "delete", outcome);
+        }
+        let applied =
+            deletions::apply(api, pool, ledger, outcomes, decision, report.nodes.as_ref()).await;
+        report.scaled_down |= applied.deleted;
+        for note in applied.notes {
+            self.event(pool, note.severity, note.reason, "Delete", note.message);
+        }
+    }
+
+    /// Records in `report` (and reports, when it starts) a min/max outside the backend's own
+    /// bounds: the pool's served bounds, or the spec's when it is not served.
+    fn check_bounds(&self, pool: &NodePool, report: &mut PassReport) {
+        let Some((backend_min, backend_max)) = report.backend_bounds else {
+            return;
+        };
+        let message = match &report.outside_backend {
+            Some(served) if served.is_empty() => None,
+            Some(served) => Some(served.join("; ")),
+            None => converge::size_outside(
+                (pool.spec.min_size, pool.spec.max_size),
+                (backend_min, backend_max),
+            ),
+        };
+        let Some(message) = message else {
+            return;
+        };
+        let already = pool.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().any(|c| {
+                c.type_ == "InvalidSpec" && c.reason == SIZE_OUTSIDE_BACKEND && c.message == message
+            })
+        });
+        if !already {
+            tracing::warn!(pool = %pool_key(pool), %message, "NodePool size bounds outside the backend's");
+            self.event(
+                pool,
+                Severity::Warning,
+                SIZE_OUTSIDE_BACKEND,
+                "Reconcile",
+                message.clone(),
+            );
+        }
+        self.metrics.observe_backend_call(
+            pool.backend().unwrap_or_default(),
+            "bounds",
+            SIZE_OUTSIDE_BACKEND,
+        );
+        report.size_violation = Some(message);
     }
 
     /// Secret `name` in the pool's namespace, which `field` of the spec names.
@@ -844,6 +951,14 @@ impl PoolController {
             ready_replicas: i32::try_from(ready).unwrap_or(i32::MAX),
             min_size: pool.spec.min_size,
             max_size: pool.spec.max_size,
+            backend_min_size: report
+                .backend_bounds
+                .map(|b| b.0)
+                .or(previous.backend_min_size),
+            backend_max_size: report
+                .backend_bounds
+                .map(|b| b.1)
+                .or(previous.backend_max_size),
             instances,
             machine_type,
             last_scale_up_time: if report.scaled_up {
@@ -873,6 +988,10 @@ impl PoolController {
         let key = pool_key(pool);
         match blocked {
             Blocked::Spec(reason, message) => {
+                if reason.starts_with("Credentials") {
+                    // No usable credentials: the backend cannot be called.
+                    self.metrics.set_backend_available(&key, false);
+                }
                 tracing::warn!(pool = %key, reason, %message, "NodePool cannot be reconciled");
                 self.event(
                     pool,
@@ -957,6 +1076,13 @@ struct PassReport {
     create_failure: Option<(String, String)>,
     /// Registered Nodes by normalized provider ID, as the pass saw them.
     nodes: Option<HashMap<String, SeenNode>>,
+    /// How the index clamped the pool's served bounds into the backend's (`None`: not
+    /// served).
+    outside_backend: Option<Vec<String>>,
+    /// The backend's own min/max, read this pass.
+    backend_bounds: Option<(i32, i32)>,
+    /// Why the pool's min/max do not fit the backend's.
+    size_violation: Option<String>,
 }
 
 /// The settings of new servers, checked before anything is ordered.
@@ -1032,10 +1158,11 @@ fn conditions(
         reason: reason.into(),
         message,
     };
-    let invalid = match blocked {
-        Some(Blocked::Spec(reason, message)) => {
+    let invalid = match (blocked, &report.size_violation) {
+        (Some(Blocked::Spec(reason, message)), _) => {
             condition("InvalidSpec", true, reason, message.clone())
         }
+        (_, Some(message)) => condition("InvalidSpec", true, SIZE_OUTSIDE_BACKEND, message.clone()),
         _ => condition(
             "InvalidSpec",
             false,
@@ -1131,6 +1258,7 @@ fn failed_entry(
             code: code.into(),
             message: message.into(),
         }),
+        deletion: None,
     }
 }
 

@@ -176,6 +176,7 @@ pub fn decide(o: &Observed<'_>) -> Decision {
                 .and_then(|p| p.created.clone())
                 .or_else(|| m.created.map(Time)),
             error: None,
+            deletion: previous.and_then(|p| p.deletion.clone()),
         });
     }
 
@@ -222,6 +223,29 @@ pub fn decide(o: &Observed<'_>) -> Decision {
         ))
     });
     decision
+}
+
+/// Why a pool's min/max (`bounds`: the served ones, which a NodeGroupPolicy may supply)
+/// do not fit the backend's own `[MinSize, MaxSize]`; `None` when they do.
+pub fn size_outside(bounds: (Option<i32>, Option<i32>), backend: (i32, i32)) -> Option<String> {
+    let (backend_min, backend_max) = backend;
+    let mut problems = Vec::new();
+    if let Some(min) = bounds.0.filter(|m| *m < backend_min) {
+        problems.push(format!(
+            "min size {min} is below the group's MinSize {backend_min}"
+        ));
+    }
+    if let Some(max) = bounds.1.filter(|m| *m > backend_max) {
+        problems.push(format!(
+            "max size {max} is above the group's MaxSize {backend_max}"
+        ));
+    }
+    (!problems.is_empty()).then(|| {
+        format!(
+            "{}; the pool is kept within [{backend_min}, {backend_max}]",
+            problems.join(" and ")
+        )
+    })
 }
 
 /// Removes `excess` instances: failed creations first, then servers without a Node, then
@@ -321,6 +345,7 @@ mod tests {
             node: None,
             created: Some(Time(at(age))),
             error: None,
+            deletion: None,
         }
     }
 
@@ -373,6 +398,18 @@ mod tests {
             .iter()
             .map(|i| (i.id.clone(), i.state.unwrap()))
             .collect()
+    }
+
+    #[test]
+    fn bounds_outside_the_backends_are_named() {
+        assert_eq!(size_outside((Some(0), Some(10)), (0, 10)), None);
+        assert_eq!(size_outside((None, None), (2, 5)), None);
+        assert_eq!(
+            size_outside((Some(1), Some(12)), (2, 10)).as_deref(),
+            Some(
+                "min size 1 is below the group's MinSize 2 and max size 12 is above the group's MaxSize 10; the pool is kept within [2, 10]"
+            )
+        );
     }
 
     #[test]

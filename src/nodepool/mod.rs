@@ -6,5 +6,6 @@ pub mod backend;
 pub mod bootstrap;
 pub mod controller;
 pub mod converge;
+pub mod deletions;
 pub mod render;
 pub mod view;

@@ -96,6 +96,7 @@ pub fn resource_view(pool: &NodePool) -> ScalableResource {
             machine_type,
             instances,
             invalid,
+            backend_bounds: status.backend_min_size.zip(status.backend_max_size),
         })),
     }
 }
@@ -105,9 +106,17 @@ pub fn resource_view(pool: &NodePool) -> ScalableResource {
 fn instance(i: &PoolInstance, ledger: &Ledger) -> Option<Instance> {
     let id = i.provider_id.clone().filter(|p| !p.is_empty())?;
     let marked = ledger.get(&pool_instance_key(&id)).is_some();
+    // A deletion the backend failed to start (retried each pass) carries its error.
+    let deleting_error = || {
+        i.error.clone().map(|e| InstanceError {
+            class: 99,
+            code: e.code,
+            message: e.message,
+        })
+    };
     let (state, error) = match i.state {
-        _ if marked => (InstanceState::Deleting, None),
-        Some(InstanceStateName::Deleting) => (InstanceState::Deleting, None),
+        _ if marked => (InstanceState::Deleting, deleting_error()),
+        Some(InstanceStateName::Deleting) => (InstanceState::Deleting, deleting_error()),
         Some(InstanceStateName::Failed) => {
             let error = i.error.clone().unwrap_or_default();
             (
@@ -212,6 +221,19 @@ mod tests {
                 InstanceState::Creating
             ]
         );
+    }
+
+    #[test]
+    fn a_deletion_the_backend_failed_to_start_is_deleting_with_its_error() {
+        let mut value = serde_json::to_value(pool(serde_json::json!({}))).unwrap();
+        value["status"]["instances"][0]["state"] = serde_json::json!("Deleting");
+        value["status"]["instances"][0]["error"] = serde_json::json!(
+            {"class": "OtherError", "code": "Unavailable", "message": "ScalingActivityInProgress"});
+        let view = resource_view(&serde_json::from_value(value).unwrap());
+        let first = view.pool.unwrap().instances[0].clone();
+        assert_eq!(first.state, InstanceState::Deleting);
+        let error = first.error.expect("error info");
+        assert_eq!((error.class, error.code.as_str()), (99, "Unavailable"));
     }
 
     #[test]

@@ -73,7 +73,8 @@ impl ProviderError {
                 | ActuateError::DeleteBelowMin { .. }
                 | ActuateError::NotMember { .. }
                 | ActuateError::AmbiguousNode { .. }
-                | ActuateError::NotInPool { .. } => Code::FailedPrecondition,
+                | ActuateError::NotInPool { .. }
+                | ActuateError::RemovalRefused { .. } => Code::FailedPrecondition,
                 ActuateError::ConflictRetriesExhausted { .. }
                 | ActuateError::MachineConflict { .. }
                 | ActuateError::MachineBusy { .. } => Code::Aborted,

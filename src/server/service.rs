@@ -526,9 +526,14 @@ impl CloudProvider for CloudProviderService {
             let deleted = self
                 .detached(async move {
                     let request = actuator.request_id();
-                    actuator
+                    let deleted = actuator
                         .delete_nodes(&snapshot, &group, &nodes, &request, &deadline)
-                        .await
+                        .await?;
+                    // A NodePool's cloud removes the instances: report what it refused.
+                    actuator
+                        .await_pool_removals(&group, &deleted.pool_removals, &deadline)
+                        .await?;
+                    Ok(deleted)
                 })
                 .await?;
             if let Some(target) = deleted.target {

@@ -5,7 +5,10 @@
 //! survive (throttling, activities in progress, 5xx, hangs, resets, lost answers).
 //!
 //! One listener serves every product: actions are routed by name and their `Version`
-//! checked, so point both the ESS and the ECS endpoint of a client at [`AliCloudEmulator::url`].
+//! checked, so point the ESS, ECS, VPC and STS endpoints of a client at
+//! [`AliCloudEmulator::url`], and its metadata endpoint too: the same listener answers the
+//! ECS metadata server's RAM-role paths ([`sts`]). Temporary keys (from STS, the metadata
+//! server, or given with an expiry) are refused once expired.
 //!
 //! When given a cluster ([`AliCloudOptions::cluster`]), an instance whose launch activity
 //! ends boots: it registers a kwok Node (named `<region>.<private IP>` as ACK names them,
@@ -16,6 +19,7 @@
 
 mod model;
 mod service;
+mod sts;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -31,9 +35,11 @@ pub use model::{
     ScalingGroupSpec, default_instance_types,
 };
 pub use service::{signature, string_to_sign};
+pub use sts::{OidcRole, STS_VERSION};
 
 use self::model::{Account, Params};
 use self::service::Throttle;
+use self::sts::StsState;
 use crate::boot::BootOutcome;
 use crate::kwok::FakeNode;
 
@@ -46,6 +52,8 @@ pub struct AccessKey {
     pub secret: String,
     /// The `SecurityToken` requests must carry: set for temporary (STS) keys.
     pub security_token: Option<String>,
+    /// When a temporary key stops being accepted (`InvalidSecurityToken.Expired`).
+    pub expiration: Option<jiff::Timestamp>,
 }
 
 impl AccessKey {
@@ -55,6 +63,7 @@ impl AccessKey {
             id: id.into(),
             secret: secret.into(),
             security_token: None,
+            expiration: None,
         }
     }
 }
@@ -64,6 +73,7 @@ impl std::fmt::Debug for AccessKey {
         f.debug_struct("AccessKey")
             .field("id", &self.id)
             .field("temporary", &self.security_token.is_some())
+            .field("expiration", &self.expiration)
             .finish_non_exhaustive()
     }
 }
@@ -89,6 +99,14 @@ pub struct AliCloudOptions {
     pub cluster: Option<kube::Client>,
     /// Seed of ids (instances, activities, configurations, private IPs). Default 0x100000.
     pub first_id: u64,
+    /// RAM roles STS lets a service-account token assume (`AssumeRoleWithOIDC`). Default none.
+    pub oidc_roles: Vec<OidcRole>,
+    /// RAM role of the instance the metadata server describes; `None` (default): none
+    /// attached, the metadata server answers 404.
+    pub ram_role: Option<String>,
+    /// Lifetime of the temporary keys STS and the metadata server mint. Default 3600 s (the
+    /// real minimum is 900 s; tests use seconds to see refreshes).
+    pub temporary_key_lifetime: Duration,
 }
 
 impl Default for AliCloudOptions {
@@ -102,6 +120,9 @@ impl Default for AliCloudOptions {
             rate_limit: None,
             cluster: None,
             first_id: 0x10_0000,
+            oidc_roles: Vec::new(),
+            ram_role: None,
+            temporary_key_lifetime: Duration::from_secs(3600),
         }
     }
 }
@@ -115,6 +136,8 @@ impl std::fmt::Debug for AliCloudOptions {
             .field("activity_duration", &self.activity_duration)
             .field("rate_limit", &self.rate_limit)
             .field("cluster", &self.cluster.is_some())
+            .field("oidc_roles", &self.oidc_roles)
+            .field("ram_role", &self.ram_role)
             .finish_non_exhaustive()
     }
 }
@@ -189,6 +212,7 @@ struct Shared {
     region: String,
     account: Mutex<Account>,
     keys: Mutex<Vec<AccessKey>>,
+    sts: Mutex<StsState>,
     nonces: Mutex<HashMap<(String, String), Instant>>,
     faults: Mutex<Vec<Fault>>,
     log: Mutex<Vec<RecordedRequest>>,
@@ -229,6 +253,19 @@ impl Shared {
 
     fn access_key(&self, id: &str) -> Option<AccessKey> {
         lock(&self.keys).iter().find(|k| k.id == id).cloned()
+    }
+
+    fn sts(&self) -> MutexGuard<'_, StsState> {
+        lock(&self.sts)
+    }
+
+    /// Accepts a temporary key minted by STS or the metadata server (forgetting keys
+    /// expired for over an hour).
+    fn accept(&self, key: AccessKey) {
+        let forget = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+        let mut keys = lock(&self.keys);
+        keys.retain(|k| k.expiration.is_none_or(|e| e > forget));
+        keys.push(key);
     }
 
     /// Records `nonce` for `key`; false when it was used in the last 15 minutes.
@@ -415,6 +452,12 @@ impl AliCloudEmulator {
                 options.first_id,
             )),
             keys: Mutex::new(options.access_keys),
+            sts: Mutex::new(StsState {
+                roles: options.oidc_roles,
+                ram_role: options.ram_role,
+                lifetime: options.temporary_key_lifetime,
+                ..Default::default()
+            }),
             nonces: Mutex::new(HashMap::new()),
             faults: Mutex::new(Vec::new()),
             log: Mutex::new(Vec::new()),
@@ -434,7 +477,8 @@ impl AliCloudEmulator {
         })
     }
 
-    /// The endpoint clients take for ESS and ECS alike: `http://127.0.0.1:<port>`.
+    /// The endpoint clients take for every product (ESS, ECS, VPC, STS) and for the
+    /// metadata server: `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -452,6 +496,20 @@ impl AliCloudEmulator {
     /// Replaces the AccessKeys accepted (a rotation, a revoked key).
     pub fn set_access_keys(&self, keys: Vec<AccessKey>) {
         *lock(&self.shared.keys) = keys;
+    }
+
+    /// Temporary keys minted by STS and the metadata server so far (the accepted ones among
+    /// [`AliCloudEmulator::access_keys`] whose id starts with `STS.`).
+    pub fn temporary_keys(&self) -> Vec<AccessKey> {
+        self.access_keys()
+            .into_iter()
+            .filter(|k| k.id.starts_with("STS."))
+            .collect()
+    }
+
+    /// Sets the lifetime of temporary keys minted from now on.
+    pub fn set_temporary_key_lifetime(&self, lifetime: Duration) {
+        self.shared.sts().lifetime = lifetime;
     }
 
     /// Adds (or replaces) a scaling group.
@@ -489,6 +547,17 @@ impl AliCloudEmulator {
             Some(q) => account.stock.insert(instance_type.into(), q),
             None => account.stock.remove(instance_type),
         };
+    }
+
+    /// Puts InService instance `id` in the `Protected` state (or takes it out): ESS refuses
+    /// to remove a protected instance (`IncorrectInstanceStatus` naming it).
+    pub fn set_protected(&self, id: &str, protected: bool) {
+        let mut account = self.shared.account();
+        if protected {
+            account.protected.insert(id.into());
+        } else {
+            account.protected.remove(id);
+        }
     }
 
     /// Sets how long activities started from now on run.

@@ -19,7 +19,7 @@
 //!   or `Failed` (none) with `OperationDenied.NoStock`; the emulator then lowers the desired
 //!   capacity to what exists (real ESS keeps trying to reach it: not modelled).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use base64::Engine as _;
 use jiff::Timestamp;
@@ -342,6 +342,9 @@ pub struct Account {
     pub instance_types: Vec<InstanceTypeSpec>,
     /// Instances of each type that can still be launched (absent: unlimited).
     pub stock: BTreeMap<String, u32>,
+    /// InService instances put in the `Protected` state (scale-in protection): listed as
+    /// such, and `RemoveInstances` naming one is refused (`IncorrectInstanceStatus`).
+    pub protected: BTreeSet<String>,
     tokens: HashMap<String, Value>,
     next_id: u64,
 }
@@ -361,6 +364,7 @@ impl Account {
             activities: Vec::new(),
             instance_types,
             stock: BTreeMap::new(),
+            protected: BTreeSet::new(),
             tokens: HashMap::new(),
             next_id: first_id,
         };
@@ -472,6 +476,7 @@ impl Account {
                 Ok((self.describe_activities(params)?, Effects::default()))
             }
             "DescribeInstanceTypes" => Ok((self.describe_types(params)?, Effects::default())),
+            "DescribeVSwitches" => Ok((self.describe_vswitches(params)?, Effects::default())),
             "ModifyScalingConfiguration" => {
                 Ok((self.modify_configuration(params)?, Effects::default()))
             }
@@ -571,7 +576,11 @@ impl Account {
                     "InstanceId": i.id,
                     "ScalingGroupId": i.group_id,
                     "ScalingConfigurationId": i.configuration_id,
-                    "LifecycleState": i.state.as_str(),
+                    "LifecycleState": if self.protected.contains(&i.id) {
+                        "Protected"
+                    } else {
+                        i.state.as_str()
+                    },
                     "HealthStatus": "Healthy",
                     "CreationType": "AutoCreated",
                     "ZoneId": i.zone,
@@ -689,6 +698,31 @@ impl Account {
             "ScalingActivities",
             "ScalingActivity",
         ))
+    }
+
+    /// VPC `DescribeVSwitches` (`2016-04-28`): the vSwitches of every group (`vsw-<group>-<k>`
+    /// in the group's k-th zone), filtered by `VSwitchId`, paged like ESS.
+    fn describe_vswitches(&self, params: &Params) -> Result<Value, ApiError> {
+        let (number, size) = paging(params)?;
+        let wanted = params.get("VSwitchId").filter(|v| !v.is_empty());
+        let mut items = Vec::new();
+        for group in self.groups.values() {
+            for (k, zone) in group.spec.zones.iter().enumerate() {
+                let id = format!("vsw-{}-{k}", group.spec.id);
+                if wanted.is_some_and(|w| *w != id) {
+                    continue;
+                }
+                items.push(json!({
+                    "VSwitchId": id,
+                    "VpcId": "vpc-sandbox",
+                    "ZoneId": zone,
+                    "Status": "Available",
+                    "CidrBlock": format!("172.16.{k}.0/24"),
+                    "VSwitchName": format!("{}-{zone}", group.spec.id),
+                }));
+            }
+        }
+        Ok(page_of(items, number, size, "VSwitches", "VSwitch"))
     }
 
     fn describe_types(&self, params: &Params) -> Result<Value, ApiError> {
@@ -1007,6 +1041,17 @@ impl Account {
         let mut ids = Vec::new();
         for instance in &requested {
             match self.instances.get(instance) {
+                Some(i) if i.group_id == id && self.protected.contains(&i.id) => {
+                    if !ignore_invalid {
+                        return Err(ApiError::new(
+                            400,
+                            "IncorrectInstanceStatus",
+                            format!(
+                                "The current status of the specified ECS instance \"{instance}\" (Protected) does not support this action."
+                            ),
+                        ));
+                    }
+                }
                 Some(i) if i.group_id == id && i.state == InstanceState::InService => {
                     if !ids.contains(instance) {
                         ids.push(instance.clone());

@@ -43,6 +43,12 @@ const ESS_ACTIONS: &[&str] = &[
 ];
 /// ECS actions this emulator serves.
 const ECS_ACTIONS: &[&str] = &["DescribeInstanceTypes"];
+/// VPC actions this emulator serves (`2016-04-28`).
+const VPC_ACTIONS: &[&str] = &["DescribeVSwitches"];
+/// The anonymous STS action (`2015-04-01`): no AccessKey, no signature.
+const STS_ACTION: &str = "AssumeRoleWithOIDC";
+/// Action name under which metadata-server requests are logged and faults injected.
+pub const METADATA_ACTION: &str = "Metadata";
 /// Largest clock skew the gateway accepts.
 const MAX_SKEW: Duration = Duration::from_secs(15 * 60);
 
@@ -192,6 +198,9 @@ async fn handle(
         code: None,
         at: shared.started.elapsed(),
     };
+    if let Some(answer) = anonymous(shared, &parts, &body, &mut record, &request_id).await {
+        return answer;
+    }
     let checked = check(shared, &parts, &body);
     let checked = match checked {
         Ok(c) => c,
@@ -256,6 +265,137 @@ async fn handle(
         return Err(ResetConnection);
     }
     Ok(shared.record(record, answer))
+}
+
+/// The requests that carry no AccessKey: the metadata server's paths and STS
+/// `AssumeRoleWithOIDC` ([`super::sts`]). `None` for everything else.
+async fn anonymous(
+    shared: &Arc<Shared>,
+    parts: &http::request::Parts,
+    body: &[u8],
+    record: &mut RecordedRequest,
+    request_id: &str,
+) -> Option<Result<Answer, ResetConnection>> {
+    let now = jiff::Timestamp::now();
+    let path = parts.uri.path();
+    if path.starts_with("/latest/") {
+        record.action = METADATA_ACTION.into();
+        record.params = Params::from([("path".to_string(), path.to_string())]);
+        match shared.take_fault(METADATA_ACTION) {
+            Some(FaultAction::Error { status, .. }) => {
+                return Some(Ok(
+                    shared.record(record.clone(), text_answer(status, "error"))
+                ));
+            }
+            Some(FaultAction::Reset | FaultAction::LoseAnswer) => {
+                shared.log().push(record.clone());
+                return Some(Err(ResetConnection));
+            }
+            Some(FaultAction::Hang(d)) => tokio::time::sleep(d).await,
+            None => {}
+        }
+        let (status, text, minted) = shared.sts().metadata(path, &shared.region, now);
+        if let Some(key) = minted {
+            shared.accept(key);
+        }
+        return Some(Ok(shared.record(record.clone(), text_answer(status, &text))));
+    }
+    let mut params = Params::new();
+    parse_form(parts.uri.query().unwrap_or_default(), &mut params).ok()?;
+    if params.get("Action").map(String::as_str) != Some(STS_ACTION) {
+        return None;
+    }
+    let _ = parse_form(&String::from_utf8_lossy(body), &mut params);
+    record.action = STS_ACTION.into();
+    record.params = params
+        .iter()
+        .filter(|(k, _)| k.as_str() != "OIDCToken")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let host = product_host(STS_ACTION);
+    let refuse = |record: &mut RecordedRequest, e: ApiError| {
+        record.code = Some(e.code.clone());
+        Some(Ok(
+            shared.record(record.clone(), error(&e, request_id, host))
+        ))
+    };
+    if params.get("Version").map(String::as_str) != Some(super::sts::STS_VERSION) {
+        return refuse(
+            record,
+            ApiError::new(
+                400,
+                "InvalidVersion",
+                "Specified parameter Version is not valid.",
+            ),
+        );
+    }
+    match params.get("Timestamp").map(|t| parse_timestamp(t)) {
+        Some(Some(at)) if now.duration_since(at).unsigned_abs() <= MAX_SKEW => {}
+        Some(Some(_)) => {
+            return refuse(
+                record,
+                ApiError::new(
+                    400,
+                    "InvalidTimeStamp.Expired",
+                    "Specified time stamp or date value is expired.",
+                ),
+            );
+        }
+        Some(None) => {
+            return refuse(
+                record,
+                ApiError::new(
+                    400,
+                    "InvalidTimeStamp.Format",
+                    "Specified time stamp or date value is not well formatted.",
+                ),
+            );
+        }
+        None => return refuse(record, ApiError::missing("Timestamp")),
+    }
+    if let Some(nonce) = params.get("SignatureNonce")
+        && !shared.use_nonce("", nonce)
+    {
+        return refuse(
+            record,
+            ApiError::new(
+                400,
+                "SignatureNonceUsed",
+                "Specified signature nonce was used already.",
+            ),
+        );
+    }
+    match shared.take_fault(STS_ACTION) {
+        Some(FaultAction::Error {
+            status,
+            code,
+            message,
+        }) => return refuse(record, ApiError::new(status, &code, message)),
+        Some(FaultAction::Reset | FaultAction::LoseAnswer) => {
+            shared.log().push(record.clone());
+            return Some(Err(ResetConnection));
+        }
+        Some(FaultAction::Hang(d)) => tokio::time::sleep(d).await,
+        None => {}
+    }
+    let result = shared.sts().assume_role_with_oidc(&params, now);
+    match result {
+        Ok((mut answer, key)) => {
+            shared.accept(key);
+            answer["RequestId"] = json!(request_id);
+            Some(Ok(shared.record(record.clone(), json_answer(200, &answer))))
+        }
+        Err(e) => refuse(record, e),
+    }
+}
+
+fn text_answer(status: u16, text: &str) -> Answer {
+    let mut answer = Response::new(Full::new(Bytes::from(text.to_string())));
+    *answer.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::NOT_FOUND);
+    answer
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    answer
 }
 
 /// The gateway's checks; the decoded parameters (for the log) with the error on refusal.
@@ -356,6 +496,16 @@ fn check(
             ),
         );
     };
+    if key.expiration.is_some_and(|e| e <= jiff::Timestamp::now()) {
+        return fail(
+            &params,
+            ApiError::new(
+                400,
+                "InvalidSecurityToken.Expired",
+                "Specified SecurityToken is expired.",
+            ),
+        );
+    }
     match (&key.security_token, params.get("SecurityToken")) {
         (None, _) => {}
         (Some(_), None) => {
@@ -409,6 +559,8 @@ fn check(
         "2014-08-28"
     } else if ECS_ACTIONS.contains(&action.as_str()) {
         "2014-05-26"
+    } else if VPC_ACTIONS.contains(&action.as_str()) {
+        "2016-04-28"
     } else {
         return fail(
             &params,
@@ -450,6 +602,10 @@ fn redacted(params: &Params) -> Params {
 fn product_host(action: &str) -> &'static str {
     if ECS_ACTIONS.contains(&action) {
         "ecs.aliyuncs.com"
+    } else if VPC_ACTIONS.contains(&action) {
+        "vpc.aliyuncs.com"
+    } else if action == STS_ACTION {
+        "sts.aliyuncs.com"
     } else {
         "ess.aliyuncs.com"
     }

@@ -16,6 +16,7 @@
 //! repeated or concurrent DeleteNodes never lowers replicas twice for one machine.
 
 mod marks;
+mod pool_removals;
 mod replicas;
 
 use std::collections::HashMap;
@@ -61,12 +62,16 @@ impl NodeRef {
 }
 
 /// Outcome of DeleteNodes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Deleted {
     /// Nodes whose removal this request started (already-deleting machines not counted).
     pub removed: usize,
     /// Replicas after the last decrement, if any.
     pub target: Option<i32>,
+    /// Instances of a pool without Machines (NodePool, MachinePool) whose decrement is in
+    /// the ledger, with the request the ledger records it under when known: their removal
+    /// is someone else's to carry out ([`CapiActuator::await_pool_removals`]).
+    pub pool_removals: Vec<(String, Option<String>)>,
 }
 
 /// How often a request waiting for another live request's mark looks again.
@@ -290,6 +295,11 @@ impl CapiActuator {
                 tracing::info!(group = %group.id, machine = key, by = %entry.request,
                     "decrement already applied for this machine; not lowering replicas again");
                 deleted.target = Some(live);
+                if let Removal::PoolReplica { provider_id } = &removal {
+                    deleted
+                        .pool_removals
+                        .push((provider_id.clone(), Some(entry.request.clone())));
+                }
                 continue;
             }
             let outcome = match &removal {
@@ -337,15 +347,20 @@ impl CapiActuator {
                 }
             };
             fault::point("delete-nodes:after-decrement").await;
-            match outcome {
+            let by = match outcome {
                 Decrement::Applied(_, to) => {
                     deleted.removed += 1;
                     deleted.target = Some(to);
+                    Some(request.to_string())
                 }
                 Decrement::AlreadyApplied(now) => {
                     tracing::info!(group = %group.id, machine = key, "decrement already applied for this machine; not lowering replicas again");
                     deleted.target = Some(now);
+                    None
                 }
+            };
+            if let Removal::PoolReplica { provider_id } = &removal {
+                deleted.pool_removals.push((provider_id.clone(), by));
             }
         }
         Ok(deleted)

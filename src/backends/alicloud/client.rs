@@ -48,6 +48,8 @@ pub enum Product {
     Ess,
     /// Elastic Compute Service, `2014-05-26`.
     Ecs,
+    /// Virtual Private Cloud, `2016-04-28` (the zones of a group's vSwitches).
+    Vpc,
 }
 
 impl Product {
@@ -56,6 +58,7 @@ impl Product {
         match self {
             Self::Ess => "2014-08-28",
             Self::Ecs => "2014-05-26",
+            Self::Vpc => "2016-04-28",
         }
     }
 }
@@ -86,19 +89,23 @@ pub struct Endpoints {
     pub ess: String,
     /// ECS.
     pub ecs: String,
+    /// VPC.
+    pub vpc: String,
     /// STS (`AssumeRoleWithOIDC`).
     pub sts: String,
 }
 
 impl Endpoints {
     /// The public regional endpoints `ess.<region>.aliyuncs.com`,
-    /// `ecs.<region>.aliyuncs.com` and `sts.<region>.aliyuncs.com`. (cluster-autoscaler asks
-    /// the Location service instead and uses `sts.aliyuncs.com` for RRSA.)
+    /// `ecs.<region>.aliyuncs.com`, `vpc.<region>.aliyuncs.com` and
+    /// `sts.<region>.aliyuncs.com`. (cluster-autoscaler asks the Location service instead and
+    /// uses `sts.aliyuncs.com` for RRSA.)
     pub fn for_region(region_id: &str, scheme: Scheme) -> Self {
         let s = scheme.as_str();
         Self {
             ess: format!("{s}://ess.{region_id}.aliyuncs.com"),
             ecs: format!("{s}://ecs.{region_id}.aliyuncs.com"),
+            vpc: format!("{s}://vpc.{region_id}.aliyuncs.com"),
             sts: format!("{s}://sts.{region_id}.aliyuncs.com"),
         }
     }
@@ -107,6 +114,7 @@ impl Endpoints {
         match product {
             Product::Ess => &self.ess,
             Product::Ecs => &self.ecs,
+            Product::Vpc => &self.vpc,
         }
     }
 }
@@ -379,6 +387,7 @@ impl Client {
         for (product, url) in [
             ("ESS", &options.endpoints.ess),
             ("ECS", &options.endpoints.ecs),
+            ("VPC", &options.endpoints.vpc),
             ("STS", &options.endpoints.sts),
         ] {
             let uri: http::Uri = url
@@ -422,6 +431,11 @@ impl Client {
     /// Typed ECS calls.
     pub fn ecs(&self) -> super::ecs::Ecs {
         super::ecs::Ecs::new(self.clone())
+    }
+
+    /// Typed VPC calls.
+    pub fn vpc(&self) -> super::vpc::Vpc {
+        super::vpc::Vpc::new(self.clone())
     }
 
     fn provider(&self) -> Arc<dyn CredentialsProvider> {

@@ -110,6 +110,9 @@ pub enum ApiErrorKind {
     IncorrectScalingGroupStatus,
     /// `IncorrectCapacity.*`: the change would leave the group below MinSize or above MaxSize.
     IncorrectCapacity,
+    /// `IncorrectInstanceStatus`: an instance is in a state ESS does not remove (`Protected`,
+    /// `Standby`, still being added).
+    IncorrectInstanceStatus,
     /// `*.NotFound` (other than AccessKeys): the group, instance or configuration is gone.
     NotFound,
     /// `InvalidParameter*`, `MissingParameter*`, `InvalidTimeStamp.*`, `SignatureNonceUsed`.
@@ -139,6 +142,8 @@ impl ApiErrorKind {
             Self::IncorrectScalingGroupStatus
         } else if family("IncorrectCapacity") {
             Self::IncorrectCapacity
+        } else if code == "IncorrectInstanceStatus" {
+            Self::IncorrectInstanceStatus
         } else if code.ends_with(".NotFound") {
             Self::NotFound
         } else if family("InvalidParameter")
@@ -218,26 +223,6 @@ pub enum Error {
     GroupNotFound {
         /// The id asked for.
         group_id: String,
-    },
-    /// A desired capacity outside the group's `[MinSize, MaxSize]`; nothing was written.
-    #[error("desired capacity {desired} of scaling group {group_id} is outside [{min}, {max}]")]
-    OutOfBounds {
-        /// The group.
-        group_id: String,
-        /// What was asked.
-        desired: u32,
-        /// Its MinSize.
-        min: u32,
-        /// Its MaxSize.
-        max: u32,
-    },
-    /// The group is not `Active` (disabled or being deleted); nothing was written.
-    #[error("scaling group {group_id} is {state}, not Active")]
-    GroupNotActive {
-        /// The group.
-        group_id: String,
-        /// Its `LifecycleState`.
-        state: String,
     },
 }
 
@@ -334,6 +319,10 @@ mod tests {
         assert_eq!(
             kind(400, "IncorrectCapacity.MinSize"),
             ApiErrorKind::IncorrectCapacity
+        );
+        assert_eq!(
+            kind(400, "IncorrectInstanceStatus"),
+            ApiErrorKind::IncorrectInstanceStatus
         );
         assert_eq!(
             kind(404, "InvalidScalingGroupId.NotFound"),

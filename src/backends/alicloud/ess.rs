@@ -15,9 +15,9 @@ use super::client::{Client, Product, nonce};
 use super::error::Error;
 use super::fuzzy;
 use super::model::{
-    ActivityStatus, DesiredCapacityChange, GroupLifecycleState, InstanceLifecycleState,
-    RemovalFailure, RemovalFailureReason, RemovalReport, RemoveOptions, ScaleOutStarted,
-    ScalingActivity, ScalingConfiguration, ScalingGroup, ScalingInstance,
+    ActivityStatus, GroupLifecycleState, InstanceLifecycleState, RemovalFailure,
+    RemovalFailureReason, RemovalReport, RemoveOptions, ScaleOutStarted, ScalingActivity,
+    ScalingConfiguration, ScalingGroup, ScalingInstance,
 };
 
 /// Largest page ESS serves (`PageSize` of the Describe calls).
@@ -125,57 +125,6 @@ impl Ess {
             .map(ScalingConfiguration::from))
     }
 
-    /// Sets the group's desired capacity, from a read made now: the group must be `Active`
-    /// and `desired` within its `[MinSize, MaxSize]` ([`Error::GroupNotActive`],
-    /// [`Error::OutOfBounds`]; nothing is written then). Nothing is written either when the
-    /// desired capacity already is `desired`. Otherwise `ModifyScalingGroup` with
-    /// `DesiredCapacity`; ESS then launches or removes instances in a scaling activity.
-    ///
-    /// The write is absolute and ESS has no compare-and-swap: a change made by someone else
-    /// between the read and the write is overwritten. Repeating the call is harmless.
-    pub async fn set_desired_capacity(
-        &self,
-        group_id: &str,
-        desired: u32,
-    ) -> Result<DesiredCapacityChange, Error> {
-        let group = self.scaling_group(group_id).await?;
-        if group.lifecycle_state != GroupLifecycleState::Active {
-            return Err(Error::GroupNotActive {
-                group_id: group_id.to_string(),
-                state: group.lifecycle_state.to_string(),
-            });
-        }
-        if desired < group.min_size || desired > group.max_size {
-            return Err(Error::OutOfBounds {
-                group_id: group_id.to_string(),
-                desired,
-                min: group.min_size,
-                max: group.max_size,
-            });
-        }
-        if group.desired_capacity == Some(desired) {
-            return Ok(DesiredCapacityChange {
-                previous: group.desired_capacity,
-                desired,
-                changed: false,
-            });
-        }
-        let _: wire::Empty = self
-            .call(
-                "ModifyScalingGroup",
-                &[
-                    p("ScalingGroupId", group_id),
-                    p("DesiredCapacity", desired.to_string()),
-                ],
-            )
-            .await?;
-        Ok(DesiredCapacityChange {
-            previous: group.desired_capacity,
-            desired,
-            changed: true,
-        })
-    }
-
     /// Removes exactly `instance_ids` from the group, reporting what happened to each.
     ///
     /// The group's instances are listed first: an id that is not in the group, or not in a
@@ -184,8 +133,9 @@ impl Ess {
     /// [`REMOVE_BATCH_LIMIT`]; any beyond it are [`RemovalFailureReason::Deferred`]: the
     /// accepted call starts a scaling activity, and ESS rejects further removals until it
     /// ends (`ScalingActivityInProgress`), so send them on a later pass. When ESS rejects the
-    /// call naming one of the instances (`InvalidInstanceId.NotFound`), that instance fails
-    /// and the call is made again without it; any other rejection fails the whole batch with
+    /// call naming one of the instances (`InvalidInstanceId.NotFound`, or
+    /// `IncorrectInstanceStatus` for a `Protected` or `Standby` one), that instance fails and
+    /// the call is made again without it; any other rejection fails the whole batch with
     /// ESS's error (`IncorrectCapacity.MinSize`, `ScalingActivityInProgress`...).
     ///
     /// The call carries a `ClientToken` that stays the same across its retries, so a retry
@@ -260,13 +210,16 @@ impl Ess {
                     report.removed = std::mem::take(&mut batch);
                 }
                 Err(Error::Api { error, .. }) => {
-                    let named = (error.code == "InvalidInstanceId.NotFound")
-                        .then(|| {
-                            batch
-                                .iter()
-                                .position(|id| error.message.contains(id.as_str()))
-                        })
-                        .flatten();
+                    let named = matches!(
+                        error.code.as_str(),
+                        "InvalidInstanceId.NotFound" | "IncorrectInstanceStatus"
+                    )
+                    .then(|| {
+                        batch
+                            .iter()
+                            .position(|id| error.message.contains(id.as_str()))
+                    })
+                    .flatten();
                     match named {
                         Some(i) if batch.len() > 1 => {
                             let id = batch.remove(i);

@@ -20,9 +20,10 @@
 //! - **Instances**: [`ess::Ess::scaling_instances`] → every [`ScalingInstance`] in every
 //!   [`InstanceLifecycleState`], with zone and type; the Node of one has the providerID
 //!   [`provider_id`] makes.
-//! - **Set desired capacity**: [`ess::Ess::set_desired_capacity`] reads the group, checks it
-//!   is `Active` and the value within bounds, writes only if it differs. Absolute and
-//!   idempotent; last writer wins (ESS has no compare-and-swap).
+//! - **Scale out**: [`ess::Ess::scale_out`] by a number of instances (`ScaleWithAdjustment`
+//!   `QuantityChangeInCapacity`) with a `ClientToken`, so a retried call never scales twice.
+//!   Relative, not absolute: two scale-outs never overwrite each other (cluster-autoscaler's
+//!   absolute `TotalCapacity` does).
 //! - **Remove exact instances**: [`ess::Ess::remove_instances`] → a [`RemovalReport`] with
 //!   every instance either removed or failed with a [`RemovalFailureReason`]. At most 20 per
 //!   call and one call per pass: ESS refuses more while the removal's activity runs.
@@ -30,6 +31,7 @@
 //!   ESS's `StatusMessage` (out of stock, quota...), newest first.
 //! - **Instance type capacity**: [`ecs::Ecs::instance_types`] → [`InstanceType`] (vCPUs,
 //!   memory, GPUs), asked for by name.
+//! - **Zones of the group's vSwitches**: [`vpc::Vpc::vswitch_zones`].
 //! - **Scaling configuration**: [`ess::Ess::scaling_configuration`] → instance types, image,
 //!   tags (cluster-autoscaler's template labels).
 //!
@@ -42,6 +44,7 @@
 //! cached and refreshed before they expire. [`Client::set_credentials`] swaps the provider
 //! for every clone of a client, for when the Secret holding the AccessKey changes.
 
+pub mod auth;
 pub mod client;
 pub mod credentials;
 pub mod ecs;
@@ -52,6 +55,7 @@ mod model;
 pub mod pool;
 pub mod signature;
 pub mod sts;
+pub mod vpc;
 
 pub use client::{Client, ClientOptions, Endpoints, RetryPolicy, Scheme, TransportOptions};
 pub use credentials::{
@@ -60,9 +64,9 @@ pub use credentials::{
 };
 pub use error::{ApiError, ApiErrorKind, Error};
 pub use model::{
-    ActivityStatus, DesiredCapacityChange, GroupLifecycleState, InstanceLifecycleState,
-    InstanceType, RemovalFailure, RemovalFailureReason, RemovalReport, RemoveOptions,
-    ScaleOutStarted, ScalingActivity, ScalingConfiguration, ScalingGroup, ScalingInstance,
+    ActivityStatus, GroupLifecycleState, InstanceLifecycleState, InstanceType, RemovalFailure,
+    RemovalFailureReason, RemovalReport, RemoveOptions, ScaleOutStarted, ScalingActivity,
+    ScalingConfiguration, ScalingGroup, ScalingInstance,
 };
 
 /// The providerID of an instance's Node: `<region>.<instance-id>`, as cluster-autoscaler's

@@ -253,17 +253,6 @@ pub struct ScaleOutStarted {
     pub activity_type: Option<String>,
 }
 
-/// The outcome of [`super::ess::Ess::set_desired_capacity`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DesiredCapacityChange {
-    /// The desired capacity read before the write.
-    pub previous: Option<u32>,
-    /// The desired capacity now.
-    pub desired: u32,
-    /// Whether a write was made.
-    pub changed: bool,
-}
-
 /// Options of [`super::ess::Ess::remove_instances`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemoveOptions {

@@ -27,11 +27,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::{
-    Client, ClientOptions, Credentials, Endpoints, Error, InstanceLifecycleState,
-    RemovalFailureReason, RemoveOptions, ScalingActivity, ScalingInstance, Scheme,
-    StaticCredentials, provider_id,
+    Client, ClientOptions, CredentialsProvider, Endpoints, Error, InstanceLifecycleState,
+    RemovalFailureReason, RemoveOptions, ScalingActivity, ScalingInstance, Scheme, provider_id,
 };
-use crate::api::nodepool::{AliCloudSpec, MachineType};
+use crate::api::nodepool::{AliCloudSpec, MachineType, UrlScheme};
 use crate::nodepool::backend::{
     BackendError, BackendErrorKind, Created, CreationFailure, MachineTypeInfo, NewServer,
     OTHER_ERROR, OUT_OF_RESOURCES,
@@ -51,24 +50,92 @@ pub struct AliCloudPool {
     spec: AliCloudSpec,
 }
 
+/// The client options of `spec`: its region, and its endpoints with the defaults
+/// (`<scheme>://<product>.<region>.aliyuncs.com`, HTTPS unless `endpoints.scheme` says
+/// `http`) filled in.
+pub fn client_options(spec: &AliCloudSpec) -> ClientOptions {
+    let mut options = ClientOptions::for_region(&spec.region_id);
+    let overrides = spec.endpoints.clone().unwrap_or_default();
+    let scheme = match overrides.scheme.unwrap_or_default() {
+        UrlScheme::Https => Scheme::Https,
+        UrlScheme::Http => Scheme::Http,
+    };
+    let defaults = Endpoints::for_region(&spec.region_id, scheme);
+    options.endpoints = Endpoints {
+        ess: overrides.ess.unwrap_or(defaults.ess),
+        ecs: overrides.ecs.unwrap_or(defaults.ecs),
+        vpc: overrides.vpc.unwrap_or(defaults.vpc),
+        sts: overrides.sts.unwrap_or(defaults.sts),
+    };
+    options
+}
+
+/// A scaling group's own size bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupBounds {
+    /// `MinSize`.
+    pub min: u32,
+    /// `MaxSize`.
+    pub max: u32,
+}
+
 impl AliCloudPool {
-    /// Connects to the group of `spec` with `credentials`.
-    pub fn new(spec: &AliCloudSpec, credentials: Credentials) -> Result<Self, BackendError> {
-        let mut options = ClientOptions::for_region(&spec.region_id);
-        let defaults = Endpoints::for_region(&spec.region_id, Scheme::Https);
-        if let Some(endpoints) = &spec.endpoints {
-            options.endpoints.ess = endpoints.ess.clone().unwrap_or(defaults.ess);
-            options.endpoints.ecs = endpoints.ecs.clone().unwrap_or(defaults.ecs);
-        }
-        let client = Client::new(
-            options,
-            Arc::new(StaticCredentials::from_credentials(credentials)),
-        )
-        .map_err(|e| backend_error(&e))?;
+    /// Connects to the group of `spec` with `options` ([`client_options`]) and
+    /// `credentials`.
+    pub fn new(
+        spec: &AliCloudSpec,
+        options: ClientOptions,
+        credentials: Arc<dyn CredentialsProvider>,
+    ) -> Result<Self, BackendError> {
+        let client = Client::new(options, credentials).map_err(|e| backend_error(&e))?;
         Ok(Self {
             client,
             spec: spec.clone(),
         })
+    }
+
+    /// The group's `MinSize` and `MaxSize`, read now.
+    pub async fn bounds(&self) -> Result<GroupBounds, BackendError> {
+        let group = self
+            .client
+            .ess()
+            .scaling_group(self.group())
+            .await
+            .map_err(|e| backend_error(&e))?;
+        Ok(GroupBounds {
+            min: group.min_size,
+            max: group.max_size,
+        })
+    }
+
+    /// The zone every instance of the group lands in, when there is one: the zone of its
+    /// vSwitches when they are all in one (`DescribeVSwitches`), else none. When the VPC API
+    /// does not answer, the zone a listed instance reports, if the group has one vSwitch.
+    async fn single_zone(&self, vswitch_ids: &[String]) -> Option<String> {
+        if vswitch_ids.is_empty() {
+            return None;
+        }
+        match self.client.vpc().vswitch_zones(vswitch_ids).await {
+            Ok(zones) => {
+                let first = zones.first().cloned().flatten()?;
+                zones
+                    .iter()
+                    .all(|z| z.as_deref() == Some(first.as_str()))
+                    .then_some(first)
+            }
+            Err(error) => {
+                tracing::warn!(%error, group = self.group(), "cannot read the zones of the group's vSwitches");
+                if vswitch_ids.len() != 1 {
+                    return None;
+                }
+                self.client
+                    .ess()
+                    .scaling_instances(self.group())
+                    .await
+                    .ok()
+                    .and_then(|instances| instances.into_iter().find_map(|i| i.zone_id))
+            }
+        }
     }
 
     fn group(&self) -> &str {
@@ -102,8 +169,8 @@ impl AliCloudPool {
     }
 
     /// The instance type of the group's active scaling configuration: vCPUs, memory and
-    /// GPUs as capacity; instance type, region, the zone when the group has one vSwitch, the
-    /// GPU model and the configuration's tags as labels.
+    /// GPUs as capacity; instance type, region, the zone when the group's vSwitches are all
+    /// in one, the GPU model and the configuration's tags as labels.
     pub async fn machine_type(&self) -> Result<MachineTypeInfo, BackendError> {
         let ess = self.client.ess();
         let group = ess
@@ -146,14 +213,7 @@ impl AliCloudPool {
                 self.spec.region_id
             ),
         })?;
-        let zone = if group.vswitch_ids.len() == 1 {
-            ess.scaling_instances(self.group())
-                .await
-                .ok()
-                .and_then(|instances| instances.into_iter().find_map(|i| i.zone_id))
-        } else {
-            None
-        };
+        let zone = self.single_zone(&group.vswitch_ids).await;
         let mut capacity = BTreeMap::from([
             ("cpu".to_string(), instance_type.cpu_cores.to_string()),
             (
@@ -515,9 +575,9 @@ fn removal_error(group: &str, id: &str, reason: &RemovalFailureReason) -> Backen
             | super::ApiErrorKind::InvalidAccessKey
             | super::ApiErrorKind::InvalidSecurityToken
             | super::ApiErrorKind::Forbidden => BackendErrorKind::Unauthorized,
-            super::ApiErrorKind::IncorrectCapacity | super::ApiErrorKind::InvalidRequest => {
-                BackendErrorKind::Rejected
-            }
+            super::ApiErrorKind::IncorrectCapacity
+            | super::ApiErrorKind::IncorrectInstanceStatus
+            | super::ApiErrorKind::InvalidRequest => BackendErrorKind::Rejected,
             _ => BackendErrorKind::Unavailable,
         },
         _ => BackendErrorKind::Unavailable,
@@ -554,10 +614,7 @@ fn backend_error(error: &Error) -> BackendError {
         | Error::Timeout { .. }
         | Error::Transport { .. }
         | Error::Decode { .. } => BackendErrorKind::Unavailable,
-        Error::Config(_)
-        | Error::GroupNotFound { .. }
-        | Error::OutOfBounds { .. }
-        | Error::GroupNotActive { .. } => BackendErrorKind::Rejected,
+        Error::Config(_) | Error::GroupNotFound { .. } => BackendErrorKind::Rejected,
     };
     BackendError {
         kind,
@@ -708,6 +765,34 @@ mod tests {
         );
         assert!(parse_time("2024-01-02T03:04:05Z").is_some());
         assert!(parse_time("yesterday").is_none());
+    }
+
+    #[test]
+    fn endpoints_default_to_https_regional_hosts_unless_overridden_or_http() {
+        let mut spec = AliCloudSpec {
+            region_id: "cn-shanghai".into(),
+            scaling_group_id: "asg-1".into(),
+            ..Default::default()
+        };
+        let e = client_options(&spec).endpoints;
+        assert_eq!(e.ess, "https://ess.cn-shanghai.aliyuncs.com");
+        assert_eq!(e.vpc, "https://vpc.cn-shanghai.aliyuncs.com");
+        assert_eq!(e.sts, "https://sts.cn-shanghai.aliyuncs.com");
+        spec.endpoints = Some(crate::api::nodepool::AliCloudEndpoints {
+            scheme: Some(UrlScheme::Http),
+            ess: Some("https://ess-vpc.cn-shanghai.aliyuncs.com".into()),
+            ..Default::default()
+        });
+        let e = client_options(&spec).endpoints;
+        assert_eq!(
+            e.ess, "https://ess-vpc.cn-shanghai.aliyuncs.com",
+            "an override wins"
+        );
+        assert_eq!(
+            e.ecs, "http://ecs.cn-shanghai.aliyuncs.com",
+            "the scheme of defaults"
+        );
+        assert_eq!(e.sts, "http://sts.cn-shanghai.aliyuncs.com");
     }
 
     #[test]

@@ -1,0 +1,357 @@
+//! A NodePool's Alibaba Cloud credentials: which mode its `aliCloud` block asks for, what
+//! its Secret must hold (the keys of cluster-autoscaler's alicloud Secret,
+//! `cloudprovider/alicloud/examples/*.yaml`), and the provider that signs its calls.
+//!
+//! Providers of temporary credentials ([`OidcRoleCredentials`], [`EcsRamRoleCredentials`])
+//! cache what they fetched and refresh it before it expires, so they must outlive a
+//! reconcile pass: [`ProviderCache`] keeps one per pool, rebuilt when anything it was made
+//! from changes (the mode, the Secret's values, the endpoints), dropped when the pool goes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::ByteString;
+
+use super::client::{RetryPolicy, TransportOptions};
+use super::credentials::{
+    Credentials, CredentialsProvider, EcsRamRoleCredentials, METADATA_ENDPOINT, OidcRoleConfig,
+    OidcRoleCredentials, RefreshPolicy, StaticCredentials,
+};
+use super::error::Error;
+use crate::api::nodepool::{AliCloudCredentialsMode, AliCloudSpec};
+
+/// `RoleSessionName` when the Secret has no `session-name`.
+pub const DEFAULT_SESSION_NAME: &str = "nodegroup-operator";
+
+/// Secret keys, as cluster-autoscaler's alicloud examples name them.
+pub mod keys {
+    /// `ACCESS_KEY_ID`.
+    pub const ACCESS_KEY_ID: &str = "access-key-id";
+    /// `ACCESS_KEY_SECRET`.
+    pub const ACCESS_KEY_SECRET: &str = "access-key-secret";
+    /// The STS token of temporary AccessKeys (no upstream equivalent).
+    pub const SECURITY_TOKEN: &str = "security-token";
+    /// `ALIBABA_CLOUD_ROLE_ARN` (`ALICLOUD_ROLE_ARN`).
+    pub const ROLE_ARN: &str = "role-arn";
+    /// `ALIBABA_CLOUD_OIDC_PROVIDER_ARN` (`ALICLOUD_OIDC_PROVIDER_ARN`).
+    pub const OIDC_PROVIDER_ARN: &str = "oidc-provider-arn";
+    /// `ALIBABA_CLOUD_OIDC_TOKEN_FILE` (`ALICLOUD_OIDC_TOKEN_FILE_PATH`).
+    pub const OIDC_TOKEN_FILE_PATH: &str = "oidc-token-file-path";
+    /// `ALIBABA_CLOUD_SESSION_NAME` (`ALICLOUD_SESSION_NAME`).
+    pub const SESSION_NAME: &str = "session-name";
+}
+
+/// What a pool's credentials are made from: everything but the provider's cache.
+#[derive(Clone, PartialEq, Eq)]
+pub enum CredentialsSource {
+    /// A fixed AccessKey (with an STS token when the Secret has one).
+    AccessKey(Credentials),
+    /// RRSA: `AssumeRoleWithOIDC` at `sts_endpoint`.
+    Rrsa {
+        /// `RoleArn`.
+        role_arn: String,
+        /// `OIDCProviderArn`.
+        oidc_provider_arn: String,
+        /// The projected service-account token, read on every refresh.
+        token_file: PathBuf,
+        /// `RoleSessionName`.
+        session_name: String,
+    },
+    /// The ECS instance's RAM role, from the metadata server.
+    EcsRamRole {
+        /// The role; found through the metadata server when `None`.
+        role_name: Option<String>,
+    },
+}
+
+impl std::fmt::Debug for CredentialsSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::AccessKey(c) => f.debug_tuple("AccessKey").field(c).finish(),
+            Self::Rrsa {
+                role_arn,
+                oidc_provider_arn,
+                token_file,
+                session_name,
+            } => f
+                .debug_struct("Rrsa")
+                .field("role_arn", role_arn)
+                .field("oidc_provider_arn", oidc_provider_arn)
+                .field("token_file", token_file)
+                .field("session_name", session_name)
+                .finish(),
+            Self::EcsRamRole { role_name } => f
+                .debug_struct("EcsRamRole")
+                .field("role_name", role_name)
+                .finish(),
+        }
+    }
+}
+
+impl CredentialsSource {
+    /// The source `spec` asks for, from its Secret's `data` (`None` when it names no
+    /// Secret). `Err` says which keys are missing or empty.
+    pub fn of(
+        spec: &AliCloudSpec,
+        data: Option<&BTreeMap<String, ByteString>>,
+    ) -> Result<Self, String> {
+        let value = |key: &str| {
+            data.and_then(|d| d.get(key))
+                .and_then(|v| String::from_utf8(v.0.clone()).ok())
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+        };
+        let require = |wanted: &[&str]| {
+            let missing: Vec<String> = wanted
+                .iter()
+                .filter(|k| value(k).is_none())
+                .map(|k| format!("{k:?}"))
+                .collect();
+            if missing.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("needs non-empty keys {}", missing.join(" and ")))
+            }
+        };
+        match spec.credentials_mode.unwrap_or_default() {
+            AliCloudCredentialsMode::AccessKey => {
+                require(&[keys::ACCESS_KEY_ID, keys::ACCESS_KEY_SECRET])?;
+                let (Some(id), Some(secret)) =
+                    (value(keys::ACCESS_KEY_ID), value(keys::ACCESS_KEY_SECRET))
+                else {
+                    return Err("needs an AccessKey".into());
+                };
+                let mut credentials = Credentials::new(id, secret);
+                if let Some(token) = value(keys::SECURITY_TOKEN) {
+                    credentials = credentials.with_security_token(token);
+                }
+                Ok(Self::AccessKey(credentials))
+            }
+            AliCloudCredentialsMode::Rrsa => {
+                require(&[
+                    keys::ROLE_ARN,
+                    keys::OIDC_PROVIDER_ARN,
+                    keys::OIDC_TOKEN_FILE_PATH,
+                ])?;
+                Ok(Self::Rrsa {
+                    role_arn: value(keys::ROLE_ARN).unwrap_or_default(),
+                    oidc_provider_arn: value(keys::OIDC_PROVIDER_ARN).unwrap_or_default(),
+                    token_file: PathBuf::from(
+                        value(keys::OIDC_TOKEN_FILE_PATH).unwrap_or_default(),
+                    ),
+                    session_name: value(keys::SESSION_NAME)
+                        .unwrap_or_else(|| DEFAULT_SESSION_NAME.into()),
+                })
+            }
+            AliCloudCredentialsMode::EcsRamRole => Ok(Self::EcsRamRole {
+                role_name: spec.ram_role_name.clone().filter(|r| !r.is_empty()),
+            }),
+        }
+    }
+
+    /// The provider for this source; `sts` and `metadata` are the base URLs it may call.
+    pub fn provider(
+        &self,
+        sts: &str,
+        metadata: &str,
+        transport: &TransportOptions,
+        retry: &RetryPolicy,
+    ) -> Result<Arc<dyn CredentialsProvider>, Error> {
+        Ok(match self {
+            Self::AccessKey(c) => Arc::new(StaticCredentials::from_credentials(c.clone())),
+            Self::Rrsa {
+                role_arn,
+                oidc_provider_arn,
+                token_file,
+                session_name,
+            } => Arc::new(OidcRoleCredentials::new(
+                OidcRoleConfig {
+                    role_arn: role_arn.clone(),
+                    oidc_provider_arn: oidc_provider_arn.clone(),
+                    token_file: token_file.clone(),
+                    session_name: session_name.clone(),
+                    duration_seconds: None,
+                    sts_endpoint: sts.to_string(),
+                },
+                transport.clone(),
+                retry.clone(),
+                RefreshPolicy::default(),
+            )?),
+            Self::EcsRamRole { role_name } => Arc::new(EcsRamRoleCredentials::new(
+                metadata,
+                role_name.clone(),
+                transport.clone(),
+                RefreshPolicy::default(),
+            )?),
+        })
+    }
+}
+
+/// The metadata server a spec names ([`METADATA_ENDPOINT`] by default).
+pub fn metadata_endpoint(spec: &AliCloudSpec) -> String {
+    spec.endpoints
+        .as_ref()
+        .and_then(|e| e.metadata.clone())
+        .unwrap_or_else(|| METADATA_ENDPOINT.to_string())
+}
+
+/// A cached provider and the fingerprint of what it was made from.
+type Cached = (String, Arc<dyn CredentialsProvider>);
+
+/// One credentials provider per pool, kept while what it was made from stays the same.
+#[derive(Default)]
+pub struct ProviderCache {
+    providers: Mutex<HashMap<String, Cached>>,
+}
+
+impl ProviderCache {
+    /// The provider of pool `key` for `source` at `sts`/`metadata`: the cached one when
+    /// nothing changed, a new one otherwise. A fixed AccessKey is never cached (its
+    /// provider holds nothing to keep), so the Secret's values are not kept here.
+    pub fn provider(
+        &self,
+        key: &str,
+        source: &CredentialsSource,
+        sts: &str,
+        metadata: &str,
+        transport: &TransportOptions,
+        retry: &RetryPolicy,
+    ) -> Result<Arc<dyn CredentialsProvider>, Error> {
+        if matches!(source, CredentialsSource::AccessKey(_)) {
+            self.forget(key);
+            return source.provider(sts, metadata, transport, retry);
+        }
+        // Debug of a non-AccessKey source holds no secret.
+        let fingerprint = format!("{source:?}|{sts}|{metadata}");
+        let mut providers = self.providers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((seen, provider)) = providers.get(key)
+            && *seen == fingerprint
+        {
+            return Ok(provider.clone());
+        }
+        let provider = source.provider(sts, metadata, transport, retry)?;
+        tracing::info!(pool = key, source = ?source, "Alibaba Cloud credentials provider (re)built");
+        providers.insert(key.to_string(), (fingerprint, provider.clone()));
+        Ok(provider)
+    }
+
+    /// Drops pool `key`'s provider (the pool is gone).
+    pub fn forget(&self, key: &str) {
+        self.providers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+            .collect()
+    }
+
+    fn spec(mode: Option<AliCloudCredentialsMode>) -> AliCloudSpec {
+        AliCloudSpec {
+            credentials_mode: mode,
+            region_id: "cn-hangzhou".into(),
+            scaling_group_id: "asg-1".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_mode_reads_cluster_autoscalers_secret_keys() {
+        let ak = CredentialsSource::of(
+            &spec(None),
+            Some(&data(&[
+                ("access-key-id", "LTAI"),
+                ("access-key-secret", "s\n"),
+                ("security-token", "tok"),
+            ])),
+        )
+        .unwrap();
+        assert_eq!(
+            ak,
+            CredentialsSource::AccessKey(Credentials::new("LTAI", "s").with_security_token("tok"))
+        );
+        let rrsa = CredentialsSource::of(
+            &spec(Some(AliCloudCredentialsMode::Rrsa)),
+            Some(&data(&[
+                ("role-arn", "acs:ram::1:role/ca"),
+                ("oidc-provider-arn", "acs:ram::1:oidc-provider/c1"),
+                ("oidc-token-file-path", "/var/run/secrets/tokens/token"),
+            ])),
+        )
+        .unwrap();
+        assert_eq!(
+            rrsa,
+            CredentialsSource::Rrsa {
+                role_arn: "acs:ram::1:role/ca".into(),
+                oidc_provider_arn: "acs:ram::1:oidc-provider/c1".into(),
+                token_file: "/var/run/secrets/tokens/token".into(),
+                session_name: DEFAULT_SESSION_NAME.into(),
+            }
+        );
+        let mut ecs = spec(Some(AliCloudCredentialsMode::EcsRamRole));
+        assert_eq!(
+            CredentialsSource::of(&ecs, None).unwrap(),
+            CredentialsSource::EcsRamRole { role_name: None }
+        );
+        ecs.ram_role_name = Some("worker".into());
+        assert_eq!(
+            CredentialsSource::of(&ecs, None).unwrap(),
+            CredentialsSource::EcsRamRole {
+                role_name: Some("worker".into())
+            }
+        );
+    }
+
+    #[test]
+    fn missing_keys_are_named() {
+        let e = CredentialsSource::of(&spec(None), Some(&data(&[("access-key-secret", "s")])))
+            .unwrap_err();
+        assert!(
+            e.contains("\"access-key-id\"") && !e.contains("secret\""),
+            "{e}"
+        );
+        let e = CredentialsSource::of(
+            &spec(Some(AliCloudCredentialsMode::Rrsa)),
+            Some(&data(&[("role-arn", "r")])),
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("oidc-provider-arn") && e.contains("oidc-token-file-path"),
+            "{e}"
+        );
+        assert!(CredentialsSource::of(&spec(None), None).is_err());
+    }
+
+    #[test]
+    fn a_temporary_credentials_provider_is_kept_until_its_inputs_change() {
+        let cache = ProviderCache::default();
+        let source = CredentialsSource::EcsRamRole { role_name: None };
+        let (t, r) = (TransportOptions::default(), RetryPolicy::default());
+        let a = cache
+            .provider("ns/p", &source, "http://sts", "http://md", &t, &r)
+            .unwrap();
+        let b = cache
+            .provider("ns/p", &source, "http://sts", "http://md", &t, &r)
+            .unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        let c = cache
+            .provider("ns/p", &source, "http://sts", "http://md2", &t, &r)
+            .unwrap();
+        assert!(!Arc::ptr_eq(&a, &c));
+        cache.forget("ns/p");
+        let d = cache
+            .provider("ns/p", &source, "http://sts", "http://md2", &t, &r)
+            .unwrap();
+        assert!(!Arc::ptr_eq(&c, &d));
+    }
+}
