@@ -6,7 +6,7 @@ mod admin;
 mod changes;
 mod exclusions;
 pub mod leader;
-mod memory;
+pub mod memory;
 pub mod nodes;
 pub(crate) mod watches;
 mod workload;
