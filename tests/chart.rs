@@ -659,6 +659,30 @@ fn every_operator_flag_is_reachable_from_values() {
 }
 
 #[test]
+fn extra_volumes_reach_the_pod_and_mounts_the_container() {
+    let volume = r#"extraVolumes=[{"name":"rrsa-token","projected":{"sources":[{"serviceAccountToken":{"audience":"sts.aliyuncs.com","expirationSeconds":3600,"path":"token"}}]}}]"#;
+    let mount = r#"extraVolumeMounts=[{"name":"rrsa-token","mountPath":"/var/run/secrets/rrsa","readOnly":true}]"#;
+    let docs = parse_docs(&template(&["--set-json", volume, "--set-json", mount]).unwrap());
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let pod = &deployment["spec"]["template"]["spec"];
+    let volumes = pod["volumes"].as_array().unwrap();
+    let token = volumes.iter().find(|v| v["name"] == "rrsa-token").unwrap();
+    assert_eq!(
+        token["projected"]["sources"][0]["serviceAccountToken"]["audience"],
+        "sts.aliyuncs.com"
+    );
+    assert!(volumes.iter().any(|v| v["name"] == "tls"), "the chart's own volumes stay");
+    let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m["name"] == "rrsa-token" && m["mountPath"] == "/var/run/secrets/rrsa")
+    );
+    let error = template(&["--set-json", r#"extraVolumeMounts=[{"name":"x"}]"#]).unwrap_err();
+    assert!(error.contains("mountPath"), "{error}");
+}
+
+#[test]
 fn replicas_spread_across_nodes_and_zones() {
     let docs = rbac::render_chart("ngo-system", &[]).unwrap();
     let pod = &docs.iter().find(|d| d["kind"] == "Deployment").unwrap()["spec"]["template"];
