@@ -671,7 +671,10 @@ fn extra_volumes_reach_the_pod_and_mounts_the_container() {
         token["projected"]["sources"][0]["serviceAccountToken"]["audience"],
         "sts.aliyuncs.com"
     );
-    assert!(volumes.iter().any(|v| v["name"] == "tls"), "the chart's own volumes stay");
+    assert!(
+        volumes.iter().any(|v| v["name"] == "tls"),
+        "the chart's own volumes stay"
+    );
     let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
     assert!(
         mounts

@@ -360,12 +360,13 @@ impl Machine {
 }
 
 /// A Machine as the operator caches it: decoded straight into its [`Machine`] view, so the
-/// cache keeps the view and the object's identity only. Everything else (conditions,
+/// cache keeps the view and the object's name and version only. Everything else (conditions,
 /// addresses, bootstrap and infrastructure references, field managers) is skipped while the
 /// watch event is decoded and never held. The view is shared with the index.
 #[derive(Clone, Debug)]
 pub struct WatchedMachine {
-    /// Name, namespace, uid and resourceVersion; labels, annotations and owners are in the view.
+    /// Name, namespace and resourceVersion (the watch resumes from the last one); labels,
+    /// annotations and owners are in the view.
     pub metadata: ObjectMeta,
     /// The view.
     pub view: Arc<Machine>,
@@ -394,7 +395,6 @@ impl<'de> Deserialize<'de> for WatchedMachine {
             metadata: ObjectMeta {
                 name: metadata.name,
                 namespace: metadata.namespace,
-                uid: metadata.uid,
                 resource_version: metadata.resource_version,
                 ..ObjectMeta::default()
             },
@@ -403,28 +403,34 @@ impl<'de> Deserialize<'de> for WatchedMachine {
     }
 }
 
+/// The description of a kind ([`ApiResource`]) shared by every cached object of the kind: the
+/// watch cache keys each object with it, and a shared one costs a pointer instead of five
+/// strings per object.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SharedApiResource(pub Arc<ApiResource>);
+
 impl kube::Resource for WatchedMachine {
-    type DynamicType = ApiResource;
+    type DynamicType = SharedApiResource;
     type Scope = DynamicResourceScope;
 
-    fn kind(dt: &ApiResource) -> Cow<'_, str> {
-        dt.kind.as_str().into()
+    fn kind(dt: &SharedApiResource) -> Cow<'_, str> {
+        dt.0.kind.as_str().into()
     }
 
-    fn group(dt: &ApiResource) -> Cow<'_, str> {
-        dt.group.as_str().into()
+    fn group(dt: &SharedApiResource) -> Cow<'_, str> {
+        dt.0.group.as_str().into()
     }
 
-    fn version(dt: &ApiResource) -> Cow<'_, str> {
-        dt.version.as_str().into()
+    fn version(dt: &SharedApiResource) -> Cow<'_, str> {
+        dt.0.version.as_str().into()
     }
 
-    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
-        dt.api_version.as_str().into()
+    fn api_version(dt: &SharedApiResource) -> Cow<'_, str> {
+        dt.0.api_version.as_str().into()
     }
 
-    fn plural(dt: &ApiResource) -> Cow<'_, str> {
-        dt.plural.as_str().into()
+    fn plural(dt: &SharedApiResource) -> Cow<'_, str> {
+        dt.0.plural.as_str().into()
     }
 
     fn meta(&self) -> &ObjectMeta {
@@ -595,7 +601,6 @@ mod tests {
             ObjectMeta {
                 name: Some("m1".into()),
                 namespace: Some("ns".into()),
-                uid: Some("u1".into()),
                 resource_version: Some("42".into()),
                 ..ObjectMeta::default()
             }

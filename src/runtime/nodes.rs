@@ -19,7 +19,7 @@ use crate::index::{ClusterKey, NodeView};
 /// the watch event is decoded.
 #[derive(Clone, Debug)]
 pub struct WatchedNode {
-    /// Name, uid and resourceVersion.
+    /// Name and resourceVersion (the watch resumes from the last one).
     pub metadata: ObjectMeta,
     /// The view.
     pub view: Arc<NodeView>,
@@ -48,7 +48,6 @@ impl<'de> Deserialize<'de> for WatchedNode {
         Ok(Self {
             metadata: ObjectMeta {
                 name: node.metadata.name,
-                uid: node.metadata.uid,
                 resource_version: node.metadata.resource_version,
                 ..ObjectMeta::default()
             },
@@ -156,7 +155,6 @@ mod tests {
             watched.metadata,
             ObjectMeta {
                 name: Some("n1".into()),
-                uid: Some("u".into()),
                 resource_version: Some("7".into()),
                 ..ObjectMeta::default()
             }

@@ -27,7 +27,8 @@ use crate::api::{NodeGroupPolicy, NodePool};
 use crate::capi::CapiKeys;
 use crate::capi::autodiscovery::DiscoveryFilter;
 use crate::capi::objects::{
-    InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource, WatchedMachine,
+    InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource, SharedApiResource,
+    WatchedMachine,
 };
 use crate::capi::resources::CapiResources;
 use crate::index::state::{IndexState, NodeKey, ResourceKey};
@@ -131,7 +132,7 @@ struct Inner {
     filter: DiscoveryFilter,
     default_arch: String,
     scalables: Vec<(ScalableKind, ApiResource, Stores<DynamicObject>)>,
-    machines: (ApiResource, Stores<WatchedMachine>),
+    machines: (SharedApiResource, Stores<WatchedMachine>),
     clusters: Stores<DynamicObject>,
     nodes: NodeStores,
     policies: Option<Stores<NodeGroupPolicy>>,
@@ -190,7 +191,7 @@ impl Watches {
         let dynamic = |tasks: &mut JoinSet<anyhow::Result<()>>, ar: &ApiResource, track: Track| {
             scoped_stores(
                 tasks,
-                (&client, &scopes, ar),
+                (&client, &scopes, ar.clone()),
                 (changes.clone(), track),
                 shutdown.clone(),
                 trim_dynamic,
@@ -202,11 +203,12 @@ impl Watches {
                 scalables.push((kind, ar.clone(), dynamic(tasks, ar, Track::Scalable(kind))));
             }
         }
+        let machine_kind = SharedApiResource(Arc::new(resources.machines.clone()));
         let machines = (
-            resources.machines.clone(),
+            machine_kind.clone(),
             scoped_stores(
                 tasks,
-                (&client, &scopes, &resources.machines),
+                (&client, &scopes, machine_kind),
                 (changes.clone(), Track::Machines),
                 shutdown.clone(),
                 |_: &mut WatchedMachine| {},
@@ -737,35 +739,37 @@ fn trim_dynamic(object: &mut DynamicObject) {
     object.managed_fields_mut().clear();
 }
 
-/// Reflectors for a kind served under `ar`, one per scope (a namespace, or `None` for all).
+/// Reflectors for a kind described by `dyntype`, one per scope (a namespace, or `None` for
+/// all).
 fn scoped_stores<K>(
     tasks: &mut JoinSet<anyhow::Result<()>>,
-    (client, scopes, ar): (&Client, &[Option<String>], &ApiResource),
+    (client, scopes, dyntype): (&Client, &[Option<String>], K::DynamicType),
     recording: (Arc<Changes>, Track),
     shutdown: CancellationToken,
     trim: fn(&mut K),
 ) -> Stores<K>
 where
-    K: Resource<DynamicType = ApiResource, Scope = DynamicResourceScope>
+    K: Resource<Scope = DynamicResourceScope>
         + Clone
         + DeserializeOwned
         + Debug
         + Send
         + Sync
         + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
 {
     Stores(
         scopes
             .iter()
             .map(|scope| {
                 let api = match scope {
-                    Some(ns) => Api::<K>::namespaced_with(client.clone(), ns, ar),
-                    None => Api::<K>::all_with(client.clone(), ar),
+                    Some(ns) => Api::<K>::namespaced_with(client.clone(), ns, &dyntype),
+                    None => Api::<K>::all_with(client.clone(), &dyntype),
                 };
                 spawn_reflector(
                     tasks,
                     api,
-                    ar.clone(),
+                    dyntype.clone(),
                     recording.clone(),
                     shutdown.clone(),
                     trim,
