@@ -324,6 +324,15 @@ pub struct Finished {
 /// Request parameters, decoded.
 pub type Params = BTreeMap<String, String>;
 
+/// Parameters from `(name, value)` pairs (tests).
+#[cfg(test)]
+pub(super) fn params(pairs: &[(&str, &str)]) -> Params {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 /// What an action answers: its JSON (without `RequestId`) and what it started.
 pub type Outcome = Result<(Value, Effects), ApiError>;
 
@@ -1307,13 +1316,6 @@ mod tests {
         let mut plain = ScalingGroupSpec::new("asg-2", "ecs.g6.large");
         plain.desired_capacity = None;
         Account::new("cn-hangzhou", vec![g, plain], default_instance_types(), 100)
-    }
-
-    fn params(pairs: &[(&str, &str)]) -> Params {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
     }
 
     fn scale(

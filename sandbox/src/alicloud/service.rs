@@ -638,13 +638,7 @@ fn error(e: &ApiError, request_id: &str, host: &str) -> Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn params(pairs: &[(&str, &str)]) -> Params {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::alicloud::model::params;
 
     /// The vectors of `reference/clouds.md` A2.2 (Alibaba's documented example and a
     /// cluster-autoscaler-shaped `ScaleWithAdjustment`).

@@ -211,6 +211,7 @@ fn credentials_json(key: &AccessKey) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alicloud::model::params;
 
     fn state() -> StsState {
         StsState {
@@ -223,13 +224,6 @@ mod tests {
             lifetime: Duration::from_secs(60),
             ..Default::default()
         }
-    }
-
-    fn params(pairs: &[(&str, &str)]) -> Params {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
     }
 
     #[test]
