@@ -8,6 +8,7 @@ mod exclusions;
 pub mod leader;
 pub mod memory;
 pub mod nodes;
+mod ready;
 pub(crate) mod watches;
 mod workload;
 

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::changes::{Changes, Pending, Track};
 use super::memory;
 use super::nodes::WatchedNode;
+use super::ready::until_ready;
 use super::workload::WorkloadClusters;
 use crate::api::{NodeGroupPolicy, NodePool};
 use crate::capi::CapiKeys;
@@ -103,9 +104,10 @@ where
         self.0.iter().find_map(|store| store.get(key))
     }
 
-    async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
+    /// Waits until every namespace's store holds its first complete list.
+    async fn until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
         for store in &self.0 {
-            store.wait_until_ready().await?;
+            until_ready(store).await?;
         }
         Ok(())
     }
@@ -435,18 +437,18 @@ impl Watches {
     /// index holds back each cluster's groups until its Nodes are read.
     async fn wait_synced(&self) -> anyhow::Result<()> {
         for (_, _, store) in &self.inner.scalables {
-            store.wait_until_ready().await?;
+            store.until_ready().await?;
         }
-        self.inner.machines.1.wait_until_ready().await?;
-        self.inner.clusters.wait_until_ready().await?;
+        self.inner.machines.1.until_ready().await?;
+        self.inner.clusters.until_ready().await?;
         if let NodeStores::Single(nodes, _) = &self.inner.nodes {
-            nodes.wait_until_ready().await?;
+            until_ready(nodes).await?;
         }
         if let Some(policies) = &self.inner.policies {
-            policies.wait_until_ready().await?;
+            policies.until_ready().await?;
         }
         if let Some(pools) = &self.inner.node_pools {
-            pools.wait_until_ready().await?;
+            pools.until_ready().await?;
         }
         Ok(())
     }
@@ -699,7 +701,7 @@ impl Watches {
                 .collect(),
         );
         tasks.detach_all();
-        if stores.wait_until_ready().await.is_err() {
+        if stores.until_ready().await.is_err() {
             return Ok(None);
         }
         tracing::info!(kind = %ar.kind, version = %ar.version, "watching infrastructure templates");

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::changes::{Changes, Track};
 use super::nodes::WatchedNode;
+use super::ready::until_ready;
 use crate::index::{ClusterKey, WorkloadState};
 
 /// How often the set of Clusters is compared with the open connections.
@@ -66,7 +67,7 @@ impl WorkloadClusters {
         for store in &clusters {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
-                ready = store.wait_until_ready() => ready?,
+                ready = until_ready(store) => ready?,
             }
         }
         let mut secrets_read: HashMap<ClusterKey, tokio::time::Instant> = HashMap::new();
