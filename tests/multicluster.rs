@@ -69,7 +69,7 @@ where
 }
 
 /// For a timeout (CI keeps no log directory): whether each workload cluster answers, and the
-/// operators' last warnings and errors.
+/// operators' last warnings, errors and workload cluster connection changes.
 async fn diagnose() -> String {
     let mut lines = Vec::new();
     for cluster in &sandbox().workload_clusters {
@@ -91,10 +91,10 @@ async fn diagnose() -> String {
         let text = std::fs::read_to_string(log.path()).unwrap_or_default();
         let notable: Vec<&str> = text
             .lines()
-            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .filter(|l| l.contains("WARN") || l.contains("ERROR") || l.contains("workload cluster"))
             .collect();
         lines.push(format!(
-            "{} (last warnings and errors):\n{}",
+            "{} (last warnings, errors and connection changes):\n{}",
             log.file_name().to_string_lossy(),
             notable[notable.len().saturating_sub(15)..].join("\n")
         ));
@@ -303,7 +303,7 @@ async fn each_autoscaler_sees_and_scales_only_its_own_cluster() {
         .join(format!("{}-ca-client.log", w.a.namespace));
     let ca = CaClient::start(&config, &log).expect("CA's client");
     let groups = poll("A's client to see its group", || async {
-        ca.call(json!({"call": "Refresh"})).await;
+        let refresh = ca.call(json!({"call": "Refresh"})).await;
         let groups = ca.value(json!({"call": "NodeGroups"})).await;
         let ids: Vec<String> = groups
             .as_array()
@@ -311,9 +311,10 @@ async fn each_autoscaler_sees_and_scales_only_its_own_cluster() {
             .flatten()
             .filter_map(|g| g["id"].as_str().map(String::from))
             .collect();
-        (!ids.is_empty())
-            .then_some(ids.clone())
-            .ok_or(format!("{groups}"))
+        (!ids.is_empty()).then_some(ids.clone()).ok_or(format!(
+            "{groups}; Refresh: {refresh}; CA's client logged:\n{}",
+            ca.log_tail(10)
+        ))
     })
     .await;
     assert_eq!(groups, vec![id_a.clone()], "A sees only its own group");

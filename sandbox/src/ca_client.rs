@@ -94,6 +94,13 @@ impl CaClient {
         result["value"].clone()
     }
 
+    /// The last `lines` lines CA's client logged (its swallowed RPC errors), for a diagnosis.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// Ends the scenario and waits for the program, which must exit cleanly.
     pub async fn finish(mut self) -> Result<(), String> {
         drop(self.io.into_inner());
