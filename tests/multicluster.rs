@@ -117,21 +117,24 @@ impl World {
     async fn new(suffix: &str, replicas_a: i32, replicas_b: i32) -> Self {
         let info = sandbox();
         let n = rand::random::<u32>() % 100_000;
+        // Each Cluster's Nodes carry its namespace as their pool: the Nodes another test left
+        // in the same workload cluster never take this test's pods.
+        let (namespace_a, namespace_b) = (format!("{suffix}-a-{n}"), format!("{suffix}-b-{n}"));
         let mut a = AutoscaledCluster::create_on(
             info,
             &info.workload_clusters[0],
-            &format!("{suffix}-a-{n}"),
+            &namespace_a,
             "ca",
-            json!({POOL: "a"}),
+            json!({POOL: namespace_a}),
         )
         .await
         .expect("cluster a");
         let b = AutoscaledCluster::create_on(
             info,
             &info.workload_clusters[1],
-            &format!("{suffix}-b-{n}"),
+            &namespace_b,
             "cb",
-            json!({POOL: "b"}),
+            json!({POOL: namespace_b}),
         )
         .await
         .expect("cluster b");
@@ -373,7 +376,7 @@ async fn each_autoscaler_sees_and_scales_only_its_own_cluster() {
     // Real autoscalers: pending pods in A scale only A; B's idle node goes back to min.
     w.start_autoscaler('a');
     w.start_autoscaler('b');
-    let selector = BTreeMap::from([(POOL.to_string(), "a".to_string())]);
+    let selector = BTreeMap::from([(POOL.to_string(), w.a.namespace.clone())]);
     let app = workload::deployment(
         SYSTEM_NAMESPACE,
         &format!("load-{}", w.a.namespace),
@@ -571,7 +574,7 @@ async fn an_unreachable_workload_cluster_affects_only_its_own_groups() {
     );
 
     // A keeps scaling meanwhile.
-    let selector = BTreeMap::from([(POOL.to_string(), "a".to_string())]);
+    let selector = BTreeMap::from([(POOL.to_string(), w.a.namespace.clone())]);
     let app = workload::deployment(
         SYSTEM_NAMESPACE,
         &format!("load-{}", w.a.namespace),
