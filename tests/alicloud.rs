@@ -17,6 +17,7 @@ use ngo_sandbox::alicloud::{
     AccessKey, AliCloudEmulator, AliCloudOptions, FaultAction, InstanceState, ScalingGroupSpec,
 };
 use ngo_sandbox::environment::{SandboxInfo, start_for_process};
+use ngo_sandbox::proxy::LatencyProxy;
 use ngo_sandbox::stack::AutoscaledCluster;
 use ngo_sandbox::workload;
 use nodegroup_operator::api::NodePool;
@@ -1181,4 +1182,68 @@ async fn a_removal_refused_mid_batch_is_reported_to_cluster_autoscaler_and_rolle
         Some(2)
     );
     let _ = ca.finish().await;
+}
+
+/// A scaling group whose API never answers in time (a proxy holds every request back)
+/// holds back no other pool: while the reconciler waits out the silent pool's timeouts (four
+/// 10 s attempts per call), each change of a pool next to it reaches ESS at once, and the
+/// silent pool is reported unavailable in the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scaling_group_whose_api_never_answers_holds_back_no_other_pool() {
+    let w = World::new("ali-silent", &["asg-silent", "asg-next"]).await;
+    let url = w.ess.url();
+    let emulator = url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("emulator address");
+    let proxy = LatencyProxy::start(emulator, Duration::from_secs(600))
+        .await
+        .expect("proxy");
+    let silent = format!("http://{}", proxy.address);
+    let endpoints =
+        json!({"ess": silent, "ecs": silent, "vpc": silent, "sts": url, "metadata": url});
+    w.pool(
+        "silent",
+        "asg-silent",
+        1,
+        2,
+        json!({"endpoints": endpoints}),
+    )
+    .await;
+    w.pool("next", "asg-next", 1, 4, json!({})).await;
+    w.wait_pool_ready("next", "asg-next", 1).await;
+
+    for replicas in [2, 3, 4] {
+        let asked = Instant::now();
+        w.set_replicas("next", replicas).await;
+        w.wait(&format!("asg-next asked for {replicas}"), || async {
+            let desired = w.ess.group("asg-next").and_then(|g| g.desired_capacity);
+            (desired == Some(replicas as u32))
+                .then_some(())
+                .ok_or(format!("desired capacity {desired:?}"))
+        })
+        .await;
+        let took = asked.elapsed();
+        assert!(
+            took < Duration::from_secs(8),
+            "the change to {replicas} took {took:?}: held back behind the silent pool"
+        );
+    }
+    let message = w
+        .wait("silent: BackendUnavailable Unavailable", || async {
+            let p = w.get_pool("silent").await;
+            match World::condition(&p, "BackendUnavailable") {
+                Some((s, r, m)) if s == "True" && r == "Unavailable" => Ok(m),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    assert!(message.contains("no answer within"), "{message}");
+    assert!(
+        w.ess
+            .requests_of("ScaleWithAdjustment")
+            .iter()
+            .all(|r| r.params["ScalingGroupId"] != "asg-silent"),
+        "the silent pool changed nothing"
+    );
 }

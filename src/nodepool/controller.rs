@@ -1,7 +1,8 @@
 //! The NodePool reconciler: on the leader, converges each pool's servers towards
 //! `spec.replicas` through its backend ([`converge`] decides, this module observes, acts and
 //! reports). It wakes when a pool's spec or scale-down ledger changes and every
-//! [`PoolControllerOptions::interval`] otherwise.
+//! [`PoolControllerOptions::interval`] otherwise; pools are passed over side by side
+//! ([`super::schedule`]).
 //!
 //! Intent is written before it is acted on, so a pass killed at any point is finished by the
 //! next one, on this replica or another: a creation is recorded in `status.instances` before
@@ -17,10 +18,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::backend::{Backend, BackendError, Created, CreationFailure, MachineTypeInfo, NewServer};
 use super::converge::{self, Decision, Dropped, Observed, SeenNode};
+use super::schedule::PassSchedule;
 use super::{bootstrap, deletions, render, view};
 use crate::api::NodePool;
 use crate::api::conditions::{DesiredCondition, merge};
@@ -39,6 +42,9 @@ use crate::metrics::Metrics;
 use crate::runtime::nodes::WatchedNode;
 use crate::runtime::watches::Watches;
 
+/// How long shutdown waits for running passes.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
 /// Finalizer that deletes a pool's servers before the pool goes.
 pub const FINALIZER: &str = "autoscaling.nodegroup.dev/servers";
 /// Label added to every Node a pool's servers register (`<namespace>.<name>` of the pool).
@@ -56,6 +62,8 @@ pub struct PoolControllerOptions {
     pub max_creates: usize,
     /// How long a machine type read from the backend is reused.
     pub machine_type_ttl: Duration,
+    /// Most passes (over different pools) running at once.
+    pub concurrency: usize,
     /// Name of this replica, in creation request ids.
     pub instance: String,
 }
@@ -66,6 +74,7 @@ impl Default for PoolControllerOptions {
             interval: Duration::from_secs(15),
             max_creates: 10,
             machine_type_ttl: Duration::from_secs(600),
+            concurrency: 8,
             instance: format!("ngo-{}", std::process::id()),
         }
     }
@@ -114,81 +123,103 @@ impl PoolController {
         }
     }
 
-    /// Reconciles every pool while this replica leads, until `shutdown`.
+    /// Reconciles every pool while this replica leads, until `shutdown`. Pools are passed
+    /// over side by side (up to [`PoolControllerOptions::concurrency`] at once, one pass per
+    /// pool at a time), so a pool whose cloud does not answer holds back no other pool.
     pub async fn run(
         self: Arc<Self>,
         mut snapshots: SnapshotHandle,
         mut leader: tokio::sync::watch::Receiver<bool>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
-        let mut seen: HashMap<String, String> = HashMap::new();
+        let mut schedule = PassSchedule::new(self.options.concurrency);
+        let mut passes: JoinSet<()> = JoinSet::new();
+        let mut pass_of: HashMap<tokio::task::Id, String> = HashMap::new();
         let mut last_full = Instant::now() - self.options.interval;
         loop {
-            if !*leader.borrow() {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    changed = leader.changed() => {
-                        if changed.is_err() {
-                            return Ok(());
-                        }
+            if *leader.borrow() {
+                let pools = self.watches.node_pools();
+                let full = last_full.elapsed() >= self.options.interval;
+                if full {
+                    last_full = Instant::now();
+                }
+                let keyed = pools.iter().map(|p| (pool_key(p), fingerprint(p)));
+                for gone in schedule.observe(keyed, full) {
+                    self.metrics.forget_pool(&gone);
+                    self.alicloud_credentials.forget(&gone);
+                }
+                for key in schedule.start() {
+                    let Some(pool) = pools.iter().find(|p| pool_key(p) == key) else {
+                        schedule.finished(&key);
                         continue;
-                    }
-                }
-            }
-            let pools = self.watches.node_pools();
-            let full = last_full.elapsed() >= self.options.interval;
-            if full {
-                last_full = Instant::now();
-            }
-            let mut current = HashMap::new();
-            for pool in &pools {
-                let key = pool_key(pool);
-                let trigger = fingerprint(pool);
-                let changed = seen.get(&key) != Some(&trigger);
-                current.insert(key.clone(), trigger);
-                if full || changed {
-                    if shutdown.is_cancelled() {
-                        return Ok(());
-                    }
-                    // How the index serves the pool's bounds (a governing policy may supply
-                    // them; they are clamped into the backend's): what did not fit.
-                    let outside_backend = snapshots.current().and_then(|s| {
-                        s.group(&pool.group_id()).map(|g| {
-                            g.warnings
-                                .iter()
-                                .filter(|w| w.field == BACKEND_BOUNDS_FIELD)
-                                .map(|w| w.message.clone())
-                                .collect::<Vec<_>>()
-                        })
+                    };
+                    let outside_backend = outside_backend(&snapshots, pool);
+                    let (namespace, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
+                    let this = self.clone();
+                    let task = passes.spawn(async move {
+                        this.reconcile(&namespace, &name, outside_backend).await;
                     });
-                    self.reconcile(
-                        &pool.namespace().unwrap_or_default(),
-                        &pool.name_any(),
-                        outside_backend,
-                    )
-                    .await;
+                    pass_of.insert(task.id(), key);
+                }
+                if full {
+                    self.delete_expired_tokens(&pools).await;
                 }
             }
-            if full {
-                self.delete_expired_tokens(&pools).await;
-            }
-            for gone in seen.keys().filter(|k| !current.contains_key(*k)) {
-                self.metrics.forget_pool(gone);
-                self.alicloud_credentials.forget(gone);
-            }
-            seen = current;
             let wait = self.options.interval.saturating_sub(last_full.elapsed());
             tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
-                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.cancelled() => {
+                    Self::finish_passes(passes, pass_of).await;
+                    return Ok(());
+                }
+                Some(ended) = passes.join_next_with_id() => {
+                    let id = match &ended {
+                        Ok((id, ())) => *id,
+                        Err(error) => {
+                            tracing::error!(%error, "a NodePool pass failed");
+                            error.id()
+                        }
+                    };
+                    if let Some(key) = pass_of.remove(&id) {
+                        schedule.finished(&key);
+                    }
+                }
+                changed = leader.changed() => {
+                    if changed.is_err() {
+                        Self::finish_passes(passes, pass_of).await;
+                        return Ok(());
+                    }
+                }
+                _ = tokio::time::sleep(wait), if *leader.borrow() => {}
                 alive = snapshots.changed() => {
                     if !alive {
+                        Self::finish_passes(passes, pass_of).await;
                         return Ok(());
                     }
                     // Coalesce bursts of changes.
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }
+        }
+    }
+
+    /// Lets the passes still running end, for up to [`SHUTDOWN_GRACE`]; the rest are
+    /// dropped, which their pools' next pass (on any replica) finishes like a crash.
+    async fn finish_passes(mut passes: JoinSet<()>, mut pass_of: HashMap<tokio::task::Id, String>) {
+        let all_ended = async {
+            while let Some(ended) = passes.join_next_with_id().await {
+                let id = match ended {
+                    Ok((id, ())) => id,
+                    Err(error) => error.id(),
+                };
+                pass_of.remove(&id);
+            }
+        };
+        if tokio::time::timeout(SHUTDOWN_GRACE, all_ended)
+            .await
+            .is_err()
+        {
+            let cut: Vec<&String> = pass_of.values().collect();
+            tracing::warn!(pools = ?cut, grace = ?SHUTDOWN_GRACE, "NodePool passes still running at shutdown are cut off");
         }
     }
 
@@ -1292,6 +1323,20 @@ fn seen_nodes(nodes: &[Arc<WatchedNode>]) -> HashMap<String, SeenNode> {
             ))
         })
         .collect()
+}
+
+/// How the index serves `pool`'s bounds (a governing policy may supply them; they are
+/// clamped into the backend's): what did not fit. `None` when the pool is not served.
+fn outside_backend(snapshots: &SnapshotHandle, pool: &NodePool) -> Option<Vec<String>> {
+    snapshots.current().and_then(|s| {
+        s.group(&pool.group_id()).map(|g| {
+            g.warnings
+                .iter()
+                .filter(|w| w.field == BACKEND_BOUNDS_FIELD)
+                .map(|w| w.message.clone())
+                .collect()
+        })
+    })
 }
 
 fn pool_key(pool: &NodePool) -> String {

@@ -8,4 +8,5 @@ pub mod controller;
 pub mod converge;
 pub mod deletions;
 pub mod render;
+pub mod schedule;
 pub mod view;
