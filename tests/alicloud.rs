@@ -214,6 +214,18 @@ impl World {
             .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
     }
 
+    /// Waits until pool `name`'s condition `type_` is True with `reason`; its message.
+    async fn wait_condition(&self, name: &str, type_: &str, reason: &str) -> String {
+        self.wait(&format!("{name}: {type_} {reason}"), || async move {
+            let p = self.get_pool(name).await;
+            match World::condition(&p, type_) {
+                Some((s, r, m)) if s == "True" && r == reason => Ok(m),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await
+    }
+
     /// Instances of `group` not being removed.
     fn instances(&self, group: &str) -> Vec<String> {
         self.ess
@@ -580,15 +592,7 @@ async fn bad_credentials_are_reported_and_a_fixed_secret_is_picked_up() {
         ),
     ] {
         let w = &w;
-        let message = w
-            .wait(&format!("{pool}: {condition} {reason}"), || async move {
-                let p = w.get_pool(pool).await;
-                match World::condition(&p, condition) {
-                    Some((status, r, message)) if status == "True" && r == reason => Ok(message),
-                    other => Err(format!("{other:?}")),
-                }
-            })
-            .await;
+        let message = w.wait_condition(pool, condition, reason).await;
         assert!(message.contains(names), "{pool}: {message}");
         w.wait(&format!("an Event on {pool}"), || async move {
             let events = w.events(pool).await;
@@ -690,13 +694,7 @@ async fn ecs_ram_role_credentials_come_from_the_metadata_server_and_are_renewed_
 
     w.wait_pool_ready("role", "asg-role", 1).await;
     let message = w
-        .wait("norole: BackendUnavailable Unauthorized", || async {
-            let p = w.get_pool("norole").await;
-            match World::condition(&p, "BackendUnavailable") {
-                Some((s, r, m)) if s == "True" && r == "Unauthorized" => Ok(m),
-                other => Err(format!("{other:?}")),
-            }
-        })
+        .wait_condition("norole", "BackendUnavailable", "Unauthorized")
         .await;
     assert!(message.contains("not-attached"), "{message}");
     w.wait("a BackendUnavailable Event on norole", || async {
@@ -710,21 +708,15 @@ async fn ecs_ram_role_credentials_come_from_the_metadata_server_and_are_renewed_
     .await;
     assert!(w.ess.instances("asg-norole").is_empty());
     let message = w
-        .wait("nometa: BackendUnavailable Unavailable", || async {
-            let p = w.get_pool("nometa").await;
-            match World::condition(&p, "BackendUnavailable") {
-                Some((s, r, m)) if s == "True" && r == "Unavailable" => Ok(m),
-                other => Err(format!("{other:?}")),
-            }
-        })
+        .wait_condition("nometa", "BackendUnavailable", "Unavailable")
         .await;
     assert!(message.contains("127.0.0.1:9"), "{message}");
-    let admin = w
+    let metrics = w
         .cluster
         .operator()
         .expect("operator running")
-        .admin_address;
-    let metrics = ngo_sandbox::process::http_get(admin, "/metrics").expect("metrics");
+        .metrics()
+        .expect("metrics");
     for (pool, up) in [("role", 1), ("norole", 0), ("nometa", 0)] {
         let line = format!(
             "nodegroup_nodepool_backend_available{{node_pool=\"{}/{pool}\"}} {up}",
@@ -838,13 +830,7 @@ async fn an_rrsa_pool_assumes_its_role_with_the_token_file_and_rereads_it() {
     );
     signed_by_temporary_keys(&w.ess).unwrap_or_else(|e| panic!("{e}"));
     let message = w
-        .wait("half: InvalidSpec CredentialsMissing", || async {
-            let p = w.get_pool("half").await;
-            match World::condition(&p, "InvalidSpec") {
-                Some((s, r, m)) if s == "True" && r == "CredentialsMissing" => Ok(m),
-                other => Err(format!("{other:?}")),
-            }
-        })
+        .wait_condition("half", "InvalidSpec", "CredentialsMissing")
         .await;
     assert!(message.contains("oidc-provider-arn"), "{message}");
 
@@ -852,13 +838,7 @@ async fn an_rrsa_pool_assumes_its_role_with_the_token_file_and_rereads_it() {
     std::fs::write(&token_file, "eyJ.revoked.token").expect("token file");
     w.log("token file replaced by a refused token");
     let message = w
-        .wait("rrsa: BackendUnavailable Unauthorized", || async {
-            let p = w.get_pool("rrsa").await;
-            match World::condition(&p, "BackendUnavailable") {
-                Some((s, r, m)) if s == "True" && r == "Unauthorized" => Ok(m),
-                other => Err(format!("{other:?}")),
-            }
-        })
+        .wait_condition("rrsa", "BackendUnavailable", "Unauthorized")
         .await;
     assert!(
         message.contains("AuthenticationFail.OIDCToken.Invalid"),
@@ -917,17 +897,11 @@ async fn twenty_concurrent_increases_land_exactly_priced_and_zoned_within_the_gr
     w.pool("narrow", "asg-narrow", 4, 5, json!({})).await;
 
     // The group's bounds: reported, validated, and the pool kept within them.
-    let narrow = w
-        .wait("narrow: InvalidSpec SizeOutsideScalingGroup", || async {
-            let p = w.get_pool("narrow").await;
-            match World::condition(&p, "InvalidSpec") {
-                Some((s, r, m)) if s == "True" && r == "SizeOutsideScalingGroup" => Ok((p, m)),
-                other => Err(format!("{other:?}")),
-            }
-        })
+    let message = w
+        .wait_condition("narrow", "InvalidSpec", "SizeOutsideScalingGroup")
         .await;
-    assert!(narrow.1.contains("MaxSize 3"), "{}", narrow.1);
-    let status = narrow.0.status.clone().unwrap_or_default();
+    assert!(message.contains("MaxSize 3"), "{message}");
+    let status = w.get_pool("narrow").await.status.unwrap_or_default();
     assert_eq!(
         (status.backend_min_size, status.backend_max_size),
         (Some(0), Some(3))
@@ -1230,13 +1204,7 @@ async fn a_scaling_group_whose_api_never_answers_holds_back_no_other_pool() {
         );
     }
     let message = w
-        .wait("silent: BackendUnavailable Unavailable", || async {
-            let p = w.get_pool("silent").await;
-            match World::condition(&p, "BackendUnavailable") {
-                Some((s, r, m)) if s == "True" && r == "Unavailable" => Ok(m),
-                other => Err(format!("{other:?}")),
-            }
-        })
+        .wait_condition("silent", "BackendUnavailable", "Unavailable")
         .await;
     assert!(message.contains("no answer within"), "{message}");
     assert!(

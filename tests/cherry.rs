@@ -732,12 +732,12 @@ async fn bad_credentials_and_a_bad_spec_are_reported_and_other_pools_keep_workin
         }
     })
     .await;
-    let admin = w
+    let metrics = w
         .cluster
         .operator()
         .expect("operator running")
-        .admin_address;
-    let metrics = ngo_sandbox::process::http_get(admin, "/metrics").expect("metrics");
+        .metrics()
+        .expect("metrics");
     let refused = format!(
         "nodegroup_nodepool_backend_available{{node_pool=\"{}/refused\"}} 0",
         w.ns()

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::pki::{CertificateAuthority, PkiError};
-use crate::process::{ManagedProcess, ProcessError, free_port, http_ok};
+use crate::process::{ManagedProcess, ProcessError, free_port, http_get, http_ok};
 
 /// A failure starting the operator.
 #[derive(Debug, thiserror::Error)]
@@ -233,6 +233,11 @@ impl OperatorProcess {
                 other => return other,
             }
         }
+    }
+
+    /// The operator's metrics, as `/metrics` serves them.
+    pub fn metrics(&self) -> std::io::Result<String> {
+        http_get(self.admin_address, "/metrics")
     }
 
     fn start_once(
