@@ -319,6 +319,7 @@ impl CapiActuator {
                         group: group.id.clone(),
                         deadline: deadline.finish_unix(),
                         preexisting: false,
+                        released: false,
                     };
                     fault::point("delete-nodes:before-mark").await;
                     match self

@@ -1,0 +1,944 @@
+//! The scale-down protocol, model-checked: every interleaving of cluster-autoscaler's
+//! requests on two operator replicas, the sweeper, an API server that commits writes by
+//! compare-and-swap but may lose their replies, refuse them, or deliver them late, and Cluster
+//! API's MachineSet controller, explored exhaustively by `stateright`. The operator's steps
+//! call the decision functions of [`super::protocol`], the ones the actuator runs.
+//!
+//! Abstractions (`docs/safety.md` states them):
+//! - time: a request may *stop* at any step (its deadline passed, its RPC was dropped, its
+//!   process crashed); from then on it decides nothing, but any write it had sent may still be
+//!   committed, at any later point. The sweeper acts only on stopped requests' records (the
+//!   deadline it reads, plus a margin for clock skew, is when the request stops writing);
+//! - the API server serialises writes per object and checks `resourceVersion`; a write is
+//!   committed or not, and its reply may be lost either way;
+//! - Cluster API counts deleting Machines among a MachineSet's machines and, when replicas
+//!   are fewer, deletes Machines with the delete-machine annotation first, else any.
+//!
+//! The rules of the operator before claims ([`Rules::Unfenced`]) are kept as a regression:
+//! the checker must find their lost machines.
+
+use stateright::{Checker, Model, Property};
+
+use super::protocol::{self, Claim, ClaimBounds, Decrement, MachineState, Mark, Release, Unmark};
+use super::{Ledger, ScaleDownMark};
+
+/// Which operator rules the model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rules {
+    /// Today's protocol: claim, mark, decrement; release by fencing the claim.
+    Claims,
+    /// The rules before claims: mark, then decrement; on a failed decrement, or for an expired
+    /// mark whose machine the ledger lacks, the mark is removed.
+    Unfenced,
+}
+
+/// The bounds of one check.
+#[derive(Clone, Debug)]
+struct Protocol {
+    rules: Rules,
+    /// Machines at the start (all in the group, replicas equal).
+    machines: u8,
+    /// The group's minimum size.
+    min: i32,
+    /// The machine each of cluster-autoscaler's DeleteNodes requests names (one request per
+    /// operator replica, all concurrent).
+    requests: Vec<u8>,
+    /// Replies the API server may lose in one run (after committing or not).
+    lost_replies: u8,
+    /// Writes the API server may refuse without committing (500, 429 given up, reset).
+    failures: u8,
+    /// Sweepers acting at once (two during a leader handover).
+    sweepers: u8,
+    /// Whether someone may raise replicas (IncreaseSize, a person) once.
+    external_increase: bool,
+}
+
+const GROUP: &str = "MachineDeployment/ns/md";
+
+/// Where one operator process (a request, or a sweeper releasing for a request) stands.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Phase {
+    /// Not started (requests), or idle (sweepers).
+    Idle,
+    /// Read the group and decide the claim.
+    Claim,
+    /// Read the Machine and decide the mark.
+    Mark,
+    /// Read the group and decide the decrement.
+    Decrement,
+    /// Read the group and decide the release of the claim.
+    Release,
+    /// Read the Machine and decide its unmarking.
+    Unmark,
+    /// Read the group and decide the roll-forward.
+    RollForward,
+    /// Read the group and remove the fenced claim.
+    Forget,
+    /// Read the Machine and remove our finalizer (its decrement is applied).
+    Unfinalize,
+    /// A write is under way; its reply decides the next phase.
+    Awaiting,
+    /// Finished.
+    Done,
+}
+
+/// How a request ended, as cluster-autoscaler sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Answer {
+    Ok,
+    Error,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Process {
+    phase: Phase,
+    /// The request this process acts for (its index in `requests`).
+    request: u8,
+    /// Stopped: decides nothing more (its writes under way may still land).
+    stopped: bool,
+    answer: Option<Answer>,
+    /// The process's write under way (a process waits for each reply, so it has at most
+    /// one; a stopped process's write may still land).
+    write: Option<Write>,
+}
+
+/// What a write is for: decides the writer's next phase on each reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Purpose {
+    Claim,
+    Mark,
+    Decrement,
+    Release,
+    Unmark,
+    RollForward,
+    Forget,
+    Unfinalize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Target {
+    Group { replicas: i32, ledger: Ledger },
+    Machine { index: u8, state: MachineState },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Write {
+    purpose: Purpose,
+    version: u16,
+    target: Target,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct MachineObject {
+    exists: bool,
+    version: u16,
+    state: MachineState,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct State {
+    replicas: i32,
+    ledger: Ledger,
+    group_version: u16,
+    machines: Vec<MachineObject>,
+    /// Requests' processes, then sweepers'.
+    processes: Vec<Process>,
+    lost_replies: u8,
+    failures: u8,
+    increased: bool,
+}
+
+/// One step of one actor.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Action {
+    /// An operator process reads and decides (and sends a write, or moves on).
+    Step(u8),
+    /// A request stops (deadline, dropped RPC, crash).
+    Stop(u8),
+    /// A sweeper starts releasing a stopped request's records.
+    Sweep { sweeper: u8, request: u8 },
+    /// The API server handles process `.0`'s write: commits it when its version matches
+    /// (else 409), and the reply reaches the writer or is lost.
+    Handle { process: u8, lose_reply: bool },
+    /// The API server fails process `.0`'s write without committing it.
+    Fail(u8),
+    /// Cluster API starts deleting a Machine.
+    CapiDelete(u8),
+    /// A deleting Machine is gone.
+    Gone(u8),
+    /// Someone raises replicas by one.
+    Increase,
+    /// Cluster API creates a Machine (in a free slot) for replicas above its machines.
+    CapiCreate(u8),
+}
+
+fn key(index: u8) -> String {
+    format!("m{index}")
+}
+
+fn request_id(request: u8) -> String {
+    format!("r{request}")
+}
+
+fn mark_template(request: u8) -> ScaleDownMark {
+    ScaleDownMark {
+        request: request_id(request),
+        group: GROUP.into(),
+        deadline: 0,
+        preexisting: false,
+        released: false,
+    }
+}
+
+impl Protocol {
+    fn target(&self, process: &Process) -> u8 {
+        self.requests[usize::from(process.request)]
+    }
+
+    fn machine<'a>(&self, state: &'a State, index: u8) -> Option<&'a MachineState> {
+        state
+            .machines
+            .get(usize::from(index))
+            .filter(|m| m.exists)
+            .map(|m| &m.state)
+    }
+
+    /// Runs process `p`'s current read-and-decide step.
+    fn step(&self, state: &mut State, p: u8) {
+        let process = state.processes[usize::from(p)].clone();
+        let index = self.target(&process);
+        let request = request_id(process.request);
+        let key = key(index);
+        let send_group = |state: &mut State, purpose, replicas, ledger| {
+            state.processes[usize::from(p)].write = Some(Write {
+                purpose,
+                version: state.group_version,
+                target: Target::Group { replicas, ledger },
+            });
+            Phase::Awaiting
+        };
+        let send_machine = |state: &mut State, purpose, machine: MachineState| {
+            let version = state.machines[usize::from(index)].version;
+            state.processes[usize::from(p)].write = Some(Write {
+                purpose,
+                version,
+                target: Target::Machine {
+                    index,
+                    state: machine,
+                },
+            });
+            Phase::Awaiting
+        };
+        let exists = |_: &str| true;
+        let (next, answer) = match (self.rules, &process.phase) {
+            (Rules::Claims, Phase::Claim) => {
+                let bounds = ClaimBounds {
+                    min: self.min,
+                    now: 0,
+                    until: 0,
+                };
+                match protocol::claim(
+                    state.replicas,
+                    &state.ledger,
+                    &key,
+                    &request,
+                    bounds,
+                    exists,
+                ) {
+                    Claim::Write(ledger) => {
+                        let replicas = state.replicas;
+                        (send_group(state, Purpose::Claim, replicas, ledger), None)
+                    }
+                    Claim::Held => (Phase::Mark, None),
+                    Claim::Applied { .. } => (Phase::Done, Some(Answer::Ok)),
+                    // Cluster-autoscaler's request fails; it asks again later.
+                    Claim::Busy { .. } | Claim::BelowMin { .. } | Claim::Fenced => {
+                        (Phase::Done, Some(Answer::Error))
+                    }
+                }
+            }
+            (Rules::Claims, Phase::Mark) => {
+                match protocol::mark(self.machine(state, index), &mark_template(process.request)) {
+                    Mark::Write(mark) => {
+                        let mut machine = state.machines[usize::from(index)].state.clone();
+                        machine.delete_annotation = true;
+                        machine.finalizer = true;
+                        machine.mark = Some(mark);
+                        (send_machine(state, Purpose::Mark, machine), None)
+                    }
+                    Mark::Marked => (Phase::Decrement, None),
+                    // Nothing to do for this request: release its claim.
+                    Mark::Deleting => (Phase::Release, Some(Answer::Ok)),
+                    Mark::Released => (Phase::Done, Some(Answer::Error)),
+                }
+            }
+            (Rules::Claims, Phase::Decrement) => {
+                match protocol::decrement(
+                    state.replicas,
+                    &state.ledger,
+                    &key,
+                    &request,
+                    self.min,
+                    0,
+                    exists,
+                ) {
+                    Decrement::Write { replicas, ledger } => (
+                        send_group(state, Purpose::Decrement, replicas, ledger),
+                        None,
+                    ),
+                    Decrement::Applied { .. } => (Phase::Unfinalize, Some(Answer::Ok)),
+                    Decrement::Fenced | Decrement::BelowMin { .. } => (Phase::Release, None),
+                }
+            }
+            (Rules::Claims, Phase::Release) => {
+                match protocol::release(&state.ledger, &key, &request) {
+                    Release::Applied { .. } => (Phase::Unfinalize, Some(Answer::Ok)),
+                    Release::Write(ledger) => {
+                        let replicas = state.replicas;
+                        (send_group(state, Purpose::Release, replicas, ledger), None)
+                    }
+                    Release::Fenced => (Phase::Unmark, None),
+                }
+            }
+            (Rules::Claims, Phase::Unmark) => {
+                let template = mark_template(process.request);
+                match protocol::unmark(self.machine(state, index), &request, &template) {
+                    Unmark::Write {
+                        record,
+                        remove_delete_annotation,
+                    } => {
+                        let mut machine = state.machines[usize::from(index)].state.clone();
+                        if remove_delete_annotation {
+                            machine.delete_annotation = false;
+                        }
+                        machine.finalizer = false;
+                        machine.mark = Some(record);
+                        (send_machine(state, Purpose::Unmark, machine), None)
+                    }
+                    Unmark::RollForward => (Phase::RollForward, None),
+                    Unmark::Done => (Phase::Forget, None),
+                }
+            }
+            (Rules::Claims, Phase::RollForward) => {
+                match protocol::roll_forward(
+                    state.replicas,
+                    &state.ledger,
+                    &key,
+                    &request,
+                    0,
+                    exists,
+                ) {
+                    Decrement::Write { replicas, ledger } => (
+                        send_group(state, Purpose::RollForward, replicas, ledger),
+                        None,
+                    ),
+                    Decrement::Applied { .. } => (Phase::Unfinalize, Some(Answer::Error)),
+                    Decrement::Fenced | Decrement::BelowMin { .. } => (Phase::Forget, None),
+                }
+            }
+            (Rules::Claims, Phase::Unfinalize) => {
+                if protocol::unfinalize(self.machine(state, index)) {
+                    let mut machine = state.machines[usize::from(index)].state.clone();
+                    machine.finalizer = false;
+                    (send_machine(state, Purpose::Unfinalize, machine), None)
+                } else {
+                    (Phase::Done, Some(Answer::Error))
+                }
+            }
+            (Rules::Claims, Phase::Forget) => match protocol::forget(&state.ledger, &key, &request)
+            {
+                Some(ledger) => {
+                    let replicas = state.replicas;
+                    (send_group(state, Purpose::Forget, replicas, ledger), None)
+                }
+                None => (Phase::Done, Some(Answer::Error)),
+            },
+            (Rules::Unfenced, Phase::Claim | Phase::Mark) => {
+                // Mark unless the Machine is deleting or another live request marked it.
+                match self.machine(state, index) {
+                    None => (Phase::Done, Some(Answer::Ok)),
+                    Some(m) if m.deleting => (Phase::Done, Some(Answer::Ok)),
+                    Some(m)
+                        if m.mark.as_ref().is_some_and(|mk| {
+                            mk.request != request && !self.stopped(state, &mk.request)
+                        }) =>
+                    {
+                        (Phase::Done, Some(Answer::Error))
+                    }
+                    Some(m) => {
+                        let mut machine = m.clone();
+                        machine.delete_annotation = true;
+                        machine.mark = Some(mark_template(process.request));
+                        (send_machine(state, Purpose::Mark, machine), None)
+                    }
+                }
+            }
+            (Rules::Unfenced, Phase::Decrement) => {
+                if state.ledger.get(&key).is_some() {
+                    (Phase::Done, Some(Answer::Ok))
+                } else if state.replicas - 1 < self.min {
+                    (Phase::Unmark, None)
+                } else {
+                    let mut ledger = state.ledger.clone();
+                    ledger.record(&key, &request, 0, exists);
+                    let replicas = state.replicas - 1;
+                    (
+                        send_group(state, Purpose::Decrement, replicas, ledger),
+                        None,
+                    )
+                }
+            }
+            (Rules::Unfenced, Phase::Release) => {
+                // The sweeper: a mark whose machine the ledger lacks is rolled back.
+                if state.ledger.get(&key).is_some() {
+                    (Phase::Done, None)
+                } else {
+                    (Phase::Unmark, None)
+                }
+            }
+            (Rules::Unfenced, Phase::Unmark) => match self.machine(state, index) {
+                Some(m) if m.mark.as_ref().is_some_and(|mk| mk.request == request) => {
+                    let mut machine = m.clone();
+                    machine.delete_annotation = false;
+                    machine.mark = None;
+                    (send_machine(state, Purpose::Unmark, machine), None)
+                }
+                _ => (Phase::Done, Some(Answer::Error)),
+            },
+            _ => (process.phase.clone(), None),
+        };
+        let process = &mut state.processes[usize::from(p)];
+        process.phase = next;
+        if process.answer.is_none() {
+            process.answer = answer;
+        }
+    }
+
+    fn stopped(&self, state: &State, request: &str) -> bool {
+        state
+            .processes
+            .iter()
+            .take(self.requests.len())
+            .any(|p| request_id(p.request) == request && p.stopped)
+    }
+
+    /// The phase after a write's reply: `Some(true)` committed, `Some(false)` refused by
+    /// version (409), `None` an error that says nothing of whether it committed.
+    fn after_reply(&self, purpose: Purpose, reply: Option<bool>) -> (Phase, Option<Answer>) {
+        match (self.rules, purpose, reply) {
+            (_, Purpose::Claim, Some(true)) => (Phase::Mark, None),
+            (_, Purpose::Claim, Some(false)) => (Phase::Claim, None),
+            (_, Purpose::Claim, None) => (Phase::Release, None),
+            (_, Purpose::Mark, Some(true)) => (Phase::Decrement, None),
+            (Rules::Claims, Purpose::Mark, Some(false)) => (Phase::Mark, None),
+            (Rules::Unfenced, Purpose::Mark, Some(false)) => (Phase::Claim, None),
+            (Rules::Claims, Purpose::Mark, None) => (Phase::Release, None),
+            (Rules::Unfenced, Purpose::Mark, None) => (Phase::Unmark, None),
+            (Rules::Claims, Purpose::Decrement, Some(true)) => {
+                (Phase::Unfinalize, Some(Answer::Ok))
+            }
+            (Rules::Unfenced, Purpose::Decrement, Some(true)) => (Phase::Done, Some(Answer::Ok)),
+            (_, Purpose::RollForward, Some(true)) => (Phase::Unfinalize, None),
+            (_, Purpose::Unfinalize, Some(false)) => (Phase::Unfinalize, None),
+            (_, Purpose::Decrement, Some(false)) => (Phase::Decrement, None),
+            (Rules::Claims, Purpose::Decrement, None) => (Phase::Release, None),
+            // Before claims: any error but a conflict rolled the mark back.
+            (Rules::Unfenced, Purpose::Decrement, None) => (Phase::Unmark, None),
+            (_, Purpose::Release, Some(true)) => (Phase::Unmark, None),
+            (_, Purpose::Release, Some(false)) => (Phase::Release, None),
+            (Rules::Claims, Purpose::Unmark, Some(true)) => (Phase::Forget, None),
+            (_, Purpose::Unmark, Some(false)) => (Phase::Unmark, None),
+            (_, Purpose::Forget, Some(false)) => (Phase::Forget, None),
+            (_, Purpose::RollForward, Some(false)) => (Phase::RollForward, None),
+            // Left to the sweeper.
+            _ => (Phase::Done, Some(Answer::Error)),
+        }
+    }
+
+    fn handle(&self, state: &mut State, p: u8, lose_reply: bool, fail: bool) {
+        let Some(write) = state.processes[usize::from(p)].write.take() else {
+            return;
+        };
+        let committed = !fail
+            && match &write.target {
+                Target::Group { replicas, ledger } => {
+                    let ok = write.version == state.group_version;
+                    if ok {
+                        state.replicas = *replicas;
+                        state.ledger = ledger.clone();
+                        state.group_version += 1;
+                    }
+                    ok
+                }
+                Target::Machine { index, state: m } => {
+                    let object = &mut state.machines[usize::from(*index)];
+                    let ok = object.exists && write.version == object.version;
+                    if ok {
+                        // The writer patched metadata; deletion is Cluster API's.
+                        object.state.delete_annotation = m.delete_annotation;
+                        object.state.finalizer = m.finalizer;
+                        object.state.mark = m.mark.clone();
+                        object.version += 1;
+                    }
+                    ok
+                }
+            };
+        if lose_reply {
+            state.lost_replies -= 1;
+        }
+        if fail {
+            state.failures -= 1;
+        }
+        let process = &mut state.processes[usize::from(p)];
+        if process.stopped {
+            return;
+        }
+        let reply = if lose_reply || fail {
+            None
+        } else {
+            Some(committed)
+        };
+        let (phase, answer) = self.after_reply(write.purpose, reply);
+        process.phase = phase;
+        if process.answer.is_none() {
+            process.answer = answer;
+        }
+    }
+
+    /// Machines Cluster API may start deleting now.
+    fn capi_candidates(&self, state: &State) -> Vec<u8> {
+        let existing = state.machines.iter().filter(|m| m.exists).count() as i32;
+        let deleting = state
+            .machines
+            .iter()
+            .filter(|m| m.exists && m.state.deleting)
+            .count() as i32;
+        if existing - state.replicas - deleting <= 0 {
+            return Vec::new();
+        }
+        let live = |m: &&MachineObject| m.exists && !m.state.deleting;
+        let annotated = state
+            .machines
+            .iter()
+            .filter(live)
+            .any(|m| m.state.delete_annotation);
+        (0..state.machines.len() as u8)
+            .filter(|&i| {
+                let m = &state.machines[usize::from(i)];
+                live(&m) && (!annotated || m.state.delete_annotation)
+            })
+            .collect()
+    }
+
+    /// True when nothing is left to happen but Cluster API's work: every request answered
+    /// or stopped, no write under way, no sweeper busy, and every stopped request's records
+    /// resolved.
+    fn at_rest(&self, state: &State) -> bool {
+        let requests = self.requests.len();
+        state.processes.iter().all(|p| p.write.is_none())
+            && state.processes[..requests]
+                .iter()
+                .all(|p| p.stopped || p.phase == Phase::Done)
+            && state.processes[requests..]
+                .iter()
+                .all(|p| matches!(p.phase, Phase::Idle | Phase::Done))
+            && self.sweepable(state).is_empty()
+            && self.capi_candidates(state).is_empty()
+            && state.machines.iter().filter(|m| m.exists).count() as i32 >= state.replicas
+            && state
+                .machines
+                .iter()
+                .all(|m| !m.exists || !m.state.deleting)
+    }
+
+    /// Finished requests whose records a sweeper would release.
+    fn sweepable(&self, state: &State) -> Vec<u8> {
+        (0..self.requests.len() as u8)
+            .filter(|&r| {
+                // A request that answered writes no more either, once its deadline passed.
+                let process = &state.processes[usize::from(r)];
+                if !process.stopped && process.phase != Phase::Done {
+                    return false;
+                }
+                let id = request_id(r);
+                let claims = state
+                    .ledger
+                    .entries()
+                    .any(|(_, e)| e.is_claim() && e.request == id);
+                let marks = state.machines.iter().any(|m| {
+                    m.exists
+                        && m.state.mark.as_ref().is_some_and(|mk| {
+                            mk.is_mark()
+                                && mk.request == id
+                                && protocol::sweep_mark(
+                                    mk,
+                                    state.ledger.entry(&key(self.requests[usize::from(r)])),
+                                    1,
+                                    0,
+                                ) == protocol::Sweep::Release {
+                                    request: id.clone(),
+                                }
+                        })
+                });
+                let finalized = state.machines.iter().any(|m| {
+                    m.exists
+                        && m.state.finalizer
+                        && m.state.mark.as_ref().is_some_and(|mk| mk.request == id)
+                });
+                claims || marks || finalized
+            })
+            .collect()
+    }
+
+    fn applied(&self, state: &State, index: u8) -> bool {
+        state.ledger.get(&key(index)).is_some()
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let requests = self.requests.len() as u8;
+        let mut processes: Vec<Process> = (0..requests)
+            .map(|r| Process {
+                phase: Phase::Idle,
+                request: r,
+                stopped: false,
+                answer: None,
+                write: None,
+            })
+            .collect();
+        processes.extend((0..self.sweepers).map(|_| Process {
+            phase: Phase::Idle,
+            request: 0,
+            stopped: false,
+            answer: None,
+            write: None,
+        }));
+        vec![State {
+            replicas: i32::from(self.machines),
+            ledger: Ledger::default(),
+            group_version: 0,
+            machines: (0..self.machines + u8::from(self.external_increase))
+                .map(|i| MachineObject {
+                    exists: i < self.machines,
+                    version: 0,
+                    state: MachineState::default(),
+                })
+                .collect(),
+            processes,
+            lost_replies: self.lost_replies,
+            failures: self.failures,
+            increased: false,
+        }]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        let requests = self.requests.len();
+        for (i, p) in state.processes.iter().enumerate() {
+            let i = i as u8;
+            if p.stopped {
+                continue;
+            }
+            match p.phase {
+                Phase::Awaiting | Phase::Done => {}
+                Phase::Idle if usize::from(i) >= requests => {}
+                _ => actions.push(Action::Step(i)),
+            }
+            if usize::from(i) < requests && p.phase != Phase::Done {
+                actions.push(Action::Stop(i));
+            }
+        }
+        for (s, p) in state.processes.iter().enumerate().skip(requests) {
+            if matches!(p.phase, Phase::Idle | Phase::Done) {
+                for request in self.sweepable(state) {
+                    actions.push(Action::Sweep {
+                        sweeper: s as u8,
+                        request,
+                    });
+                }
+            }
+        }
+        for (process, p) in state.processes.iter().enumerate() {
+            if p.write.is_none() {
+                continue;
+            }
+            let process = process as u8;
+            actions.push(Action::Handle {
+                process,
+                lose_reply: false,
+            });
+            if state.lost_replies > 0 {
+                actions.push(Action::Handle {
+                    process,
+                    lose_reply: true,
+                });
+            }
+            if state.failures > 0 {
+                actions.push(Action::Fail(process));
+            }
+        }
+        for i in self.capi_candidates(state) {
+            actions.push(Action::CapiDelete(i));
+        }
+        for (i, m) in state.machines.iter().enumerate() {
+            if m.exists && m.state.deleting && !m.state.finalizer {
+                actions.push(Action::Gone(i as u8));
+            }
+        }
+        if self.external_increase && !state.increased {
+            actions.push(Action::Increase);
+        }
+        let existing = state.machines.iter().filter(|m| m.exists).count() as i32;
+        if existing < state.replicas
+            && let Some(free) = state
+                .machines
+                .iter()
+                .position(|m| !m.exists && m.version == 0 && m.state == MachineState::default())
+        {
+            actions.push(Action::CapiCreate(free as u8));
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut state = last.clone();
+        match action {
+            Action::Step(p) => {
+                let process = &mut state.processes[usize::from(p)];
+                if process.phase == Phase::Idle {
+                    process.phase = Phase::Claim;
+                }
+                self.step(&mut state, p);
+            }
+            Action::Stop(p) => {
+                let process = &mut state.processes[usize::from(p)];
+                process.stopped = true;
+                if process.answer.is_none() {
+                    process.answer = Some(Answer::Error);
+                }
+            }
+            Action::Sweep { sweeper, request } => {
+                let process = &mut state.processes[usize::from(sweeper)];
+                process.request = request;
+                process.phase = Phase::Release;
+                process.answer = None;
+                self.step(&mut state, sweeper);
+            }
+            Action::Handle {
+                process,
+                lose_reply,
+            } => self.handle(&mut state, process, lose_reply, false),
+            Action::Fail(process) => self.handle(&mut state, process, false, true),
+            Action::CapiDelete(i) => {
+                let m = &mut state.machines[usize::from(i)];
+                m.state.deleting = true;
+                m.version += 1;
+            }
+            Action::Gone(i) => state.machines[usize::from(i)].exists = false,
+            Action::Increase => {
+                state.replicas += 1;
+                state.group_version += 1;
+                state.increased = true;
+            }
+            Action::CapiCreate(i) => state.machines[usize::from(i)].exists = true,
+        }
+        Some(state)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            // S1: Cluster API deletes only machines cluster-autoscaler named.
+            Property::always(
+                "S1 every deleted machine was named",
+                |model: &Protocol, state: &State| {
+                    state.machines.iter().enumerate().all(|(i, m)| {
+                        !(m.state.deleting || (!m.exists && m.version > 0))
+                            || model.requests.contains(&(i as u8))
+                    })
+                },
+            ),
+            // S1, S3 at rest: every machine gone had its decrement applied, and every
+            // applied decrement took its own machine.
+            Property::always(
+                "S1 at rest every deletion is a named machine's applied decrement",
+                |model: &Protocol, state: &State| {
+                    !model.at_rest(state)
+                        || state.machines.iter().enumerate().all(|(i, m)| {
+                            let gone = !m.exists && (m.version > 0 || m.state.deleting);
+                            let i = i as u8;
+                            if gone {
+                                model.applied(state, i) && model.requests.contains(&i)
+                            } else {
+                                state.increased || !m.exists || !model.applied(state, i)
+                            }
+                        })
+                },
+            ),
+            // S2: one decrement per machine: replicas fell by exactly the applied entries.
+            Property::always(
+                "S2 replicas fell once per applied machine",
+                |model: &Protocol, state: &State| {
+                    let applied = state
+                        .ledger
+                        .entries()
+                        .filter(|(_, e)| !e.is_claim())
+                        .count();
+                    state.replicas
+                        == i32::from(model.machines) + i32::from(state.increased) - applied as i32
+                },
+            ),
+            // S3: an OK answer means the machine's decrement was applied.
+            Property::always("S3 OK means applied", |model: &Protocol, state: &State| {
+                state.processes[..model.requests.len()]
+                    .iter()
+                    .enumerate()
+                    .all(|(r, p)| {
+                        p.answer != Some(Answer::Ok)
+                            || model.applied(state, model.requests[r])
+                            || model
+                                .machine(state, model.requests[r])
+                                .is_none_or(|m| m.deleting)
+                    })
+            }),
+            // S4: at rest no live mark is left on a machine that stays.
+            Property::always(
+                "S4 at rest no mark is left",
+                |model: &Protocol, state: &State| {
+                    !model.at_rest(state)
+                        || state.machines.iter().enumerate().all(|(i, m)| {
+                            !m.exists
+                                || state.increased
+                                || model.applied(state, i as u8)
+                                || !m.state.delete_annotation
+                        })
+                },
+            ),
+            Property::sometimes(
+                "a named machine is deleted",
+                |_: &Protocol, state: &State| {
+                    state.machines.iter().any(|m| !m.exists && m.version > 0)
+                },
+            ),
+            Property::sometimes(
+                "every request answered OK",
+                |model: &Protocol, state: &State| {
+                    state.processes[..model.requests.len()]
+                        .iter()
+                        .all(|p| p.answer == Some(Answer::Ok))
+                },
+            ),
+        ]
+    }
+}
+
+/// Checks `model` exhaustively on one thread; returns the checker.
+fn check(model: Protocol) -> impl Checker<Protocol> {
+    model.checker().threads(1).spawn_bfs().join()
+}
+
+fn claims(requests: Vec<u8>) -> Protocol {
+    Protocol {
+        rules: Rules::Claims,
+        machines: 3,
+        min: 0,
+        requests,
+        lost_replies: 1,
+        failures: 1,
+        sweepers: 1,
+        external_increase: false,
+    }
+}
+
+fn report(name: &str, checker: &impl Checker<Protocol>, started: std::time::Instant) {
+    eprintln!(
+        "{name}: {} states ({} unique), depth {}, {:.1?}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        started.elapsed()
+    );
+}
+
+#[test]
+fn protocol_model_claims_hold_every_invariant_for_two_requests_on_two_replicas() {
+    let started = std::time::Instant::now();
+    let checker = check(claims(vec![0, 1]));
+    report("two machines", &checker, started);
+    checker.assert_properties();
+}
+
+#[test]
+fn protocol_model_claims_hold_every_invariant_when_two_requests_name_one_machine() {
+    let started = std::time::Instant::now();
+    let checker = check(Protocol {
+        min: 2,
+        ..claims(vec![0, 0])
+    });
+    report("one machine twice", &checker, started);
+    checker.assert_properties();
+}
+
+#[test]
+fn protocol_model_claims_hold_under_two_sweepers_and_many_faults() {
+    let started = std::time::Instant::now();
+    let checker = check(Protocol {
+        sweepers: 2,
+        lost_replies: 2,
+        ..claims(vec![0])
+    });
+    report("two sweepers", &checker, started);
+    checker.assert_properties();
+}
+
+/// Finding 1 (a decrement committed, its reply lost, the mark rolled back) and finding 2
+/// (the sweeper's check, then a late decrement): the rules before claims delete a machine
+/// cluster-autoscaler never named.
+#[test]
+fn protocol_model_unfenced_rules_delete_machines_nobody_named() {
+    let lost_reply = check(Protocol {
+        rules: Rules::Unfenced,
+        failures: 0,
+        sweepers: 0,
+        ..claims(vec![0])
+    });
+    let path = lost_reply
+        .discovery("S1 every deleted machine was named")
+        .expect("a lost reply after a committed decrement loses a machine");
+    eprintln!("finding 1:\n{path}");
+    assert!(path.clone().into_actions().iter().any(|a| matches!(
+        a,
+        Action::Handle {
+            lose_reply: true,
+            ..
+        }
+    )));
+    let late = check(Protocol {
+        rules: Rules::Unfenced,
+        failures: 0,
+        lost_replies: 0,
+        ..claims(vec![0])
+    });
+    let path = late
+        .discovery("S1 every deleted machine was named")
+        .expect("a decrement landing after the sweeper's check loses a machine");
+    eprintln!("finding 2:\n{path}");
+    let actions = path.into_actions();
+    let sweep = actions
+        .iter()
+        .position(|a| matches!(a, Action::Sweep { .. }));
+    let stop = actions.iter().position(|a| matches!(a, Action::Stop(_)));
+    assert!(sweep.is_some() && stop < sweep, "{actions:?}");
+}
+
+#[test]
+fn protocol_model_claims_hold_when_replicas_are_raised_meanwhile() {
+    let started = std::time::Instant::now();
+    let checker = check(Protocol {
+        external_increase: true,
+        ..claims(vec![0, 1])
+    });
+    report("raised meanwhile", &checker, started);
+    checker.assert_properties();
+}

@@ -1,0 +1,701 @@
+//! The scale-down protocol's decisions: given what a step read, what it writes. Pure
+//! functions, shared by the actuator (which adds the reads and compare-and-swap writes) and
+//! the protocol's model checker, so that the checked rules are the rules that run.
+//!
+//! Deleting machine `m` of group `g` for request `R` (`docs/safety.md` has the invariants):
+//!
+//! 1. **claim** ([`claim`]): in `g`'s ledger, `R` claims `m`. A group has at most one claim
+//!    at a time, so at most one Machine is marked without its decrement applied, and the
+//!    minimum is checked against everything applied before.
+//! 2. **mark** ([`mark`]): `m` gets Cluster API's delete-machine annotation and `R`'s mark.
+//! 3. **decrement** ([`decrement`]): `g`'s replicas drop by one and the claim becomes an
+//!    applied entry, in one compare-and-swap. Only the claim's holder can apply it.
+//! 4. **release** when `R` fails, or by the sweeper once `R`'s claim has expired:
+//!    - [`release`]: the claim is *fenced* by compare-and-swap: any write `R` still has under
+//!      way was prepared on an older version of `g` and is refused, and a re-read tells `R`
+//!      to stop. The fenced claim still holds the group, so no other decrement can make
+//!      Cluster API pick `m` while it is marked. If the ledger shows the decrement applied,
+//!      nothing is undone;
+//!    - [`unmark`]: `m`'s mark is replaced by a released record, which also refuses `R`'s late
+//!      mark writes and tells `R` not to mark again. If Cluster API is already deleting `m`
+//!      under `R`'s mark (it took `m` for an earlier decrement it had not acted on yet), the
+//!      decrement is applied after all ([`roll_forward`]): the deletion happened, and the
+//!      replicas must follow it, or Cluster API would keep the machine whose decrement `m`'s
+//!      deletion used;
+//!    - [`forget`]: the fenced claim is removed, and the group is free.
+
+use super::{Ledger, LedgerEntry, ScaleDownMark};
+
+/// A Machine as a step read it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MachineState {
+    /// The Machine has a deletion timestamp.
+    pub deleting: bool,
+    /// Cluster API's delete-machine annotation is set.
+    pub delete_annotation: bool,
+    /// Our finalizer ([`super::FINALIZER`]) is set: the Machine cannot disappear before a
+    /// releaser has seen it deleting.
+    pub finalizer: bool,
+    /// Our mark annotation, when it is one of ours (a mark or a released record).
+    pub mark: Option<ScaleDownMark>,
+}
+
+/// What the claim step does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Write this ledger (compare-and-swap on the version read), then mark.
+    Write(Ledger),
+    /// The claim is this request's already (an earlier write's reply was lost): mark.
+    Held,
+    /// The machine's decrement was applied by `by` at `at`: nothing to lower.
+    Applied {
+        /// Request that applied it.
+        by: String,
+        /// Unix seconds when.
+        at: i64,
+    },
+    /// Another request holds the group's claim (on machine `machine`) and may still
+    /// complete: wait, or give up.
+    Busy {
+        /// Its request id.
+        request: String,
+        /// The machine it claimed.
+        machine: String,
+    },
+    /// Lowering replicas for one more machine would go below the group's minimum.
+    BelowMin {
+        /// Replicas after the lowering.
+        desired: i64,
+    },
+    /// This request's claim was fenced (it ran out of time): stop.
+    Fenced,
+}
+
+/// Bounds of a claim decision.
+#[derive(Clone, Copy, Debug)]
+pub struct ClaimBounds {
+    /// The group's minimum size.
+    pub min: i32,
+    /// Unix seconds now.
+    pub now: i64,
+    /// Unix seconds after which the claiming request writes no more.
+    pub until: i64,
+}
+
+/// Step 1: `request` claims machine `key` in a group of `replicas` whose ledger is `ledger`.
+/// `exists` says whether an applied entry's machine still exists (old entries of gone
+/// machines are pruned).
+pub fn claim(
+    replicas: i32,
+    ledger: &Ledger,
+    key: &str,
+    request: &str,
+    bounds: ClaimBounds,
+    exists: impl Fn(&str) -> bool,
+) -> Claim {
+    match ledger.entry(key) {
+        Some(e) if !e.is_claim() => {
+            return Claim::Applied {
+                by: e.request.clone(),
+                at: e.at,
+            };
+        }
+        Some(e) if e.is_live_claim_of(request) => return Claim::Held,
+        Some(e) if e.request == request => return Claim::Fenced,
+        _ => {}
+    }
+    if let Some((machine, holder)) = ledger.claim() {
+        return Claim::Busy {
+            request: holder.request.clone(),
+            machine: machine.to_string(),
+        };
+    }
+    let desired = i64::from(replicas) - 1;
+    if desired < i64::from(bounds.min) {
+        return Claim::BelowMin { desired };
+    }
+    let mut next = ledger.clone();
+    next.record_claim(key, request, bounds.now, bounds.until, exists);
+    Claim::Write(next)
+}
+
+/// What the mark step does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mark {
+    /// Write the delete-machine annotation (keeping its value when set), this mark and our
+    /// finalizer (compare-and-swap on the version read), then decrement.
+    Write(ScaleDownMark),
+    /// The Machine carries this request's mark already: decrement.
+    Marked,
+    /// The Machine is gone or being deleted, not through this request: release the claim;
+    /// nothing to do.
+    Deleting,
+    /// This request's claim was released: stop, and do not mark again.
+    Released,
+}
+
+/// Step 2: marking machine `machine` (`None`: gone) for `mark.request`, which holds the
+/// group's claim on it. Another request's mark is taken over: its claim was released (the
+/// claim is ours), so its own release leaves a Machine carrying our mark alone.
+pub fn mark(machine: Option<&MachineState>, mark: &ScaleDownMark) -> Mark {
+    let Some(machine) = machine else {
+        return Mark::Deleting;
+    };
+    let current = machine.mark.as_ref();
+    match current {
+        Some(m) if m.request == mark.request && m.released => return Mark::Released,
+        Some(m) if m.request == mark.request && machine.deleting => return Mark::Marked,
+        _ if machine.deleting => return Mark::Deleting,
+        Some(m) if m.request == mark.request => return Mark::Marked,
+        _ => {}
+    }
+    let preexisting = match current.filter(|m| m.is_mark()) {
+        // Taking over another request's mark: keep what it knew.
+        Some(other) => other.preexisting,
+        None => machine.delete_annotation,
+    };
+    Mark::Write(ScaleDownMark {
+        preexisting,
+        released: false,
+        ..mark.clone()
+    })
+}
+
+/// What the decrement step does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decrement {
+    /// Write these replicas and this ledger (compare-and-swap on the version read).
+    Write {
+        /// Replicas after.
+        replicas: i32,
+        /// The ledger with the claim turned into an applied entry.
+        ledger: Ledger,
+    },
+    /// The ledger shows this machine's decrement applied by `by` (this request's own, when
+    /// an earlier write's reply was lost): done.
+    Applied {
+        /// Request that applied it.
+        by: String,
+    },
+    /// This request holds no claim on the machine any more (released): nothing may be
+    /// written for it.
+    Fenced,
+    /// Lowering would go below the minimum (replicas were lowered by someone else since the
+    /// claim): release.
+    BelowMin {
+        /// Replicas after the lowering.
+        desired: i64,
+    },
+}
+
+/// Step 3: lowering `replicas` for machine `key` on behalf of `request`.
+pub fn decrement(
+    replicas: i32,
+    ledger: &Ledger,
+    key: &str,
+    request: &str,
+    min: i32,
+    now: i64,
+    exists: impl Fn(&str) -> bool,
+) -> Decrement {
+    match ledger.entry(key) {
+        Some(e) if !e.is_claim() => Decrement::Applied {
+            by: e.request.clone(),
+        },
+        Some(e) if e.is_live_claim_of(request) => {
+            let desired = i64::from(replicas) - 1;
+            if desired < i64::from(min) {
+                return Decrement::BelowMin { desired };
+            }
+            let mut next = ledger.clone();
+            next.record(key, request, now, exists);
+            Decrement::Write {
+                replicas: replicas - 1,
+                ledger: next,
+            }
+        }
+        _ => Decrement::Fenced,
+    }
+}
+
+/// A decrement without a claim or a mark, for pool instances without Machines (MachinePool
+/// entries, NodePool instances): their removal is decided by the ledger alone, so the
+/// compare-and-swap of replicas and ledger is the whole protocol.
+pub fn decrement_unmarked(
+    replicas: i32,
+    ledger: &Ledger,
+    key: &str,
+    request: &str,
+    min: i32,
+    now: i64,
+    exists: impl Fn(&str) -> bool,
+) -> Decrement {
+    if let Some(e) = ledger.get(key) {
+        return Decrement::Applied {
+            by: e.request.clone(),
+        };
+    }
+    let desired = i64::from(replicas) - 1;
+    if desired < i64::from(min) {
+        return Decrement::BelowMin { desired };
+    }
+    let mut next = ledger.clone();
+    next.record(key, request, now, exists);
+    Decrement::Write {
+        replicas: replicas - 1,
+        ledger: next,
+    }
+}
+
+/// What the first release step does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// The decrement was applied (by `by`): nothing is undone; the mark's record may be
+    /// cleared, the delete-machine annotation stays.
+    Applied {
+        /// Request that applied it.
+        by: String,
+    },
+    /// Write this ledger, with the claim fenced (compare-and-swap on the version read), then
+    /// unmark.
+    Write(Ledger),
+    /// The claim is fenced already, or the request holds none: unmark.
+    Fenced,
+}
+
+/// Step 4a: fencing `request`'s claim on machine `key`.
+pub fn release(ledger: &Ledger, key: &str, request: &str) -> Release {
+    match ledger.entry(key) {
+        Some(e) if !e.is_claim() => Release::Applied {
+            by: e.request.clone(),
+        },
+        Some(e) if e.is_live_claim_of(request) => {
+            let mut next = ledger.clone();
+            next.fence(key);
+            Release::Write(next)
+        }
+        _ => Release::Fenced,
+    }
+}
+
+/// Step 4c: after the Machine was unmarked, `request`'s fenced claim on `key` is removed.
+/// `None` when there is nothing to remove.
+pub fn forget(ledger: &Ledger, key: &str, request: &str) -> Option<Ledger> {
+    let entry = ledger.entry(key)?;
+    if !(entry.is_claim() && entry.fenced && entry.request == request) {
+        return None;
+    }
+    let mut next = ledger.clone();
+    next.remove(key);
+    Some(next)
+}
+
+/// What the second release step does to the Machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unmark {
+    /// Write this released record in place of the mark, remove our finalizer, and remove
+    /// the delete-machine annotation unless it was there before the request
+    /// (compare-and-swap on the version read).
+    Write {
+        /// The record.
+        record: ScaleDownMark,
+        /// Remove the delete-machine annotation.
+        remove_delete_annotation: bool,
+    },
+    /// Cluster API is deleting the Machine under this request's mark: apply the decrement
+    /// after all ([`roll_forward`]).
+    RollForward,
+    /// Nothing to write: the Machine is gone, deleting without our mark, carries another
+    /// request's mark, or the released record already.
+    Done,
+}
+
+/// Step 4b: after `request`'s claim was released (or never written), its mark on the
+/// Machine is replaced by a released record. `template` supplies the group and deadline of
+/// a record written where the Machine carries no mark of the request yet (a mark write may
+/// still be under way).
+pub fn unmark(machine: Option<&MachineState>, request: &str, template: &ScaleDownMark) -> Unmark {
+    let Some(machine) = machine else {
+        return Unmark::Done;
+    };
+    let ours = machine.mark.as_ref().filter(|m| m.request == request);
+    match ours {
+        Some(m) if m.released => Unmark::Done,
+        Some(_) if machine.deleting => Unmark::RollForward,
+        Some(m) => Unmark::Write {
+            record: ScaleDownMark {
+                released: true,
+                ..m.clone()
+            },
+            remove_delete_annotation: !m.preexisting,
+        },
+        None if machine.deleting => Unmark::Done,
+        // Another request's mark or record: its holder decides about it.
+        None if machine.mark.as_ref().is_some_and(ScaleDownMark::is_mark) => Unmark::Done,
+        None => Unmark::Write {
+            record: ScaleDownMark {
+                request: request.to_string(),
+                released: true,
+                preexisting: false,
+                ..template.clone()
+            },
+            remove_delete_annotation: false,
+        },
+    }
+}
+
+/// Step 4b': Cluster API deletes machine `key` under the released request's mark: its fenced
+/// claim becomes an applied decrement and replicas drop, unless the ledger has it applied
+/// already. The minimum is not checked: the machine is going whatever the replicas say.
+/// Only the fenced claim's releaser rolls forward (it holds the group); without it,
+/// [`Decrement::Fenced`].
+pub fn roll_forward(
+    replicas: i32,
+    ledger: &Ledger,
+    key: &str,
+    request: &str,
+    now: i64,
+    exists: impl Fn(&str) -> bool,
+) -> Decrement {
+    match ledger.entry(key) {
+        Some(e) if !e.is_claim() => {
+            return Decrement::Applied {
+                by: e.request.clone(),
+            };
+        }
+        Some(e) if e.fenced && e.request == request => {}
+        _ => return Decrement::Fenced,
+    }
+    let mut next = ledger.clone();
+    next.record(key, request, now, exists);
+    Decrement::Write {
+        replicas: replicas - 1,
+        ledger: next,
+    }
+}
+
+/// After a machine's decrement is applied (by its request, a roll-forward, or found applied
+/// by a releaser): whether our finalizer is still to be removed from it. No claim can be
+/// made on a machine whose decrement is applied, so nobody needs the finalizer any more.
+pub fn unfinalize(machine: Option<&MachineState>) -> bool {
+    machine.is_some_and(|m| m.finalizer)
+}
+
+/// What the sweeper does about one ledger entry or Machine record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Sweep {
+    /// Leave it.
+    Keep,
+    /// Release the request's claim on the machine (its claim or mark expired).
+    Release {
+        /// The request.
+        request: String,
+    },
+    /// The decrement was applied: clear the mark's record and our finalizer, keep the
+    /// delete-machine annotation.
+    ClearRecord,
+    /// Remove an old released record.
+    RemoveRecord,
+}
+
+/// The sweeper's decision about a claim entry in a ledger, `margin` seconds of clock skew
+/// between replicas allowed.
+pub fn sweep_claim(entry: &LedgerEntry, now: i64, margin: i64) -> Sweep {
+    match entry.claim_until {
+        Some(until) if now > until.saturating_add(margin) => Sweep::Release {
+            request: entry.request.clone(),
+        },
+        _ => Sweep::Keep,
+    }
+}
+
+/// The sweeper's decision about a Machine's record `mark`, given the ledger entry for the
+/// machine in its group (`None`: none, or the group is gone).
+pub fn sweep_mark(
+    mark: &ScaleDownMark,
+    entry: Option<&LedgerEntry>,
+    now: i64,
+    margin: i64,
+) -> Sweep {
+    let expired = now > mark.deadline.saturating_add(margin);
+    if mark.released {
+        let old = now > mark.deadline.saturating_add(super::RELEASED_RETENTION_SECS);
+        return if old {
+            Sweep::RemoveRecord
+        } else {
+            Sweep::Keep
+        };
+    }
+    match entry {
+        Some(e) if !e.is_claim() => {
+            if expired {
+                Sweep::ClearRecord
+            } else {
+                Sweep::Keep
+            }
+        }
+        // The claim's own expiry releases it.
+        Some(e) if e.request == mark.request => Sweep::Keep,
+        _ if expired => Sweep::Release {
+            request: mark.request.clone(),
+        },
+        _ => Sweep::Keep,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_000;
+
+    fn bounds(min: i32) -> ClaimBounds {
+        ClaimBounds {
+            min,
+            now: NOW,
+            until: NOW + 15,
+        }
+    }
+
+    fn mark_of(request: &str) -> ScaleDownMark {
+        ScaleDownMark {
+            request: request.into(),
+            group: "MachineDeployment/ns/md".into(),
+            deadline: NOW + 15,
+            preexisting: false,
+            released: false,
+        }
+    }
+
+    fn claimed(key: &str, request: &str) -> Ledger {
+        let mut ledger = Ledger::default();
+        ledger.record_claim(key, request, NOW, NOW + 15, |_| true);
+        ledger
+    }
+
+    #[test]
+    fn one_claim_per_group_and_the_minimum_counts_what_was_applied() {
+        let mut ledger = claimed("m1", "r1");
+        assert_eq!(
+            claim(3, &ledger, "m2", "r2", bounds(0), |_| true),
+            Claim::Busy {
+                request: "r1".into(),
+                machine: "m1".into()
+            }
+        );
+        assert_eq!(
+            claim(3, &ledger, "m1", "r1", bounds(0), |_| true),
+            Claim::Held
+        );
+        ledger.record("m1", "r1", NOW, |_| true);
+        assert!(matches!(
+            claim(2, &ledger, "m2", "r2", bounds(0), |_| true),
+            Claim::Write(_)
+        ));
+        assert_eq!(
+            claim(2, &ledger, "m2", "r2", bounds(2), |_| true),
+            Claim::BelowMin { desired: 1 }
+        );
+        assert_eq!(
+            claim(2, &ledger, "m1", "r2", bounds(0), |_| true),
+            Claim::Applied {
+                by: "r1".into(),
+                at: NOW
+            }
+        );
+    }
+
+    #[test]
+    fn only_the_claim_holder_decrements_and_a_lost_reply_reads_as_applied() {
+        let ledger = claimed("m1", "r1");
+        assert_eq!(
+            decrement(3, &ledger, "m1", "r2", 0, NOW, |_| true),
+            Decrement::Fenced
+        );
+        assert_eq!(
+            decrement(3, &Ledger::default(), "m1", "r1", 0, NOW, |_| true),
+            Decrement::Fenced
+        );
+        let Decrement::Write { replicas, ledger } =
+            decrement(3, &ledger, "m1", "r1", 0, NOW, |_| true)
+        else {
+            panic!("the holder decrements");
+        };
+        assert_eq!(replicas, 2);
+        assert_eq!(
+            decrement(2, &ledger, "m1", "r1", 0, NOW, |_| true),
+            Decrement::Applied { by: "r1".into() }
+        );
+        assert_eq!(
+            decrement(1, &claimed("m1", "r1"), "m1", "r1", 1, NOW, |_| true),
+            Decrement::BelowMin { desired: 0 }
+        );
+    }
+
+    #[test]
+    fn a_released_request_never_marks_again_and_takes_over_no_mark_it_lost() {
+        let released = MachineState {
+            mark: Some(ScaleDownMark {
+                released: true,
+                ..mark_of("r1")
+            }),
+            ..Default::default()
+        };
+        assert_eq!(mark(Some(&released), &mark_of("r1")), Mark::Released);
+        assert!(matches!(
+            mark(Some(&released), &mark_of("r2")),
+            Mark::Write(_)
+        ));
+        let theirs = MachineState {
+            delete_annotation: true,
+            mark: Some(ScaleDownMark {
+                preexisting: true,
+                ..mark_of("r1")
+            }),
+            ..Default::default()
+        };
+        let Mark::Write(ours) = mark(Some(&theirs), &mark_of("r2")) else {
+            panic!("the claim holder takes over");
+        };
+        assert!(ours.preexisting, "what the earlier mark knew is kept");
+        assert_eq!(mark(None, &mark_of("r1")), Mark::Deleting);
+        let deleting = MachineState {
+            deleting: true,
+            ..Default::default()
+        };
+        assert_eq!(mark(Some(&deleting), &mark_of("r1")), Mark::Deleting);
+    }
+
+    #[test]
+    fn release_fences_the_claim_and_never_undoes_an_applied_decrement() {
+        let ledger = claimed("m1", "r1");
+        let Release::Write(fenced) = release(&ledger, "m1", "r1") else {
+            panic!("the claim is fenced");
+        };
+        let entry = fenced
+            .entry("m1")
+            .expect("a fenced claim still holds the group");
+        assert!(entry.fenced && !entry.is_live_claim_of("r1"));
+        assert_eq!(
+            decrement(3, &fenced, "m1", "r1", 0, NOW, |_| true),
+            Decrement::Fenced
+        );
+        assert!(matches!(
+            claim(3, &fenced, "m2", "r2", bounds(0), |_| true),
+            Claim::Busy { .. }
+        ));
+        assert_eq!(
+            claim(3, &fenced, "m1", "r1", bounds(0), |_| true),
+            Claim::Fenced
+        );
+        assert_eq!(release(&fenced, "m1", "r1"), Release::Fenced);
+        assert_eq!(release(&ledger, "m1", "r2"), Release::Fenced);
+        assert_eq!(
+            forget(&ledger, "m1", "r1"),
+            None,
+            "a live claim is fenced first"
+        );
+        let free = forget(&fenced, "m1", "r1").expect("the fenced claim goes");
+        assert!(free.is_empty());
+        let mut applied = ledger.clone();
+        applied.record("m1", "r1", NOW, |_| true);
+        assert_eq!(
+            release(&applied, "m1", "r9"),
+            Release::Applied { by: "r1".into() }
+        );
+    }
+
+    #[test]
+    fn unmarking_writes_a_released_record_and_rolls_forward_a_deletion_under_our_mark() {
+        let template = mark_of("r1");
+        let marked = MachineState {
+            delete_annotation: true,
+            mark: Some(mark_of("r1")),
+            ..Default::default()
+        };
+        let Unmark::Write {
+            record,
+            remove_delete_annotation,
+        } = unmark(Some(&marked), "r1", &template)
+        else {
+            panic!("our mark is replaced");
+        };
+        assert!(record.released && remove_delete_annotation);
+        let unmarked = MachineState::default();
+        assert!(matches!(
+            unmark(Some(&unmarked), "r1", &template),
+            Unmark::Write {
+                remove_delete_annotation: false,
+                ..
+            }
+        ));
+        let deleting = MachineState {
+            deleting: true,
+            ..marked.clone()
+        };
+        assert_eq!(
+            unmark(Some(&deleting), "r1", &template),
+            Unmark::RollForward
+        );
+        assert_eq!(unmark(Some(&marked), "r2", &template), Unmark::Done);
+        assert_eq!(unmark(None, "r1", &template), Unmark::Done);
+    }
+
+    #[test]
+    fn only_the_releaser_of_a_fenced_claim_rolls_forward() {
+        let mut ledger = claimed("m1", "r1");
+        assert_eq!(
+            roll_forward(3, &ledger, "m1", "r1", NOW, |_| true),
+            Decrement::Fenced
+        );
+        ledger.fence("m1");
+        assert_eq!(
+            roll_forward(3, &ledger, "m1", "r2", NOW, |_| true),
+            Decrement::Fenced
+        );
+        let Decrement::Write { replicas, ledger } =
+            roll_forward(1, &ledger, "m1", "r1", NOW, |_| true)
+        else {
+            panic!("the releaser rolls forward, below the minimum too");
+        };
+        assert_eq!(replicas, 0);
+        assert_eq!(ledger.get("m1").map(|e| e.request.as_str()), Some("r1"));
+    }
+
+    #[test]
+    fn the_sweeper_waits_out_deadlines_and_the_clock_margin() {
+        let claim = claimed("m1", "r1");
+        let (_, entry) = claim.claim().expect("a claim");
+        assert_eq!(sweep_claim(entry, NOW + 15 + 30, 30), Sweep::Keep);
+        assert_eq!(
+            sweep_claim(entry, NOW + 15 + 31, 30),
+            Sweep::Release {
+                request: "r1".into()
+            }
+        );
+        let stranded = mark_of("r1");
+        assert_eq!(
+            sweep_mark(&stranded, None, NOW + 46, 30),
+            Sweep::Release {
+                request: "r1".into()
+            }
+        );
+        assert_eq!(
+            sweep_mark(&stranded, Some(entry), NOW + 46, 30),
+            Sweep::Keep
+        );
+        let mut applied = Ledger::default();
+        applied.record("m1", "r1", NOW, |_| true);
+        assert_eq!(
+            sweep_mark(&stranded, applied.get("m1"), NOW + 46, 30),
+            Sweep::ClearRecord
+        );
+        let forever = LedgerEntry {
+            request: "r".into(),
+            at: 0,
+            claim_until: Some(i64::MAX),
+            fenced: false,
+        };
+        assert_eq!(sweep_claim(&forever, i64::MAX, 30), Sweep::Keep);
+    }
+}
