@@ -175,6 +175,11 @@ struct RunArgs {
     /// Seconds between sweeps for stranded scale-down marks (leader only; also at start).
     #[arg(long, default_value_t = 15)]
     sweep_interval_secs: u64,
+    /// Seconds the sweeper waits past a scale-down claim's or mark's deadline before it
+    /// releases it: the largest clock difference between replicas (the deadline is written
+    /// by one replica's clock and read by another's). Safety does not depend on it.
+    #[arg(long, default_value_t = nodegroup_operator::actuate::CLOCK_MARGIN_SECS)]
+    sweep_clock_margin_secs: i64,
     /// Longest time in seconds between two reconcile passes over a NodePool (leader only; a
     /// change of the pool's spec or scale-down ledger starts one at once).
     #[arg(long, default_value_t = 15)]
@@ -212,6 +217,7 @@ impl RunArgs {
             rebuild_delay: Duration::from_millis(self.rebuild_delay_ms),
             pod_name: std::env::var("POD_NAME").ok(),
             sweep_interval: Duration::from_secs(self.sweep_interval_secs.max(1)),
+            sweep_clock_margin_secs: self.sweep_clock_margin_secs.max(0),
             node_pool_interval: Duration::from_secs(self.node_pool_interval_secs.max(1)),
             workload_nodes: match self.workload_nodes.as_str() {
                 "cluster-secrets" => WorkloadNodes::ClusterSecrets,

@@ -48,6 +48,7 @@ pub struct Metrics {
     index_update_latency: Family<PassLabels, Histogram>,
     marks_completed: OutcomeCounter,
     marks_rolled_back: OutcomeCounter,
+    marks_rolled_forward: OutcomeCounter,
     marks_unresolved: Gauge,
     workload_reachable: Family<ClusterLabels, Gauge>,
     leader: Gauge,
@@ -143,19 +144,25 @@ impl Metrics {
         let marks_completed = OutcomeCounter::default();
         registry.register(
             "scale_down_marks_completed",
-            "Expired scale-down marks the sweeper found completed (decrement applied)",
+            "Scale-down marks the sweeper found completed (decrement applied) and cleared",
             marks_completed.clone(),
         );
         let marks_rolled_back = OutcomeCounter::default();
         registry.register(
             "scale_down_marks_rolled_back",
-            "Stranded scale-down marks (request ended between marking and lowering replicas) the sweeper rolled back",
+            "Scale-down claims and marks whose request ended before lowering replicas, released by the sweeper",
             marks_rolled_back.clone(),
+        );
+        let marks_rolled_forward = OutcomeCounter::default();
+        registry.register(
+            "scale_down_marks_rolled_forward",
+            "Machines Cluster API deleted under a released scale-down mark, whose decrement the sweeper applied after all",
+            marks_rolled_forward.clone(),
         );
         let marks_unresolved = Gauge::default();
         registry.register(
             "scale_down_marks_unresolved",
-            "Expired scale-down marks the last sweep could not resolve (API errors); alert when it stays above 0",
+            "Scale-down claims and marks the last sweep could not resolve (API errors, unreadable ledgers); alert when it stays above 0",
             marks_unresolved.clone(),
         );
         let workload_reachable = Family::<ClusterLabels, Gauge>::default();
@@ -196,6 +203,7 @@ impl Metrics {
             index_update_latency,
             marks_completed,
             marks_rolled_back,
+            marks_rolled_forward,
             marks_unresolved,
             registry,
         }
@@ -314,6 +322,8 @@ impl Metrics {
     pub fn observe_sweep(&self, report: &crate::actuate::sweeper::SweepReport) {
         self.marks_completed.inc_by(report.completed as u64);
         self.marks_rolled_back.inc_by(report.rolled_back as u64);
+        self.marks_rolled_forward
+            .inc_by(report.rolled_forward as u64);
         self.marks_unresolved.set(report.failed as i64);
     }
 

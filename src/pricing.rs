@@ -318,6 +318,7 @@ mod tests {
                 ("nvidia.com/gpu".into(), "1".into()),
             ]),
             warnings: vec![],
+            scale_down_claim: None,
         };
         assert_eq!(node_hourly(&group), None);
         group.pricing = Some(PriceList {

@@ -810,6 +810,7 @@ fn operator_exposition() -> support::promql::Exposition {
             field: "labels".into(),
             message: "m".into(),
         }],
+        scale_down_claim: None,
     };
     snapshot
         .groups

@@ -120,13 +120,55 @@ pub enum ActuateError {
         /// The step not taken.
         step: String,
     },
-    /// Another request, still able to complete, is removing this machine.
-    #[error("Machine {machine} is being removed by request {request}; try again")]
-    MachineBusy {
-        /// `<namespace>/<name>`.
+    /// Another request, still able to complete, holds the group's scale-down claim: a
+    /// group's machines are removed one at a time.
+    #[error(
+        "node group {group}: request {request} is removing Machine {machine}; machines of one group are removed one at a time, try again"
+    )]
+    GroupBusy {
+        /// Group id.
+        group: String,
+        /// The machine the other request claimed.
         machine: String,
         /// The other request's id.
         request: String,
+    },
+    /// This request ran out of time and its claim was released (by itself or the sweeper):
+    /// it lowered no replicas and leaves no mark.
+    #[error(
+        "node group {group}: request {request} for Machine {machine} ran out of time; its claim was released and nothing was lowered"
+    )]
+    Fenced {
+        /// Group id.
+        group: String,
+        /// The machine.
+        machine: String,
+        /// This request's id.
+        request: String,
+    },
+    /// The group's scale-down ledger annotation cannot be read: nothing is decided on it.
+    #[error("node group {group}: {source}")]
+    UnreadableLedger {
+        /// Group id.
+        group: String,
+        /// What is wrong with it.
+        #[source]
+        source: crate::capi::scale_down::UnreadableLedger,
+    },
+    /// The machine's decrement was applied a while ago, yet Cluster API has not started
+    /// deleting it.
+    #[error(
+        "node group {group}: replicas were lowered for Machine {machine} by request {request} {age_secs}s ago, but Cluster API has not started deleting it (is its MachineSet paused, or were replicas raised since?); it keeps its delete-machine annotation"
+    )]
+    NotConsumed {
+        /// Group id.
+        group: String,
+        /// The machine.
+        machine: String,
+        /// The request that lowered replicas for it.
+        request: String,
+        /// Seconds since.
+        age_secs: i64,
     },
     /// The cloud refused to remove some of the instances a DeleteNodes named; their
     /// deletion was rolled back (the pool's replicas raised back) and they stay.
@@ -168,7 +210,10 @@ impl ActuateError {
                 | ActuateError::ConflictRetriesExhausted { .. }
                 | ActuateError::MachineConflict { .. }
                 | ActuateError::DeadlineExceeded { .. }
-                | ActuateError::MachineBusy { .. }
+                | ActuateError::GroupBusy { .. }
+                | ActuateError::Fenced { .. }
+                | ActuateError::UnreadableLedger { .. }
+                | ActuateError::NotConsumed { .. }
         )
     }
 }

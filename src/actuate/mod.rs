@@ -10,6 +10,9 @@ mod error;
 pub mod sweeper;
 
 pub use activity::{ActivityLog, Direction};
-pub use capi::{CapiActuator, Decrement, Deleted, Marked, NodeRef, Resolution};
+pub use capi::{
+    CLOCK_MARGIN_SECS, CONSUME_GRACE_SECS, CapiActuator, Deleted, GroupKey, NodeRef, Released,
+    Resolution,
+};
 pub use deadline::MutationDeadline;
 pub use error::ActuateError;

@@ -1,21 +1,25 @@
 //! The sweeper finishes what an interrupted DeleteNodes left behind. It runs on the leader
-//! only, at start and then periodically. For every Machine that carries our scale-down mark
-//! whose deadline has passed (the marking request can write no more), it reads the group's
-//! ledger:
+//! only, at start and then periodically, and decides with
+//! [`crate::capi::scale_down::protocol`]'s sweep rules:
 //!
-//! - the machine is in the ledger: the decrement happened; the mark's record is cleared and
-//!   Cluster API deletes the machine (the delete-machine annotation stays);
-//! - it is not: the request died between marking and lowering replicas. Left alone, the
-//!   delete-machine annotation would make Cluster API delete this machine at the next
-//!   scale-down of any cause instead of the one cluster-autoscaler chooses; the mark is rolled
-//!   back.
+//! - a group's claim whose request has run out of time (its deadline plus a margin for clock
+//!   differences, [`super::CLOCK_MARGIN_SECS`] by default) is released: fenced, the Machine unmarked (or, if Cluster
+//!   API is deleting it under the mark, the decrement applied), then dropped;
+//! - a Machine's mark whose decrement is applied loses its record and our finalizer (the
+//!   delete-machine annotation stays for Cluster API); a mark whose request holds no claim
+//!   and has run out of time is released the same way; old released records are removed.
+//!
+//! Safety does not depend on when the sweeper acts: a release fences the claim by
+//! compare-and-swap first, so a request still running cannot lower replicas afterwards.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::capi::CapiActuator;
+use super::capi::{CapiActuator, GroupKey, Resolution};
+use crate::capi::scale_down::RELEASED_RETENTION_SECS;
+use crate::capi::scale_down::protocol::{self, Sweep};
 use crate::index::{Snapshot, SnapshotHandle};
 use crate::metrics::Metrics;
 
@@ -25,41 +29,80 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(15);
 /// What one sweep did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SweepReport {
-    /// Marks of ours whose deadline had passed.
+    /// Claims and marks of ours whose request had run out of time, or whose decrement was
+    /// applied.
     pub expired: usize,
     /// Of those, marks whose decrement had happened (record cleared).
     pub completed: usize,
-    /// Of those, marks rolled back.
+    /// Of those, claims released and marks rolled back.
     pub rolled_back: usize,
-    /// Marks that could not be resolved this time (API errors); retried next sweep.
+    /// Of those, machines Cluster API deleted under a released mark, whose decrement was
+    /// applied after all.
+    pub rolled_forward: usize,
+    /// Records that could not be resolved this time (API errors); retried next sweep.
     pub failed: usize,
 }
 
-/// Sweeps once over `snapshot`.
-pub async fn sweep(actuator: &CapiActuator, snapshot: &Snapshot) -> SweepReport {
+impl SweepReport {
+    fn count(&mut self, result: Result<Resolution, crate::actuate::ActuateError>, what: &str) {
+        match result {
+            Ok(Resolution::Completed) => self.completed += 1,
+            Ok(Resolution::RolledBack) => self.rolled_back += 1,
+            Ok(Resolution::RolledForward) => self.rolled_forward += 1,
+            Ok(Resolution::Unchanged) => {}
+            Err(error) => {
+                self.failed += 1;
+                tracing::warn!(%error, what, "could not resolve a scale-down record; retrying next sweep");
+            }
+        }
+    }
+}
+
+/// Sweeps once over `snapshot`, taking deadlines for passed `margin` seconds after they
+/// passed here.
+pub async fn sweep(actuator: &CapiActuator, snapshot: &Snapshot, margin: i64) -> SweepReport {
     let now = jiff::Timestamp::now().as_second();
     let mut report = SweepReport::default();
+    for group in snapshot.groups.values() {
+        let Some((key, entry)) = &group.scale_down_claim else {
+            continue;
+        };
+        let Sweep::Release { request } = protocol::sweep_claim(entry, now, margin) else {
+            continue;
+        };
+        report.expired += 1;
+        let until = entry.claim_until.unwrap_or(now);
+        let result = actuator
+            .release_expired_claim(&GroupKey::of(group), key, &request, until)
+            .await;
+        report.count(
+            result,
+            &format!("claim of {request} on {key} in {}", group.id),
+        );
+    }
     for machine in snapshot.machines.values() {
         let Some(mark) = &machine.scale_down else {
             continue;
         };
-        if machine.deleting || !mark.expired(now) {
+        // Only marks that may need something: expired ones and old released records (the
+        // ledger read decides the rest).
+        if !mark.expired(now.saturating_sub(margin)) {
+            continue;
+        }
+        if mark.released && !mark.expired(now.saturating_sub(RELEASED_RETENTION_SECS)) {
             continue;
         }
         report.expired += 1;
-        match actuator
-            .resolve_expired_mark(&machine.namespace, &machine.name, mark)
-            .await
-        {
-            Ok(super::Resolution::Completed) => report.completed += 1,
-            Ok(super::Resolution::RolledBack) => report.rolled_back += 1,
-            Ok(super::Resolution::Unchanged) => {}
-            Err(error) => {
-                report.failed += 1;
-                tracing::warn!(%error, machine = %machine.name, namespace = %machine.namespace,
-                    request = %mark.request, "could not resolve an expired scale-down mark; retrying next sweep");
-            }
-        }
+        let result = actuator
+            .resolve_mark(&machine.namespace, &machine.name, mark, margin)
+            .await;
+        report.count(
+            result,
+            &format!(
+                "mark of {} on Machine {}/{}",
+                mark.request, machine.namespace, machine.name
+            ),
+        );
     }
     report
 }
@@ -72,6 +115,7 @@ pub async fn run(
     mut leader: tokio::sync::watch::Receiver<bool>,
     metrics: Arc<Metrics>,
     interval: Duration,
+    margin: i64,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut ticker = tokio::time::interval(interval);
@@ -92,7 +136,7 @@ pub async fn run(
         let Some(snapshot) = snapshots.current() else {
             continue;
         };
-        let report = sweep(&actuator, &snapshot).await;
+        let report = sweep(&actuator, &snapshot, margin).await;
         metrics.observe_sweep(&report);
         if report.expired > 0 {
             tracing::info!(?report, "swept expired scale-down marks");

@@ -253,6 +253,7 @@ pub(super) fn assess(
         pricing: policy.and_then(|p| p.pricing),
         node_capacity: BTreeMap::new(),
         warnings,
+        scale_down_claim: crate::capi::scale_down::claim_of(&r.annotations),
     }))
 }
 

@@ -216,6 +216,9 @@ pub struct NodeGroup {
     pub node_capacity: BTreeMap<String, String>,
     /// Values that were ignored or kept as written; the group is served regardless.
     pub warnings: Vec<ConfigWarning>,
+    /// The group's scale-down claim (machine key and entry), from its ledger: the sweeper
+    /// releases it once expired.
+    pub scale_down_claim: Option<(String, crate::capi::scale_down::LedgerEntry)>,
 }
 
 impl NodeGroup {

@@ -136,6 +136,7 @@ pub(super) fn assess(
         pricing,
         node_capacity: BTreeMap::new(),
         warnings,
+        scale_down_claim: crate::capi::scale_down::claim_of(&r.annotations),
     }))
 }
 

@@ -67,6 +67,9 @@ pub struct Config {
     pub leader_election: Option<leader::LeaderConfig>,
     /// How often the leader sweeps stranded scale-down marks.
     pub sweep_interval: Duration,
+    /// Seconds past a claim's or mark's deadline the sweeper waits (clock skew between
+    /// replicas).
+    pub sweep_clock_margin_secs: i64,
     /// Longest time between two reconcile passes over a NodePool (leader only; a change of
     /// the pool's spec or ledger starts one at once).
     pub node_pool_interval: Duration,
@@ -397,6 +400,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         leading.clone(),
         metrics.clone(),
         config.sweep_interval,
+        config.sweep_clock_margin_secs,
         shutdown.clone(),
     ));
     if our_kinds.node_pools {

@@ -74,11 +74,15 @@ impl ProviderError {
                 | ActuateError::NotMember { .. }
                 | ActuateError::AmbiguousNode { .. }
                 | ActuateError::NotInPool { .. }
-                | ActuateError::RemovalRefused { .. } => Code::FailedPrecondition,
+                | ActuateError::RemovalRefused { .. }
+                | ActuateError::UnreadableLedger { .. }
+                | ActuateError::NotConsumed { .. } => Code::FailedPrecondition,
                 ActuateError::ConflictRetriesExhausted { .. }
                 | ActuateError::MachineConflict { .. }
-                | ActuateError::MachineBusy { .. } => Code::Aborted,
-                ActuateError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+                | ActuateError::GroupBusy { .. } => Code::Aborted,
+                ActuateError::DeadlineExceeded { .. } | ActuateError::Fenced { .. } => {
+                    Code::DeadlineExceeded
+                }
                 ActuateError::Api { source, .. } => api_code(source),
             },
         }

@@ -35,6 +35,7 @@ fn group(id: &str) -> NodeGroup {
         pricing: None,
         node_capacity: Default::default(),
         warnings: vec![],
+        scale_down_claim: None,
     }
 }
 

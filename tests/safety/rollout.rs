@@ -18,7 +18,10 @@ async fn nodes_deleted_during_a_rollout_with_surge_go_and_replicas_stay_exact() 
     let mut group = Group::new("rollout", 4).await;
     let mut options = group.cluster.operator_options();
     options.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
-    options.extra_args = vec!["--sweep-interval-secs=1".into()];
+    options.extra_args = vec![
+        "--sweep-interval-secs=1".into(),
+        "--sweep-clock-margin-secs=0".into(),
+    ];
     group.cluster.start_operator(&options).expect("operator");
     let address = group.cluster.operator().expect("operator").grpc_address;
     let mut client = group.cluster.pki.connect(address).await.expect("client");
@@ -58,13 +61,21 @@ async fn nodes_deleted_during_a_rollout_with_surge_go_and_replicas_stay_exact() 
             .node_group_delete_nodes(request)
             .await
             .unwrap_or_else(|e| panic!("DeleteNodes {name}: {e}"));
-        // cluster-autoscaler retries after a timeout it saw; a retry changes nothing.
-        let _ = client
+        // cluster-autoscaler retries after a timeout it saw; a retry succeeds and changes
+        // nothing (the node may be gone from the index by then: NotFound).
+        let retry = client
             .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
                 id: group.id.clone(),
                 nodes: vec![node(name, pid)],
             })
             .await;
+        assert!(
+            retry.is_ok()
+                || retry
+                    .as_ref()
+                    .is_err_and(|s| s.code() == tonic::Code::NotFound),
+            "retry of DeleteNodes {name}: {retry:?}"
+        );
     }
     assert_eq!(group.replicas().await, 2, "two decrements, no more");
     poll("the victims deleted", || async {

@@ -40,7 +40,10 @@ async fn ten_nodes_deleted_at_once_by_cas_client_timing_out_on_a_slow_api_server
     let mut options = group.cluster.operator_options();
     options.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
     options.kubeconfig = slow_kubeconfig;
-    options.extra_args = vec!["--sweep-interval-secs=1".into()];
+    options.extra_args = vec![
+        "--sweep-interval-secs=1".into(),
+        "--sweep-clock-margin-secs=0".into(),
+    ];
     group.cluster.start_operator(&options).expect("operator");
     let address = group.cluster.operator().expect("operator").grpc_address;
     let config = dir.join("cloud-config.yaml");

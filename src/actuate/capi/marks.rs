@@ -1,175 +1,122 @@
-//! Marking Machines for deletion: Cluster API's delete-machine annotation, which makes the
-//! MachineSet controller delete that Machine first when replicas drop, plus our
-//! [`ScaleDownMark`] saying which request set it. Both are written in one compare-and-swap.
+//! Compare-and-swap writes of a Machine's scale-down metadata: Cluster API's delete-machine
+//! annotation (which makes the MachineSet controller delete that Machine first when replicas
+//! drop), our [`ScaleDownMark`] record and our [`FINALIZER`]. What to write is decided by
+//! [`crate::capi::scale_down::protocol`] on the Machine as read; this module reads, writes
+//! with the read `resourceVersion`, and decides again on a conflict.
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use super::CapiActuator;
 use crate::actuate::deadline::{MutationDeadline, conflict_backoff};
 use crate::actuate::error::ActuateError;
-use crate::capi::scale_down::{MARK_ANNOTATION, ScaleDownMark};
+use crate::capi::scale_down::protocol::MachineState;
+use crate::capi::scale_down::{FINALIZER, MARK_ANNOTATION, ScaleDownMark};
 
-/// What marking found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Marked {
-    /// The Machine now carries our mark.
-    Ours,
-    /// The Machine is being deleted already: nothing to do.
-    Deleting,
-    /// Another request that may still complete holds the mark (its id).
-    Busy(String),
+/// Conflicts in a row after which a Machine write gives up (Cluster API rewrites Machines
+/// often, so a few are normal).
+const MAX_CONFLICTS: u32 = 50;
+
+/// A change to a Machine's scale-down metadata.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct MachinePatch {
+    /// Our record (`None`: leave it; `Some(None)`: remove it).
+    pub record: Option<Option<ScaleDownMark>>,
+    /// The delete-machine annotation (`None`: leave it; `Some(false)`: remove it;
+    /// `Some(true)`: set it, keeping a value already there).
+    pub delete_annotation: Option<bool>,
+    /// Our finalizer (`None`: leave it).
+    pub finalizer: Option<bool>,
+}
+
+/// What a decision on a Machine comes to.
+pub(super) enum MachineStep<T> {
+    /// Write this patch, then return `.1`.
+    Write(MachinePatch, T),
+    /// Nothing to write: return this.
+    Done(T),
+}
+
+/// The protocol's view of a Machine object.
+pub(super) fn machine_state(machine: &DynamicObject, delete_key: &str) -> MachineState {
+    let annotations = machine.metadata.annotations.as_ref();
+    MachineState {
+        deleting: machine.metadata.deletion_timestamp.is_some(),
+        delete_annotation: annotations.is_some_and(|a| a.contains_key(delete_key)),
+        finalizer: machine
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == FINALIZER)),
+        mark: annotations
+            .and_then(|a| a.get(MARK_ANNOTATION))
+            .and_then(|v| ScaleDownMark::parse(v)),
+    }
 }
 
 impl CapiActuator {
-    /// Marks Machine `namespace/name` for deletion on behalf of `mark.request`. A mark of
-    /// another request that may still complete is left alone ([`Marked::Busy`]); a mark of
-    /// an expired or unknown request is replaced by ours.
-    pub(super) async fn mark_machine(
+    /// Reads Machine `namespace/name`, lets `decide` choose what to write from what was read
+    /// (`None`: the Machine does not exist), and writes it with the read `resourceVersion`;
+    /// on a conflict, reads and decides again. `deadline`, when given, bounds the writes
+    /// (a mutation's finish time); the sweeper passes none.
+    pub(super) async fn update_machine<T>(
         &self,
         namespace: &str,
         name: &str,
-        mark: &ScaleDownMark,
-        deadline: &MutationDeadline,
-    ) -> Result<Marked, ActuateError> {
+        deadline: Option<&MutationDeadline>,
+        mut decide: impl FnMut(Option<&MachineState>) -> Result<MachineStep<T>, ActuateError>,
+    ) -> Result<T, ActuateError> {
         let api = self.machines(namespace);
+        let delete_key = self.keys.delete_machine.as_str();
         let mut attempt = 0;
         loop {
-            let machine = api.get(name).await.map_err(ActuateError::api(format!(
+            let machine = api.get_opt(name).await.map_err(ActuateError::api(format!(
                 "reading Machine {namespace}/{name}"
             )))?;
-            if machine.metadata.deletion_timestamp.is_some() {
-                return Ok(Marked::Deleting);
-            }
-            let annotations = machine.metadata.annotations.clone().unwrap_or_default();
-            let theirs = annotations
-                .get(MARK_ANNOTATION)
-                .and_then(|v| ScaleDownMark::parse(v))
-                .filter(|m| m.request != mark.request);
-            let now = jiff::Timestamp::now().as_second();
-            if let Some(other) = theirs.as_ref().filter(|m| !m.expired(now)) {
-                return Ok(Marked::Busy(other.request.clone()));
-            }
-            if !deadline.may_start() {
+            let state = machine.as_ref().map(|m| machine_state(m, delete_key));
+            let (patch, then) = match decide(state.as_ref())? {
+                MachineStep::Done(then) => return Ok(then),
+                MachineStep::Write(patch, then) => (patch, then),
+            };
+            let Some(machine) = machine else {
+                return Ok(then);
+            };
+            if deadline.is_some_and(|d| !d.may_finish()) {
                 return Err(ActuateError::DeadlineExceeded {
-                    group: mark.group.clone(),
-                    step: format!("marking Machine {namespace}/{name}"),
+                    group: format!("Machine {namespace}/{name}"),
+                    step: "writing its scale-down mark".into(),
                 });
             }
-            let delete_key = &self.keys.delete_machine;
-            let preexisting = match &theirs {
-                // Taking over an expired request's mark: keep what it knew.
-                Some(expired) => expired.preexisting,
-                None => {
-                    annotations.contains_key(delete_key)
-                        && !annotations.contains_key(MARK_ANNOTATION)
-                }
-            };
-            let ours = ScaleDownMark {
-                preexisting,
-                ..mark.clone()
-            };
-            let delete_value = annotations
-                .get(delete_key)
-                .cloned()
-                .unwrap_or_else(|| jiff::Timestamp::now().to_string());
-            let patch = json!({
-                "metadata": {
-                    "resourceVersion": machine.metadata.resource_version,
-                    "annotations": {
-                        delete_key: delete_value,
-                        MARK_ANNOTATION: ours.to_annotation()
-                    }
-                }
-            });
+            let body = self.machine_patch_body(&machine, &patch);
             match api
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(name, &PatchParams::default(), &Patch::Merge(&body))
                 .await
             {
-                Ok(_) => return Ok(Marked::Ours),
-                // Cluster API rewrites Machines often (status, conditions); a conflict means
-                // "decide again on the newer object", never "give up".
+                Ok(_) => return Ok(then),
+                // A conflict means "decide again on the newer object", never "give up".
                 Err(kube::Error::Api(status)) if status.code == 409 => {
                     attempt += 1;
-                    tracing::debug!(
-                        machine = name,
-                        attempt,
-                        "Machine changed while marking it; retrying"
-                    );
-                    tokio::time::sleep(conflict_backoff(attempt)).await;
-                }
-                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(Marked::Deleting),
-                Err(source) => {
-                    return Err(ActuateError::Api {
-                        action: format!("marking Machine {namespace}/{name} for deletion"),
-                        source,
-                    });
-                }
-            }
-        }
-    }
-
-    /// Removes the mark of `request` from Machine `namespace/name` (and the delete-machine
-    /// annotation, unless it was there before). Leaves a Machine alone whose mark belongs to
-    /// another request. Returns whether a mark was removed.
-    pub async fn unmark_machine(
-        &self,
-        namespace: &str,
-        name: &str,
-        request: &str,
-    ) -> Result<bool, ActuateError> {
-        let api = self.machines(namespace);
-        let mut attempt = 0;
-        loop {
-            let machine = match api.get(name).await {
-                Ok(m) => m,
-                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
-                Err(source) => {
-                    return Err(ActuateError::Api {
-                        action: format!("reading Machine {namespace}/{name}"),
-                        source,
-                    });
-                }
-            };
-            let annotations = machine.metadata.annotations.clone().unwrap_or_default();
-            let Some(mark) = annotations
-                .get(MARK_ANNOTATION)
-                .and_then(|v| ScaleDownMark::parse(v))
-                .filter(|m| m.request == request)
-            else {
-                return Ok(false);
-            };
-            let mut remove = serde_json::Map::new();
-            remove.insert(MARK_ANNOTATION.into(), Value::Null);
-            if !mark.preexisting {
-                remove.insert(self.keys.delete_machine.clone(), Value::Null);
-            }
-            let patch = json!({
-                "metadata": {
-                    "resourceVersion": machine.metadata.resource_version,
-                    "annotations": remove
-                }
-            });
-            match api
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => return Ok(true),
-                Err(kube::Error::Api(status)) if status.code == 409 => {
-                    attempt += 1;
-                    tokio::time::sleep(conflict_backoff(attempt)).await;
-                    if attempt > 50 {
+                    if attempt >= MAX_CONFLICTS {
                         return Err(ActuateError::MachineConflict {
                             machine: format!("{namespace}/{name}"),
                             attempts: attempt,
                         });
                     }
+                    tracing::debug!(
+                        machine = name,
+                        attempt,
+                        "Machine changed meanwhile; deciding again"
+                    );
+                    tokio::time::sleep(conflict_backoff(attempt)).await;
                 }
-                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
+                // Deleted meanwhile: decide again on its absence.
+                Err(kube::Error::Api(status)) if status.code == 404 => {
+                    attempt += 1;
+                }
                 Err(source) => {
                     return Err(ActuateError::Api {
                         action: format!(
-                            "rolling back the deletion mark of Machine {namespace}/{name}"
+                            "writing the scale-down mark of Machine {namespace}/{name}"
                         ),
                         source,
                     });
@@ -178,53 +125,49 @@ impl CapiActuator {
         }
     }
 
-    /// Removes only our record of `request` from a Machine whose decrement happened: the
-    /// delete-machine annotation stays for Cluster API. Returns whether it was there.
-    pub(super) async fn clear_record(
-        &self,
-        namespace: &str,
-        name: &str,
-        request: &str,
-    ) -> Result<bool, ActuateError> {
-        let api = self.machines(namespace);
-        let machine = match api.get(name).await {
-            Ok(m) => m,
-            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
-            Err(source) => {
-                return Err(ActuateError::Api {
-                    action: format!("reading Machine {namespace}/{name}"),
-                    source,
-                });
-            }
-        };
-        let ours = machine
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(MARK_ANNOTATION))
-            .and_then(|v| ScaleDownMark::parse(v))
-            .is_some_and(|m| m.request == request);
-        if !ours {
-            return Ok(false);
+    /// The merge patch for `patch` on `machine`, guarded by its `resourceVersion`.
+    fn machine_patch_body(&self, machine: &DynamicObject, patch: &MachinePatch) -> Value {
+        let delete_key = &self.keys.delete_machine;
+        let mut annotations = Map::new();
+        if let Some(record) = &patch.record {
+            let value = record
+                .as_ref()
+                .map_or(Value::Null, |r| Value::String(r.to_annotation()));
+            annotations.insert(MARK_ANNOTATION.into(), value);
         }
-        let patch = json!({
-            "metadata": {
-                "resourceVersion": machine.metadata.resource_version,
-                "annotations": { MARK_ANNOTATION: null }
+        match patch.delete_annotation {
+            Some(true) => {
+                let current = machine
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(delete_key).cloned());
+                let value = current.unwrap_or_else(|| jiff::Timestamp::now().to_string());
+                annotations.insert(delete_key.clone(), Value::String(value));
             }
-        });
-        match api
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(true),
-            // Changed meanwhile: the next sweep looks again.
-            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => Ok(false),
-            Err(source) => Err(ActuateError::Api {
-                action: format!("clearing the scale-down record of Machine {namespace}/{name}"),
-                source,
-            }),
+            Some(false) => {
+                annotations.insert(delete_key.clone(), Value::Null);
+            }
+            None => {}
         }
+        let mut metadata = Map::new();
+        metadata.insert(
+            "resourceVersion".into(),
+            json!(machine.metadata.resource_version),
+        );
+        if !annotations.is_empty() {
+            metadata.insert("annotations".into(), Value::Object(annotations));
+        }
+        if let Some(want) = patch.finalizer {
+            // A merge patch replaces the list: the resourceVersion guards the others'.
+            let mut finalizers = machine.metadata.finalizers.clone().unwrap_or_default();
+            finalizers.retain(|f| f != FINALIZER);
+            if want {
+                finalizers.push(FINALIZER.to_string());
+            }
+            metadata.insert("finalizers".into(), json!(finalizers));
+        }
+        json!({ "metadata": metadata })
     }
 
     pub(super) fn machines(&self, namespace: &str) -> Api<DynamicObject> {

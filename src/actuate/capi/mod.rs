@@ -1,23 +1,15 @@
 //! Scaling Cluster API resources: the `/scale` subresource and the delete-machine annotation.
 //!
-//! Safety model of DeleteNodes (see [`crate::capi::scale_down`]): per machine, (1) mark the
-//! Machine (delete-machine annotation plus our request record), then (2) lower replicas and
-//! record the machine in the group's ledger in one compare-and-swap. Any await may be the last
-//! one of this process:
-//! - dying before (1) changes nothing;
-//! - dying between (1) and (2) leaves a mark whose machine is not in the ledger; after the
-//!   mark's deadline the sweeper (leader, at start and periodically) rolls it back, and a
-//!   later DeleteNodes for the machine takes it over;
-//! - dying after (2) leaves a consistent state: Cluster API deletes the marked machine.
-//!
-//! A dropped RPC does not stop a mutation: the service runs it detached
-//! ([`crate::server`]), bounded by its [`MutationDeadline`]; a failed (2) rolls (1) back at
-//! once. Whether a machine's decrement happened is read from the ledger, never inferred, so a
-//! repeated or concurrent DeleteNodes never lowers replicas twice for one machine.
+//! DeleteNodes follows [`crate::capi::scale_down::protocol`] (claim, mark, decrement; a
+//! failure releases the claim), with its steps in [`scale_down`]; `docs/safety.md` states the
+//! protocol and the invariants its model checker proves. A dropped RPC does not stop a
+//! mutation: the service runs it detached ([`crate::server`]), bounded by its
+//! [`MutationDeadline`]; a request that dies anyway leaves a claim the sweeper releases.
 
 mod marks;
 mod pool_removals;
 mod replicas;
+mod scale_down;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,20 +18,21 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::discovery::ApiResource;
 
-pub use marks::Marked;
-
-pub use replicas::Decrement;
+pub use replicas::GroupKey;
+pub use scale_down::{CONSUME_GRACE_SECS, Released};
 
 use super::activity::{ActivityLog, Direction};
 use super::deadline::MutationDeadline;
 use super::error::ActuateError;
 use crate::capi::objects::ScalableKind;
 use crate::capi::resources::CapiResources;
+use crate::capi::scale_down::protocol::{self, Decrement};
 use crate::capi::scale_down::{ScaleDownMark, pool_instance_key};
 use crate::capi::{CapiKeys, providerid};
 use crate::events::{EventPublisher, Severity};
-use crate::fault;
 use crate::index::{NodeGroup, NodeGroupLookup, Snapshot};
+use replicas::{GroupStep, still_exists};
+use scale_down::{Attempt, Removed};
 
 /// A node named in a DeleteNodes request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,15 +69,6 @@ pub struct Deleted {
 
 /// How often a request waiting for another live request's mark looks again.
 const BUSY_POLL: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// What marking a Machine for one request came to.
-enum MarkOutcome {
-    /// Our mark is on the Machine: lower replicas next.
-    Marked,
-    /// The Machine is deleting, or another request lowered replicas for it (replicas now,
-    /// when known).
-    NothingToDo(Option<i32>),
-}
 
 /// What deleting one node means.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -228,10 +212,11 @@ impl CapiActuator {
         result.map(|(_, to)| to)
     }
 
-    /// Deletes specific nodes: for each, marks its Machine, then lowers replicas by one and
-    /// records the machine in the group's ledger (the mark is rolled back when that fails).
-    /// Machines already deleting, or whose decrement the ledger already records, need
-    /// nothing; the same node twice in one request counts once.
+    /// Deletes specific nodes: for each Machine, claims it in the group's ledger, marks it,
+    /// then lowers replicas by one (releasing the claim when that fails); for each pool
+    /// instance without a Machine, lowers replicas and records it in one write. Machines
+    /// already deleting, or whose decrement the ledger already records, need nothing; the
+    /// same node twice in one request counts once.
     pub async fn delete_nodes(
         &self,
         snapshot: &Snapshot,
@@ -240,9 +225,8 @@ impl CapiActuator {
         request: &str,
         deadline: &MutationDeadline,
     ) -> Result<Deleted, ActuateError> {
-        let _guard = self.lock(&group.id).await;
         let result = self
-            .delete_nodes_locked(snapshot, group, nodes, request, deadline)
+            .delete_all(snapshot, group, nodes, request, deadline)
             .await;
         let names: Vec<&str> = nodes.iter().map(NodeRef::id).collect();
         self.report(group, "ScaleDown", Direction::Down, &result, |deleted| {
@@ -256,7 +240,7 @@ impl CapiActuator {
         result
     }
 
-    async fn delete_nodes_locked(
+    async fn delete_all(
         &self,
         snapshot: &Snapshot,
         group: &NodeGroup,
@@ -290,123 +274,127 @@ impl CapiActuator {
         }
         let mut deleted = Deleted::default();
         for removal in removals {
-            let key = removal.ledger_key();
-            if let Some(entry) = ledger.get(&key) {
-                tracing::info!(group = %group.id, machine = key, by = %entry.request,
-                    "decrement already applied for this machine; not lowering replicas again");
-                deleted.target = Some(live);
-                if let Removal::PoolReplica { provider_id } = &removal {
-                    deleted
-                        .pool_removals
-                        .push((provider_id.clone(), Some(entry.request.clone())));
-                }
-                continue;
+            if !deadline.may_start() {
+                return Err(ActuateError::DeadlineExceeded {
+                    group: group.id.clone(),
+                    step: format!("removing {}", removal.ledger_key()),
+                });
             }
-            let outcome = match &removal {
-                Removal::PoolReplica { .. } => {
-                    if !deadline.may_start() {
-                        return Err(ActuateError::DeadlineExceeded {
-                            group: group.id.clone(),
-                            step: format!("lowering replicas for {key}"),
-                        });
+            match &removal {
+                Removal::PoolReplica { provider_id } => {
+                    let _guard = self.lock(&group.id).await;
+                    let key = removal.ledger_key();
+                    let (target, by) = self
+                        .decrement_pool_instance(snapshot, group, &key, request, deadline)
+                        .await?;
+                    if by.as_deref() == Some(request) {
+                        deleted.removed += 1;
                     }
-                    self.decrement_for(snapshot, group, &key, request, deadline)
-                        .await?
+                    deleted.target = target.or(deleted.target);
+                    deleted.pool_removals.push((provider_id.clone(), by));
                 }
-                Removal::Machine { namespace, name } => {
-                    let mark = ScaleDownMark {
-                        request: request.to_string(),
-                        group: group.id.clone(),
-                        deadline: deadline.finish_unix(),
-                        preexisting: false,
-                        released: false,
-                    };
-                    fault::point("delete-nodes:before-mark").await;
+                Removal::Machine { name, .. } => {
                     match self
-                        .mark_when_free(group, namespace, name, &mark, deadline)
+                        .remove_one(snapshot, group, name, request, deadline)
                         .await?
                     {
-                        MarkOutcome::Marked => {}
-                        MarkOutcome::NothingToDo(target) => {
-                            if target.is_some() {
-                                deleted.target = target;
-                            }
-                            continue;
+                        Removed::Lowered(to) => {
+                            deleted.removed += 1;
+                            deleted.target = Some(to);
                         }
-                    }
-                    fault::point("delete-nodes:after-mark").await;
-                    match self
-                        .decrement_for(snapshot, group, &key, request, deadline)
-                        .await
-                    {
-                        Ok(outcome) => outcome,
-                        Err(error) => {
-                            self.roll_back(namespace, name, request).await;
-                            return Err(error);
-                        }
+                        Removed::AlreadyApplied | Removed::Deleting => {}
                     }
                 }
-            };
-            fault::point("delete-nodes:after-decrement").await;
-            let by = match outcome {
-                Decrement::Applied(_, to) => {
-                    deleted.removed += 1;
-                    deleted.target = Some(to);
-                    Some(request.to_string())
-                }
-                Decrement::AlreadyApplied(now) => {
-                    tracing::info!(group = %group.id, machine = key, "decrement already applied for this machine; not lowering replicas again");
-                    deleted.target = Some(now);
-                    None
-                }
-            };
-            if let Removal::PoolReplica { provider_id } = &removal {
-                deleted.pool_removals.push((provider_id.clone(), by));
             }
         }
         Ok(deleted)
     }
 
-    /// Marks the Machine, waiting while another live request holds its mark: that request
-    /// either lowers replicas for it (then there is nothing left to do) or fails and rolls
-    /// back (then we mark it), so its outcome is never duplicated.
-    async fn mark_when_free(
+    /// Removes one Machine, waiting (without this group's lock) while another request holds
+    /// the group's claim.
+    async fn remove_one(
         &self,
+        snapshot: &Snapshot,
         group: &NodeGroup,
-        namespace: &str,
         name: &str,
-        mark: &ScaleDownMark,
+        request: &str,
         deadline: &MutationDeadline,
-    ) -> Result<MarkOutcome, ActuateError> {
+    ) -> Result<Removed, ActuateError> {
         loop {
-            match self.mark_machine(namespace, name, mark, deadline).await? {
-                Marked::Ours => return Ok(MarkOutcome::Marked),
-                Marked::Deleting => return Ok(MarkOutcome::NothingToDo(None)),
-                Marked::Busy(other) => {
-                    let (live, ledger) = self.live_state(group).await?;
-                    if ledger.get(name).is_some() {
-                        return Ok(MarkOutcome::NothingToDo(Some(live)));
-                    }
+            let guard = self.lock(&group.id).await;
+            match self
+                .remove_machine(snapshot, group, name, request, deadline)
+                .await
+            {
+                Attempt::Finished(result) => return result,
+                Attempt::Busy(busy) => {
+                    drop(guard);
                     if !deadline.may_start() {
-                        return Err(ActuateError::MachineBusy {
-                            machine: format!("{namespace}/{name}"),
-                            request: other,
-                        });
+                        return Err(busy);
                     }
+                    tracing::debug!(group = %group.id, %busy, "waiting for the group's scale-down claim");
                     tokio::time::sleep(BUSY_POLL).await;
                 }
             }
         }
     }
 
-    /// Rolls back our mark after a failed decrement; when that fails too, the sweeper rolls
-    /// it back after the mark's deadline.
-    async fn roll_back(&self, namespace: &str, name: &str, request: &str) {
-        match self.unmark_machine(namespace, name, request).await {
-            Ok(_) => tracing::info!(machine = name, namespace, "deletion mark rolled back"),
-            Err(error) => {
-                tracing::error!(%error, machine = name, namespace, "could not roll back the deletion mark; the sweeper will")
+    /// Lowers replicas for a pool instance without a Machine and records it in the ledger, in
+    /// one write. Returns the replicas after (when this request lowered them) and the
+    /// request the ledger records the instance under. A write whose reply was lost is found
+    /// in the ledger by reading it again.
+    async fn decrement_pool_instance(
+        &self,
+        snapshot: &Snapshot,
+        group: &NodeGroup,
+        key: &str,
+        request: &str,
+        deadline: &MutationDeadline,
+    ) -> Result<(Option<i32>, Option<String>), ActuateError> {
+        let now = jiff::Timestamp::now().as_second();
+        let target = GroupKey::of(group);
+        let written = self
+            .update_group(&target, Some(deadline), |replicas, ledger| {
+                let exists = |k: &str| still_exists(snapshot, group, k);
+                Ok(
+                    match protocol::decrement_unmarked(
+                        replicas, ledger, key, request, group.min, now, exists,
+                    ) {
+                        Decrement::Write {
+                            replicas: lowered,
+                            ledger,
+                        } => GroupStep::Write(
+                            lowered,
+                            ledger,
+                            Ok((Some(lowered), Some(request.to_string()))),
+                        ),
+                        Decrement::Applied { by } => GroupStep::Done(Ok((None, Some(by)))),
+                        Decrement::BelowMin { desired } => {
+                            GroupStep::Done(Err(ActuateError::BelowMin {
+                                group: group.id.clone(),
+                                desired,
+                                min: group.min,
+                            }))
+                        }
+                        Decrement::Fenced => GroupStep::Done(Ok((None, None))),
+                    },
+                )
+            })
+            .await;
+        match written {
+            Ok(outcome) => outcome,
+            Err(error @ ActuateError::Api { .. }) => {
+                // The write may have been committed with its reply lost.
+                let Ok((_, ledger)) = self.live_state(group).await else {
+                    return Err(error);
+                };
+                if ledger.get(key).is_some_and(|e| e.request == request) {
+                    Ok((None, Some(request.to_string())))
+                } else {
+                    Err(error)
+                }
             }
+            Err(error) => Err(error),
         }
     }
 
@@ -532,84 +520,158 @@ impl CapiActuator {
     }
 }
 
-/// What the sweeper did with one expired mark.
+/// What the sweeper did with one record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resolution {
-    /// The decrement had happened; the mark's record was cleared.
+    /// The decrement had happened; the mark's record (and our finalizer) was cleared.
     Completed,
-    /// The decrement had not happened; the mark was rolled back.
+    /// The claim was released and the mark rolled back.
     RolledBack,
-    /// The Machine changed meanwhile (deleted, or marked by another request).
+    /// Cluster API was deleting the machine under the mark; the decrement was applied.
+    RolledForward,
+    /// An old released record was removed, or nothing was to be done any more.
     Unchanged,
 }
 
+impl From<Released> for Resolution {
+    fn from(released: Released) -> Self {
+        match released {
+            Released::Applied => Resolution::Completed,
+            Released::RolledBack => Resolution::RolledBack,
+            Released::RolledForward => Resolution::RolledForward,
+        }
+    }
+}
+
+/// Seconds of clock difference between replicas the sweeper allows by default before it
+/// takes a claim or mark for expired (deadlines are written by one replica's clock and read
+/// by another's).
+pub const CLOCK_MARGIN_SECS: i64 = 30;
+
 impl CapiActuator {
-    /// Resolves the expired mark `mark` on Machine `namespace/name` against its group's
-    /// ledger (see [`crate::actuate::sweeper`]).
-    pub async fn resolve_expired_mark(
+    /// Releases `group`'s expired claim on machine `key` for `request` (see
+    /// [`crate::actuate::sweeper`]).
+    pub async fn release_expired_claim(
+        &self,
+        group: &GroupKey,
+        key: &str,
+        request: &str,
+        until: i64,
+    ) -> Result<Resolution, ActuateError> {
+        let mark = ScaleDownMark {
+            request: request.to_string(),
+            group: group.id.clone(),
+            deadline: until,
+            preexisting: false,
+            released: false,
+        };
+        let released = self.release(group, key, &mark, None).await?;
+        if released == Released::RolledBack {
+            tracing::warn!(machine = key, request, group = %group.id,
+                "released an expired scale-down claim (its request ended before lowering replicas)");
+            self.report_rollback(&group.namespace, key, &mark);
+        }
+        Ok(released.into())
+    }
+
+    /// Resolves the record `mark` on Machine `namespace/name` against its group's ledger:
+    /// clears it once the decrement is applied, releases a mark whose request holds no
+    /// claim once it expired, and removes old released records.
+    pub async fn resolve_mark(
         &self,
         namespace: &str,
         name: &str,
         mark: &ScaleDownMark,
+        margin: i64,
     ) -> Result<Resolution, ActuateError> {
-        let applied = match self.ledger_by_id(&mark.group).await? {
-            Some(ledger) => ledger.get(name).is_some(),
-            // The group's resource is gone: its machines go with it; a mark must not outlive
-            // the request that cannot complete any more.
-            None => false,
+        let now = jiff::Timestamp::now().as_second();
+        let group = GroupKey::parse(&mark.group);
+        let entry = match &group {
+            Some(group) => self
+                .ledger_of(group)
+                .await?
+                .and_then(|l| l.entry(name).cloned()),
+            None => None,
         };
-        if applied {
-            return Ok(
-                if self.clear_record(namespace, name, &mark.request).await? {
-                    Resolution::Completed
-                } else {
-                    Resolution::Unchanged
-                },
-            );
-        }
-        let _guard = self.lock(&mark.group).await;
-        if self.unmark_machine(namespace, name, &mark.request).await? {
-            tracing::warn!(machine = name, namespace, request = %mark.request, group = %mark.group,
-                "rolled back a stranded deletion mark (its request ended before lowering replicas)");
-            self.report_rollback(namespace, name, mark);
-            Ok(Resolution::RolledBack)
-        } else {
-            Ok(Resolution::Unchanged)
+        match protocol::sweep_mark(mark, entry.as_ref(), now, margin) {
+            protocol::Sweep::Keep => Ok(Resolution::Unchanged),
+            protocol::Sweep::ClearRecord => {
+                self.clear_record(namespace, name, &mark.request, false)
+                    .await?;
+                Ok(Resolution::Completed)
+            }
+            protocol::Sweep::RemoveRecord => {
+                self.clear_record(namespace, name, &mark.request, true)
+                    .await?;
+                Ok(Resolution::Unchanged)
+            }
+            protocol::Sweep::Release { .. } => match group {
+                Some(group) => {
+                    let released = self.release(&group, name, mark, None).await?;
+                    if released == Released::RolledBack {
+                        tracing::warn!(machine = name, namespace, request = %mark.request, group = %mark.group,
+                            "rolled back a stranded deletion mark (its request ended before lowering replicas)");
+                        self.report_rollback(namespace, name, mark);
+                    }
+                    Ok(released.into())
+                }
+                // A mark naming no group we know: its request cannot complete.
+                None => {
+                    self.clear_record(namespace, name, &mark.request, true)
+                        .await?;
+                    Ok(Resolution::RolledBack)
+                }
+            },
         }
     }
 
-    /// The ledger of group `id` (`<Kind>/<namespace>/<name>`), read live; `None` when the
-    /// resource does not exist.
-    async fn ledger_by_id(
+    /// Removes `request`'s record (mark, or released record when `released`) and our
+    /// finalizer from Machine `namespace/name`; a mark's delete-machine annotation stays
+    /// (its decrement is applied), and so does anything another request wrote since.
+    async fn clear_record(
         &self,
-        id: &str,
+        namespace: &str,
+        name: &str,
+        request: &str,
+        released: bool,
+    ) -> Result<(), ActuateError> {
+        self.update_machine(namespace, name, None, |machine| {
+            let ours = machine
+                .and_then(|m| m.mark.as_ref())
+                .is_some_and(|m| m.request == request && m.released == released);
+            Ok(if ours {
+                marks::MachineStep::Write(
+                    marks::MachinePatch {
+                        record: Some(None),
+                        delete_annotation: None,
+                        finalizer: Some(false),
+                    },
+                    (),
+                )
+            } else {
+                marks::MachineStep::Done(())
+            })
+        })
+        .await
+    }
+
+    /// The ledger of `group`, read live; `None` when its resource does not exist.
+    async fn ledger_of(
+        &self,
+        group: &GroupKey,
     ) -> Result<Option<crate::capi::scale_down::Ledger>, ActuateError> {
-        let mut parts = id.splitn(3, '/');
-        let (Some(kind), Some(namespace), Some(name)) = (parts.next(), parts.next(), parts.next())
-        else {
-            return Ok(None);
-        };
-        let Some(kind) = ScalableKind::ALL.into_iter().find(|k| k.as_str() == kind) else {
-            return Ok(None);
-        };
-        let Some(resource) = self.resources.scalable(kind) else {
+        let Some(resource) = self.resources.scalable(group.kind) else {
             return Ok(None);
         };
         let api: kube::Api<kube::api::DynamicObject> =
-            kube::Api::namespaced_with(self.client.clone(), namespace, resource);
+            kube::Api::namespaced_with(self.client.clone(), &group.namespace, resource);
         let object = api
-            .get_opt(name)
+            .get_opt(&group.name)
             .await
-            .map_err(ActuateError::api(format!("reading {id}")))?;
-        Ok(object.map(|o| {
-            crate::capi::scale_down::Ledger::parse(
-                o.metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(crate::capi::scale_down::LEDGER_ANNOTATION))
-                    .map(String::as_str),
-            )
-        }))
+            .map_err(ActuateError::api(format!("reading {}", group.id)))?;
+        object
+            .map(|o| replicas::read_ledger(&group.id, &o))
+            .transpose()
     }
 
     fn report_rollback(&self, namespace: &str, name: &str, mark: &ScaleDownMark) {

@@ -8,18 +8,58 @@ use serde_json::json;
 use super::CapiActuator;
 use crate::actuate::deadline::{MutationDeadline, conflict_backoff};
 use crate::actuate::error::ActuateError;
+use crate::capi::objects::ScalableKind;
 use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger};
 use crate::index::{NodeGroup, Snapshot};
 
-/// Outcome of a decrement for one machine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decrement {
-    /// Replicas went from `.0` to `.1`, and the ledger records the machine.
-    Applied(i32, i32),
-    /// The ledger already records this machine: an earlier or concurrent request lowered
-    /// replicas for it (replicas now `.0`).
-    AlreadyApplied(i32),
+/// The scalable resource behind a node group id (`<Kind>/<namespace>/<name>`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupKey {
+    /// The group id.
+    pub id: String,
+    /// Kind of the scalable resource.
+    pub kind: ScalableKind,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
 }
+
+impl GroupKey {
+    /// The key of a served group.
+    pub fn of(group: &NodeGroup) -> Self {
+        Self {
+            id: group.id.clone(),
+            kind: group.kind,
+            namespace: group.namespace.clone(),
+            name: group.name.clone(),
+        }
+    }
+
+    /// Parses a group id; `None` for anything else.
+    pub fn parse(id: &str) -> Option<Self> {
+        let mut parts = id.splitn(3, '/');
+        let (kind, namespace, name) = (parts.next()?, parts.next()?, parts.next()?);
+        let kind = ScalableKind::ALL.into_iter().find(|k| k.as_str() == kind)?;
+        (!namespace.is_empty() && !name.is_empty()).then(|| Self {
+            id: id.to_string(),
+            kind,
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        })
+    }
+}
+
+/// What a decision on a group's replicas and ledger comes to.
+pub(super) enum GroupStep<T> {
+    /// Write these replicas and this ledger, then return `.2`.
+    Write(i32, Ledger, T),
+    /// Nothing to write: return this.
+    Done(T),
+}
+
+/// Conflicts in a row after which a write without a deadline (the sweeper's) gives up.
+const MAX_CONFLICTS: u32 = 50;
 
 impl CapiActuator {
     /// Reads `/scale`, computes the new replicas and writes them back with the read
@@ -31,7 +71,7 @@ impl CapiActuator {
         deadline: &MutationDeadline,
         desired: impl Fn(i32) -> Result<i32, ActuateError>,
     ) -> Result<(i32, i32), ActuateError> {
-        let api = self.scalable(group);
+        let api = self.scalable(group.kind, &group.namespace);
         let mut attempt = 0;
         loop {
             let mut scale =
@@ -72,18 +112,17 @@ impl CapiActuator {
         }
     }
 
-    /// Lowers replicas by one for machine `key` (a Machine name, or a MachinePool instance's
-    /// [`crate::capi::scale_down::pool_instance_key`]), recording `key` in the group's ledger
-    /// in the same compare-and-swap. Never decrements twice for one key.
-    pub(super) async fn decrement_for(
+    /// Reads the group's scalable resource, lets `decide` choose what to write from its
+    /// `spec.replicas` and ledger, and writes both with the read `resourceVersion`; on a
+    /// conflict, reads and decides again. `deadline`, when given, bounds the writes; the
+    /// sweeper passes none. An unreadable ledger is an error: no decision is taken on it.
+    pub(super) async fn update_group<T>(
         &self,
-        snapshot: &Snapshot,
-        group: &NodeGroup,
-        key: &str,
-        request: &str,
-        deadline: &MutationDeadline,
-    ) -> Result<Decrement, ActuateError> {
-        let api = self.scalable(group);
+        group: &GroupKey,
+        deadline: Option<&MutationDeadline>,
+        mut decide: impl FnMut(i32, &Ledger) -> Result<GroupStep<T>, ActuateError>,
+    ) -> Result<T, ActuateError> {
+        let api = self.scalable(group.kind, &group.namespace);
         let mut attempt = 0;
         loop {
             let object = api
@@ -91,46 +130,45 @@ impl CapiActuator {
                 .await
                 .map_err(ActuateError::api(format!("reading {}", group.id)))?;
             let current = replicas_of(&object);
-            let mut ledger = Ledger::parse(ledger_of(&object));
-            if ledger.get(key).is_some() {
-                return Ok(Decrement::AlreadyApplied(current));
-            }
-            let desired = i64::from(current) - 1;
-            if desired < i64::from(group.min) {
-                return Err(ActuateError::BelowMin {
-                    group: group.id.clone(),
-                    desired,
-                    min: group.min,
-                });
-            }
-            let now = jiff::Timestamp::now().as_second();
-            ledger.record(key, request, now, |k| still_exists(snapshot, group, k));
-            if !deadline.may_finish() {
+            let ledger = read_ledger(&group.id, &object)?;
+            let (replicas, next, then) = match decide(current, &ledger)? {
+                GroupStep::Done(then) => return Ok(then),
+                GroupStep::Write(replicas, next, then) => (replicas, next, then),
+            };
+            if deadline.is_some_and(|d| !d.may_finish()) {
                 return Err(ActuateError::DeadlineExceeded {
                     group: group.id.clone(),
-                    step: format!("lowering replicas for {key}"),
+                    step: "writing its scale-down ledger".into(),
                 });
             }
-            let patch = json!({
+            let mut patch = json!({
                 "metadata": {
                     "resourceVersion": object.metadata.resource_version,
-                    "annotations": { LEDGER_ANNOTATION: ledger.to_annotation() }
-                },
-                "spec": { "replicas": desired }
+                    "annotations": { LEDGER_ANNOTATION: next.to_annotation() }
+                }
             });
+            if replicas != current {
+                patch["spec"] = json!({ "replicas": replicas });
+            }
             match api
                 .patch(&group.name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => return Ok(Decrement::Applied(current, desired as i32)),
+                Ok(_) => return Ok(then),
                 Err(kube::Error::Api(status)) if status.code == 409 => {
                     attempt += 1;
-                    tracing::debug!(group = %group.id, attempt, "decrement conflicted; retrying");
+                    if deadline.is_none() && attempt >= MAX_CONFLICTS {
+                        return Err(ActuateError::ConflictRetriesExhausted {
+                            group: group.id.clone(),
+                            attempts: attempt,
+                        });
+                    }
+                    tracing::debug!(group = %group.id, attempt, "group changed meanwhile; deciding again");
                     tokio::time::sleep(conflict_backoff(attempt)).await;
                 }
                 Err(source) => {
                     return Err(ActuateError::Api {
-                        action: format!("lowering the replicas of {}", group.id),
+                        action: format!("writing the replicas and ledger of {}", group.id),
                         source,
                     });
                 }
@@ -144,19 +182,15 @@ impl CapiActuator {
         group: &NodeGroup,
     ) -> Result<(i32, Ledger), ActuateError> {
         let object = self
-            .scalable(group)
+            .scalable(group.kind, &group.namespace)
             .get(&group.name)
             .await
             .map_err(ActuateError::api(format!("reading {}", group.id)))?;
-        Ok((replicas_of(&object), Ledger::parse(ledger_of(&object))))
+        Ok((replicas_of(&object), read_ledger(&group.id, &object)?))
     }
 
-    pub(super) fn scalable(&self, group: &NodeGroup) -> Api<DynamicObject> {
-        Api::namespaced_with(
-            self.client.clone(),
-            &group.namespace,
-            self.api_resource(group.kind),
-        )
+    pub(super) fn scalable(&self, kind: ScalableKind, namespace: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), namespace, self.api_resource(kind))
     }
 }
 
@@ -168,17 +202,22 @@ fn replicas_of(object: &DynamicObject) -> i32 {
         .unwrap_or(0)
 }
 
-fn ledger_of(object: &DynamicObject) -> Option<&str> {
-    object
+/// The object's scale-down ledger; an unreadable one is an error naming the group.
+pub(super) fn read_ledger(group: &str, object: &DynamicObject) -> Result<Ledger, ActuateError> {
+    let value = object
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(LEDGER_ANNOTATION))
-        .map(String::as_str)
+        .map(String::as_str);
+    Ledger::read(value).map_err(|source| ActuateError::UnreadableLedger {
+        group: group.to_string(),
+        source,
+    })
 }
 
 /// Whether the machine behind ledger key `key` still exists, as far as the snapshot knows.
-fn still_exists(snapshot: &Snapshot, group: &NodeGroup, key: &str) -> bool {
+pub(super) fn still_exists(snapshot: &Snapshot, group: &NodeGroup, key: &str) -> bool {
     match key.strip_prefix("pid:") {
         Some(pid) => group.provider_id_list.iter().flatten().any(|p| p == pid),
         None => snapshot

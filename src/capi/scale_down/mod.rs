@@ -269,6 +269,13 @@ impl Ledger {
     }
 }
 
+/// The claim in the ledger among a scalable resource's `annotations`, if any (an unreadable
+/// ledger has none to show).
+pub fn claim_of(annotations: &BTreeMap<String, String>) -> Option<(String, LedgerEntry)> {
+    let ledger = Ledger::read(annotations.get(LEDGER_ANNOTATION).map(String::as_str)).ok()?;
+    ledger.claim().map(|(k, e)| (k.to_string(), e.clone()))
+}
+
 /// The ledger key of a MachinePool instance that has no Machine.
 pub fn pool_instance_key(provider_id: &str) -> String {
     format!("pid:{provider_id}")

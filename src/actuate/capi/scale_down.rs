@@ -1,0 +1,364 @@
+//! Removing one Machine for a DeleteNodes request, and releasing a request's claim: the
+//! steps of [`crate::capi::scale_down::protocol`], each a read, a decision of that module,
+//! and a compare-and-swap write. Every await may be the last of this process, and every
+//! write may be committed with its reply lost: each step decides again from what it reads,
+//! so a retry, the request's own release and the sweeper all converge on the same outcome.
+
+use super::CapiActuator;
+use super::marks::{MachinePatch, MachineStep};
+use super::replicas::{GroupKey, GroupStep, still_exists};
+use crate::actuate::deadline::MutationDeadline;
+use crate::actuate::error::ActuateError;
+use crate::capi::scale_down::ScaleDownMark;
+use crate::capi::scale_down::protocol::{
+    self, Claim, ClaimBounds, Decrement, Mark, Release, Unmark,
+};
+use crate::fault;
+use crate::index::{NodeGroup, Snapshot};
+
+/// How long after its decrement Cluster API has to start deleting a machine before a
+/// DeleteNodes naming it again is answered with an error instead of success.
+pub const CONSUME_GRACE_SECS: i64 = 60;
+
+/// What removing one Machine came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Removed {
+    /// This request lowered replicas for it (replicas now `.0`).
+    Lowered(i32),
+    /// Its decrement was applied earlier (by this request, whose reply was lost, or another
+    /// one) and Cluster API is deleting it or is about to.
+    AlreadyApplied,
+    /// The Machine is gone or deleting, not through us: nothing to do.
+    Deleting,
+}
+
+/// What one attempt at claiming came to.
+pub(super) enum Attempt {
+    /// Done, one way or the other.
+    Finished(Result<Removed, ActuateError>),
+    /// Another request holds the group's claim: try again later, without holding the
+    /// group's lock meanwhile.
+    Busy(ActuateError),
+}
+
+/// What releasing a claim came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// The decrement had been applied: nothing was undone.
+    Applied,
+    /// The mark was removed (or never landed) and the claim dropped.
+    RolledBack,
+    /// Cluster API was deleting the machine under the mark: the decrement was applied.
+    RolledForward,
+}
+
+impl CapiActuator {
+    /// One attempt at removing Machine `namespace/name` of `group` for `request`: claim,
+    /// mark, decrement, then our finalizer off. A failure after the claim releases it (see
+    /// [`Self::release`]); when the release finds the decrement applied (its reply was lost),
+    /// the removal succeeded.
+    pub(super) async fn remove_machine(
+        &self,
+        snapshot: &Snapshot,
+        group: &NodeGroup,
+        name: &str,
+        request: &str,
+        deadline: &MutationDeadline,
+    ) -> Attempt {
+        let mark = ScaleDownMark {
+            request: request.to_string(),
+            group: group.id.clone(),
+            deadline: deadline.finish_unix(),
+            preexisting: false,
+            released: false,
+        };
+        let target = GroupKey::of(group);
+        let now = jiff::Timestamp::now().as_second();
+        let claimed = self
+            .update_group(&target, Some(deadline), |replicas, ledger| {
+                let bounds = ClaimBounds {
+                    min: group.min,
+                    now,
+                    until: mark.deadline,
+                };
+                let exists = |k: &str| still_exists(snapshot, group, k);
+                Ok(
+                    match protocol::claim(replicas, ledger, name, request, bounds, exists) {
+                        Claim::Write(next) => GroupStep::Write(replicas, next, None),
+                        Claim::Held => GroupStep::Done(None),
+                        Claim::Applied { by, at } => GroupStep::Done(Some(Ok((by, at)))),
+                        Claim::Busy {
+                            request: holder,
+                            machine,
+                        } => GroupStep::Done(Some(Err(ActuateError::GroupBusy {
+                            group: group.id.clone(),
+                            machine,
+                            request: holder,
+                        }))),
+                        Claim::BelowMin { desired } => {
+                            GroupStep::Done(Some(Err(ActuateError::BelowMin {
+                                group: group.id.clone(),
+                                desired,
+                                min: group.min,
+                            })))
+                        }
+                        Claim::Fenced => {
+                            GroupStep::Done(Some(Err(self.fenced(group, name, request))))
+                        }
+                    },
+                )
+            })
+            .await;
+        match claimed {
+            Ok(None) => {}
+            Ok(Some(Ok((by, at)))) => {
+                return Attempt::Finished(self.applied_earlier(snapshot, group, name, &by, at));
+            }
+            Ok(Some(Err(busy @ ActuateError::GroupBusy { .. }))) => return Attempt::Busy(busy),
+            Ok(Some(Err(refused))) => return Attempt::Finished(Err(refused)),
+            // The claim may have been written: release whatever is there.
+            Err(error) => return Attempt::Finished(self.fail(&target, name, &mark, error).await),
+        }
+        fault::point("delete-nodes:after-claim").await;
+        let marked = self
+            .update_machine(&group.namespace, name, Some(deadline), |machine| {
+                Ok(match protocol::mark(machine, &mark) {
+                    Mark::Write(ours) => MachineStep::Write(
+                        MachinePatch {
+                            record: Some(Some(ours)),
+                            delete_annotation: Some(true),
+                            finalizer: Some(true),
+                        },
+                        Mark::Marked,
+                    ),
+                    other => MachineStep::Done(other),
+                })
+            })
+            .await;
+        match marked {
+            Ok(Mark::Marked | Mark::Write(_)) => {}
+            Ok(Mark::Deleting) => {
+                tracing::info!(group = %group.id, machine = name, "machine already deleting; not decrementing, releasing the claim");
+                let released = self.release(&target, name, &mark, None).await;
+                return Attempt::Finished(Ok(match released {
+                    Ok(Released::Applied) => Removed::AlreadyApplied,
+                    Ok(_) => Removed::Deleting,
+                    Err(error) => {
+                        tracing::warn!(%error, group = %group.id, machine = name, "could not release the claim; the sweeper will once it expires");
+                        Removed::Deleting
+                    }
+                }));
+            }
+            Ok(Mark::Released) => {
+                return Attempt::Finished(Err(self.fenced(group, name, request)));
+            }
+            Err(error) => return Attempt::Finished(self.fail(&target, name, &mark, error).await),
+        }
+        fault::point("delete-nodes:after-mark").await;
+        let now = jiff::Timestamp::now().as_second();
+        let decremented = self
+            .update_group(&target, Some(deadline), |replicas, ledger| {
+                let exists = |k: &str| still_exists(snapshot, group, k);
+                Ok(
+                    match protocol::decrement(
+                        replicas, ledger, name, request, group.min, now, exists,
+                    ) {
+                        Decrement::Write {
+                            replicas: lowered,
+                            ledger,
+                        } => GroupStep::Write(lowered, ledger, Ok(Removed::Lowered(lowered))),
+                        Decrement::Applied { .. } => GroupStep::Done(Ok(Removed::AlreadyApplied)),
+                        Decrement::Fenced => {
+                            GroupStep::Done(Err(self.fenced(group, name, request)))
+                        }
+                        Decrement::BelowMin { desired } => {
+                            GroupStep::Done(Err(ActuateError::BelowMin {
+                                group: group.id.clone(),
+                                desired,
+                                min: group.min,
+                            }))
+                        }
+                    },
+                )
+            })
+            .await;
+        fault::point("delete-nodes:after-decrement").await;
+        match decremented {
+            Ok(Ok(removed)) => {
+                self.unfinalize(&group.namespace, name).await;
+                Attempt::Finished(Ok(removed))
+            }
+            Ok(Err(refused)) | Err(refused) => {
+                Attempt::Finished(self.fail(&target, name, &mark, refused).await)
+            }
+        }
+    }
+
+    /// A DeleteNodes for a machine whose decrement the ledger has: nothing to lower. If
+    /// Cluster API has not started deleting it long after, success would hide that it
+    /// will not (paused MachineSet, replicas raised since): that is an error.
+    fn applied_earlier(
+        &self,
+        snapshot: &Snapshot,
+        group: &NodeGroup,
+        name: &str,
+        by: &str,
+        at: i64,
+    ) -> Result<Removed, ActuateError> {
+        let deleting = snapshot
+            .machines
+            .get(&format!("{}/{name}", group.namespace))
+            .is_none_or(|m| m.deleting);
+        let age_secs = jiff::Timestamp::now().as_second().saturating_sub(at);
+        if deleting || age_secs <= CONSUME_GRACE_SECS {
+            tracing::info!(group = %group.id, machine = name, by, "decrement already applied for this machine; not lowering replicas again");
+            return Ok(Removed::AlreadyApplied);
+        }
+        Err(ActuateError::NotConsumed {
+            group: group.id.clone(),
+            machine: name.to_string(),
+            request: by.to_string(),
+            age_secs,
+        })
+    }
+
+    /// After `error` in a removal for `mark.request`: releases its claim. The release reads
+    /// the ledger first, so a decrement whose reply was lost is found applied, and the
+    /// removal succeeded after all.
+    async fn fail(
+        &self,
+        group: &GroupKey,
+        name: &str,
+        mark: &ScaleDownMark,
+        error: ActuateError,
+    ) -> Result<Removed, ActuateError> {
+        match self.release(group, name, mark, None).await {
+            Ok(Released::Applied) => {
+                tracing::info!(group = %group.id, machine = name, %error,
+                    "the decrement was applied although its write reported an error");
+                Ok(Removed::AlreadyApplied)
+            }
+            Ok(outcome) => {
+                tracing::info!(group = %group.id, machine = name, ?outcome, %error, "scale-down claim released");
+                Err(error)
+            }
+            Err(release_error) => {
+                tracing::error!(group = %group.id, machine = name, %error, %release_error,
+                    "could not release the scale-down claim; the sweeper will once it expires");
+                Err(error)
+            }
+        }
+    }
+
+    /// Releases `mark.request`'s claim on Machine `name` of `group`: fences the claim, then
+    /// replaces the Machine's mark with a released record (or, if Cluster API is deleting
+    /// the Machine under the mark, applies the decrement after all), then drops the fenced
+    /// claim. Run by a failed request and by the sweeper; `deadline` bounds the request's.
+    pub async fn release(
+        &self,
+        group: &GroupKey,
+        name: &str,
+        mark: &ScaleDownMark,
+        deadline: Option<&MutationDeadline>,
+    ) -> Result<Released, ActuateError> {
+        let request = mark.request.as_str();
+        let fenced = self
+            .update_group(group, deadline, |replicas, ledger| {
+                Ok(match protocol::release(ledger, name, request) {
+                    Release::Applied { .. } => GroupStep::Done(true),
+                    Release::Write(next) => GroupStep::Write(replicas, next, false),
+                    Release::Fenced => GroupStep::Done(false),
+                })
+            })
+            .await?;
+        if fenced {
+            self.unfinalize(&group.namespace, name).await;
+            return Ok(Released::Applied);
+        }
+        fault::point("release:after-fence").await;
+        let unmarked = self
+            .update_machine(&group.namespace, name, deadline, |machine| {
+                Ok(match protocol::unmark(machine, request, mark) {
+                    Unmark::Write {
+                        record,
+                        remove_delete_annotation,
+                    } => MachineStep::Write(
+                        MachinePatch {
+                            record: Some(Some(record)),
+                            delete_annotation: remove_delete_annotation.then_some(false),
+                            finalizer: Some(false),
+                        },
+                        false,
+                    ),
+                    Unmark::RollForward => MachineStep::Done(true),
+                    Unmark::Done => MachineStep::Done(false),
+                })
+            })
+            .await?;
+        if unmarked {
+            let now = jiff::Timestamp::now().as_second();
+            let rolled = self
+                .update_group(group, deadline, |replicas, ledger| {
+                    Ok(
+                        match protocol::roll_forward(replicas, ledger, name, request, now, |_| true)
+                        {
+                            Decrement::Write {
+                                replicas: lowered,
+                                ledger,
+                            } => GroupStep::Write(lowered, ledger, true),
+                            Decrement::Applied { .. } => GroupStep::Done(true),
+                            Decrement::Fenced | Decrement::BelowMin { .. } => {
+                                GroupStep::Done(false)
+                            }
+                        },
+                    )
+                })
+                .await?;
+            if rolled {
+                tracing::warn!(group = %group.id, machine = name, request,
+                    "Cluster API deleted the machine under a released request's mark; its decrement was applied after all");
+                self.unfinalize(&group.namespace, name).await;
+                return Ok(Released::RolledForward);
+            }
+        }
+        self.update_group(group, deadline, |replicas, ledger| {
+            Ok(match protocol::forget(ledger, name, request) {
+                Some(next) => GroupStep::Write(replicas, next, ()),
+                None => GroupStep::Done(()),
+            })
+        })
+        .await?;
+        Ok(Released::RolledBack)
+    }
+
+    /// Removes our finalizer from a Machine whose decrement is applied. A failure is left to
+    /// the sweeper: the finalizer only delays the Machine's disappearance.
+    pub(super) async fn unfinalize(&self, namespace: &str, name: &str) {
+        let result = self
+            .update_machine(namespace, name, None, |machine| {
+                Ok(if protocol::unfinalize(machine) {
+                    MachineStep::Write(
+                        MachinePatch {
+                            finalizer: Some(false),
+                            ..Default::default()
+                        },
+                        (),
+                    )
+                } else {
+                    MachineStep::Done(())
+                })
+            })
+            .await;
+        if let Err(error) = result {
+            tracing::warn!(%error, machine = name, namespace, "could not remove the scale-down finalizer; the sweeper will");
+        }
+    }
+
+    fn fenced(&self, group: &NodeGroup, name: &str, request: &str) -> ActuateError {
+        ActuateError::Fenced {
+            group: group.id.clone(),
+            machine: format!("{}/{name}", group.namespace),
+            request: request.to_string(),
+        }
+    }
+}
