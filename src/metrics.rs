@@ -337,6 +337,48 @@ impl Metrics {
     }
 }
 
+/// Records an RPC as `Cancelled` when dropped before [`UnansweredRpc::answered`]: tonic
+/// drops a handler's future when the client's deadline passes or its stream is reset, and
+/// such calls must still show in the RPC metrics.
+pub struct UnansweredRpc<'a> {
+    metrics: &'a Metrics,
+    method: &'static str,
+    start: std::time::Instant,
+    answered: bool,
+}
+
+impl<'a> UnansweredRpc<'a> {
+    /// Starts timing `method`.
+    pub fn new(metrics: &'a Metrics, method: &'static str) -> Self {
+        Self {
+            metrics,
+            method,
+            start: std::time::Instant::now(),
+            answered: false,
+        }
+    }
+
+    /// The RPC answered: its caller records the code.
+    pub fn answered(&mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for UnansweredRpc<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            let elapsed = self.start.elapsed();
+            tracing::info!(
+                method = self.method,
+                ?elapsed,
+                "rpc dropped before answering (client deadline or reset)"
+            );
+            self.metrics
+                .observe_rpc(self.method, tonic::Code::Cancelled, elapsed);
+        }
+    }
+}
+
 /// Counter type used for actuation outcomes.
 pub type OutcomeCounter = Counter<u64, AtomicU64>;
 
@@ -373,5 +415,23 @@ mod tests {
         );
         metrics.observe_snapshot(&build_snapshot(&inputs), Duration::ZERO);
         assert!(!metrics.encode().contains("a/labels"));
+    }
+
+    #[test]
+    fn an_rpc_dropped_before_answering_is_counted_as_cancelled() {
+        let metrics = Metrics::new();
+        {
+            let _pending = UnansweredRpc::new(&metrics, "NodeGroupDeleteNodes");
+        }
+        {
+            let mut answered = UnansweredRpc::new(&metrics, "NodeGroupIncreaseSize");
+            answered.answered();
+        }
+        let text = metrics.encode();
+        assert!(
+            text.contains("method=\"NodeGroupDeleteNodes\",code=\"Cancelled\""),
+            "{text}"
+        );
+        assert!(!text.contains("NodeGroupIncreaseSize"), "{text}");
     }
 }

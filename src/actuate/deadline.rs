@@ -22,9 +22,21 @@ pub const MAX_CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 /// retried on conflicts, or a rollback).
 pub const FINISH_GRACE: Duration = Duration::from_secs(10);
 
+/// Longest time kept, before the client's deadline, for an answer to reach it: an OK that
+/// arrives after the client gave up is an error to it (cluster-autoscaler then backs the group
+/// off, or untaints a node that is deleted anyway).
+pub const ANSWER_MARGIN: Duration = Duration::from_millis(500);
+
+/// The margin kept for the answer within a client timeout of `wait`: a fifth of it, at most
+/// [`ANSWER_MARGIN`].
+pub fn answer_margin(wait: Duration) -> Duration {
+    (wait / 5).min(ANSWER_MARGIN)
+}
+
 /// Bounds of one mutation.
 #[derive(Clone, Copy, Debug)]
 pub struct MutationDeadline {
+    answer_until: Instant,
     start_until: Instant,
     finish_until: Instant,
     finish_unix: i64,
@@ -39,6 +51,7 @@ impl MutationDeadline {
         let now = Instant::now();
         let finish = wait + FINISH_GRACE;
         Self {
+            answer_until: now + wait - answer_margin(wait),
             start_until: now + wait,
             finish_until: now + finish,
             finish_unix: jiff::Timestamp::now().as_second() + finish.as_secs() as i64 + 1,
@@ -63,6 +76,11 @@ impl MutationDeadline {
     /// Time left to start changes.
     pub fn start_remaining(&self) -> Duration {
         self.start_until.saturating_duration_since(Instant::now())
+    }
+
+    /// Time left for waiting before answering, with the answer's margin kept.
+    pub fn answer_remaining(&self) -> Duration {
+        self.answer_until.saturating_duration_since(Instant::now())
     }
 }
 
@@ -122,5 +140,16 @@ mod tests {
         assert!(d.finish_unix() > jiff::Timestamp::now().as_second());
         let generous = MutationDeadline::new(Some(Duration::from_secs(3600)));
         assert!(generous.start_remaining() <= MAX_CLIENT_TIMEOUT);
+    }
+
+    #[test]
+    fn waits_before_answering_keep_a_margin_for_the_answer() {
+        let d = MutationDeadline::new(Some(Duration::from_secs(5)));
+        assert!(d.answer_remaining() <= Duration::from_millis(4500));
+        assert!(d.answer_remaining() > Duration::from_millis(4000));
+        let short = MutationDeadline::new(Some(Duration::from_millis(100)));
+        assert!(short.answer_remaining() <= Duration::from_millis(80));
+        assert!(short.start_remaining() > short.answer_remaining());
+        assert_eq!(answer_margin(Duration::from_secs(60)), ANSWER_MARGIN);
     }
 }

@@ -177,13 +177,16 @@ impl CloudProviderService {
         }
     }
 
-    /// Runs one RPC body, records its latency and code, and logs failures.
+    /// Runs one RPC body, records its latency and code, and logs failures. An RPC dropped
+    /// before it answers (the client's deadline, a reset stream, shutdown) is recorded as
+    /// `Cancelled`.
     async fn rpc<T>(
         &self,
         method: &'static str,
         body: impl Future<Output = Result<T, ProviderError>>,
     ) -> RpcResult<T> {
         let start = Instant::now();
+        let mut unanswered = crate::metrics::UnansweredRpc::new(&self.metrics, method);
         let result = body.await.map_err(|error| {
             let status = Status::from(error);
             match status.code() {
@@ -197,15 +200,16 @@ impl CloudProviderService {
         let code = result
             .as_ref()
             .map_or_else(Status::code, |_| tonic::Code::Ok);
+        unanswered.answered();
         self.metrics.observe_rpc(method, code, start.elapsed());
         result.map(Response::new)
     }
 
-    /// Waits (bounded by [`TARGET_SYNC_TIMEOUT`] and the client's deadline) until the snapshot
-    /// shows `target` for group `id`.
+    /// Waits (bounded by [`TARGET_SYNC_TIMEOUT`] and the client's deadline less the answer's
+    /// margin) until the snapshot shows `target` for group `id`.
     async fn await_target(&self, id: &str, target: i32, bounds: &MutationDeadline) {
         let mut snapshots = self.snapshots.clone();
-        let deadline = tokio::time::sleep(TARGET_SYNC_TIMEOUT.min(bounds.start_remaining()));
+        let deadline = tokio::time::sleep(TARGET_SYNC_TIMEOUT.min(bounds.answer_remaining()));
         tokio::pin!(deadline);
         loop {
             let seen = snapshots

@@ -329,7 +329,7 @@ impl CapiActuator {
                 Attempt::Finished(result) => return result,
                 Attempt::Busy(busy) => {
                     drop(guard);
-                    if !deadline.may_start() {
+                    if deadline.answer_remaining() < BUSY_POLL {
                         return Err(busy);
                     }
                     tracing::debug!(group = %group.id, %busy, "waiting for the group's scale-down claim");

@@ -30,8 +30,6 @@ use crate::index::NodeGroup;
 
 /// How often the pool is read while waiting.
 const POLL: Duration = Duration::from_millis(200);
-/// Time kept for the answer to reach the client after the wait.
-const ANSWER_MARGIN: Duration = Duration::from_millis(500);
 
 /// Where one instance's removal stands.
 enum Removal {
@@ -108,7 +106,7 @@ impl CapiActuator {
                     details: refused.join("; "),
                 });
             }
-            if deadline.start_remaining() < POLL + ANSWER_MARGIN {
+            if deadline.answer_remaining() < POLL {
                 tracing::info!(group = %group.id, "removals not decided before the client's deadline; they go on in the background");
                 return Ok(());
             }
