@@ -19,6 +19,7 @@ pub mod crds;
 pub mod demo;
 pub mod emulator;
 pub mod environment;
+pub mod faultproxy;
 pub mod infra_provider;
 pub mod kwok;
 pub mod localpod;

@@ -10,6 +10,7 @@ mod support;
 mod apiserver;
 mod concurrency;
 mod crash;
+mod faults;
 mod rollout;
 mod shutdown;
 mod slow_api;
