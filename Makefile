@@ -25,9 +25,12 @@ upstream:
 test: upstream
 	$(CARGO) test --locked --workspace --features nodegroup-operator/fault-injection
 
-## Safety under crashes, timeouts, rollouts, concurrency and API server faults.
+## Safety under crashes, timeouts, rollouts, concurrency and API server faults: the scale-down
+## protocol's model at a larger bound, and 200 rounds of scale-down through the fault proxy.
+NGO_FAULT_ROUNDS ?= 200
 safety: upstream
-	$(CARGO) test --locked --features fault-injection --test safety
+	$(CARGO) test --locked --features fault-injection --lib protocol_model -- --include-ignored
+	NGO_FAULT_ROUNDS=$(NGO_FAULT_ROUNDS) $(CARGO) test --locked --features fault-injection --test safety
 
 ## End to end with the real Cluster API manager, kwok and a test infrastructure provider, and
 ## NodePools on the Cherry Servers and Alibaba Cloud emulators with the real cluster-autoscaler.

@@ -19,7 +19,8 @@ use kube::Client;
 use kube::discovery::ApiResource;
 
 pub use replicas::GroupKey;
-pub use scale_down::{CONSUME_GRACE_SECS, Released};
+pub use crate::capi::scale_down::protocol::CONSUME_GRACE_SECS;
+pub use scale_down::Released;
 
 use super::activity::{ActivityLog, Direction};
 use super::deadline::MutationDeadline;

@@ -16,9 +16,10 @@ use crate::capi::scale_down::protocol::{
 use crate::fault;
 use crate::index::{NodeGroup, Snapshot};
 
-/// How long after its decrement Cluster API has to start deleting a machine before a
-/// DeleteNodes naming it again is answered with an error instead of success.
-pub const CONSUME_GRACE_SECS: i64 = 60;
+/// Tries of a failed request's release before it is left to the sweeper.
+const RELEASE_ATTEMPTS: u32 = 3;
+/// Pause before the next try of a release, times the tries so far.
+const RELEASE_BACKOFF: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// What removing one Machine came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -210,7 +211,7 @@ impl CapiActuator {
             .get(&format!("{}/{name}", group.namespace))
             .is_none_or(|m| m.deleting);
         let age_secs = jiff::Timestamp::now().as_second().saturating_sub(at);
-        if deleting || age_secs <= CONSUME_GRACE_SECS {
+        if protocol::applied_is_ok(deleting, age_secs) {
             tracing::info!(group = %group.id, machine = name, by, "decrement already applied for this machine; not lowering replicas again");
             return Ok(Removed::AlreadyApplied);
         }
@@ -232,7 +233,17 @@ impl CapiActuator {
         mark: &ScaleDownMark,
         error: ActuateError,
     ) -> Result<Removed, ActuateError> {
-        match self.release(group, name, mark, None).await {
+        let mut released = self.release(group, name, mark, None).await;
+        // The release is idempotent: a transient failure is worth a few more tries, as a
+        // claim left behind holds the group until the sweeper releases it.
+        for attempt in 1..RELEASE_ATTEMPTS {
+            if released.is_ok() {
+                break;
+            }
+            tokio::time::sleep(RELEASE_BACKOFF * attempt).await;
+            released = self.release(group, name, mark, None).await;
+        }
+        match released {
             Ok(Released::Applied) => {
                 tracing::info!(group = %group.id, machine = name, %error,
                     "the decrement was applied although its write reported an error");

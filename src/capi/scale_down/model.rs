@@ -942,3 +942,18 @@ fn protocol_model_claims_hold_when_replicas_are_raised_meanwhile() {
     report("raised meanwhile", &checker, started);
     checker.assert_properties();
 }
+
+/// The larger bound, for `make safety`: three requests (two naming one machine), two
+/// sweepers, more lost replies.
+#[test]
+#[ignore = "larger bound: run by make safety"]
+fn protocol_model_claims_hold_for_three_requests_and_two_sweepers() {
+    let started = std::time::Instant::now();
+    let checker = check(Protocol {
+        sweepers: 2,
+        lost_replies: 2,
+        ..claims(vec![0, 1, 0])
+    });
+    report("three requests", &checker, started);
+    checker.assert_properties();
+}

@@ -119,6 +119,18 @@ pub fn claim(
     Claim::Write(next)
 }
 
+/// How long after its decrement Cluster API has to start deleting a machine before a
+/// DeleteNodes naming it again is answered with an error instead of success.
+pub const CONSUME_GRACE_SECS: i64 = 60;
+
+/// A DeleteNodes names a machine whose decrement was applied `age_secs` ago: nothing is to be
+/// lowered. OK (`true`) while Cluster API is deleting the machine or may still start to; once
+/// it has not for [`CONSUME_GRACE_SECS`] (a paused MachineSet, replicas raised since), an OK
+/// would hide that it will not: the answer is an error (`false`).
+pub fn applied_is_ok(machine_deleting: bool, age_secs: i64) -> bool {
+    machine_deleting || age_secs <= CONSUME_GRACE_SECS
+}
+
 /// What the mark step does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Mark {
@@ -503,6 +515,14 @@ mod tests {
                 at: NOW
             }
         );
+    }
+
+    #[test]
+    fn a_machine_applied_long_ago_and_not_deleting_is_no_silent_success() {
+        assert!(applied_is_ok(false, 0));
+        assert!(applied_is_ok(false, CONSUME_GRACE_SECS));
+        assert!(!applied_is_ok(false, CONSUME_GRACE_SECS + 1));
+        assert!(applied_is_ok(true, i64::MAX));
     }
 
     #[test]
