@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -611,6 +612,134 @@ async fn an_operator_killed_after_ordering_servers_orders_no_duplicate() {
         ids, servers,
         "the restarted operator adopted the servers it ordered"
     );
+}
+
+/// Two reconcilers of one pool at once (a stalled leader whose Lease another replica took, or
+/// two replicas of a rolling restart): each records its intents only over the instances it
+/// read, so the later pass stops before ordering anything, and the pool gets each server once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_reconcilers_at_once_order_each_server_once() {
+    let w = World::new("cherry-two", &[]).await;
+    let cloud: std::net::SocketAddr = w
+        .cherry
+        .url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1/")
+        .parse()
+        .expect("emulator address");
+    // A slow cloud: both passes list the servers at the same time, then record.
+    let slow = ngo_sandbox::proxy::LatencyProxy::start(cloud, Duration::from_millis(400))
+        .await
+        .expect("latency proxy");
+    let mut second = w.cluster.operator_options();
+    second.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
+    second.extra_args.push("--node-pool-interval-secs=2".into());
+    second.name = format!("{}-second", w.ns());
+    let _second = tokio::task::block_in_place(|| {
+        ngo_sandbox::operator::OperatorProcess::start(&second, &w.cluster.pki, &sandbox().log_dir)
+    })
+    .expect("a second operator");
+    w.log("a second operator reconciles the same pools (no leader election)");
+    let endpoint = format!("http://{}/v1/", slow.address);
+    w.pool(
+        "workers",
+        SMALL,
+        "workers",
+        0,
+        5,
+        json!({"cherryServers": {"endpoint": endpoint}}),
+    )
+    .await;
+    w.set_replicas("workers", 3).await;
+    w.wait_pool_ready("workers", 3).await;
+    // Any duplicate order would have been sent by now.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(w.requests("POST"), 3, "each server ordered once");
+    assert_eq!(w.servers("workers").len(), 3);
+}
+
+/// A leader asked to stop while a NodePool pass is under way keeps its Lease, renewing it,
+/// until the pass has ended (or its shutdown grace has passed): no other replica starts a
+/// pass over the same pool meanwhile, so two reconcilers never order servers for one intent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_leader_keeps_its_lease_until_its_node_pool_passes_end() {
+    let mut w = World::new("cherry-lease", &[]).await;
+    w.cluster.stop_operator();
+    let mut operator = w.cluster.operator_options();
+    operator.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
+    operator
+        .extra_args
+        .push("--node-pool-interval-secs=2".into());
+    operator.leader_election_namespace = Some(w.ns().to_string());
+    // The pass stops right after recording its creations, as a slow cloud would hold it.
+    operator.env = vec![(
+        "NGO_FAULT_PAUSE_AT".into(),
+        "nodepool:after-recording-creations".into(),
+    )];
+    operator.name = format!("{}-leader", w.ns());
+    w.cluster.start_operator(&operator).expect("operator");
+    let leases: Api<Lease> = Api::namespaced(w.client.clone(), w.ns());
+    let holder = || async {
+        leases
+            .get_opt("nodegroup-operator")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty())
+    };
+    w.wait("the operator to lead", || async {
+        holder().await.ok_or_else(|| "no holder".to_string())
+    })
+    .await;
+    w.pool("workers", SMALL, "workers", 0, 3, json!({})).await;
+    w.set_replicas("workers", 1).await;
+    let log = w
+        .cluster
+        .operator()
+        .expect("operator")
+        .log_path()
+        .to_path_buf();
+    w.wait("the pass to stop after recording its creation", || async {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|l| l.contains("fault point reached"))
+            .map(|_| ())
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+
+    let pid = w.cluster.operator().expect("operator").pid();
+    // SAFETY: kill(2) on the pid of the operator this test started.
+    let sent = unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    assert_eq!(sent, 0, "SIGTERM sent");
+    let stopping = Instant::now();
+    // The pass runs on, paused: the Lease stays held through several lease durations' worth
+    // of renewals (15 s lease).
+    while stopping.elapsed() < Duration::from_secs(16) {
+        assert!(
+            holder().await.is_some(),
+            "the Lease was released {:.1}s after SIGTERM while a pass still ran",
+            stopping.elapsed().as_secs_f64()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // The shutdown grace (20 s) cuts the pass off; then the Lease goes.
+    w.wait("the Lease released once the pass was cut off", || async {
+        match holder().await {
+            None => Ok(()),
+            Some(h) => Err(format!("still held by {h}")),
+        }
+    })
+    .await;
+    let released = stopping.elapsed();
+    w.log(&format!(
+        "Lease held {:.1}s after SIGTERM, released once the pass was cut off",
+        released.as_secs_f64()
+    ));
+    assert!(released >= Duration::from_secs(18), "{released:?}");
+    let status = w.cluster.stop_operator();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
 }
 
 /// A missing Secret, a refused token and user data with an unknown placeholder are each

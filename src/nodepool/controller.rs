@@ -274,6 +274,12 @@ impl PoolController {
         };
         let mut report = PassReport {
             outside_backend,
+            version: pool.resource_version(),
+            recorded: pool
+                .status
+                .as_ref()
+                .map(|s| s.instances.clone())
+                .unwrap_or_default(),
             ..Default::default()
         };
         let outcome = self.pass(&api, &pool, &mut report).await;
@@ -353,13 +359,15 @@ impl PoolController {
         if !decision.delete.is_empty() {
             // Intent first: a pass killed after this still deletes these, and only these.
             report.instances = Some(decision.instances.clone());
-            self.patch_instances(api, pool, &decision.instances).await?;
+            self.patch_instances(api, pool, report, &decision.instances)
+                .await?;
             fault::point("nodepool:after-recording-deletions").await;
             let outcomes = backend.delete_many(&decision.delete).await;
             self.apply_deletions(api, pool, &ledger, outcomes, &mut decision, report)
                 .await;
             // The outcomes at once: a DeleteNodes call waits for them.
-            self.patch_instances(api, pool, &decision.instances).await?;
+            self.patch_instances(api, pool, report, &decision.instances)
+                .await?;
             report.instances = Some(decision.instances.clone());
         }
 
@@ -477,7 +485,8 @@ impl PoolController {
             });
         }
         // Intent first: a server whose create answer is lost is found by its request tag.
-        self.patch_instances(api, pool, &decision.instances).await?;
+        self.patch_instances(api, pool, report, &decision.instances)
+            .await?;
         report.instances = Some(decision.instances.clone());
         fault::point("nodepool:after-recording-creations").await;
 
@@ -549,7 +558,8 @@ impl PoolController {
             decision.instances.remove(*index);
         }
         if !deferred.is_empty() {
-            self.patch_instances(api, pool, &decision.instances).await?;
+            self.patch_instances(api, pool, report, &decision.instances)
+                .await?;
             report.instances = Some(decision.instances.clone());
         }
         fault::point("nodepool:after-creating-servers").await;
@@ -888,20 +898,26 @@ impl PoolController {
             .observe_backend_call(backend.name(), operation, outcome);
     }
 
+    /// Records `instances` as the pool's `status.instances`, over the list this pass last saw
+    /// there only (see [`guarded_status_patch`]).
     async fn patch_instances(
         &self,
         api: &Api<NodePool>,
         pool: &NodePool,
+        report: &mut PassReport,
         instances: &[PoolInstance],
     ) -> Result<(), Blocked> {
-        api.patch_status(
+        let written = guarded_status_patch(
+            api,
             &pool.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"instances": instances}})),
+            report.version.clone(),
+            &report.recorded,
+            json!({"instances": instances}),
         )
         .await
-        .map(|_| ())
-        .map_err(|e| Blocked::Api(format!("recording instances in status: {e}")))
+        .map_err(|e| Blocked::Api(format!("recording instances in status: {e}")))?;
+        (report.version, report.recorded) = written;
+        Ok(())
     }
 
     /// Writes the pool's status: instances, counts, machine type and conditions.
@@ -1006,13 +1022,22 @@ impl PoolController {
         if pool.status.as_ref() == Some(&status) {
             return Ok(());
         }
-        api.patch_status(
+        match guarded_status_patch(
+            api,
             &pool.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": status })),
+            report.version.clone(),
+            &report.recorded,
+            json!(status),
         )
         .await
-        .map(|_| ())
+        {
+            Ok(_) => Ok(()),
+            Err(StatusWriteError::Fenced) => {
+                tracing::info!(pool = %pool_key(pool), "another reconciler wrote this pool's instances meanwhile; leaving its status to it");
+                Ok(())
+            }
+            Err(StatusWriteError::Api(e)) => Err(e),
+        }
     }
 
     fn report_blocked(&self, pool: &NodePool, blocked: &Blocked) {
@@ -1097,6 +1122,11 @@ impl PoolController {
 /// What a pass did, for the status.
 #[derive(Default)]
 struct PassReport {
+    /// The pool's resourceVersion after this pass's last write (or its read).
+    version: Option<String>,
+    /// `status.instances` as this pass last saw or wrote them: status writes land only over
+    /// this list, so two reconcilers (a handover, a stalled leader) never both record intents.
+    recorded: Vec<PoolInstance>,
     backend: Option<&'static str>,
     machine_type: Option<MachineTypeInfo>,
     instances: Option<Vec<PoolInstance>>,
@@ -1290,6 +1320,61 @@ fn failed_entry(
             message: message.into(),
         }),
         deletion: None,
+    }
+}
+
+/// Why a guarded status write did not land.
+#[derive(Debug, thiserror::Error)]
+enum StatusWriteError {
+    /// Someone else changed `status.instances` since this pass saw them.
+    #[error(
+        "another reconciler changed the pool's instances since this pass read them; the next pass decides again"
+    )]
+    Fenced,
+    /// The API call failed.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+}
+
+/// Conflicts a guarded status write retries (each after a spec, ledger or status change that
+/// left the instances alone, such as a DeleteNodes).
+const STATUS_CONFLICTS: u32 = 10;
+
+/// Merges `status` into pool `name`'s status, only while its `status.instances` still are
+/// `recorded` (what the pass last saw or wrote): the write carries `version`; on a conflict
+/// the pool is read again, and the write retried with its new version when the instances are
+/// unchanged (a DeleteNodes, or a spec change, moved the version), refused otherwise. Returns
+/// the version after the write and the instances as stored (timestamps as the API server
+/// keeps them), to compare the next write with.
+async fn guarded_status_patch(
+    api: &Api<NodePool>,
+    name: &str,
+    mut version: Option<String>,
+    recorded: &[PoolInstance],
+    status: serde_json::Value,
+) -> Result<(Option<String>, Vec<PoolInstance>), StatusWriteError> {
+    let mut attempt = 0;
+    loop {
+        let body = json!({"metadata": {"resourceVersion": version}, "status": status});
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(body))
+            .await
+        {
+            Ok(pool) => {
+                let stored = pool.status.as_ref().map(|s| s.instances.clone());
+                return Ok((pool.resource_version(), stored.unwrap_or_default()));
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < STATUS_CONFLICTS => {
+                attempt += 1;
+                let current = api.get(name).await?;
+                let theirs = current.status.as_ref().map(|s| s.instances.as_slice());
+                if theirs.unwrap_or_default() != recorded {
+                    return Err(StatusWriteError::Fenced);
+                }
+                version = current.resource_version();
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 

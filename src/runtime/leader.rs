@@ -25,13 +25,15 @@ pub struct LeaderConfig {
     pub retry_period: Duration,
 }
 
-/// Runs the election until `shutdown`, publishing leadership on `leading`; releases the
-/// lease on shutdown.
+/// Runs the election until `shutdown`, publishing leadership on `leading`. On shutdown a
+/// leader keeps renewing its lease until `work_ended` (the passes it leads have finished), then
+/// releases it: another replica takes over only once this one can start nothing more.
 pub async fn run(
     client: Client,
     config: LeaderConfig,
     leading: watch::Sender<bool>,
     shutdown: CancellationToken,
+    work_ended: CancellationToken,
 ) -> anyhow::Result<()> {
     let api: Api<Lease> = Api::namespaced(client, &config.namespace);
     loop {
@@ -48,6 +50,25 @@ pub async fn run(
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(config.retry_period) => {}
+        }
+    }
+    if *leading.borrow() && !work_ended.is_cancelled() {
+        tracing::info!(lease = %config.name, "shutting down: keeping the lease until the running NodePool passes end");
+    }
+    while *leading.borrow() && !work_ended.is_cancelled() {
+        tokio::select! {
+            _ = work_ended.cancelled() => break,
+            _ = tokio::time::sleep(config.retry_period) => {}
+        }
+        match try_acquire_or_renew(&api, &config).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(lease = %config.name, "lost the lease while finishing work at shutdown");
+                leading.send_replace(false);
+            }
+            Err(error) => {
+                tracing::warn!(%error, lease = %config.name, "leader election: lease update failed at shutdown");
+            }
         }
     }
     if *leading.borrow() {

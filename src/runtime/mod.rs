@@ -337,6 +337,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         shutdown.clone(),
     ));
     let (leading_tx, leading) = tokio::sync::watch::channel(config.leader_election.is_none());
+    // Cancelled once the NodePool passes this replica leads have ended (at shutdown).
+    let pools_ended = CancellationToken::new();
     match config.leader_election.clone() {
         Some(election) => {
             tasks.spawn(leader::run(
@@ -344,6 +346,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                 election,
                 leading_tx,
                 shutdown.clone(),
+                pools_ended.clone(),
             ));
         }
         None => {
@@ -415,7 +418,14 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                 ..Default::default()
             },
         ));
-        tasks.spawn(pools.run(snapshots.clone(), leading.clone(), shutdown.clone()));
+        let run = pools.run(snapshots.clone(), leading.clone(), shutdown.clone());
+        let ended = pools_ended.clone().drop_guard();
+        tasks.spawn(async move {
+            let _ended = ended;
+            run.await
+        });
+    } else {
+        pools_ended.cancel();
     }
     let mutations = tokio_util::task::TaskTracker::new();
     let service = CloudProviderService::new(

@@ -18,8 +18,8 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::discovery::ApiResource;
 
-pub use replicas::GroupKey;
 pub use crate::capi::scale_down::protocol::CONSUME_GRACE_SECS;
+pub use replicas::GroupKey;
 pub use scale_down::Released;
 
 use super::activity::{ActivityLog, Direction};
