@@ -455,7 +455,7 @@ async fn delete_nodes_accepts_synthetic_ids_of_unregistered_machines() {
 }
 
 #[tokio::test]
-async fn failed_replica_change_rolls_back_the_delete_mark() {
+async fn a_group_the_operator_may_not_write_gets_no_machine_marked() {
     let ns = TestNs::new("rollback").await;
     let pids = deployment_with_nodes(&ns, "md", 0, 5, 2).await;
     let (operator, mut client) = ns
@@ -476,8 +476,9 @@ async fn failed_replica_change_rolls_back_the_delete_mark() {
         "{}",
         denied.message()
     );
+    // The claim in the group's ledger comes first: refused, nothing else is written.
     assert!(
-        denied.message().contains("lowering the replicas of"),
+        denied.message().contains("claiming Machine md-m0 in"),
         "{}",
         denied.message()
     );
@@ -485,7 +486,7 @@ async fn failed_replica_change_rolls_back_the_delete_mark() {
         !ns.annotations(&machines(), "md-m0")
             .await
             .contains_key(DELETE_MACHINE),
-        "the mark is rolled back"
+        "no mark"
     );
     assert_eq!(ns.replicas(&machine_deployments(), "md").await, 2);
     operator.shutdown().await.unwrap();

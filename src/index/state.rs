@@ -423,6 +423,19 @@ impl IndexState {
             .collect();
         if let Some(pid) = &pid {
             machines.extend(self.machines_by_pid.get(pid).into_iter().flatten().cloned());
+            // A Machine that found its Node by name reads it again through the Node's
+            // provider ID, so it depends on every Node sharing that provider ID too.
+            for sharing in self.nodes_by_pid.get(pid).into_iter().flatten() {
+                if let Some(other) = self.nodes.get(sharing).filter(|n| n.name != node.name) {
+                    machines.extend(
+                        self.machines_by_node_name
+                            .get(&other.name)
+                            .into_iter()
+                            .flatten()
+                            .cloned(),
+                    );
+                }
+            }
             self.dirty_roots
                 .extend(self.pools_by_pid.get(pid).into_iter().flatten().cloned());
             self.dirty_pids.insert(pid.clone());
@@ -1052,6 +1065,74 @@ mod tests {
             prop_assert_eq!(&incremental.policies, &full.policies);
             prop_assert_eq!(incremental, full);
         }
+    }
+
+    /// Found by the property above: Nodes n1 and n3 share a provider ID, Machine m0 (no
+    /// provider ID of its own) names n3; when n1 loses the provider ID, m0's readiness must be
+    /// decided again.
+    #[test]
+    fn a_node_sharing_a_provider_id_with_a_machines_node_updates_that_machine() {
+        let changes = [
+            (
+                Change::Set {
+                    i: 2,
+                    owner: None,
+                    annotated: true,
+                },
+                false,
+            ),
+            (
+                Change::Node {
+                    i: 1,
+                    pid: Some(0),
+                    ready: false,
+                    annotated: None,
+                },
+                false,
+            ),
+            (
+                Change::Node {
+                    i: 3,
+                    pid: Some(0),
+                    ready: true,
+                    annotated: None,
+                },
+                false,
+            ),
+            (
+                Change::Machine {
+                    i: 0,
+                    set: 2,
+                    pid: None,
+                    node_ref: Some(3),
+                    deleting: false,
+                    marked: false,
+                },
+                true,
+            ),
+            (
+                Change::Node {
+                    i: 1,
+                    pid: None,
+                    ready: false,
+                    annotated: None,
+                },
+                false,
+            ),
+        ];
+        let mut state = IndexState::new(&IndexInputs {
+            default_arch: "amd64".into(),
+            ..Default::default()
+        });
+        for (change, take_snapshot) in &changes {
+            apply(&mut state, change);
+            if *take_snapshot {
+                let _ = state.snapshot();
+            }
+        }
+        let incremental = state.snapshot();
+        let full = IndexState::new(&state.inputs()).snapshot();
+        assert_eq!(incremental.groups, full.groups);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! client timing out against a slow API server.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -10,6 +11,7 @@ use kube::api::{Api, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
 use ngo_sandbox::capi;
 use ngo_sandbox::environment::{SandboxInfo, WORKER_TEMPLATE, start_for_process};
+use ngo_sandbox::operator::{OperatorOptions, write_cloud_config};
 use ngo_sandbox::stack::AutoscaledCluster;
 use nodegroup_operator::capi::scale_down::{
     LEDGER_ANNOTATION, Ledger, MARK_ANNOTATION, ScaleDownMark,
@@ -69,6 +71,34 @@ impl Group {
 
     pub fn ns(&self) -> &str {
         &self.cluster.namespace
+    }
+
+    /// Options for this test binary's operator build (fault points compiled in) that sweeps
+    /// every second and takes deadlines as passed at once (no clock margin).
+    pub fn sweeping_operator(&self) -> OperatorOptions {
+        let mut options = self.cluster.operator_options();
+        options.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
+        options.extra_args = vec![
+            "--sweep-interval-secs=1".into(),
+            "--sweep-clock-margin-secs=0".into(),
+        ];
+        options
+    }
+
+    /// A cloud-config for cluster-autoscaler's client of the running operator, with
+    /// `timeout` per RPC, written into `dir`.
+    pub fn cloud_config(&mut self, dir: &std::path::Path, timeout: Duration) -> PathBuf {
+        let address = self.cluster.operator().expect("operator").grpc_address;
+        let config = dir.join("cloud-config.yaml");
+        write_cloud_config(
+            &config,
+            &address.to_string(),
+            &self.cluster.pki.client,
+            &self.cluster.pki.ca_cert,
+            timeout,
+        )
+        .expect("cloud-config");
+        config
     }
 
     pub fn log(&self, what: &str) {
@@ -228,7 +258,6 @@ async fn an_operator_killed_at_any_step_of_delete_nodes_strands_no_mark() {
     let rounds = iterations();
     let total = rounds * steps.len();
     let mut group = Group::new("crash", (total + 2) as i32).await;
-    let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_nodegroup-operator"));
     let mut expected_replicas = group.replicas().await;
     let mut gone = BTreeSet::new();
     let mut rolled_back = 0;
@@ -250,12 +279,7 @@ async fn an_operator_killed_at_any_step_of_delete_nodes_strands_no_mark() {
                 "round {round}: killing the operator at {step:?} while deleting {victim}"
             ));
 
-            let mut options = group.cluster.operator_options();
-            options.binary = binary.clone();
-            options.extra_args = vec![
-                "--sweep-interval-secs=1".into(),
-                "--sweep-clock-margin-secs=0".into(),
-            ];
+            let mut options = group.sweeping_operator();
             options.env = vec![("NGO_FAULT_PAUSE_AT".into(), step.point().into())];
             group.cluster.start_operator(&options).expect("operator");
             let address = group.cluster.operator().expect("operator").grpc_address;

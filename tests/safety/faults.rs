@@ -1,8 +1,9 @@
 //! DeleteNodes through an API server path that lies: every write the operator makes to
 //! Machines and MachineDeployments may have its reply dropped after the API server committed
 //! it, be reset before it arrives, be throttled (429), fail with 500 after committing, or be
-//! delayed (the sandbox's `FaultProxy`, seeded). Round after round a node is deleted as
-//! cluster-autoscaler would (5 s deadline, a retry after an error); after each round every
+//! delayed (the sandbox's `FaultProxy`, seeded). Round after round a node is deleted through
+//! cluster-autoscaler's own externalgrpc client (its default 5 s deadline, a retry after an
+//! error); after each round every
 //! Machine gone is one a DeleteNodes named, and once the faults stop and the sweeper has run,
 //! no claim or mark is left, replicas equal the machines, and every node answered OK is gone.
 
@@ -10,10 +11,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
+use ngo_sandbox::ca_client::CaClient;
 use ngo_sandbox::faultproxy::{Fault, FaultPlan, FaultProxy};
-use nodegroup_operator::proto;
+use serde_json::json;
 
-use crate::crash::{Group, node, poll};
+use crate::crash::{Group, poll, sandbox};
+
+/// cluster-autoscaler's default per-RPC timeout.
+const CA_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Rounds of this run (`NGO_FAULT_ROUNDS`; `make safety` runs 200).
 fn rounds() -> usize {
@@ -51,20 +56,17 @@ async fn scale_down_through_a_lying_api_server_deletes_only_named_machines() {
     let mut group = Group::new("faults", rounds as i32 + 2).await;
     let initial: BTreeSet<String> = group.running().await.into_iter().map(|(n, _)| n).collect();
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut options = group.cluster.operator_options();
+    let mut options = group.sweeping_operator();
     let plan = FaultPlan::writes(seed, 0.35, &["machines", "machinedeployments", "scale"]);
     let proxy = FaultProxy::start(&options.kubeconfig, dir.path(), plan.clone())
         .await
         .expect("fault proxy");
     options.kubeconfig = proxy.kubeconfig.clone();
-    options.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
-    options.extra_args = vec![
-        "--sweep-interval-secs=1".into(),
-        "--sweep-clock-margin-secs=0".into(),
-    ];
     group.cluster.start_operator(&options).expect("operator");
-    let address = group.cluster.operator().expect("operator").grpc_address;
-    let mut client = group.cluster.pki.connect(address).await.expect("client");
+    let scratch = sandbox()
+        .scratch(&format!("{}-faults", group.ns()))
+        .expect("scratch dir");
+    let config = group.cloud_config(&scratch, CA_TIMEOUT);
 
     let started = Instant::now();
     let mut named = BTreeSet::new();
@@ -76,31 +78,32 @@ async fn scale_down_through_a_lying_api_server_deletes_only_named_machines() {
             break;
         };
         named.insert(victim.clone());
-        // cluster-autoscaler's default deadline; after an error it untaints the node and may
-        // choose it again: up to three tries.
+        // One CA loop's provider: after an error CA untaints the node and may choose it again
+        // in a later loop; up to three tries.
+        let ca = CaClient::start(&config, &scratch.join(format!("ca-{round}.log")))
+            .expect("CA's client");
+        ca.value(json!({"call": "NodeGroups"})).await;
         for _ in 0..3 {
-            let mut request = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
-                id: group.id.clone(),
-                nodes: vec![node(&victim, &pid)],
-            });
-            request.set_timeout(Duration::from_secs(5));
-            let answer = client.node_group_delete_nodes(request).await;
-            let code = answer
-                .as_ref()
-                .map_or_else(|s| s.code(), |_| tonic::Code::Ok);
-            *answers.entry(format!("{code:?}")).or_default() += 1;
-            match answer {
-                Ok(_) => {
-                    answered_ok.insert(victim.clone());
-                    break;
-                }
-                Err(status) if status.code() == tonic::Code::NotFound => break,
-                Err(status) => {
-                    group.log(&format!("round {round}: DeleteNodes {victim}: {status:?}"));
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
+            let node = json!({"providerID": pid, "name": victim});
+            let result = ca
+                .call(json!({"call": "DeleteNodes", "group": group.id, "nodes": [node]}))
+                .await;
+            let code = result["code"].as_str().unwrap_or("OK").to_string();
+            *answers.entry(code.clone()).or_default() += 1;
+            if result.get("error").is_none() {
+                answered_ok.insert(victim.clone());
+                break;
             }
+            group.log(&format!(
+                "round {round}: DeleteNodes {victim}: {}",
+                result["error"]
+            ));
+            if code == "NotFound" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
+        let _ = ca.finish().await;
         let gone = deleted(&group, &initial).await;
         assert!(
             gone.is_subset(&named),

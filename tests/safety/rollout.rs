@@ -16,12 +16,7 @@ use crate::crash::{Group, node, poll};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_deleted_during_a_rollout_with_surge_go_and_replicas_stay_exact() {
     let mut group = Group::new("rollout", 4).await;
-    let mut options = group.cluster.operator_options();
-    options.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
-    options.extra_args = vec![
-        "--sweep-interval-secs=1".into(),
-        "--sweep-clock-margin-secs=0".into(),
-    ];
+    let options = group.sweeping_operator();
     group.cluster.start_operator(&options).expect("operator");
     let address = group.cluster.operator().expect("operator").grpc_address;
     let mut client = group.cluster.pki.connect(address).await.expect("client");

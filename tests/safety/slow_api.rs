@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use kube::ResourceExt;
 use ngo_sandbox::ca_client::CaClient;
-use ngo_sandbox::operator::write_cloud_config;
 use ngo_sandbox::proxy::{LatencyProxy, kubeconfig_via};
 use serde_json::json;
 
@@ -37,24 +36,10 @@ async fn ten_nodes_deleted_at_once_by_cas_client_timing_out_on_a_slow_api_server
         .expect("dir");
     let slow_kubeconfig = dir.join("slow.kubeconfig");
     kubeconfig_via(&sandbox().kubeconfig, &slow_kubeconfig, proxy.address).expect("kubeconfig");
-    let mut options = group.cluster.operator_options();
-    options.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
+    let mut options = group.sweeping_operator();
     options.kubeconfig = slow_kubeconfig;
-    options.extra_args = vec![
-        "--sweep-interval-secs=1".into(),
-        "--sweep-clock-margin-secs=0".into(),
-    ];
     group.cluster.start_operator(&options).expect("operator");
-    let address = group.cluster.operator().expect("operator").grpc_address;
-    let config = dir.join("cloud-config.yaml");
-    write_cloud_config(
-        &config,
-        &address.to_string(),
-        &group.cluster.pki.client,
-        &group.cluster.pki.ca_cert,
-        CA_TIMEOUT,
-    )
-    .expect("cloud-config");
+    let config = group.cloud_config(&dir, CA_TIMEOUT);
 
     let running = group.running().await;
     let victims: Vec<(String, String)> = running[..10].to_vec();

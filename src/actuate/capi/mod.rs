@@ -355,32 +355,37 @@ impl CapiActuator {
         let now = jiff::Timestamp::now().as_second();
         let target = GroupKey::of(group);
         let written = self
-            .update_group(&target, Some(deadline), |replicas, ledger| {
-                let exists = |k: &str| still_exists(snapshot, group, k);
-                Ok(
-                    match protocol::decrement_unmarked(
-                        replicas, ledger, key, request, group.min, now, exists,
-                    ) {
-                        Decrement::Write {
-                            replicas: lowered,
-                            ledger,
-                        } => GroupStep::Write(
-                            lowered,
-                            ledger,
-                            Ok((Some(lowered), Some(request.to_string()))),
-                        ),
-                        Decrement::Applied { by } => GroupStep::Done(Ok((None, Some(by)))),
-                        Decrement::BelowMin { desired } => {
-                            GroupStep::Done(Err(ActuateError::BelowMin {
-                                group: group.id.clone(),
-                                desired,
-                                min: group.min,
-                            }))
-                        }
-                        Decrement::Fenced => GroupStep::Done(Ok((None, None))),
-                    },
-                )
-            })
+            .update_group(
+                &target,
+                &format!("lowering the replicas for {key}"),
+                Some(deadline),
+                |replicas, ledger| {
+                    let exists = |k: &str| still_exists(snapshot, group, k);
+                    Ok(
+                        match protocol::decrement_unmarked(
+                            replicas, ledger, key, request, group.min, now, exists,
+                        ) {
+                            Decrement::Write {
+                                replicas: lowered,
+                                ledger,
+                            } => GroupStep::Write(
+                                lowered,
+                                ledger,
+                                Ok((Some(lowered), Some(request.to_string()))),
+                            ),
+                            Decrement::Applied { by } => GroupStep::Done(Ok((None, Some(by)))),
+                            Decrement::BelowMin { desired } => {
+                                GroupStep::Done(Err(ActuateError::BelowMin {
+                                    group: group.id.clone(),
+                                    desired,
+                                    min: group.min,
+                                }))
+                            }
+                            Decrement::Fenced => GroupStep::Done(Ok((None, None))),
+                        },
+                    )
+                },
+            )
             .await;
         match written {
             Ok(outcome) => outcome,

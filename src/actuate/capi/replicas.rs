@@ -114,11 +114,13 @@ impl CapiActuator {
 
     /// Reads the group's scalable resource, lets `decide` choose what to write from its
     /// `spec.replicas` and ledger, and writes both with the read `resourceVersion`; on a
-    /// conflict, reads and decides again. `deadline`, when given, bounds the writes; the
+    /// conflict, reads and decides again. `action` (e.g. "claiming Machine m") names the
+    /// write in errors. `deadline`, when given, bounds the writes; the
     /// sweeper passes none. An unreadable ledger is an error: no decision is taken on it.
     pub(super) async fn update_group<T>(
         &self,
         group: &GroupKey,
+        action: &str,
         deadline: Option<&MutationDeadline>,
         mut decide: impl FnMut(i32, &Ledger) -> Result<GroupStep<T>, ActuateError>,
     ) -> Result<T, ActuateError> {
@@ -168,7 +170,7 @@ impl CapiActuator {
                 }
                 Err(source) => {
                     return Err(ActuateError::Api {
-                        action: format!("writing the replicas and ledger of {}", group.id),
+                        action: format!("{action} in {}", group.id),
                         source,
                     });
                 }

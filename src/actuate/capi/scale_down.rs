@@ -76,39 +76,44 @@ impl CapiActuator {
         let target = GroupKey::of(group);
         let now = jiff::Timestamp::now().as_second();
         let claimed = self
-            .update_group(&target, Some(deadline), |replicas, ledger| {
-                let bounds = ClaimBounds {
-                    min: group.min,
-                    now,
-                    until: mark.deadline,
-                };
-                let exists = |k: &str| still_exists(snapshot, group, k);
-                Ok(
-                    match protocol::claim(replicas, ledger, name, request, bounds, exists) {
-                        Claim::Write(next) => GroupStep::Write(replicas, next, None),
-                        Claim::Held => GroupStep::Done(None),
-                        Claim::Applied { by, at } => GroupStep::Done(Some(Ok((by, at)))),
-                        Claim::Busy {
-                            request: holder,
-                            machine,
-                        } => GroupStep::Done(Some(Err(ActuateError::GroupBusy {
-                            group: group.id.clone(),
-                            machine,
-                            request: holder,
-                        }))),
-                        Claim::BelowMin { desired } => {
-                            GroupStep::Done(Some(Err(ActuateError::BelowMin {
+            .update_group(
+                &target,
+                &format!("claiming Machine {name}"),
+                Some(deadline),
+                |replicas, ledger| {
+                    let bounds = ClaimBounds {
+                        min: group.min,
+                        now,
+                        until: mark.deadline,
+                    };
+                    let exists = |k: &str| still_exists(snapshot, group, k);
+                    Ok(
+                        match protocol::claim(replicas, ledger, name, request, bounds, exists) {
+                            Claim::Write(next) => GroupStep::Write(replicas, next, None),
+                            Claim::Held => GroupStep::Done(None),
+                            Claim::Applied { by, at } => GroupStep::Done(Some(Ok((by, at)))),
+                            Claim::Busy {
+                                request: holder,
+                                machine,
+                            } => GroupStep::Done(Some(Err(ActuateError::GroupBusy {
                                 group: group.id.clone(),
-                                desired,
-                                min: group.min,
-                            })))
-                        }
-                        Claim::Fenced => {
-                            GroupStep::Done(Some(Err(self.fenced(group, name, request))))
-                        }
-                    },
-                )
-            })
+                                machine,
+                                request: holder,
+                            }))),
+                            Claim::BelowMin { desired } => {
+                                GroupStep::Done(Some(Err(ActuateError::BelowMin {
+                                    group: group.id.clone(),
+                                    desired,
+                                    min: group.min,
+                                })))
+                            }
+                            Claim::Fenced => {
+                                GroupStep::Done(Some(Err(self.fenced(group, name, request))))
+                            }
+                        },
+                    )
+                },
+            )
             .await;
         match claimed {
             Ok(None) => {}
@@ -158,30 +163,37 @@ impl CapiActuator {
         fault::point("delete-nodes:after-mark").await;
         let now = jiff::Timestamp::now().as_second();
         let decremented = self
-            .update_group(&target, Some(deadline), |replicas, ledger| {
-                let exists = |k: &str| still_exists(snapshot, group, k);
-                Ok(
-                    match protocol::decrement(
-                        replicas, ledger, name, request, group.min, now, exists,
-                    ) {
-                        Decrement::Write {
-                            replicas: lowered,
-                            ledger,
-                        } => GroupStep::Write(lowered, ledger, Ok(Removed::Lowered(lowered))),
-                        Decrement::Applied { .. } => GroupStep::Done(Ok(Removed::AlreadyApplied)),
-                        Decrement::Fenced => {
-                            GroupStep::Done(Err(self.fenced(group, name, request)))
-                        }
-                        Decrement::BelowMin { desired } => {
-                            GroupStep::Done(Err(ActuateError::BelowMin {
-                                group: group.id.clone(),
-                                desired,
-                                min: group.min,
-                            }))
-                        }
-                    },
-                )
-            })
+            .update_group(
+                &target,
+                &format!("lowering the replicas for Machine {name}"),
+                Some(deadline),
+                |replicas, ledger| {
+                    let exists = |k: &str| still_exists(snapshot, group, k);
+                    Ok(
+                        match protocol::decrement(
+                            replicas, ledger, name, request, group.min, now, exists,
+                        ) {
+                            Decrement::Write {
+                                replicas: lowered,
+                                ledger,
+                            } => GroupStep::Write(lowered, ledger, Ok(Removed::Lowered(lowered))),
+                            Decrement::Applied { .. } => {
+                                GroupStep::Done(Ok(Removed::AlreadyApplied))
+                            }
+                            Decrement::Fenced => {
+                                GroupStep::Done(Err(self.fenced(group, name, request)))
+                            }
+                            Decrement::BelowMin { desired } => {
+                                GroupStep::Done(Err(ActuateError::BelowMin {
+                                    group: group.id.clone(),
+                                    desired,
+                                    min: group.min,
+                                }))
+                            }
+                        },
+                    )
+                },
+            )
             .await;
         fault::point("delete-nodes:after-decrement").await;
         match decremented {
@@ -274,13 +286,18 @@ impl CapiActuator {
     ) -> Result<Released, ActuateError> {
         let request = mark.request.as_str();
         let fenced = self
-            .update_group(group, deadline, |replicas, ledger| {
-                Ok(match protocol::release(ledger, name, request) {
-                    Release::Applied { .. } => GroupStep::Done(true),
-                    Release::Write(next) => GroupStep::Write(replicas, next, false),
-                    Release::Fenced => GroupStep::Done(false),
-                })
-            })
+            .update_group(
+                group,
+                &format!("fencing the claim on Machine {name}"),
+                deadline,
+                |replicas, ledger| {
+                    Ok(match protocol::release(ledger, name, request) {
+                        Release::Applied { .. } => GroupStep::Done(true),
+                        Release::Write(next) => GroupStep::Write(replicas, next, false),
+                        Release::Fenced => GroupStep::Done(false),
+                    })
+                },
+            )
             .await?;
         if fenced {
             self.unfinalize(&group.namespace, name).await;
@@ -309,21 +326,32 @@ impl CapiActuator {
         if unmarked {
             let now = jiff::Timestamp::now().as_second();
             let rolled = self
-                .update_group(group, deadline, |replicas, ledger| {
-                    Ok(
-                        match protocol::roll_forward(replicas, ledger, name, request, now, |_| true)
-                        {
-                            Decrement::Write {
-                                replicas: lowered,
+                .update_group(
+                    group,
+                    &format!("rolling the decrement for Machine {name} forward"),
+                    deadline,
+                    |replicas, ledger| {
+                        Ok(
+                            match protocol::roll_forward(
+                                replicas,
                                 ledger,
-                            } => GroupStep::Write(lowered, ledger, true),
-                            Decrement::Applied { .. } => GroupStep::Done(true),
-                            Decrement::Fenced | Decrement::BelowMin { .. } => {
-                                GroupStep::Done(false)
-                            }
-                        },
-                    )
-                })
+                                name,
+                                request,
+                                now,
+                                |_| true,
+                            ) {
+                                Decrement::Write {
+                                    replicas: lowered,
+                                    ledger,
+                                } => GroupStep::Write(lowered, ledger, true),
+                                Decrement::Applied { .. } => GroupStep::Done(true),
+                                Decrement::Fenced | Decrement::BelowMin { .. } => {
+                                    GroupStep::Done(false)
+                                }
+                            },
+                        )
+                    },
+                )
                 .await?;
             if rolled {
                 tracing::warn!(group = %group.id, machine = name, request,
@@ -332,12 +360,17 @@ impl CapiActuator {
                 return Ok(Released::RolledForward);
             }
         }
-        self.update_group(group, deadline, |replicas, ledger| {
-            Ok(match protocol::forget(ledger, name, request) {
-                Some(next) => GroupStep::Write(replicas, next, ()),
-                None => GroupStep::Done(()),
-            })
-        })
+        self.update_group(
+            group,
+            &format!("dropping the fenced claim on Machine {name}"),
+            deadline,
+            |replicas, ledger| {
+                Ok(match protocol::forget(ledger, name, request) {
+                    Some(next) => GroupStep::Write(replicas, next, ()),
+                    None => GroupStep::Done(()),
+                })
+            },
+        )
         .await?;
         Ok(Released::RolledBack)
     }
