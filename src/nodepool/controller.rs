@@ -1368,7 +1368,7 @@ async fn guarded_status_patch(
                 attempt += 1;
                 let current = api.get(name).await?;
                 let theirs = current.status.as_ref().map(|s| s.instances.as_slice());
-                if theirs.unwrap_or_default() != recorded {
+                if !converge::intents_may_land(theirs.unwrap_or_default(), recorded) {
                     return Err(StatusWriteError::Fenced);
                 }
                 version = current.resource_version();

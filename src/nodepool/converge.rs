@@ -127,6 +127,13 @@ impl Decision {
     }
 }
 
+/// Whether a pass may record its intents over the pool's `current` status instances, having
+/// last seen or written `recorded` there: only when nobody else changed them meanwhile, so
+/// two reconcilers of one pool (a handover, a stalled leader) never both act on a pass.
+pub fn intents_may_land(current: &[PoolInstance], recorded: &[PoolInstance]) -> bool {
+    current == recorded
+}
+
 /// Decides one pass.
 pub fn decide(o: &Observed<'_>) -> Decision {
     let mut decision = Decision::default();

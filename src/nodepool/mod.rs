@@ -7,6 +7,8 @@ pub mod bootstrap;
 pub mod controller;
 pub mod converge;
 pub mod deletions;
+#[cfg(test)]
+mod model;
 pub mod render;
 pub mod schedule;
 pub mod view;
