@@ -19,7 +19,9 @@
 
 use stateright::{Checker, Model, Property};
 
-use super::protocol::{self, Claim, ClaimBounds, Decrement, MachineState, Mark, Release, Unmark};
+use super::protocol::{
+    self, CONSUME_GRACE_SECS, Claim, ClaimBounds, Decrement, MachineState, Mark, Release, Unmark,
+};
 use super::{Ledger, ScaleDownMark};
 
 /// Which operator rules the model runs.
@@ -51,6 +53,8 @@ struct Protocol {
     sweepers: u8,
     /// Whether someone may raise replicas (IncreaseSize, a person) once.
     external_increase: bool,
+    /// Whether time may pass beyond the grace Cluster API has to act on a decrement.
+    aging: bool,
 }
 
 const GROUP: &str = "MachineDeployment/ns/md";
@@ -100,6 +104,9 @@ struct Process {
     /// The process's write under way (a process waits for each reply, so it has at most
     /// one; a stopped process's write may still land).
     write: Option<Write>,
+    /// It answered OK having done nothing, for a machine Cluster API had long not started
+    /// deleting.
+    silent: bool,
 }
 
 /// What a write is for: decides the writer's next phase on each reply.
@@ -146,6 +153,8 @@ struct State {
     lost_replies: u8,
     failures: u8,
     increased: bool,
+    /// Past the grace Cluster API has to act on a decrement.
+    aged: bool,
 }
 
 /// One step of one actor.
@@ -168,6 +177,8 @@ enum Action {
     Gone(u8),
     /// Someone raises replicas by one.
     Increase,
+    /// The grace Cluster API has to act on a decrement passes.
+    Age,
     /// Cluster API creates a Machine (in a free slot) for replicas above its machines.
     CapiCreate(u8),
 }
@@ -250,7 +261,20 @@ impl Protocol {
                         (send_group(state, Purpose::Claim, replicas, ledger), None)
                     }
                     Claim::Held => (Phase::Mark, None),
-                    Claim::Applied { .. } => (Phase::Done, Some(Answer::Ok)),
+                    Claim::Applied { .. } => {
+                        let deleting = self.machine(state, index).is_none_or(|m| m.deleting);
+                        let age = if state.aged {
+                            CONSUME_GRACE_SECS + 1
+                        } else {
+                            0
+                        };
+                        if protocol::applied_is_ok(deleting, age) {
+                            state.processes[usize::from(p)].silent = state.aged && !deleting;
+                            (Phase::Done, Some(Answer::Ok))
+                        } else {
+                            (Phase::Done, Some(Answer::Error))
+                        }
+                    }
                     // Cluster-autoscaler's request fails; it asks again later.
                     Claim::Busy { .. } | Claim::BelowMin { .. } | Claim::Fenced => {
                         (Phase::Done, Some(Answer::Error))
@@ -354,10 +378,18 @@ impl Protocol {
                 None => (Phase::Done, Some(Answer::Error)),
             },
             (Rules::Unfenced, Phase::Claim | Phase::Mark) => {
-                // Mark unless the Machine is deleting or another live request marked it.
+                // Mark unless the Machine is deleting or another live request marked it (then
+                // the ledger says whether that request lowered replicas for it: nothing to do).
                 match self.machine(state, index) {
                     None => (Phase::Done, Some(Answer::Ok)),
                     Some(m) if m.deleting => (Phase::Done, Some(Answer::Ok)),
+                    Some(m)
+                        if m.mark.as_ref().is_some_and(|mk| mk.request != request)
+                            && state.ledger.get(&key).is_some() =>
+                    {
+                        state.processes[usize::from(p)].silent = state.aged;
+                        (Phase::Done, Some(Answer::Ok))
+                    }
                     Some(m)
                         if m.mark.as_ref().is_some_and(|mk| {
                             mk.request != request && !self.stopped(state, &mk.request)
@@ -375,6 +407,8 @@ impl Protocol {
             }
             (Rules::Unfenced, Phase::Decrement) => {
                 if state.ledger.get(&key).is_some() {
+                    let deleting = self.machine(state, index).is_none_or(|m| m.deleting);
+                    state.processes[usize::from(p)].silent = state.aged && !deleting;
                     (Phase::Done, Some(Answer::Ok))
                 } else if state.replicas - 1 < self.min {
                     (Phase::Unmark, None)
@@ -608,6 +642,7 @@ impl Model for Protocol {
                 stopped: false,
                 answer: None,
                 write: None,
+                silent: false,
             })
             .collect();
         processes.extend((0..self.sweepers).map(|_| Process {
@@ -616,6 +651,7 @@ impl Model for Protocol {
             stopped: false,
             answer: None,
             write: None,
+            silent: false,
         }));
         vec![State {
             replicas: i32::from(self.machines),
@@ -632,6 +668,7 @@ impl Model for Protocol {
             lost_replies: self.lost_replies,
             failures: self.failures,
             increased: false,
+            aged: false,
         }]
     }
 
@@ -691,6 +728,9 @@ impl Model for Protocol {
         if self.external_increase && !state.increased {
             actions.push(Action::Increase);
         }
+        if self.aging && !state.aged {
+            actions.push(Action::Age);
+        }
         let existing = state.machines.iter().filter(|m| m.exists).count() as i32;
         if existing < state.replicas
             && let Some(free) = state
@@ -743,6 +783,7 @@ impl Model for Protocol {
                 state.increased = true;
             }
             Action::CapiCreate(i) => state.machines[usize::from(i)].exists = true,
+            Action::Age => state.aged = true,
         }
         Some(state)
     }
@@ -815,6 +856,13 @@ impl Model for Protocol {
                         })
                 },
             ),
+            // S4: no request answers OK having done nothing while its machine's decrement has
+            // long been waiting for Cluster API.
+            Property::always("S4 no silent no-op", |model: &Protocol, state: &State| {
+                state.processes[..model.requests.len()]
+                    .iter()
+                    .all(|p| !p.silent)
+            }),
             Property::sometimes(
                 "a named machine is deleted",
                 |_: &Protocol, state: &State| {
@@ -848,6 +896,7 @@ fn claims(requests: Vec<u8>) -> Protocol {
         failures: 1,
         sweepers: 1,
         external_increase: false,
+        aging: false,
     }
 }
 
@@ -941,6 +990,32 @@ fn protocol_model_claims_hold_when_replicas_are_raised_meanwhile() {
     });
     report("raised meanwhile", &checker, started);
     checker.assert_properties();
+}
+
+/// Finding 3: a decrement replicas were raised over (Cluster API never deletes its machine)
+/// makes a later DeleteNodes of that machine an OK that does nothing, under the rules before;
+/// today's answer an error once the grace has passed.
+#[test]
+fn protocol_model_an_absorbed_decrement_is_no_silent_success() {
+    let scenario = |rules| Protocol {
+        rules,
+        lost_replies: 0,
+        failures: 0,
+        external_increase: true,
+        aging: true,
+        ..claims(vec![0, 0])
+    };
+    let before = check(scenario(Rules::Unfenced));
+    let path = before
+        .discovery("S4 no silent no-op")
+        .expect("the rules before answer OK for an absorbed decrement");
+    eprintln!("finding 3:\n{path}");
+    let started = std::time::Instant::now();
+    let today = check(scenario(Rules::Claims));
+    report("absorbed decrement", &today, started);
+    today.assert_no_discovery("S4 no silent no-op");
+    today.assert_no_discovery("S1 every deleted machine was named");
+    today.assert_no_discovery("S2 replicas fell once per applied machine");
 }
 
 /// The larger bound, for `make safety`: two requests on two machines with two sweepers, two
