@@ -85,11 +85,12 @@ demo-cherry:
 	$(MAKE) demo DEMO_FLAGS="$(DEMO_FLAGS) --cherry"
 
 ## 10 minutes of mixed reads and writes from many clients against the operator binary on the
-## sandbox; writes target/soak/results.json (not part of `make test`).
+## sandbox, 5% of its writes faulted by the fault proxy (SOAK_FAULT_RATE); writes
+## target/soak/results.json (not part of `make test`).
 soak:
 	$(UPSTREAM) $(DEMO_PEERS)
 	$(CARGO) build --locked --workspace --bins
-	./target/debug/ngo-sandbox soak --minutes $${SOAK_MINUTES:-10}
+	./target/debug/ngo-sandbox soak --minutes $${SOAK_MINUTES:-10} --fault-rate $${SOAK_FAULT_RATE:-0.05}
 
 ## A sandbox that stays up (Ctrl-C or `./target/debug/ngo-sandbox down` stops it).
 sandbox:

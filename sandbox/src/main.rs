@@ -51,6 +51,13 @@ enum Command {
         /// Node groups.
         #[arg(long, default_value_t = 4)]
         groups: usize,
+        /// Probability of a fault on each of the operator's writes to Machines and
+        /// MachineDeployments (through the fault proxy); 0 turns it off.
+        #[arg(long, default_value_t = 0.0)]
+        fault_rate: f64,
+        /// Seed of the faults (random when unset; printed).
+        #[arg(long)]
+        fault_seed: Option<u64>,
     },
     /// Benchmark the operator side by side with CA's example externalgrpc server and CA's
     /// in-tree clusterapi provider on fresh API servers; prints a table and writes the results.
@@ -130,12 +137,16 @@ fn main() -> anyhow::Result<()> {
             minutes,
             clients,
             groups,
+            fault_rate,
+            fault_seed,
         } => {
             let sandbox = start_sandbox()?;
             let options = ngo_sandbox::soak::SoakOptions {
                 duration: Duration::from_secs(minutes * 60),
                 clients,
                 groups,
+                faults: (fault_rate > 0.0)
+                    .then(|| (fault_seed.unwrap_or_else(rand::random), fault_rate)),
             };
             runtime.block_on(soak(sandbox, &options))
         }
@@ -285,17 +296,29 @@ async fn soak(sandbox: Sandbox, options: &ngo_sandbox::soak::SoakOptions) -> any
     let errors: u64 = results.rpcs.values().map(|o| o.errors).sum();
     println!(
         "soak: {:.0}s, {:.0} RPC/s, {errors} unexpected errors, RSS {} -> {} KiB, {} stranded marks, \
-         replicas match machines: {}; results in {}",
+         {} deleted, {} wrong deletions, faults {:?}, replicas match machines: {}; results in {}",
         results.duration_s,
         results.throughput_rps,
         results.rss_kib.start,
         results.rss_kib.end,
         results.stranded_marks,
+        results.deleted,
+        results.wrong_deletions.len(),
+        results.faults_injected,
         results.replicas_match_machines,
         path.display()
     );
     anyhow::ensure!(errors == 0, "unexpected RPC errors: see {}", path.display());
-    anyhow::ensure!(results.stranded_marks == 0, "stranded scale-down marks");
+    anyhow::ensure!(
+        results.stranded_marks == 0,
+        "stranded scale-down claims or marks"
+    );
+    anyhow::ensure!(
+        results.wrong_deletions.is_empty(),
+        "machines deleted that no DeleteNodes named (fault seed {:?}): {:?}",
+        results.fault_seed,
+        results.wrong_deletions
+    );
     anyhow::ensure!(
         results.replicas_match_machines,
         "replicas do not match machines"

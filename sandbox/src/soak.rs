@@ -1,16 +1,23 @@
 //! `make soak`: many clients hammer the operator binary with a mix of reads and writes for a
 //! long time, on the sandbox with the real Cluster API manager, while its resident memory is
-//! sampled. At the end the load stops, the sweeper gets time to act, and the results (throughput,
-//! outcomes per RPC, RSS over time, stranded marks, replicas versus machines) go to
-//! `target/soak/results.json`.
+//! sampled. With `faults`, the operator reaches the API server through the sandbox's
+//! `FaultProxy`, which lies about its writes to Machines and MachineDeployments (dropped replies
+//! after commit, resets, 429, 500 after commit, delays), and every Machine deleted must be one a
+//! DeleteNodes named. At the end the load (and the faults) stop, the sweeper gets time to act, and
+//! the results (throughput, outcomes per RPC, RSS over time, stranded claims and marks, wrong
+//! deletions, replicas versus machines) go to `target/soak/results.json`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeSet;
+
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
-use nodegroup_operator::capi::scale_down::MARK_ANNOTATION;
+use nodegroup_operator::capi::scale_down::{
+    LEDGER_ANNOTATION, Ledger, MARK_ANNOTATION, ScaleDownMark,
+};
 use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
 use serde::Serialize;
 use serde_json::json;
@@ -18,6 +25,7 @@ use tonic::transport::Channel;
 
 use crate::capi;
 use crate::environment::{Sandbox, WORKER_TEMPLATE};
+use crate::faultproxy::{FaultPlan, FaultProxy};
 use crate::stack::AutoscaledCluster;
 
 /// Soak parameters.
@@ -29,6 +37,8 @@ pub struct SoakOptions {
     pub clients: usize,
     /// Node groups (MachineDeployments of min 1, max 8).
     pub groups: usize,
+    /// Faults on the operator's writes: (seed, probability per write); `None`: none.
+    pub faults: Option<(u64, f64)>,
 }
 
 /// Outcomes of one RPC method.
@@ -59,8 +69,17 @@ pub struct SoakResults {
     pub rpcs: BTreeMap<String, Outcomes>,
     /// Operator RSS in KiB: after warm-up, at the end, and every sample in between.
     pub rss_kib: RssSamples,
-    /// Machines (not deleting) still carrying our scale-down mark once the sweeper had time.
+    /// Machines (not deleting) still carrying a live scale-down mark, plus scale-down claims
+    /// left in ledgers, once the sweeper had time.
     pub stranded_marks: usize,
+    /// Faults injected, by kind (empty without faults).
+    pub faults_injected: BTreeMap<String, usize>,
+    /// The fault seed, when faults were on.
+    pub fault_seed: Option<u64>,
+    /// Machines deleted that no DeleteNodes named.
+    pub wrong_deletions: Vec<String>,
+    /// Machines deleted during the soak.
+    pub deleted: usize,
     /// Per group at the end: (spec.replicas, machines not deleting) once Cluster API settled.
     pub groups_final: BTreeMap<String, (i64, usize)>,
     /// True when every group's replicas equal its machines.
@@ -103,6 +122,17 @@ pub async fn run(sandbox: &Sandbox, options: &SoakOptions) -> anyhow::Result<Soa
     }
     let mut operator = cluster.operator_options();
     operator.log_filter = "warn".into();
+    let proxy = match options.faults {
+        Some((seed, rate)) => {
+            let dir = sandbox.info().scratch("soak-faults")?;
+            let plan = FaultPlan::writes(seed, rate, &["machines", "machinedeployments", "scale"]);
+            let proxy = FaultProxy::start(&operator.kubeconfig, &dir, plan).await?;
+            operator.kubeconfig = proxy.kubeconfig.clone();
+            println!("soak: faults on the operator's writes, seed {seed}, rate {rate}");
+            Some(proxy)
+        }
+        None => None,
+    };
     cluster.start_operator(&operator)?;
     let (address, pid) = {
         let op = cluster
@@ -138,23 +168,27 @@ pub async fn run(sandbox: &Sandbox, options: &SoakOptions) -> anyhow::Result<Soa
     );
 
     let tally: Tally = Arc::default();
+    let named: Named = Arc::default();
     let started = Instant::now();
     let deadline = started + options.duration;
+    let faulted = options.faults.is_some();
     let mut workers = Vec::new();
     for worker in 0..options.clients {
         let grpc = grpc.clone();
         let ids = ids.clone();
         let tally = tally.clone();
+        let named = named.clone();
         workers.push(tokio::spawn(async move {
             let mut n: u64 = worker as u64;
             while Instant::now() < deadline {
                 n = n
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
-                one_call(&grpc, &ids, n, &tally).await;
+                one_call(&grpc, &ids, n, &tally, &named, faulted).await;
             }
         }));
     }
+    let watcher = tokio::spawn(watch_deletions(client.clone(), deadline));
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_secs(30).min(deadline - Instant::now())).await;
         let kib = rss_kib(pid)?;
@@ -171,10 +205,27 @@ pub async fn run(sandbox: &Sandbox, options: &SoakOptions) -> anyhow::Result<Soa
     }
     let elapsed = started.elapsed();
     rss.end = rss_kib(pid)?;
+    let mut faults_injected = BTreeMap::new();
+    if let Some(proxy) = &proxy {
+        proxy.set_plan(FaultPlan::writes(0, 0.0, &[]));
+        for injected in proxy.injected() {
+            *faults_injected
+                .entry(format!("{:?}", injected.fault))
+                .or_default() += 1;
+        }
+    }
 
-    // Let every mark's deadline pass and the sweeper run, then let Cluster API settle.
-    tokio::time::sleep(Duration::from_secs(40)).await;
-    let stranded = marked_machines(&client).await?;
+    // Let every claim's and mark's deadline pass (plus the sweeper's clock margin) and the
+    // sweeper run, then let Cluster API settle.
+    tokio::time::sleep(Duration::from_secs(75)).await;
+    let stranded = marked_machines(&client).await? + claims_left(&client).await?;
+    let deleted_machines = watcher.await??;
+    let named = named.lock().map(|n| n.clone()).unwrap_or_default();
+    let wrong_deletions: Vec<String> = deleted_machines
+        .iter()
+        .filter(|(_, pid)| !named.contains(pid.as_str()))
+        .map(|(name, pid)| format!("{name} ({pid})"))
+        .collect();
     let mut groups_final = BTreeMap::new();
     for _ in 0..60 {
         groups_final = sizes(&client, options.groups).await?;
@@ -194,15 +245,30 @@ pub async fn run(sandbox: &Sandbox, options: &SoakOptions) -> anyhow::Result<Soa
         rpcs,
         rss_kib: rss,
         stranded_marks: stranded,
+        faults_injected,
+        fault_seed: options.faults.map(|(seed, _)| seed),
+        wrong_deletions,
+        deleted: deleted_machines.len(),
         replicas_match_machines: groups_final.values().all(|(r, m)| *r == *m as i64),
         groups_final,
     })
 }
 
+/// Provider IDs some DeleteNodes named.
+type Named = Arc<Mutex<BTreeSet<String>>>;
+
 /// One call of the mix: 85% reads, 15% writes. A write raises a group near its minimum,
 /// deletes a running node of a group near its maximum, and otherwise does either, so groups
-/// keep moving between their bounds.
-async fn one_call(grpc: &CloudProviderClient<Channel>, ids: &[String], n: u64, tally: &Tally) {
+/// keep moving between their bounds. With `faulted`, a write the API server failed is an
+/// expected outcome, not an error.
+async fn one_call(
+    grpc: &CloudProviderClient<Channel>,
+    ids: &[String],
+    n: u64,
+    tally: &Tally,
+    named: &Named,
+    faulted: bool,
+) {
     let mut grpc = grpc.clone();
     let id = ids[(n >> 33) as usize % ids.len()].clone();
     let roll = (n >> 40) % 100;
@@ -258,7 +324,7 @@ async fn one_call(grpc: &CloudProviderClient<Channel>, ids: &[String], n: u64, t
                     .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest { id, delta: 1 })
                     .await
                     .map(|_| ());
-                record(tally, "NodeGroupIncreaseSize", result);
+                record_write(tally, "NodeGroupIncreaseSize", result, faulted);
                 return;
             }
             let instances = grpc
@@ -277,17 +343,39 @@ async fn one_call(grpc: &CloudProviderClient<Channel>, ids: &[String], n: u64, t
                 provider_id: victim.id.clone(),
                 ..Default::default()
             };
-            (
-                "NodeGroupDeleteNodes",
-                grpc.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            if let Ok(mut named) = named.lock() {
+                named.insert(victim.id.clone());
+            }
+            let result = grpc
+                .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
                     id,
                     nodes: vec![node],
                 })
                 .await
-                .map(|_| ()),
-            )
+                .map(|_| ());
+            record_write(tally, "NodeGroupDeleteNodes", result, faulted);
+            return;
         }
     };
+    record(tally, method, result);
+}
+
+/// Records a write's outcome; with faults on, the codes a failed or lost API write gives are
+/// counted as refused.
+fn record_write(tally: &Tally, method: &str, result: Result<(), tonic::Status>, faulted: bool) {
+    let expected = matches!(
+        result.as_ref().map_err(tonic::Status::code),
+        Err(tonic::Code::Unavailable
+            | tonic::Code::Aborted
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Internal)
+    );
+    if faulted && expected {
+        if let Ok(mut tally) = tally.lock() {
+            tally.entry(method.to_string()).or_default().refused += 1;
+        }
+        return;
+    }
     record(tally, method, result);
 }
 
@@ -326,6 +414,7 @@ fn rss_kib(pid: u32) -> anyhow::Result<u64> {
         .ok_or_else(|| anyhow::anyhow!("no VmRSS for process {pid}"))
 }
 
+/// Machines (not deleting) carrying a live scale-down mark (a released record is none).
 async fn marked_machines(client: &Client) -> anyhow::Result<usize> {
     let machines = Api::<DynamicObject>::namespaced_with(client.clone(), "soak", &capi::machines())
         .list(&ListParams::default())
@@ -334,8 +423,57 @@ async fn marked_machines(client: &Client) -> anyhow::Result<usize> {
         .items
         .iter()
         .filter(|m| m.metadata.deletion_timestamp.is_none())
-        .filter(|m| m.annotations().contains_key(MARK_ANNOTATION))
+        .filter(|m| {
+            m.annotations()
+                .get(MARK_ANNOTATION)
+                .and_then(|v| ScaleDownMark::parse(v))
+                .is_some_and(|mark| mark.is_mark())
+        })
         .count())
+}
+
+/// Scale-down claims left in the groups' ledgers.
+async fn claims_left(client: &Client) -> anyhow::Result<usize> {
+    let mds =
+        Api::<DynamicObject>::namespaced_with(client.clone(), "soak", &capi::machine_deployments())
+            .list(&ListParams::default())
+            .await?;
+    Ok(mds
+        .items
+        .iter()
+        .filter(|md| {
+            let ledger = md.annotations().get(LEDGER_ANNOTATION).map(String::as_str);
+            Ledger::parse(ledger).claim().is_some()
+        })
+        .count())
+}
+
+/// Polls the soak's Machines until `until`, then for the settling time after it; returns every
+/// Machine seen deleting or gone, with its provider ID.
+async fn watch_deletions(client: Client, until: Instant) -> anyhow::Result<Vec<(String, String)>> {
+    let api = Api::<DynamicObject>::namespaced_with(client, "soak", &capi::machines());
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    let mut deleted: BTreeMap<String, String> = BTreeMap::new();
+    let stop = until + Duration::from_secs(70);
+    while Instant::now() < stop {
+        let machines = api.list(&ListParams::default()).await?.items;
+        let live: BTreeSet<String> = machines.iter().map(|m| m.name_any()).collect();
+        for m in &machines {
+            if let Some(pid) = m.data["spec"]["providerID"].as_str() {
+                seen.insert(m.name_any(), pid.to_string());
+                if m.metadata.deletion_timestamp.is_some() {
+                    deleted.insert(m.name_any(), pid.to_string());
+                }
+            }
+        }
+        for (name, pid) in &seen {
+            if !live.contains(name) {
+                deleted.insert(name.clone(), pid.clone());
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Ok(deleted.into_iter().collect())
 }
 
 async fn sizes(client: &Client, groups: usize) -> anyhow::Result<BTreeMap<String, (i64, usize)>> {
