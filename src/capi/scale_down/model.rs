@@ -863,6 +863,11 @@ impl Model for Protocol {
                     .iter()
                     .all(|p| !p.silent)
             }),
+            // Liveness: every run ends at rest (no request, write or sweep left to happen, no
+            // claim or stranded mark, no finalizer holding a deleting Machine, Cluster API done).
+            Property::eventually("L1 every run settles", |model: &Protocol, state: &State| {
+                model.at_rest(state)
+            }),
             Property::sometimes(
                 "a named machine is deleted",
                 |_: &Protocol, state: &State| {
@@ -1016,6 +1021,27 @@ fn protocol_model_an_absorbed_decrement_is_no_silent_success() {
     today.assert_no_discovery("S4 no silent no-op");
     today.assert_no_discovery("S1 every deleted machine was named");
     today.assert_no_discovery("S2 replicas fell once per applied machine");
+}
+
+/// Liveness needs the sweeper: without one, a request that stops after claiming leaves its
+/// claim (and mark) for ever, and the run never settles; safety holds all the same.
+#[test]
+fn protocol_model_without_a_sweeper_a_stopped_request_never_settles() {
+    let checker = check(Protocol {
+        sweepers: 0,
+        ..claims(vec![0])
+    });
+    let path = checker
+        .discovery("L1 every run settles")
+        .expect("a stranded claim");
+    assert!(
+        path.into_actions()
+            .iter()
+            .any(|a| matches!(a, Action::Stop(_))),
+        "it is a stopped request's"
+    );
+    checker.assert_no_discovery("S1 every deleted machine was named");
+    checker.assert_no_discovery("S2 replicas fell once per applied machine");
 }
 
 /// The larger bound, for `make safety`: two requests on two machines with two sweepers, two
