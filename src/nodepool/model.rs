@@ -246,12 +246,12 @@ fn protocol_model_node_pool_intents_order_each_server_once_across_two_reconciler
     checker.assert_properties();
 }
 
-/// Finding 7: with unguarded status writes two reconcilers both record and order.
+/// The merge patches of before: two reconcilers both record and order.
 #[test]
 fn protocol_model_node_pool_unguarded_intents_order_twice() {
     let checker = check(Writes::Unguarded);
     let path = checker
         .discovery("S5 no more servers than desired")
         .expect("two reconcilers order twice");
-    eprintln!("finding 7:\n{path}");
+    eprintln!("unguarded intents:\n{path}");
 }

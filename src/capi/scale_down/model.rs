@@ -946,9 +946,9 @@ fn protocol_model_claims_hold_under_two_sweepers_and_many_faults() {
     checker.assert_properties();
 }
 
-/// Finding 1 (a decrement committed, its reply lost, the mark rolled back) and finding 2
-/// (the sweeper's check, then a late decrement): the rules before claims delete a machine
-/// cluster-autoscaler never named.
+/// A decrement committed with its reply lost, then the mark rolled back; and the sweeper's
+/// check, then a late decrement: the rules before claims delete a machine cluster-autoscaler
+/// never named.
 #[test]
 fn protocol_model_unfenced_rules_delete_machines_nobody_named() {
     let lost_reply = check(Protocol {
@@ -960,7 +960,7 @@ fn protocol_model_unfenced_rules_delete_machines_nobody_named() {
     let path = lost_reply
         .discovery("S1 every deleted machine was named")
         .expect("a lost reply after a committed decrement loses a machine");
-    eprintln!("finding 1:\n{path}");
+    eprintln!("lost reply:\n{path}");
     assert!(path.clone().into_actions().iter().any(|a| matches!(
         a,
         Action::Handle {
@@ -977,7 +977,7 @@ fn protocol_model_unfenced_rules_delete_machines_nobody_named() {
     let path = late
         .discovery("S1 every deleted machine was named")
         .expect("a decrement landing after the sweeper's check loses a machine");
-    eprintln!("finding 2:\n{path}");
+    eprintln!("sweeper check, then act:\n{path}");
     let actions = path.into_actions();
     let sweep = actions
         .iter()
@@ -997,7 +997,7 @@ fn protocol_model_claims_hold_when_replicas_are_raised_meanwhile() {
     checker.assert_properties();
 }
 
-/// Finding 3: a decrement replicas were raised over (Cluster API never deletes its machine)
+/// A decrement replicas were raised over (Cluster API never deletes its machine)
 /// makes a later DeleteNodes of that machine an OK that does nothing, under the rules before;
 /// today's answer an error once the grace has passed.
 #[test]
@@ -1014,7 +1014,7 @@ fn protocol_model_an_absorbed_decrement_is_no_silent_success() {
     let path = before
         .discovery("S4 no silent no-op")
         .expect("the rules before answer OK for an absorbed decrement");
-    eprintln!("finding 3:\n{path}");
+    eprintln!("absorbed decrement:\n{path}");
     let started = std::time::Instant::now();
     let today = check(scenario(Rules::Claims));
     report("absorbed decrement", &today, started);
