@@ -1040,6 +1040,24 @@ mod tests {
         }
     }
 
+    /// The snapshot after `changes` applied one by one (snapshots taken where marked), and the
+    /// snapshot a rebuild from scratch of the same inputs gives.
+    fn incremental_and_full(changes: &[(Change, bool)]) -> (Snapshot, Snapshot) {
+        let mut state = IndexState::new(&IndexInputs {
+            default_arch: "amd64".into(),
+            ..Default::default()
+        });
+        for (change, take_snapshot) in changes {
+            apply(&mut state, change);
+            if *take_snapshot {
+                let _ = state.snapshot();
+            }
+        }
+        let incremental = state.snapshot();
+        let full = IndexState::new(&state.inputs()).snapshot();
+        (incremental, full)
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -1049,15 +1067,7 @@ mod tests {
         fn incremental_updates_equal_a_full_rebuild(
             changes in proptest::collection::vec((change(), any::<bool>()), 1..60)
         ) {
-            let mut state = IndexState::new(&IndexInputs { default_arch: "amd64".into(), ..Default::default() });
-            for (change, take_snapshot) in &changes {
-                apply(&mut state, change);
-                if *take_snapshot {
-                    let _ = state.snapshot();
-                }
-            }
-            let incremental = state.snapshot();
-            let full = IndexState::new(&state.inputs()).snapshot();
+            let (incremental, full) = incremental_and_full(&changes);
             prop_assert_eq!(&incremental.groups, &full.groups);
             prop_assert_eq!(&incremental.exclusions, &full.exclusions);
             prop_assert_eq!(&incremental.machines, &full.machines);
@@ -1120,18 +1130,7 @@ mod tests {
                 false,
             ),
         ];
-        let mut state = IndexState::new(&IndexInputs {
-            default_arch: "amd64".into(),
-            ..Default::default()
-        });
-        for (change, take_snapshot) in &changes {
-            apply(&mut state, change);
-            if *take_snapshot {
-                let _ = state.snapshot();
-            }
-        }
-        let incremental = state.snapshot();
-        let full = IndexState::new(&state.inputs()).snapshot();
+        let (incremental, full) = incremental_and_full(&changes);
         assert_eq!(incremental.groups, full.groups);
     }
 

@@ -113,6 +113,16 @@ impl Group {
             .items
     }
 
+    /// Names of the Machines not being deleted.
+    pub async fn live_machines(&self) -> BTreeSet<String> {
+        self.machines()
+            .await
+            .iter()
+            .filter(|m| m.metadata.deletion_timestamp.is_none())
+            .map(|m| m.name_any())
+            .collect()
+    }
+
     pub async fn replicas(&self) -> i64 {
         let md = Api::<DynamicObject>::namespaced_with(
             self.client.clone(),

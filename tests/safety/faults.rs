@@ -10,7 +10,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use kube::ResourceExt;
 use ngo_sandbox::ca_client::CaClient;
 use ngo_sandbox::faultproxy::{Fault, FaultPlan, FaultProxy};
 use serde_json::json;
@@ -38,13 +37,7 @@ fn seed() -> u64 {
 
 /// Machines of `initial` that are gone or being deleted now.
 async fn deleted(group: &Group, initial: &BTreeSet<String>) -> BTreeSet<String> {
-    let live: BTreeSet<String> = group
-        .machines()
-        .await
-        .iter()
-        .filter(|m| m.metadata.deletion_timestamp.is_none())
-        .map(|m| m.name_any())
-        .collect();
+    let live = group.live_machines().await;
     initial.difference(&live).cloned().collect()
 }
 

@@ -85,13 +85,7 @@ async fn ten_nodes_deleted_at_once_by_cas_client_timing_out_on_a_slow_api_server
         rounds.push((ok, codes));
         // Let detached mutations finish and Cluster API start deleting before CA looks again.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let still: BTreeSet<String> = group
-            .machines()
-            .await
-            .iter()
-            .filter(|m| m.metadata.deletion_timestamp.is_none())
-            .map(|m| m.name_any())
-            .collect();
+        let still = group.live_machines().await;
         // A victim marked and decremented but not yet deleting is asked for again, as CA
         // would while its Node is still there: the ledger makes that a no-op.
         left.retain(|(name, _)| still.contains(name));
