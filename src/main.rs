@@ -172,6 +172,10 @@ struct RunArgs {
     /// Prefix of the identity naming a Cluster in client certificates.
     #[arg(long, default_value = nodegroup_operator::server::identity::DEFAULT_PREFIX)]
     client_identity_prefix: String,
+    /// With `--workload-nodes=cluster-secrets` and `--client-identity=off`: serve every client
+    /// every workload cluster (refused without this flag; logged as an error at start).
+    #[arg(long)]
+    allow_unscoped_clients: bool,
     /// Seconds between sweeps for stranded scale-down marks (leader only; also at start).
     #[arg(long, default_value_t = 15)]
     sweep_interval_secs: u64,
@@ -188,6 +192,15 @@ struct RunArgs {
 
 impl RunArgs {
     fn config(&self) -> anyhow::Result<Config> {
+        let unscoped_management =
+            self.workload_nodes == "cluster-secrets" && self.client_identity == "off";
+        if unscoped_management && !self.allow_unscoped_clients {
+            anyhow::bail!(
+                "--workload-nodes=cluster-secrets serves the cluster-autoscaler of every workload cluster: \
+                 scope each client to its Cluster with --client-identity=uri-san or common-name, or pass \
+                 --allow-unscoped-clients to let every client see and scale every cluster"
+            );
+        }
         let tls = match (&self.tls_cert, &self.tls_key, &self.tls_client_ca) {
             _ if self.insecure => None,
             (Some(cert), Some(key), Some(client_ca)) => Some(TlsFiles {
@@ -295,7 +308,14 @@ async fn run() -> anyhow::Result<()> {
         None => cli.run,
     };
     init_logging(args.log_json);
-    let running = runtime::start(args.config()?)
+    let config = args.config()?;
+    if args.allow_unscoped_clients && args.workload_nodes == "cluster-secrets" {
+        tracing::error!(
+            "--allow-unscoped-clients: every cluster-autoscaler connecting here sees and scales \
+             the node groups of every workload cluster (no --client-identity)"
+        );
+    }
+    let running = runtime::start(config)
         .await
         .context("starting nodegroup-operator")?;
     running.run_until(shutdown_signal()).await
@@ -314,6 +334,27 @@ mod tests {
         ])
         .expect("an unknown architecture does not stop the process");
         cli.run.config().unwrap().default_arch
+    }
+
+    #[test]
+    fn a_management_cluster_without_client_identity_needs_an_explicit_opt_out() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["nodegroup-operator", "--insecure"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args).expect("flags parse").run.config()
+        };
+        let error = parse(&["--workload-nodes=cluster-secrets"])
+            .err()
+            .expect("refused");
+        assert!(error.to_string().contains("--client-identity"), "{error}");
+        assert!(
+            parse(&[
+                "--workload-nodes=cluster-secrets",
+                "--allow-unscoped-clients"
+            ])
+            .is_ok()
+        );
+        assert!(parse(&["--workload-nodes=same-cluster"]).is_ok());
     }
 
     #[test]

@@ -502,6 +502,10 @@ fn bad_values_fail_with_the_value_and_the_reason() {
             "topology.workloadNodes=kubeconfig needs topology.managementKubeconfigSecret",
         ),
         (
+            &["--set", "topology.workloadNodes=cluster-secrets"],
+            "topology.workloadNodes=cluster-secrets serves the cluster-autoscaler of every workload cluster",
+        ),
+        (
             &[
                 "--set",
                 "grpc.insecure=true",
@@ -626,6 +630,12 @@ fn every_operator_flag_is_reachable_from_values() {
             "replicas=1",
             "--set",
             "leaderElection.enabled=false",
+        ],
+        &[
+            "--set",
+            "topology.workloadNodes=cluster-secrets",
+            "--set",
+            "topology.allowUnscopedClients=true",
         ],
     ];
     let mut args = Vec::new();
