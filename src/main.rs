@@ -343,9 +343,9 @@ mod tests {
             args.extend_from_slice(extra);
             Cli::try_parse_from(args).expect("flags parse").run.config()
         };
-        let error = parse(&["--workload-nodes=cluster-secrets"])
-            .err()
-            .expect("refused");
+        let Err(error) = parse(&["--workload-nodes=cluster-secrets"]) else {
+            panic!("a management cluster without client identity is refused");
+        };
         assert!(error.to_string().contains("--client-identity"), "{error}");
         assert!(
             parse(&[
