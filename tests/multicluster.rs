@@ -353,6 +353,28 @@ async fn each_autoscaler_sees_and_scales_only_its_own_cluster() {
         "{refresh}"
     );
     nobody.finish().await.expect("exits");
+    // GPULabel and Cleanup name no group, and are refused to it all the same.
+    let nobody_cert =
+        w.a.pki
+            .issue_cluster_client(&w.a.namespace, "no-such-cluster")
+            .expect("cert");
+    let mut nobody = connect_as(&w, &nobody_cert).await;
+    let gpu = nobody
+        .gpu_label(nodegroup_operator::proto::GpuLabelRequest {})
+        .await;
+    assert_eq!(
+        gpu.map(|_| ()).map_err(|s| s.code()),
+        Err(tonic::Code::PermissionDenied),
+        "GPULabel"
+    );
+    let cleanup = nobody
+        .cleanup(nodegroup_operator::proto::CleanupRequest {})
+        .await;
+    assert_eq!(
+        cleanup.map(|_| ()).map_err(|s| s.code()),
+        Err(tonic::Code::PermissionDenied),
+        "Cleanup"
+    );
     let a_cert =
         w.a.pki
             .issue_cluster_client(&w.a.namespace, "ca")

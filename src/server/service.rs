@@ -394,7 +394,9 @@ impl CloudProvider for CloudProviderService {
     ) -> RpcResult<proto::GpuLabelResponse> {
         let caller = self.caller(&request);
         self.rpc("GPULabel", async {
-            caller.map_err(|e| ProviderError::PermissionDenied(e.to_string()))?;
+            // Names no group, but answers only clients of a served Cluster, as every RPC.
+            let snapshot = self.snapshot()?;
+            Self::authorize(&caller, &snapshot)?;
             Ok(proto::GpuLabelResponse {
                 label: GPU_LABEL.into(),
             })
@@ -435,7 +437,8 @@ impl CloudProvider for CloudProviderService {
     ) -> RpcResult<proto::CleanupResponse> {
         let caller = self.caller(&request);
         self.rpc("Cleanup", async {
-            caller.map_err(|e| ProviderError::PermissionDenied(e.to_string()))?;
+            let snapshot = self.snapshot()?;
+            Self::authorize(&caller, &snapshot)?;
             Ok(proto::CleanupResponse {})
         })
         .await
