@@ -666,12 +666,11 @@ impl CapiActuator {
         &self,
         group: &GroupKey,
     ) -> Result<Option<crate::capi::scale_down::Ledger>, ActuateError> {
-        let Some(resource) = self.resources.scalable(group.kind) else {
+        if self.resources.scalable(group.kind).is_none() {
             return Ok(None);
-        };
-        let api: kube::Api<kube::api::DynamicObject> =
-            kube::Api::namespaced_with(self.client.clone(), &group.namespace, resource);
-        let object = api
+        }
+        let object = self
+            .scalable(group.kind, &group.namespace)
             .get_opt(&group.name)
             .await
             .map_err(ActuateError::api(format!("reading {}", group.id)))?;
