@@ -327,6 +327,18 @@ pub struct MachineEntry {
     pub marked_for_deletion: bool,
     /// The scale-down request that marked it, when this operator did.
     pub scale_down: Option<crate::capi::scale_down::ScaleDownMark>,
+    /// `spec.clusterName`: the Cluster (in `namespace`) it belongs to.
+    pub cluster_name: String,
+}
+
+impl MachineEntry {
+    /// The Cluster it belongs to.
+    pub fn cluster_key(&self) -> ClusterKey {
+        ClusterKey {
+            namespace: self.namespace.clone(),
+            name: self.cluster_name.clone(),
+        }
+    }
 }
 
 /// What NodeGroupForNode found for a provider ID.
@@ -349,8 +361,8 @@ pub struct Snapshot {
     pub exclusions: Vec<Exclusion>,
     /// Machines by `<namespace>/<name>`.
     pub machines: ShardedMap<String, MachineEntry>,
-    /// Normalized provider ID -> machine key(s) or MachinePool group.
-    pub(crate) by_provider_id: ShardedMap<String, ProviderIdOwner>,
+    /// Normalized provider ID -> per Cluster, the machine key(s) or MachinePool group.
+    pub(crate) by_provider_id: ShardedMap<String, ProviderIdOwners>,
     /// Objects indexed, for metrics.
     pub counts: IndexCounts,
     /// Per policy (`<namespace>/<name>`), what it governs.
@@ -381,57 +393,105 @@ pub(crate) enum ProviderIdOwner {
     Ambiguous(usize),
 }
 
+impl ProviderIdOwner {
+    /// How many objects claim the provider ID.
+    fn claimants(&self) -> usize {
+        match self {
+            ProviderIdOwner::Ambiguous(n) => *n,
+            _ => 1,
+        }
+    }
+}
+
+/// Who owns one provider ID in each Cluster whose objects carry it. A provider ID is resolved
+/// only among the objects of one Cluster, so a tenant's object naming another cluster's
+/// provider ID cannot take over or hide that cluster's node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ProviderIdOwners(pub(crate) BTreeMap<ClusterKey, ProviderIdOwner>);
+
+impl ProviderIdOwners {
+    /// The owner among the objects of `cluster`; with `None` (scoping off), among every
+    /// Cluster's, ambiguous when several Clusters claim it.
+    fn within(&self, cluster: Option<&ClusterKey>) -> Option<ProviderIdOwner> {
+        match cluster {
+            Some(cluster) => self.0.get(cluster).cloned(),
+            None => match self.0.len() {
+                0 => None,
+                1 => self.0.values().next().cloned(),
+                _ => Some(ProviderIdOwner::Ambiguous(
+                    self.0.values().map(ProviderIdOwner::claimants).sum(),
+                )),
+            },
+        }
+    }
+}
+
 impl Snapshot {
     /// The group with this id.
     pub fn group(&self, id: &str) -> Option<&Arc<NodeGroup>> {
         self.groups.get(id)
     }
 
-    /// The group a node belongs to, from its provider ID (raw or synthetic).
-    pub fn group_for_provider_id(&self, provider_id: &str) -> NodeGroupLookup {
+    /// The group a node belongs to, from its provider ID (raw or synthetic), resolved among
+    /// the objects of `cluster` (`None`: of every Cluster, scoping off).
+    pub fn group_for_provider_id(
+        &self,
+        provider_id: &str,
+        cluster: Option<&ClusterKey>,
+    ) -> NodeGroupLookup {
         if let Some(synthetic) = providerid::parse_synthetic(provider_id) {
             let key = format!("{}/{}", synthetic.namespace, synthetic.name);
-            return self.group_of_machine(&key);
+            return self.group_of_machine(&key, cluster);
         }
         if provider_id.is_empty() {
             return NodeGroupLookup::None;
         }
-        match self.by_provider_id.get(providerid::normalize(provider_id)) {
-            None => NodeGroupLookup::None,
-            Some(ProviderIdOwner::Ambiguous(n)) => NodeGroupLookup::Ambiguous(*n),
-            Some(ProviderIdOwner::Pool(group)) => self.lookup(group),
-            Some(ProviderIdOwner::Machine(key)) => self.group_of_machine(key),
-        }
-    }
-
-    /// The machine behind a provider ID (raw or synthetic), if any.
-    pub fn machine_for_provider_id(&self, provider_id: &str) -> Option<&MachineEntry> {
-        if let Some(synthetic) = providerid::parse_synthetic(provider_id) {
-            return self
-                .machines
-                .get(&format!("{}/{}", synthetic.namespace, synthetic.name));
-        }
-        match self
+        let owner = self
             .by_provider_id
-            .get(providerid::normalize(provider_id))?
-        {
-            ProviderIdOwner::Machine(key) => self.machines.get(key),
-            _ => None,
+            .get(providerid::normalize(provider_id))
+            .and_then(|owners| owners.within(cluster));
+        match owner {
+            None => NodeGroupLookup::None,
+            Some(ProviderIdOwner::Ambiguous(n)) => NodeGroupLookup::Ambiguous(n),
+            Some(ProviderIdOwner::Pool(group)) => self.lookup(&group, cluster),
+            Some(ProviderIdOwner::Machine(key)) => self.group_of_machine(&key, cluster),
         }
     }
 
-    /// The group of a machine key, if it is served.
-    pub fn group_of_machine(&self, key: &str) -> NodeGroupLookup {
+    /// The machine behind a provider ID (raw or synthetic) among the objects of `cluster`.
+    pub fn machine_for_provider_id(
+        &self,
+        provider_id: &str,
+        cluster: &ClusterKey,
+    ) -> Option<&MachineEntry> {
+        let key = match providerid::parse_synthetic(provider_id) {
+            Some(synthetic) => format!("{}/{}", synthetic.namespace, synthetic.name),
+            None => match self
+                .by_provider_id
+                .get(providerid::normalize(provider_id))?
+                .within(Some(cluster))?
+            {
+                ProviderIdOwner::Machine(key) => key,
+                _ => return None,
+            },
+        };
+        self.machines
+            .get(&key)
+            .filter(|m| m.cluster_key() == *cluster)
+    }
+
+    /// The group of a machine key, if it is served (and, given `cluster`, belongs to it).
+    pub fn group_of_machine(&self, key: &str, cluster: Option<&ClusterKey>) -> NodeGroupLookup {
         match self.machines.get(key).and_then(|m| m.group.as_deref()) {
-            Some(group) => self.lookup(group),
+            Some(group) => self.lookup(group, cluster),
             None => NodeGroupLookup::None,
         }
     }
 
-    fn lookup(&self, group: &str) -> NodeGroupLookup {
+    fn lookup(&self, group: &str, cluster: Option<&ClusterKey>) -> NodeGroupLookup {
         match self.groups.get(group) {
-            Some(g) => NodeGroupLookup::Group(g.clone()),
-            None => NodeGroupLookup::None,
+            Some(g) if cluster.is_none_or(|c| *c == g.cluster) => NodeGroupLookup::Group(g.clone()),
+            _ => NodeGroupLookup::None,
         }
     }
 }

@@ -23,8 +23,8 @@ use super::build::{
 };
 use super::keyset::KeySet;
 use super::model::{
-    ClusterKey, Exclusion, ExclusionReason, IndexCounts, Instance, InstanceState, MachineEntry,
-    NodeGroup, PolicyReport, ProviderIdOwner, Snapshot,
+    ClusterKey, ConfigWarning, Exclusion, ExclusionReason, IndexCounts, Instance, InstanceState,
+    MachineEntry, NodeGroup, PolicyReport, ProviderIdOwner, ProviderIdOwners, Snapshot,
 };
 use super::policy::PolicyRules;
 use super::sharded::ShardedMap;
@@ -76,7 +76,7 @@ pub struct IndexState {
     roots: BTreeMap<ResourceKey, RootOutput>,
     groups: BTreeMap<String, Arc<NodeGroup>>,
     machine_entries: ShardedMap<String, MachineEntry>,
-    pid_owners: ShardedMap<String, ProviderIdOwner>,
+    pid_owners: ShardedMap<String, ProviderIdOwners>,
 
     // Pending work.
     dirty_roots: BTreeSet<ResourceKey>,
@@ -265,6 +265,7 @@ impl IndexState {
         if let Some(pid) = &m.provider_id {
             let pid = providerid::normalize(pid).to_string();
             self.dirty_pids.insert(pid.clone());
+            self.touch_pid_sharers(&pid);
             self.machines_by_pid
                 .entry(pid)
                 .or_default()
@@ -313,6 +314,7 @@ impl IndexState {
             let pid = providerid::normalize(pid).to_string();
             self.dirty_pids.insert(pid.clone());
             remove_from(&mut self.machines_by_pid, &pid, key);
+            self.touch_pid_sharers(&pid);
         }
         if let Some(node) = &old.node_ref_name {
             remove_from(&mut self.machines_by_node_name, node, key);
@@ -633,10 +635,15 @@ impl IndexState {
                 .collect();
         } else {
             for m in self.machines_of(key) {
-                if self.owning_group(m).as_deref() == Some(g.id.as_str())
-                    && let Some(instance) = instance_for(m, self)
-                {
+                if self.owning_group(m).as_deref() != Some(g.id.as_str()) {
+                    continue;
+                }
+                if let Some(instance) = instance_for(m, self) {
                     g.instances.push(instance);
+                }
+                let sharing = self.sharing_provider_id(m);
+                if !sharing.is_empty() {
+                    g.warnings.push(provider_id_collision(m, &sharing));
                 }
             }
         }
@@ -709,40 +716,130 @@ impl IndexState {
                 .annotations
                 .get(scale_down::MARK_ANNOTATION)
                 .and_then(|v| scale_down::ScaleDownMark::parse(v)),
+            cluster_name: m.cluster_name.clone(),
         }
     }
 
-    /// Who owns normalized provider ID `pid`: the machines that have it (several: ambiguous),
-    /// else a served MachinePool listing it, else the machine a Node with it names (providers
-    /// that never set `Machine.spec.providerID`).
-    fn pid_owner(&self, pid: &str) -> Option<ProviderIdOwner> {
-        if let Some(machines) = self.machines_by_pid.get(pid).filter(|m| !m.is_empty()) {
-            return Some(match machines.len() {
-                1 => ProviderIdOwner::Machine(machines.iter().next()?.clone()),
-                n => ProviderIdOwner::Ambiguous(n),
-            });
+    /// Who owns normalized provider ID `pid` in each Cluster whose objects carry it: the
+    /// machines that have it (several: ambiguous), else a served MachinePool listing it, else
+    /// the machine a Node with it names (providers that never set `Machine.spec.providerID`),
+    /// when that Node was read from the machine's own cluster or the shared view.
+    fn pid_owner(&self, pid: &str) -> Option<ProviderIdOwners> {
+        let mut owners: BTreeMap<ClusterKey, ProviderIdOwner> = BTreeMap::new();
+        let mut machines: BTreeMap<ClusterKey, Vec<&String>> = BTreeMap::new();
+        for key in self.machines_by_pid.get(pid).into_iter().flatten() {
+            if let Some(m) = self.machines.get(key) {
+                machines.entry(machine_cluster(m)).or_default().push(key);
+            }
         }
-        let pool = self
+        for (cluster, keys) in machines {
+            let owner = match keys.as_slice() {
+                [only] => ProviderIdOwner::Machine((*only).clone()),
+                all => ProviderIdOwner::Ambiguous(all.len()),
+            };
+            owners.insert(cluster, owner);
+        }
+        let pools = self
             .pools_by_pid
             .get(pid)
             .into_iter()
             .flatten()
             .filter_map(|k| match &self.roots.get(k)?.outcome {
-                Some(Ok(group)) => Some(group.id.clone()),
+                Some(Ok(group)) => Some(group),
                 _ => None,
-            })
-            .min();
-        if let Some(group) = pool {
-            return Some(ProviderIdOwner::Pool(group));
+            });
+        for group in pools {
+            let owner = owners
+                .entry(group.cluster.clone())
+                .or_insert_with(|| ProviderIdOwner::Pool(group.id.clone()));
+            if let ProviderIdOwner::Pool(first) = owner
+                && group.id < *first
+            {
+                *first = group.id.clone();
+            }
         }
-        self.nodes_by_pid
+        let mut annotated: BTreeMap<ClusterKey, &String> = BTreeMap::new();
+        for node in self.nodes_by_pid.get(pid).into_iter().flatten() {
+            let Some(node) = self.nodes.get(node) else {
+                continue;
+            };
+            let Some((key, m)) = self
+                .annotated_machine(node)
+                .and_then(|k| self.machines.get_key_value(&k))
+            else {
+                continue;
+            };
+            let cluster = machine_cluster(m);
+            if node.cluster.as_ref().is_some_and(|c| *c != cluster) || owners.contains_key(&cluster)
+            {
+                continue;
+            }
+            let entry = annotated.entry(cluster).or_insert(key);
+            if key < *entry {
+                *entry = key;
+            }
+        }
+        for (cluster, key) in annotated {
+            owners.insert(cluster, ProviderIdOwner::Machine(key.clone()));
+        }
+        (!owners.is_empty()).then_some(ProviderIdOwners(owners))
+    }
+
+    /// Other machines of `m`'s cluster with `m`'s provider ID (a collision NodeGroupForNode
+    /// cannot resolve), by key.
+    fn sharing_provider_id(&self, m: &Machine) -> Vec<&String> {
+        let Some(pid) = m.provider_id.as_deref() else {
+            return Vec::new();
+        };
+        let cluster = machine_cluster(m);
+        let key = m.key();
+        self.machines_by_pid
+            .get(providerid::normalize(pid))
+            .into_iter()
+            .flatten()
+            .filter(|k| **k != key)
+            .filter(|k| {
+                self.machines
+                    .get(*k)
+                    .is_some_and(|other| machine_cluster(other) == cluster)
+            })
+            .collect()
+    }
+
+    /// Marks the groups of every machine with normalized provider ID `pid`: a machine that
+    /// came or went with it makes or ends a collision in their cluster.
+    fn touch_pid_sharers(&mut self, pid: &str) {
+        let roots: Vec<ResourceKey> = self
+            .machines_by_pid
             .get(pid)
             .into_iter()
             .flatten()
-            .filter_map(|n| self.annotated_machine(self.nodes.get(n)?))
-            .filter(|m| self.machines.contains_key(m))
-            .min()
-            .map(ProviderIdOwner::Machine)
+            .filter_map(|k| self.root_of_machine(self.machines.get(k)?))
+            .collect();
+        self.dirty_roots.extend(roots);
+    }
+}
+
+/// The warning on a group whose machine `m` shares its provider ID with `sharing` (machine
+/// keys) in its cluster: the Node behind it matches no group until the IDs are corrected.
+fn provider_id_collision(m: &Machine, sharing: &[&String]) -> ConfigWarning {
+    let others: Vec<&str> = sharing.iter().map(|k| k.as_str()).collect();
+    ConfigWarning {
+        field: "spec.providerID".into(),
+        message: format!(
+            "Machine {} has provider ID {:?}, as Machine {} of the same Cluster: the Node with it belongs to no node group until the duplicate is corrected",
+            m.key(),
+            m.provider_id.as_deref().unwrap_or_default(),
+            others.join(", ")
+        ),
+    }
+}
+
+/// The Cluster a machine belongs to (`spec.clusterName` in its namespace).
+fn machine_cluster(m: &Machine) -> ClusterKey {
+    ClusterKey {
+        namespace: m.namespace.clone(),
+        name: m.cluster_name.clone(),
     }
 }
 
@@ -996,7 +1093,9 @@ mod tests {
                 if marked {
                     meta["annotations"] = json!({"cluster.x-k8s.io/delete-machine": "yes"});
                 }
-                let mut spec = json!({"clusterName": "c1"});
+                // Two machines belong to another Cluster: provider IDs resolve per Cluster.
+                let cluster = if i >= 6 { "c2" } else { "c1" };
+                let mut spec = json!({"clusterName": cluster});
                 if let Some(p) = p {
                     spec["providerID"] = json!(pid(p));
                 }

@@ -55,6 +55,16 @@ pub enum Scope {
     Cluster(ClusterKey),
 }
 
+impl Scope {
+    /// The Cluster the caller is confined to; `None` when it sees everything.
+    pub fn cluster(&self) -> Option<&ClusterKey> {
+        match self {
+            Scope::All => None,
+            Scope::Cluster(cluster) => Some(cluster),
+        }
+    }
+}
+
 /// Why a client has no scope.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IdentityError {

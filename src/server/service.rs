@@ -228,11 +228,14 @@ impl CloudProviderService {
         }
     }
 
+    /// The group of `node` among the caller's Cluster's objects: by provider ID, else (template
+    /// nodes) by the group annotation this operator puts on them.
     fn group_for_node(
         snapshot: &Snapshot,
         node: &proto::ExternalGrpcNode,
+        scope: &Scope,
     ) -> Result<Option<Arc<NodeGroup>>, ProviderError> {
-        match snapshot.group_for_provider_id(&node.provider_id) {
+        match snapshot.group_for_provider_id(&node.provider_id, scope.cluster()) {
             NodeGroupLookup::Group(g) => Ok(Some(g)),
             NodeGroupLookup::Ambiguous(n) => Err(ProviderError::FailedPrecondition(format!(
                 "node {:?} (providerID {:?}): {n} machines share this provider ID; fix the duplicate provider IDs",
@@ -241,7 +244,9 @@ impl CloudProviderService {
             NodeGroupLookup::None => Ok(node
                 .annotations
                 .get(TEMPLATE_GROUP_ANNOTATION)
-                .and_then(|id| snapshot.group(id).cloned())),
+                .and_then(|id| snapshot.group(id))
+                .filter(|g| Self::visible(scope, g))
+                .cloned()),
         }
     }
 }
@@ -280,13 +285,13 @@ impl CloudProvider for CloudProviderService {
                 .ok_or_else(|| ProviderError::InvalidArgument("request has no node".into()))?;
             let snapshot = self.snapshot()?;
             let scope = Self::authorize(&caller, &snapshot)?;
-            let group = match snapshot.group_for_provider_id(&node.provider_id) {
+            // Resolved among the caller's Cluster's objects only: another cluster's node is
+            // "not autoscaled" to this caller, as CA expects for nodes of no group.
+            let group = match snapshot.group_for_provider_id(&node.provider_id, scope.cluster()) {
                 NodeGroupLookup::Group(g) => Some(g),
                 NodeGroupLookup::None => None,
-                NodeGroupLookup::Ambiguous(_) => Self::group_for_node(&snapshot, &node)?,
+                NodeGroupLookup::Ambiguous(_) => Self::group_for_node(&snapshot, &node, &scope)?,
             };
-            // Another cluster's node is "not autoscaled" to this caller, as CA expects for
-            // nodes of no group.
             let group = group
                 .filter(|g| Self::visible(&scope, g))
                 .map(|g| convert::node_group(&g))
@@ -316,8 +321,7 @@ impl CloudProvider for CloudProviderService {
             )?;
             let snapshot = self.snapshot()?;
             let scope = Self::authorize(&caller, &snapshot)?;
-            let group =
-                Self::group_for_node(&snapshot, &node)?.filter(|g| Self::visible(&scope, g));
+            let group = Self::group_for_node(&snapshot, &node, &scope)?;
             let hourly = group
                 .as_deref()
                 .and_then(pricing::node_hourly)

@@ -412,7 +412,7 @@ impl CapiActuator {
         node: &NodeRef,
     ) -> Result<Option<Removal>, ActuateError> {
         let id = node.id();
-        match snapshot.group_for_provider_id(id) {
+        match snapshot.group_for_provider_id(id, Some(&group.cluster)) {
             NodeGroupLookup::Group(actual) if actual.id == group.id => {}
             NodeGroupLookup::Group(actual) => {
                 return Err(ActuateError::NotMember {
@@ -429,7 +429,7 @@ impl CapiActuator {
             }
             NodeGroupLookup::None => return Err(ActuateError::UnknownNode { node: id.into() }),
         }
-        if let Some(machine) = snapshot.machine_for_provider_id(id) {
+        if let Some(machine) = snapshot.machine_for_provider_id(id, &group.cluster) {
             if machine.deleting {
                 tracing::info!(node = id, machine = %machine.name, "machine already deleting; not decrementing again");
                 return Ok(None);

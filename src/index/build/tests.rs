@@ -217,12 +217,12 @@ fn paused_resources_are_excluded_and_their_nodes_have_no_group() {
     assert!(snap.groups.is_empty());
     assert_eq!(snap.exclusions[0].reason, ExclusionReason::Paused);
     assert_eq!(
-        snap.group_for_provider_id("test:////node-0"),
+        snap.group_for_provider_id("test:////node-0", None),
         NodeGroupLookup::None
     );
     i.resources[0].annotations.remove("cluster.x-k8s.io/paused");
     assert!(matches!(
-        build_snapshot(&i).group_for_provider_id("test:////node-0"),
+        build_snapshot(&i).group_for_provider_id("test:////node-0", None),
         NodeGroupLookup::Group(_)
     ));
 }
@@ -258,20 +258,20 @@ fn replicas_unset_is_excluded_with_a_reason() {
 #[test]
 fn node_group_for_node_follows_the_owner_chain() {
     let snap = build_snapshot(&deployment(2, bounds("1", "5"), 2));
-    let NodeGroupLookup::Group(g) = snap.group_for_provider_id("test:////node-1") else {
+    let NodeGroupLookup::Group(g) = snap.group_for_provider_id("test:////node-1", None) else {
         panic!()
     };
     assert_eq!(g.id, "MachineDeployment/ns/md");
     assert_eq!(
-        snap.group_for_provider_id("test:///node-1").clone(),
+        snap.group_for_provider_id("test:///node-1", None).clone(),
         NodeGroupLookup::Group(g.clone()),
         "matched on the normalized tail"
     );
     assert_eq!(
-        snap.group_for_provider_id("test:////unknown"),
+        snap.group_for_provider_id("test:////unknown", None),
         NodeGroupLookup::None
     );
-    assert_eq!(snap.group_for_provider_id(""), NodeGroupLookup::None);
+    assert_eq!(snap.group_for_provider_id("", None), NodeGroupLookup::None);
 }
 
 #[test]
@@ -282,7 +282,7 @@ fn machine_set_of_an_invisible_deployment_is_not_a_fallback_group() {
     let snap = build_snapshot(&i);
     assert!(snap.groups.is_empty());
     assert_eq!(
-        snap.group_for_provider_id("test:////node-0"),
+        snap.group_for_provider_id("test:////node-0", None),
         NodeGroupLookup::None
     );
 }
@@ -296,7 +296,7 @@ fn auto_discovery_filters_groups_and_their_nodes() {
     let snap = build_snapshot(&i);
     assert!(snap.groups.is_empty());
     assert_eq!(
-        snap.group_for_provider_id("test:////node-0"),
+        snap.group_for_provider_id("test:////node-0", None),
         NodeGroupLookup::None
     );
     i.filter = crate::capi::autodiscovery::DiscoveryFilter::parse(&[
@@ -405,13 +405,14 @@ fn pending_failed_and_deleting_machines_get_synthetic_ids_and_states() {
     );
     assert_eq!((g.registered, g.ready), (1, 0));
     // Synthetic ids resolve back to the group and the machine.
-    let NodeGroupLookup::Group(found) = snap.group_for_provider_id("pending-machine-ns_pending")
+    let NodeGroupLookup::Group(found) =
+        snap.group_for_provider_id("pending-machine-ns_pending", None)
     else {
         panic!()
     };
     assert_eq!(found.id, g.id);
     assert_eq!(
-        snap.machine_for_provider_id("failed-machine-ns_failed")
+        snap.machine_for_provider_id("failed-machine-ns_failed", &cluster("c1"))
             .unwrap()
             .name,
         "failed"
@@ -443,7 +444,8 @@ fn machines_without_provider_id_resolve_through_node_ref_and_node_annotations() 
     let snap = build_snapshot(&inputs(vec![md, ms], vec![m], vec![n]));
     let g = &snap.groups["MachineDeployment/ns/md"];
     assert_eq!(g.instances[0].id, "cloud:///zone/vm-a");
-    let NodeGroupLookup::Group(found) = snap.group_for_provider_id("cloud:///zone/vm-a") else {
+    let NodeGroupLookup::Group(found) = snap.group_for_provider_id("cloud:///zone/vm-a", None)
+    else {
         panic!()
     };
     assert_eq!(found.id, g.id);
@@ -478,7 +480,7 @@ fn provider_id_collisions_are_reported_as_ambiguous() {
     ];
     let snap = build_snapshot(&inputs(vec![ms], machines, vec![]));
     assert_eq!(
-        snap.group_for_provider_id("aws:///zone-a/i-1"),
+        snap.group_for_provider_id("aws:///zone-a/i-1", None),
         NodeGroupLookup::Ambiguous(2)
     );
 }
@@ -505,7 +507,7 @@ fn machine_pool_reports_its_provider_id_list_verbatim() {
         vec!["kwok:////a", "kwok:////b"]
     );
     assert_eq!(g.registered, 1);
-    let NodeGroupLookup::Group(found) = snap.group_for_provider_id("kwok:////b") else {
+    let NodeGroupLookup::Group(found) = snap.group_for_provider_id("kwok:////b", None) else {
         panic!()
     };
     assert_eq!(found.id, "MachinePool/ns/mp");
@@ -770,4 +772,179 @@ fn groups_of_a_workload_cluster_never_read_are_held_back_and_unreachable_ones_se
     let g = &snap.groups["MachineDeployment/ns/md"];
     assert_eq!(g.registered, 2, "the last known Nodes are used");
     assert_eq!(snap.workload.len(), 1);
+}
+
+/// Cluster c1 (namespace `ns`) runs MachineSet `ms` with machines on `i-1` and `i-2`; a tenant
+/// with Cluster `b` in namespace `tenant-b` copies them: a Machine with `i-1`, a MachinePool
+/// listing `i-2`, and a Node of c1 on `i-3` annotated as if it were the tenant's Machine.
+fn a_tenant_copying_provider_ids() -> IndexInputs {
+    let ms = resource(
+        ScalableKind::MachineSet,
+        "ms",
+        bounds("0", "9"),
+        Some(2),
+        None,
+    );
+    let own = |name: &str, pid: &str| machine(name, "ms", Some(pid), None, json!({}), false);
+    let tenant_set = dynamic(
+        json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
+        "metadata": {"name": "copy", "namespace": "tenant-b", "annotations": bounds("0", "9")},
+        "spec": {"clusterName": "b", "replicas": 1}}),
+    );
+    let tenant_pool = dynamic(
+        json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
+        "metadata": {"name": "pool", "namespace": "tenant-b", "annotations": bounds("0", "9")},
+        "spec": {"clusterName": "b", "replicas": 1, "providerIDList": ["aws:///zone-a/i-2"]}}),
+    );
+    let tenant_machine = Machine::from_dynamic(&dynamic(
+        json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": "copy-1", "namespace": "tenant-b",
+            "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet", "name": "copy", "uid": "z"}]},
+        "spec": {"clusterName": "b", "providerID": "aws:///zone-a/i-1"}}),
+    ));
+    let keys = CapiKeys::default();
+    let mut annotated = node("n3", "aws:///zone-a/i-3", true);
+    annotated.cluster = Some(cluster("c1"));
+    annotated
+        .annotations
+        .insert(keys.node_cluster_namespace.clone(), "tenant-b".into());
+    annotated
+        .annotations
+        .insert(keys.node_machine.clone(), "copy-1".into());
+    let mut inputs = inputs(
+        vec![
+            ms,
+            ScalableResource::from_dynamic(ScalableKind::MachineSet, &tenant_set, &keys),
+            ScalableResource::from_dynamic(ScalableKind::MachinePool, &tenant_pool, &keys),
+        ],
+        vec![
+            own("m1", "aws:///zone-a/i-1"),
+            own("m2", "aws:///zone-a/i-2"),
+            tenant_machine,
+        ],
+        vec![annotated],
+    );
+    inputs.clusters = vec![cluster("c1"), tenant_b()];
+    inputs
+}
+
+fn tenant_b() -> ClusterKey {
+    ClusterKey {
+        namespace: "tenant-b".into(),
+        name: "b".into(),
+    }
+}
+
+fn group_id(lookup: NodeGroupLookup) -> String {
+    match lookup {
+        NodeGroupLookup::Group(g) => g.id.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[test]
+fn provider_ids_resolve_only_among_the_calling_clusters_objects() {
+    let snap = build_snapshot(&a_tenant_copying_provider_ids());
+    let c1 = cluster("c1");
+    for pid in ["aws:///zone-a/i-1", "aws:///zone-a/i-2"] {
+        assert_eq!(
+            group_id(snap.group_for_provider_id(pid, Some(&c1))),
+            "MachineSet/ns/ms",
+            "{pid}: the tenant's copy neither hides nor takes over c1's node"
+        );
+    }
+    assert_eq!(
+        snap.group_for_provider_id("aws:///zone-a/i-3", Some(&c1)),
+        NodeGroupLookup::None,
+        "a Node of c1 annotated with another cluster's Machine belongs to no group of c1"
+    );
+    assert_eq!(
+        snap.machine_for_provider_id("aws:///zone-a/i-1", &c1)
+            .map(|m| m.name.as_str()),
+        Some("m1")
+    );
+    // The tenant's objects resolve only for the tenant.
+    let b = tenant_b();
+    assert_eq!(
+        group_id(snap.group_for_provider_id("aws:///zone-a/i-1", Some(&b))),
+        "MachineSet/tenant-b/copy"
+    );
+    assert_eq!(
+        group_id(snap.group_for_provider_id("aws:///zone-a/i-2", Some(&b))),
+        "MachinePool/tenant-b/pool"
+    );
+    assert_eq!(
+        snap.group_for_provider_id("aws:///zone-a/i-3", Some(&b)),
+        NodeGroupLookup::None,
+        "a Node read from c1 is not the tenant's, whatever its annotations say"
+    );
+    // Synthetic ids name a Machine: they resolve only within its Cluster too.
+    assert_eq!(
+        snap.group_for_provider_id("failed-machine-tenant-b_copy-1", Some(&c1)),
+        NodeGroupLookup::None
+    );
+    assert_eq!(
+        snap.machine_for_provider_id("failed-machine-tenant-b_copy-1", &c1),
+        None
+    );
+    // Scoping off (one operator, one cluster): every Cluster's objects count.
+    assert_eq!(
+        snap.group_for_provider_id("aws:///zone-a/i-1", None),
+        NodeGroupLookup::Ambiguous(2)
+    );
+    assert!(
+        snap.groups["MachineSet/ns/ms"].warnings.is_empty(),
+        "another cluster's copies are no collision of c1: {:?}",
+        snap.groups["MachineSet/ns/ms"].warnings
+    );
+}
+
+#[test]
+fn a_provider_id_collision_in_one_cluster_is_reported_on_both_groups_and_affects_only_that_node() {
+    let mut inputs = inputs(
+        vec![
+            resource(
+                ScalableKind::MachineSet,
+                "x",
+                bounds("0", "9"),
+                Some(2),
+                None,
+            ),
+            resource(
+                ScalableKind::MachineSet,
+                "y",
+                bounds("0", "9"),
+                Some(1),
+                None,
+            ),
+        ],
+        vec![
+            machine("x1", "x", Some("aws:///zone-a/i-1"), None, json!({}), false),
+            machine("x2", "x", Some("aws:///zone-a/i-2"), None, json!({}), false),
+            machine("y1", "y", Some("aws:///zone-b/i-1"), None, json!({}), false),
+        ],
+        vec![],
+    );
+    inputs.clusters = vec![cluster("c1")];
+    let snap = build_snapshot(&inputs);
+    let c1 = cluster("c1");
+    assert_eq!(
+        snap.group_for_provider_id("aws:///zone-a/i-1", Some(&c1)),
+        NodeGroupLookup::Ambiguous(2)
+    );
+    assert_eq!(
+        group_id(snap.group_for_provider_id("aws:///zone-a/i-2", Some(&c1))),
+        "MachineSet/ns/x",
+        "the other machines of the group are unaffected"
+    );
+    for (id, other) in [("MachineSet/ns/x", "ns/y1"), ("MachineSet/ns/y", "ns/x1")] {
+        let warnings = &snap.groups[id].warnings;
+        assert_eq!(warnings.len(), 1, "{id}: {warnings:?}");
+        assert_eq!(warnings[0].field, "spec.providerID");
+        assert!(
+            warnings[0].message.contains(other) && warnings[0].message.contains("i-1"),
+            "{id}: {}",
+            warnings[0].message
+        );
+    }
 }
