@@ -86,6 +86,8 @@ pub struct IndexInputs {
     pub policies: Vec<PolicyRules>,
     /// The Cluster API Clusters seen.
     pub clusters: Vec<ClusterKey>,
+    /// Those of them being deleted.
+    pub deleting_clusters: Vec<ClusterKey>,
     /// Management topology: the state of each workload cluster's Node cache. Groups of a
     /// cluster whose Nodes were never read are not served. `None` when Nodes come from one
     /// view shared by every cluster.

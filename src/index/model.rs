@@ -369,6 +369,11 @@ pub struct Snapshot {
     pub policies: BTreeMap<String, PolicyReport>,
     /// The Cluster API Clusters seen (identities of scoped clients must name one).
     pub clusters: std::collections::BTreeSet<ClusterKey>,
+    /// The Clusters of `clusters` being deleted.
+    pub deleting_clusters: std::collections::BTreeSet<ClusterKey>,
+    /// True when Nodes are read per workload cluster (management topology); `workload` then
+    /// lists the clusters with a connection, and a Cluster without one is not served yet.
+    pub nodes_per_cluster: bool,
     /// Per workload cluster, its Node cache (management topology only; empty otherwise).
     pub workload: BTreeMap<ClusterKey, WorkloadState>,
 }

@@ -564,6 +564,8 @@ impl IndexState {
             },
             policies: reports,
             clusters: self.base.clusters.iter().cloned().collect(),
+            deleting_clusters: self.base.deleting_clusters.iter().cloned().collect(),
+            nodes_per_cluster: self.base.workload.is_some(),
             workload: self.base.workload.clone().unwrap_or_default(),
         }
     }

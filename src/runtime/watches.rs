@@ -502,14 +502,16 @@ impl Watches {
             NodeStores::Single(..) => None,
             NodeStores::PerCluster(workload) => Some(workload.states()),
         };
-        let clusters = inner
-            .clusters
-            .state()
+        let key = |c: &DynamicObject| ClusterKey {
+            namespace: c.namespace().unwrap_or_default(),
+            name: c.name_any(),
+        };
+        let all_clusters = inner.clusters.state();
+        let clusters = all_clusters.iter().map(|c| key(c)).collect();
+        let deleting_clusters = all_clusters
             .iter()
-            .map(|c| ClusterKey {
-                namespace: c.namespace().unwrap_or_default(),
-                name: c.name_any(),
-            })
+            .filter(|c| c.metadata.deletion_timestamp.is_some())
+            .map(|c| key(c))
             .collect();
         let mut templates = HashMap::new();
         let watches = inner.templates.lock().unwrap_or_else(|p| p.into_inner());
@@ -542,6 +544,7 @@ impl Watches {
             template_kinds,
             policies: self.policies().iter().map(|p| p.rules()).collect(),
             clusters,
+            deleting_clusters,
             workload,
         }
     }

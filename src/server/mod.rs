@@ -5,6 +5,8 @@ pub mod convert;
 mod error;
 pub mod identity;
 pub mod options;
+#[cfg(test)]
+mod scoping_matrix;
 mod service;
 pub mod tls;
 

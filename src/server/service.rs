@@ -83,8 +83,10 @@ impl CloudProviderService {
         identity::scope(&self.identity, certs.as_deref().map(Vec::as_slice))
     }
 
-    /// Checks the caller's scope against what is served: its Cluster must exist, and (in the
-    /// management topology) its Nodes must have been read.
+    /// Checks the caller's scope against what is served: its Cluster must exist, must not be
+    /// being deleted, and (in the management topology) its Nodes must have been read. Until
+    /// then the caller's answer is UNAVAILABLE, never OK with no groups: cluster-autoscaler
+    /// would take that for a cluster without node groups.
     fn authorize(
         caller: &Result<Scope, IdentityError>,
         snapshot: &Snapshot,
@@ -98,12 +100,23 @@ impl CloudProviderService {
                     "the client certificate names Cluster {cluster}, which this operator does not serve"
                 )));
             }
-            if let Some(state) = snapshot.workload.get(cluster)
-                && !state.ever_synced()
-            {
+            if snapshot.deleting_clusters.contains(cluster) {
                 return Err(ProviderError::ClusterNotSynced(format!(
-                    "the Nodes of workload cluster {cluster} are not read yet ({state:?})"
+                    "Cluster {cluster} is being deleted; its node groups are no longer served"
                 )));
+            }
+            match snapshot.workload.get(cluster) {
+                Some(state) if !state.ever_synced() => {
+                    return Err(ProviderError::ClusterNotSynced(format!(
+                        "the Nodes of workload cluster {cluster} are not read yet ({state:?})"
+                    )));
+                }
+                None if snapshot.nodes_per_cluster => {
+                    return Err(ProviderError::ClusterNotSynced(format!(
+                        "workload cluster {cluster} is not connected yet"
+                    )));
+                }
+                _ => {}
             }
         }
         Ok(scope)
@@ -154,19 +167,13 @@ impl CloudProviderService {
                 id.len()
             )));
         }
-        let group = snapshot
+        // Another cluster's group is answered exactly as one that does not exist: a tenant
+        // cannot learn what exists outside its own Cluster.
+        snapshot
             .group(id)
+            .filter(|g| Self::visible(scope, g))
             .cloned()
-            .ok_or_else(|| ProviderError::GroupNotFound(id.into()))?;
-        match scope {
-            Scope::Cluster(cluster) if *cluster != group.cluster => {
-                Err(ProviderError::PermissionDenied(format!(
-                    "node group {id} belongs to Cluster {}; this client's certificate names Cluster {cluster}",
-                    group.cluster
-                )))
-            }
-            _ => Ok(group),
-        }
+            .ok_or_else(|| ProviderError::GroupNotFound(id.into()))
     }
 
     /// Whether `scope` includes `group`.
@@ -292,10 +299,7 @@ impl CloudProvider for CloudProviderService {
                 NodeGroupLookup::None => None,
                 NodeGroupLookup::Ambiguous(_) => Self::group_for_node(&snapshot, &node, &scope)?,
             };
-            let group = group
-                .filter(|g| Self::visible(&scope, g))
-                .map(|g| convert::node_group(&g))
-                .unwrap_or_default();
+            let group = group.map(|g| convert::node_group(&g)).unwrap_or_default();
             Ok(proto::NodeGroupForNodeResponse {
                 node_group: Some(group),
             })
