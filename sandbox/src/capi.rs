@@ -402,6 +402,26 @@ pub async fn create_cluster(
     Ok(())
 }
 
+/// Replaces the kubeconfig in the Secret `<cluster>-kubeconfig` of `namespace` (key `value`),
+/// as a rotation by Cluster API or a control plane provider does.
+pub async fn replace_kubeconfig(
+    client: &Client,
+    namespace: &str,
+    cluster: &str,
+    kubeconfig: &str,
+) -> Result<(), CapiError> {
+    let name = format!("{cluster}-kubeconfig");
+    Api::<Secret>::namespaced(client.clone(), namespace)
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"value": kubeconfig}})),
+        )
+        .await
+        .map_err(api_err(format!("replacing Secret {namespace}/{name}")))?;
+    Ok(())
+}
+
 /// Waits until Cluster API has connected to the workload cluster of `cluster` (condition
 /// `RemoteConnectionProbe=True`) and copied `controlPlaneInitialized`: from then on the
 /// Machine controller sees Nodes as they register.

@@ -10,6 +10,7 @@
 pub mod alicloud;
 pub mod autoscaler;
 pub mod bench;
+pub mod blackhole;
 pub mod boot;
 pub mod ca_client;
 pub mod capi;

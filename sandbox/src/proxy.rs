@@ -95,6 +95,11 @@ async fn forward(client: TcpStream, server: TcpStream, delay_ms: Arc<AtomicU64>)
 /// server's certificate covers `127.0.0.1`, so a proxy on loopback is transparent to TLS).
 pub fn kubeconfig_via(from: &Path, to: &Path, address: SocketAddr) -> std::io::Result<()> {
     let text = std::fs::read_to_string(from)?;
+    std::fs::write(to, kubeconfig_text_via(&text, address))
+}
+
+/// Kubeconfig `text` with every cluster's server replaced by `https://<address>`.
+pub fn kubeconfig_text_via(text: &str, address: SocketAddr) -> String {
     let rewritten: String = text
         .lines()
         .map(|line| match line.trim_start().strip_prefix("server: ") {
@@ -106,5 +111,5 @@ pub fn kubeconfig_via(from: &Path, to: &Path, address: SocketAddr) -> std::io::R
         })
         .collect::<Vec<_>>()
         .join("\n");
-    std::fs::write(to, rewritten + "\n")
+    rewritten + "\n"
 }

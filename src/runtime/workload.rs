@@ -7,56 +7,118 @@
 //! - **cluster secrets**: the operator runs in the management cluster and reads the Nodes of
 //!   every workload cluster through Cluster API's `<cluster>-kubeconfig` Secret, as Cluster
 //!   API's own cluster cache does. A connection is opened when a Cluster appears, closed when
-//!   it goes, and re-opened when its Secret changes; one unreachable cluster affects only its
-//!   own groups.
+//!   it goes, and replaced when the kubeconfig in its Secret changes; one unreachable cluster
+//!   affects only its own groups.
+//!
+//! # Telling whether a workload cluster answers
+//!
+//! Every connection runs two tasks of its own, so a cluster that does not answer delays no
+//! other: a Node watch filling the cache, and a probe that asks the API server for one Node's
+//! metadata every [`PROBE_INTERVAL`], waiting at most [`PROBE_TIMEOUT`]. The probe needs what
+//! the cache needs (reachability, credentials, the right to list Nodes) and costs the API
+//! server next to nothing. Once the probes have gone unanswered for [`UNREACHABLE_AFTER`], the
+//! cluster is reported unreachable (never synced, before its first list): a refused connection
+//! and a silent partition (packets dropped, a hung API server) alike are reported within about
+//! 15 s. The watch cannot tell by itself: it is silent while no Node changes, and kube's watcher
+//! renews a silent watch without a word. When the probes are answered again, the Nodes are
+//! listed afresh and the cluster is reported synced once that list completes, since a watch
+//! that outlived an outage may have missed changes or hang on a dead connection.
+//!
+//! Every workload client has transport timeouts too, so that no request to a workload cluster
+//! waits forever: [`CONNECT_TIMEOUT`], [`READ_TIMEOUT`] and [`WRITE_TIMEOUT`]. The read
+//! timeout counts silence on a connection, and a watch is a long-lived request: the API server
+//! is asked to end each Node watch after [`WATCH_TIMEOUT_SECS`] (the watch then resumes where
+//! it was), so a healthy watch is never silent for as long as the read timeout, and a watch
+//! stuck on a dead connection is cut and renewed.
+//!
+//! # Kubeconfig rotation
+//!
+//! Each Secret is read again every [`SECRET_INTERVAL`]. Only a change of the kubeconfig itself
+//! (`data.value`, compared by digest) reconnects; a change of the Secret's metadata does not.
+//! The new connection is made beside the one in use, which keeps serving its Nodes and its
+//! state until the new one has listed the Nodes; then they swap (make before break). A new
+//! connection that has not synced after [`ROTATION_WARN_AFTER`] is reported with a warning,
+//! and the old one keeps serving, for as long as it works and its state says whether it does.
+//! A connection that never synced is not worth keeping: a new kubeconfig replaces it at once.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DynamicObject};
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::changes::{Changes, Track};
 use super::nodes::WatchedNode;
 use super::ready::until_ready;
+use super::watches::{WatchBackoff, relevant};
 use crate::index::{ClusterKey, WorkloadState};
 
-/// How often the set of Clusters is compared with the open connections.
+/// How often the set of Clusters is compared with the open connections, and connections made
+/// from rotated kubeconfigs are checked.
 const RECONCILE_INTERVAL: Duration = Duration::from_secs(2);
 /// How often each Cluster's kubeconfig Secret is read again (rotation, a Secret that appeared).
 const SECRET_INTERVAL: Duration = Duration::from_secs(30);
 
+/// Longest a workload client waits for a TCP connection and TLS handshake.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a workload client waits for the next bytes of a response.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest a workload client waits to send a request.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Seconds the API server keeps each Node watch request open; the watch then resumes from
+/// where it was. kube's watcher renews a watch that stays silent 5 s longer than this.
+const WATCH_TIMEOUT_SECS: u32 = 20;
+// A healthy watch is renewed before the read timeout would cut it.
+const _: () = assert!(READ_TIMEOUT.as_secs() > WATCH_TIMEOUT_SECS as u64 + 5);
+
+/// How often each connection probes its API server.
+const PROBE_INTERVAL: Duration = Duration::from_secs(5);
+/// Longest a probe waits for its answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the probes of a cluster may go unanswered before it is reported unreachable:
+/// rides out an API server restart of a few seconds.
+const UNREACHABLE_AFTER: Duration = Duration::from_secs(10);
+// A silent cluster is reported by the second probe after its last answer, which ends
+// `2 * PROBE_INTERVAL + PROBE_TIMEOUT` (15 s) after it.
+const _: () =
+    assert!(UNREACHABLE_AFTER.as_secs() < 2 * PROBE_INTERVAL.as_secs() + PROBE_TIMEOUT.as_secs());
+/// How long a connection made from a rotated kubeconfig may take to list the Nodes before a
+/// warning says so.
+const ROTATION_WARN_AFTER: Duration = Duration::from_secs(30);
+
 /// The Node caches of every workload cluster, by Cluster.
 #[derive(Clone, Default)]
 pub struct WorkloadClusters {
-    connections: Arc<Mutex<HashMap<ClusterKey, Connection>>>,
+    slots: Arc<Mutex<HashMap<ClusterKey, Slot>>>,
 }
 
-struct Connection {
-    store: Store<WatchedNode>,
-    /// The workload cluster's client; `None` while no kubeconfig could be read.
-    client: Option<Client>,
-    state: Arc<Mutex<WorkloadState>>,
-    /// resourceVersion of the Secret the connection was made from.
-    secret_version: String,
-    shutdown: CancellationToken,
+/// The connections to one workload cluster.
+struct Slot {
+    /// The connection whose Nodes and state are served.
+    serving: Connection,
+    /// A connection made from a rotated kubeconfig, serving once it has listed the Nodes.
+    rotation: Option<Rotation>,
 }
 
-impl Drop for Connection {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
+/// A connection made from a rotated kubeconfig, beside the one serving.
+struct Rotation {
+    connection: Connection,
+    since: Instant,
+    /// Its slowness was reported.
+    warned: bool,
 }
 
 impl WorkloadClusters {
     /// Keeps one connection per Cluster in `clusters` until `shutdown`: opened when a Cluster
-    /// appears (or its kubeconfig Secret changes), closed when it goes.
+    /// appears, replaced when its kubeconfig changes, closed when the Cluster goes.
     pub async fn run(
         self,
         management: Client,
@@ -70,7 +132,7 @@ impl WorkloadClusters {
                 ready = until_ready(store) => ready?,
             }
         }
-        let mut secrets_read: HashMap<ClusterKey, tokio::time::Instant> = HashMap::new();
+        let mut secrets_read: HashMap<ClusterKey, Instant> = HashMap::new();
         loop {
             let wanted: BTreeMap<ClusterKey, ()> = clusters
                 .iter()
@@ -93,11 +155,14 @@ impl WorkloadClusters {
                     .get(cluster)
                     .is_none_or(|at| at.elapsed() >= SECRET_INTERVAL);
                 if due {
-                    secrets_read.insert(cluster.clone(), tokio::time::Instant::now());
-                    self.connect(&management, cluster, &changes, &shutdown)
+                    secrets_read.insert(cluster.clone(), Instant::now());
+                    // Reads the Secret from the management cluster; every request to the
+                    // workload cluster is made by the connection's own tasks.
+                    self.read_kubeconfig(&management, cluster, &changes, &shutdown)
                         .await;
                 }
             }
+            self.settle_rotations(&changes);
             // The index rebuild loop is the only waiter on `changes`: poll instead.
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
@@ -106,23 +171,28 @@ impl WorkloadClusters {
         }
     }
 
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<ClusterKey, Slot>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn close_vanished(&self, wanted: &BTreeMap<ClusterKey, ()>, changes: &Changes) {
-        let mut connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
-        let before = connections.len();
-        connections.retain(|key, _| {
+        let mut slots = self.slots();
+        let before = slots.len();
+        slots.retain(|key, _| {
             let keep = wanted.contains_key(key);
             if !keep {
                 tracing::info!(cluster = %key, "Cluster gone; closing its connection");
             }
             keep
         });
-        if connections.len() != before {
+        if slots.len() != before {
             changes.relist();
         }
     }
 
-    /// Opens (or re-opens, after a Secret change) the connection to `cluster`.
-    async fn connect(
+    /// Reads the kubeconfig Secret of `cluster` and connects with it when it is new to the
+    /// cluster's connections.
+    async fn read_kubeconfig(
         &self,
         management: &Client,
         cluster: &ClusterKey,
@@ -153,17 +223,42 @@ impl WorkloadClusters {
                 return;
             }
         };
-        let version = secret.resource_version().unwrap_or_default();
-        {
-            let connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
-            if connections
-                .get(cluster)
-                .is_some_and(|c| c.secret_version == version)
-            {
+        let kubeconfig = match kubeconfig_value(&secret) {
+            Ok(kubeconfig) => kubeconfig,
+            Err(reason) => {
+                self.fail(
+                    cluster,
+                    format!("Secret {}/{secret_name}: {reason}", cluster.namespace),
+                    changes,
+                );
                 return;
             }
+        };
+        let digest = KubeconfigDigest::of(kubeconfig);
+        let action = {
+            let slots = self.slots();
+            let slot = slots.get(cluster);
+            secret_action(
+                &digest,
+                slot.and_then(|s| {
+                    let from = s.serving.kubeconfig.as_ref()?;
+                    Some((from, s.serving.state().ever_synced()))
+                }),
+                slot.and_then(|s| s.rotation.as_ref()?.connection.kubeconfig.as_ref()),
+            )
+        };
+        match action {
+            SecretAction::Unchanged => return,
+            SecretAction::DropRotation => {
+                if let Some(slot) = self.slots().get_mut(cluster) {
+                    slot.rotation = None;
+                }
+                tracing::info!(%cluster, "the kubeconfig Secret is back to the kubeconfig in use; the connection made from the rotated one is closed");
+                return;
+            }
+            SecretAction::Serve | SecretAction::Rotate => {}
         }
-        let client = match client_from_secret(&secret).await {
+        let client = match client_from_kubeconfig(kubeconfig).await {
             Ok(client) => client,
             Err(reason) => {
                 self.fail(
@@ -174,106 +269,250 @@ impl WorkloadClusters {
                 return;
             }
         };
-        tracing::info!(%cluster, "connecting to workload cluster");
-        let connection = watch_nodes(
+        let rotation = action == SecretAction::Rotate;
+        tracing::info!(%cluster, kubeconfig = %digest.short(), rotation, "connecting to workload cluster");
+        let connection = Connection::open(
             cluster.clone(),
             client,
-            version,
+            digest,
+            !rotation,
             changes.clone(),
             shutdown.child_token(),
         );
-        self.connections
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(cluster.clone(), connection);
-        changes.relist();
+        let mut slots = self.slots();
+        if rotation {
+            if let Some(slot) = slots.get_mut(cluster) {
+                slot.rotation = Some(Rotation {
+                    connection,
+                    since: Instant::now(),
+                    warned: false,
+                });
+            }
+        } else {
+            slots.insert(
+                cluster.clone(),
+                Slot {
+                    serving: connection,
+                    rotation: None,
+                },
+            );
+            changes.relist();
+        }
     }
 
     /// Records a connection that cannot be made (no Secret, bad kubeconfig). A connection
     /// made from an earlier Secret stays until a new one works.
-    fn fail(&self, cluster: &ClusterKey, reason: String, changes: &Changes) {
-        let mut connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(existing) = connections.get(cluster)
-            && !existing.secret_version.is_empty()
+    fn fail(&self, cluster: &ClusterKey, reason: String, changes: &Arc<Changes>) {
+        let mut slots = self.slots();
+        if slots
+            .get(cluster)
+            .is_some_and(|s| s.serving.kubeconfig.is_some())
         {
             tracing::warn!(%cluster, %reason, "cannot read the workload cluster's kubeconfig; keeping the existing connection");
             return;
         }
         let state = WorkloadState::NeverSynced(reason.clone());
-        let unchanged = connections
+        if slots
             .get(cluster)
-            .is_some_and(|c| *c.state.lock().unwrap_or_else(|p| p.into_inner()) == state);
-        if unchanged {
+            .is_some_and(|s| s.serving.state() == state)
+        {
             return;
         }
         tracing::warn!(%cluster, %reason, "cannot connect to workload cluster");
-        connections.insert(
+        slots.insert(
             cluster.clone(),
-            Connection {
-                store: reflector::store::Writer::<WatchedNode>::default().as_reader(),
-                client: None,
-                state: Arc::new(Mutex::new(state)),
-                secret_version: String::new(),
-                shutdown: CancellationToken::new(),
+            Slot {
+                serving: Connection::failed(cluster.clone(), reason, changes.clone()),
+                rotation: None,
             },
         );
         changes.relist();
     }
 
+    /// Swaps in the connections made from rotated kubeconfigs that have listed the Nodes;
+    /// warns about those that take too long.
+    fn settle_rotations(&self, changes: &Changes) {
+        let mut slots = self.slots();
+        for (cluster, slot) in slots.iter_mut() {
+            let Some(rotation) = &mut slot.rotation else {
+                continue;
+            };
+            let state = rotation.connection.state();
+            match rotation_step(&state, rotation.since.elapsed(), rotation.warned) {
+                RotationStep::Wait => {}
+                RotationStep::Warn => {
+                    rotation.warned = true;
+                    tracing::warn!(
+                        %cluster,
+                        kubeconfig = %rotation.connection.health.kubeconfig,
+                        rotated = ?state,
+                        serving = ?slot.serving.state(),
+                        "the rotated kubeconfig of the workload cluster has not synced after {}s; its Nodes are still read with the previous kubeconfig",
+                        ROTATION_WARN_AFTER.as_secs(),
+                    );
+                }
+                RotationStep::Promote => {
+                    if let Some(rotation) = slot.rotation.take() {
+                        tracing::info!(
+                            %cluster,
+                            kubeconfig = %rotation.connection.health.kubeconfig,
+                            "the rotated kubeconfig of the workload cluster has synced; it replaces the previous one"
+                        );
+                        rotation
+                            .connection
+                            .health
+                            .serving
+                            .store(true, Ordering::Relaxed);
+                        slot.serving = rotation.connection;
+                        changes.relist();
+                    }
+                }
+            }
+        }
+    }
+
     /// Every workload cluster's connection state.
     pub fn states(&self) -> BTreeMap<ClusterKey, WorkloadState> {
-        let connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
-        connections
+        self.slots()
             .iter()
-            .map(|(key, c)| {
-                let state = c.state.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                (key.clone(), state)
-            })
+            .map(|(key, slot)| (key.clone(), slot.serving.state()))
             .collect()
     }
 
     /// Every workload cluster's cached Nodes.
     pub fn nodes(&self) -> Vec<(ClusterKey, Vec<Arc<WatchedNode>>)> {
-        let connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
-        connections
+        self.slots()
             .iter()
-            .map(|(key, c)| (key.clone(), c.store.state()))
+            .map(|(key, slot)| (key.clone(), slot.serving.store.state()))
             .collect()
     }
 
     /// The client and cached Nodes of `cluster`, when it is connected.
     pub fn cluster(&self, cluster: &ClusterKey) -> Option<(Client, Vec<Arc<WatchedNode>>)> {
-        let connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
-        let connection = connections.get(cluster)?;
-        Some((connection.client.clone()?, connection.store.state()))
+        let slots = self.slots();
+        let serving = &slots.get(cluster)?.serving;
+        Some((serving.client.clone()?, serving.store.state()))
     }
 
     /// The cached Node `name` of `cluster`.
     pub fn node(&self, cluster: &ClusterKey, name: &str) -> Option<Arc<WatchedNode>> {
-        let connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
-        connections
+        self.slots()
             .get(cluster)?
+            .serving
             .store
             .get(&reflector::ObjectRef::new(name))
     }
 }
 
-/// A client from Cluster API's kubeconfig Secret (key `value`), which must be self-contained
-/// ([`self_contained`]).
-async fn client_from_secret(secret: &Secret) -> Result<Client, String> {
-    let bytes = secret
+/// What a kubeconfig read from a Cluster's Secret calls for.
+#[derive(Debug, PartialEq, Eq)]
+enum SecretAction {
+    /// It is the one in use, or the one being connected with (a Secret whose metadata alone
+    /// changed lands here).
+    Unchanged,
+    /// It went back to the one in use: the connection made from the rotated one is closed.
+    DropRotation,
+    /// Nothing worth keeping is served: a connection with it serves at once.
+    Serve,
+    /// A rotation: a connection with it is made beside the serving one, and replaces it once
+    /// it has listed the Nodes.
+    Rotate,
+}
+
+/// What kubeconfig `read` calls for, given the kubeconfig of the serving connection (and
+/// whether that connection ever listed the Nodes) and of a connection made from a rotated
+/// kubeconfig, when there are such connections.
+fn secret_action(
+    read: &KubeconfigDigest,
+    serving: Option<(&KubeconfigDigest, bool)>,
+    rotating: Option<&KubeconfigDigest>,
+) -> SecretAction {
+    match serving {
+        Some((current, _)) if current == read => {
+            if rotating.is_some() {
+                SecretAction::DropRotation
+            } else {
+                SecretAction::Unchanged
+            }
+        }
+        _ if rotating == Some(read) => SecretAction::Unchanged,
+        Some((_, true)) => SecretAction::Rotate,
+        _ => SecretAction::Serve,
+    }
+}
+
+/// What becomes of a connection made from a rotated kubeconfig.
+#[derive(Debug, PartialEq, Eq)]
+enum RotationStep {
+    /// It has listed the Nodes: it serves from now on.
+    Promote,
+    /// It has not synced after [`ROTATION_WARN_AFTER`]: say so, once.
+    Warn,
+    /// Keep waiting.
+    Wait,
+}
+
+/// The step for a rotated connection in `state`, made `age` ago, already `warned` about.
+fn rotation_step(state: &WorkloadState, age: Duration, warned: bool) -> RotationStep {
+    if state.ever_synced() {
+        RotationStep::Promote
+    } else if age >= ROTATION_WARN_AFTER && !warned {
+        RotationStep::Warn
+    } else {
+        RotationStep::Wait
+    }
+}
+
+/// SHA-256 of the kubeconfig in a Cluster's Secret: only a change of it reconnects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct KubeconfigDigest([u8; 32]);
+
+impl KubeconfigDigest {
+    fn of(kubeconfig: &[u8]) -> Self {
+        let digest = ring::digest::digest(&ring::digest::SHA256, kubeconfig);
+        let mut bytes = [0u8; 32];
+        bytes.copy_from_slice(digest.as_ref());
+        Self(bytes)
+    }
+
+    /// The first 8 hex digits, naming the kubeconfig in logs.
+    fn short(&self) -> String {
+        self.0[..4].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// The kubeconfig of Cluster API's kubeconfig Secret (key `value`).
+fn kubeconfig_value(secret: &Secret) -> Result<&[u8], String> {
+    secret
         .data
         .as_ref()
         .and_then(|d| d.get("value"))
-        .ok_or("it has no key \"value\"")?;
-    let text = std::str::from_utf8(&bytes.0).map_err(|_| "its value is not UTF-8")?;
+        .map(|v| v.0.as_slice())
+        .ok_or_else(|| "it has no key \"value\"".to_string())
+}
+
+/// A client for a workload cluster from a kubeconfig, which must be self-contained
+/// ([`self_contained`]).
+async fn client_from_kubeconfig(kubeconfig: &[u8]) -> Result<Client, String> {
+    let config = workload_config(kubeconfig).await?;
+    Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))
+}
+
+/// The client configuration for a workload cluster, with its transport timeouts.
+async fn workload_config(kubeconfig: &[u8]) -> Result<kube::Config, String> {
+    let text = std::str::from_utf8(kubeconfig).map_err(|_| "its value is not UTF-8")?;
     let kubeconfig = kube::config::Kubeconfig::from_yaml(text)
         .map_err(|e| format!("its value is not a kubeconfig: {e}"))?;
     self_contained(&kubeconfig)?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .map_err(|e| format!("unusable kubeconfig: {e}"))?;
-    Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config.read_timeout = Some(READ_TIMEOUT);
+    config.write_timeout = Some(WRITE_TIMEOUT);
+    // The read timeout counts from each request, not from when its pooled connection went idle.
+    config.reset_reader_on_write = true;
+    Ok(config)
 }
 
 /// Checks that a kubeconfig from a Secret carries everything inline and verifies its server:
@@ -336,86 +575,312 @@ fn self_contained(kubeconfig: &kube::config::Kubeconfig) -> Result<(), String> {
     }
 }
 
-/// Watches the Nodes of one cluster, tracking whether it is reachable.
-fn watch_nodes(
-    cluster: ClusterKey,
-    client: Client,
-    secret_version: String,
-    changes: Arc<Changes>,
+/// `error` and its causes (kube's errors name the cause of a failed request only there), each
+/// once.
+fn reason(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// One connection to a workload cluster: its client, the Node cache its watch fills, and
+/// what its probes tell of the API server. Its tasks end when it is dropped.
+struct Connection {
+    store: Store<WatchedNode>,
+    /// `None` when no kubeconfig could be read.
+    client: Option<Client>,
+    health: Arc<SharedHealth>,
+    /// The kubeconfig it was made from; `None` when none could be read.
+    kubeconfig: Option<KubeconfigDigest>,
     shutdown: CancellationToken,
-) -> Connection {
-    let writer = reflector::store::Writer::<WatchedNode>::default();
-    let store = writer.as_reader();
-    let state = Arc::new(Mutex::new(WorkloadState::Syncing));
-    let stream = watcher(
-        Api::<WatchedNode>::all(client.clone()),
-        watcher::Config::default().any_semantic(),
-    )
-    .modify({
-        let cluster = cluster.clone();
-        move |node| node.set_cluster(&cluster)
-    })
-    .backoff(super::watches::WatchBackoff::default())
-    .reflect(writer);
-    let task_state = state.clone();
-    let track = Track::Nodes(Some(cluster.clone()));
-    let task_shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        let mut seen: HashMap<String, u64> = HashMap::new();
-        loop {
-            let event = tokio::select! {
-                _ = task_shutdown.cancelled() => return,
-                event = stream.next() => event,
-            };
-            let set = |next: WorkloadState| {
-                let mut state = task_state.lock().unwrap_or_else(|p| p.into_inner());
-                if *state != next {
-                    tracing::info!(%cluster, from = ?*state, to = ?next, "workload cluster connection");
-                    *state = next;
-                    changes.relist();
-                }
-            };
-            match event {
-                Some(Ok(event)) => {
-                    let reachable = {
-                        let state = task_state.lock().unwrap_or_else(|p| p.into_inner());
-                        !matches!(
-                            *state,
-                            WorkloadState::Syncing | WorkloadState::NeverSynced(_)
-                        )
-                    };
-                    match &event {
-                        watcher::Event::InitDone => set(WorkloadState::Synced),
-                        _ if reachable => set(WorkloadState::Synced),
-                        _ => {}
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Connection {
+    /// Connects with `client`: starts the Node watch and the probe. A connection made beside
+    /// the serving one (`serving` false) records nothing for the index until it serves.
+    fn open(
+        cluster: ClusterKey,
+        client: Client,
+        kubeconfig: KubeconfigDigest,
+        serving: bool,
+        changes: Arc<Changes>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let writer = reflector::store::Writer::<WatchedNode>::default();
+        let store = writer.as_reader();
+        let health = Arc::new(SharedHealth {
+            cluster,
+            kubeconfig: kubeconfig.short(),
+            health: Mutex::new(Health::new(Instant::now())),
+            serving: AtomicBool::new(serving),
+            changes,
+        });
+        let relist = Arc::new(Notify::new());
+        tokio::spawn(watch_nodes(
+            client.clone(),
+            writer,
+            health.clone(),
+            relist.clone(),
+            shutdown.clone(),
+        ));
+        tokio::spawn(probe_api_server(
+            client.clone(),
+            health.clone(),
+            relist,
+            shutdown.clone(),
+        ));
+        Self {
+            store,
+            client: Some(client),
+            health,
+            kubeconfig: Some(kubeconfig),
+            shutdown,
+        }
+    }
+
+    /// A connection that could not be made, for `reason`.
+    fn failed(cluster: ClusterKey, reason: String, changes: Arc<Changes>) -> Self {
+        Self {
+            store: reflector::store::Writer::<WatchedNode>::default().as_reader(),
+            client: None,
+            health: Arc::new(SharedHealth {
+                cluster,
+                kubeconfig: String::new(),
+                health: Mutex::new(Health::failed(reason, Instant::now())),
+                serving: AtomicBool::new(true),
+                changes,
+            }),
+            kubeconfig: None,
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    fn state(&self) -> WorkloadState {
+        self.health.state()
+    }
+}
+
+/// What one connection knows of its API server, from its watch's lists and its probes;
+/// decides the [`WorkloadState`] it reports.
+#[derive(Debug)]
+struct Health {
+    state: WorkloadState,
+    /// When the API server last answered (a probe, a list) or, before it ever did, when the
+    /// connection was opened.
+    last_answer: Instant,
+    /// The Nodes are being listed afresh since the API server answers again.
+    relisting: bool,
+}
+
+impl Health {
+    fn new(now: Instant) -> Self {
+        Self {
+            state: WorkloadState::Syncing,
+            last_answer: now,
+            relisting: false,
+        }
+    }
+
+    fn failed(reason: String, now: Instant) -> Self {
+        Self {
+            state: WorkloadState::NeverSynced(reason),
+            ..Self::new(now)
+        }
+    }
+
+    /// The watch completed a list of the Nodes.
+    fn listed(&mut self, now: Instant) {
+        self.state = WorkloadState::Synced;
+        self.last_answer = now;
+        self.relisting = false;
+    }
+
+    /// The watch failed. Before the first list, that is why the Nodes cannot be read; after
+    /// it, the probes judge (a watch also fails when only its connection was cut).
+    fn watch_failed(&mut self, reason: String) {
+        if !self.state.ever_synced() {
+            self.state = WorkloadState::NeverSynced(reason);
+        }
+    }
+
+    /// A probe's `outcome`. Returns true when the Nodes must be listed afresh: the API server
+    /// answers again after the cluster was reported unreachable. An unreachable cluster keeps
+    /// the reason it was first reported with (each new reason would be a new Event).
+    fn probed(&mut self, outcome: Result<(), String>, now: Instant) -> bool {
+        match outcome {
+            Ok(()) => {
+                self.last_answer = now;
+                let relist = matches!(self.state, WorkloadState::Unreachable(_)) && !self.relisting;
+                self.relisting |= relist;
+                relist
+            }
+            Err(reason) => {
+                if now.saturating_duration_since(self.last_answer) >= UNREACHABLE_AFTER {
+                    match self.state {
+                        WorkloadState::Synced => {
+                            self.state = WorkloadState::Unreachable(reason);
+                        }
+                        WorkloadState::Syncing => {
+                            self.state = WorkloadState::NeverSynced(reason);
+                        }
+                        WorkloadState::Unreachable(_) | WorkloadState::NeverSynced(_) => {}
                     }
-                    if super::watches::relevant(&event, Some(WatchedNode::fingerprint), &mut seen) {
-                        changes.record(&track, &event);
-                    }
+                    // A list begun after an earlier answer is begun again after the next.
+                    self.relisting = false;
                 }
-                Some(Err(error)) => {
-                    let was_synced = !matches!(
-                        *task_state.lock().unwrap_or_else(|p| p.into_inner()),
-                        WorkloadState::Syncing | WorkloadState::NeverSynced(_)
-                    );
-                    let reason = error.to_string();
-                    set(if was_synced {
-                        WorkloadState::Unreachable(reason)
-                    } else {
-                        WorkloadState::NeverSynced(reason)
-                    });
-                }
-                None => return,
+                false
             }
         }
-    });
-    Connection {
-        store,
-        client: Some(client),
-        state,
-        secret_version,
-        shutdown,
+    }
+}
+
+/// A connection's [`Health`], shared by its watch and its probe; a change of the reported
+/// state is logged and recorded for the index.
+struct SharedHealth {
+    cluster: ClusterKey,
+    /// The start of the digest of the kubeconfig the connection was made from, in logs.
+    kubeconfig: String,
+    health: Mutex<Health>,
+    /// Its Nodes and state are served: their changes are recorded for the index.
+    serving: AtomicBool,
+    changes: Arc<Changes>,
+}
+
+impl SharedHealth {
+    fn serves(&self) -> bool {
+        self.serving.load(Ordering::Relaxed)
+    }
+
+    fn state(&self) -> WorkloadState {
+        self.health
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .state
+            .clone()
+    }
+
+    /// Applies `change`, returning what it returns.
+    fn update<T>(&self, change: impl FnOnce(&mut Health) -> T) -> T {
+        let (from, to, out) = {
+            let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+            let from = health.state.clone();
+            let out = change(&mut health);
+            (from, health.state.clone(), out)
+        };
+        if from != to {
+            tracing::info!(cluster = %self.cluster, kubeconfig = %self.kubeconfig, ?from, ?to, "workload cluster connection");
+            if self.serves() {
+                self.changes.relist();
+            }
+        }
+        out
+    }
+}
+
+/// Keeps `writer` filled with the Nodes of the cluster until `shutdown`; lists them afresh
+/// when `relist` is notified.
+async fn watch_nodes(
+    client: Client,
+    mut writer: reflector::store::Writer<WatchedNode>,
+    health: Arc<SharedHealth>,
+    relist: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    let cluster = health.cluster.clone();
+    let api = Api::<WatchedNode>::all(client);
+    let config = watcher::Config::default()
+        .any_semantic()
+        .timeout(WATCH_TIMEOUT_SECS);
+    let open = || {
+        let cluster = cluster.clone();
+        watcher(api.clone(), config.clone())
+            .modify(move |node| node.set_cluster(&cluster))
+            .backoff(WatchBackoff::default())
+            .boxed()
+    };
+    let mut stream = open();
+    let track = Track::Nodes(Some(cluster.clone()));
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    loop {
+        let event = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = relist.notified() => {
+                tracing::info!(%cluster, kubeconfig = %health.kubeconfig, "workload cluster answers again; listing its Nodes afresh");
+                stream = open();
+                continue;
+            }
+            event = stream.next() => event,
+        };
+        match event {
+            Some(Ok(event)) => {
+                writer.apply_watcher_event(&event);
+                if matches!(event, watcher::Event::InitDone) {
+                    health.update(|h| h.listed(Instant::now()));
+                }
+                if relevant(&event, Some(WatchedNode::fingerprint), &mut seen) && health.serves() {
+                    health.changes.record(&track, &event);
+                }
+            }
+            Some(Err(error)) => {
+                let reason = reason(&error);
+                if health.state() == WorkloadState::Synced {
+                    tracing::warn!(%cluster, kubeconfig = %health.kubeconfig, %reason, "Node watch of workload cluster failed; retrying");
+                } else {
+                    tracing::debug!(%cluster, kubeconfig = %health.kubeconfig, %reason, "Node watch of workload cluster failed; retrying");
+                }
+                health.update(|h| h.watch_failed(reason));
+            }
+            None => return,
+        }
+    }
+}
+
+/// Probes the API server every [`PROBE_INTERVAL`] until `shutdown`; notifies `relist` when it
+/// answers again after an outage.
+async fn probe_api_server(
+    client: Client,
+    health: Arc<SharedHealth>,
+    relist: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    let nodes = Api::<Node>::all(client);
+    let mut ticks = tokio::time::interval(PROBE_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let outcome = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            outcome = async {
+                ticks.tick().await;
+                probe(&nodes).await
+            } => outcome,
+        };
+        if health.update(|h| h.probed(outcome, Instant::now())) {
+            relist.notify_one();
+        }
+    }
+}
+
+/// Asks for the metadata of one Node, for at most [`PROBE_TIMEOUT`].
+async fn probe(nodes: &Api<Node>) -> Result<(), String> {
+    let one = ListParams::default().limit(1);
+    match tokio::time::timeout(PROBE_TIMEOUT, nodes.list_metadata(&one)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(reason(&error)),
+        Err(_) => Err(format!("no answer within {}s", PROBE_TIMEOUT.as_secs())),
     }
 }
 
@@ -487,5 +952,204 @@ mod tests {
             let error = self_contained(&kubeconfig(cluster, user)).expect_err(named);
             assert!(error.contains(named), "{named}: {error}");
         }
+    }
+
+    fn digest(text: &str) -> KubeconfigDigest {
+        KubeconfigDigest::of(text.as_bytes())
+    }
+
+    fn secret(labels: &[(&str, &str)], resource_version: &str, value: &str) -> Secret {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "c1-kubeconfig",
+                "namespace": "ns",
+                "resourceVersion": resource_version,
+                "labels": labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+            },
+            "data": {"value": k8s_openapi::ByteString(value.as_bytes().to_vec())},
+        }))
+        .expect("a Secret")
+    }
+
+    #[test]
+    fn only_a_change_of_the_kubeconfig_itself_reconnects() {
+        let before = secret(&[], "1", "kubeconfig one");
+        let relabeled = secret(&[("team", "blue")], "2", "kubeconfig one");
+        let rotated = secret(&[("team", "blue")], "3", "kubeconfig two");
+        let of = |s: &Secret| KubeconfigDigest::of(kubeconfig_value(s).expect("a value"));
+        let serving = of(&before);
+        assert_eq!(
+            secret_action(&of(&relabeled), Some((&serving, true)), None),
+            SecretAction::Unchanged
+        );
+        assert_eq!(
+            secret_action(&of(&rotated), Some((&serving, true)), None),
+            SecretAction::Rotate
+        );
+        let mut missing = before.clone();
+        missing.data = None;
+        assert_eq!(
+            kubeconfig_value(&missing),
+            Err("it has no key \"value\"".to_string())
+        );
+    }
+
+    #[test]
+    fn a_rotation_is_made_beside_a_connection_that_synced_and_replaces_one_that_never_did() {
+        let (one, two, three) = (digest("one"), digest("two"), digest("three"));
+        assert_eq!(
+            secret_action(&two, Some((&one, true)), None),
+            SecretAction::Rotate
+        );
+        assert_eq!(
+            secret_action(&two, Some((&one, false)), None),
+            SecretAction::Serve,
+            "a connection that never synced is not worth keeping"
+        );
+        assert_eq!(
+            secret_action(&one, None, None),
+            SecretAction::Serve,
+            "no connection yet, or none from a Secret"
+        );
+        assert_eq!(
+            secret_action(&two, Some((&one, true)), Some(&two)),
+            SecretAction::Unchanged,
+            "already connecting with it"
+        );
+        assert_eq!(
+            secret_action(&three, Some((&one, true)), Some(&two)),
+            SecretAction::Rotate,
+            "a newer rotation replaces the pending one"
+        );
+        assert_eq!(
+            secret_action(&one, Some((&one, true)), Some(&two)),
+            SecretAction::DropRotation,
+            "the Secret went back to the kubeconfig in use"
+        );
+    }
+
+    #[test]
+    fn a_rotated_connection_serves_once_it_listed_the_nodes_and_is_reported_once_when_slow() {
+        let early = ROTATION_WARN_AFTER / 2;
+        let late = ROTATION_WARN_AFTER;
+        assert_eq!(
+            rotation_step(&WorkloadState::Syncing, early, false),
+            RotationStep::Wait
+        );
+        assert_eq!(
+            rotation_step(&WorkloadState::Synced, early, false),
+            RotationStep::Promote
+        );
+        let unanswered = WorkloadState::NeverSynced("no answer within 5s".into());
+        assert_eq!(rotation_step(&unanswered, late, false), RotationStep::Warn);
+        assert_eq!(rotation_step(&unanswered, late, true), RotationStep::Wait);
+        assert_eq!(
+            rotation_step(&WorkloadState::Synced, late * 4, true),
+            RotationStep::Promote,
+            "a late sync still swaps"
+        );
+    }
+
+    #[test]
+    fn a_cluster_whose_probes_go_unanswered_is_unreachable_then_relisted_once_it_answers() {
+        let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        let mut health = Health::new(start);
+        health.listed(at(1));
+        assert!(!health.probed(Ok(()), at(5)));
+        let silent = || Err("no answer within 5s".to_string());
+        assert!(!health.probed(silent(), at(10)));
+        assert_eq!(health.state, WorkloadState::Synced, "within the window");
+        assert!(!health.probed(silent(), at(15)));
+        assert_eq!(
+            health.state,
+            WorkloadState::Unreachable("no answer within 5s".into())
+        );
+        assert!(!health.probed(Err("connection refused".into()), at(20)));
+        assert_eq!(
+            health.state,
+            WorkloadState::Unreachable("no answer within 5s".into()),
+            "the first reason stays"
+        );
+        assert!(health.probed(Ok(()), at(25)), "answers again: list afresh");
+        assert!(!health.probed(Ok(()), at(30)), "once");
+        assert!(
+            matches!(health.state, WorkloadState::Unreachable(_)),
+            "until the list completes"
+        );
+        health.listed(at(31));
+        assert_eq!(health.state, WorkloadState::Synced);
+    }
+
+    #[test]
+    fn a_list_cut_short_by_a_new_outage_is_begun_again_after_it() {
+        let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        let mut health = Health::new(start);
+        health.listed(at(0));
+        health.probed(Err("refused".into()), at(10));
+        assert!(health.probed(Ok(()), at(15)));
+        health.probed(Err("refused".into()), at(20));
+        assert!(!health.probed(Ok(()), at(21)), "a blip within the window");
+        health.probed(Err("refused".into()), at(35));
+        assert!(health.probed(Ok(()), at(40)), "after a new outage");
+    }
+
+    #[test]
+    fn before_the_first_list_a_failure_means_never_synced_and_after_it_the_probes_judge() {
+        let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        let mut health = Health::new(start);
+        health.probed(Err("no answer within 5s".into()), at(10));
+        assert_eq!(
+            health.state,
+            WorkloadState::NeverSynced("no answer within 5s".into())
+        );
+        let mut health = Health::new(start);
+        health.watch_failed("nodes is forbidden".into());
+        assert_eq!(
+            health.state,
+            WorkloadState::NeverSynced("nodes is forbidden".into())
+        );
+        health.probed(Err("nodes is forbidden: probe".into()), at(10));
+        assert_eq!(
+            health.state,
+            WorkloadState::NeverSynced("nodes is forbidden".into()),
+            "the watch's reason stays"
+        );
+        assert!(!health.probed(Ok(()), at(11)), "nothing to list afresh");
+        health.listed(at(12));
+        assert_eq!(health.state, WorkloadState::Synced);
+        health.watch_failed("connection reset by peer".into());
+        assert_eq!(
+            health.state,
+            WorkloadState::Synced,
+            "a cut watch alone is renewed, not reported"
+        );
+    }
+
+    #[test]
+    fn reasons_name_the_cause_of_a_failed_request() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let error = kube::Error::Service(Box::new(io));
+        assert_eq!(reason(&error), "ServiceError: connection refused");
+        let nested = watcher::Error::InitialListFailed(error);
+        assert!(
+            reason(&nested).ends_with(": connection refused"),
+            "{}",
+            reason(&nested)
+        );
+    }
+
+    #[tokio::test]
+    async fn workload_clients_time_out_connecting_reading_and_writing() {
+        let text = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n";
+        let config = workload_config(text.as_bytes()).await.expect("a config");
+        assert_eq!(config.connect_timeout, Some(CONNECT_TIMEOUT));
+        assert_eq!(config.read_timeout, Some(READ_TIMEOUT));
+        assert_eq!(config.write_timeout, Some(WRITE_TIMEOUT));
+        assert!(config.reset_reader_on_write);
+        let refused = workload_config(b"clusters: [").await.expect_err("not YAML");
+        assert!(refused.contains("not a kubeconfig"), "{refused}");
     }
 }
