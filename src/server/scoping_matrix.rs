@@ -36,6 +36,10 @@ const TENANTS: [(&str, &str); 5] = [
     ("tenant-c", "charlie"),
 ];
 
+/// The synthetic instance id of `bravo`'s Machine without a Node, and one of no Machine.
+const FOREIGN_MACHINE: &str = "pending-machine-tenant-b_bravo-m2";
+const UNKNOWN_MACHINE: &str = "pending-machine-tenant-z_zulu-m2";
+
 /// Strings of the other tenants that no answer to an `alpha` caller may contain (their
 /// Cluster, Machine, Node and GPU type names; no request of the matrix carries them).
 const BRAVO_SECRETS: [&str; 4] = ["bravo", "bravo-m1", "bravo-n1", "bravo-gpu"];
@@ -467,10 +471,20 @@ fn expected(scenario: &str, rpc: &str) -> Code {
         "unknown cluster" | "no identity" => Code::PermissionDenied,
         "cluster deleting" | "cluster not synced" | "cluster not connected" => Code::Unavailable,
         "another cluster's group" | "unknown group" if names_group => Code::NotFound,
-        "another cluster's node" | "unknown node" if rpc == "NodeGroupDeleteNodes" => {
+        "another cluster's node"
+        | "unknown node"
+        | "another cluster's machine"
+        | "unknown machine"
+            if rpc == "NodeGroupDeleteNodes" =>
+        {
             Code::NotFound
         }
-        "another cluster's group" | "unknown group" | "another cluster's node" | "unknown node"
+        "another cluster's group"
+        | "unknown group"
+        | "another cluster's node"
+        | "unknown node"
+        | "another cluster's machine"
+        | "unknown machine"
             if rpc == "PricingNodePrice" =>
         {
             Code::Unimplemented
@@ -557,6 +571,19 @@ async fn scoping_matrix_every_rpc_in_every_scenario() {
             group_id("tenant-a"),
             provider_id("zulu"),
         ),
+        // A synthetic instance id names a Machine: another cluster's must be unknown too.
+        scenario(
+            "another cluster's machine",
+            &own,
+            group_id("tenant-a"),
+            FOREIGN_MACHINE.into(),
+        ),
+        scenario(
+            "unknown machine",
+            &own,
+            group_id("tenant-a"),
+            UNKNOWN_MACHINE.into(),
+        ),
     ];
     let mut answers: BTreeMap<(&str, &str), Answer> = BTreeMap::new();
     let mut wrong = Vec::new();
@@ -568,7 +595,9 @@ async fn scoping_matrix_every_rpc_in_every_scenario() {
             if answer.code != want {
                 wrong.push(format!("{rpc} / {}: want {want:?}, got {answer:?}", s.name));
             }
-            if let Some(secret) = BRAVO_SECRETS.iter().find(|x| answer.text.contains(*x)) {
+            // What the request itself carried may be echoed; nothing else of bravo.
+            let unechoed = answer.text.replace(&s.node, "").replace(&s.group, "");
+            if let Some(secret) = BRAVO_SECRETS.iter().find(|x| unechoed.contains(*x)) {
                 wrong.push(format!(
                     "{rpc} / {}: the answer names {secret:?}: {}",
                     s.name, answer.text
@@ -585,6 +614,7 @@ async fn scoping_matrix_every_rpc_in_every_scenario() {
         for (foreign, unknown) in [
             (group_id("tenant-b"), group_id("tenant-z")),
             (provider_id("bravo"), provider_id("zulu")),
+            (FOREIGN_MACHINE.into(), UNKNOWN_MACHINE.into()),
         ] {
             text = text.replace(&foreign, &unknown);
         }
@@ -594,6 +624,7 @@ async fn scoping_matrix_every_rpc_in_every_scenario() {
         for (foreign, unknown) in [
             ("another cluster's group", "unknown group"),
             ("another cluster's node", "unknown node"),
+            ("another cluster's machine", "unknown machine"),
         ] {
             let (a, b) = (&answers[&(foreign, rpc)], &answers[&(unknown, rpc)]);
             assert_eq!(anonymous(a), anonymous(b), "{rpc}: {foreign} / {unknown}");

@@ -234,7 +234,7 @@ pub fn compute(
 /// Whether the workload clusters of the groups a policy governs (served, or held back because
 /// their cluster was never read) can be read.
 fn workload_condition(report: &PolicyReport, snapshot: &Snapshot) -> DesiredCondition {
-    if snapshot.workload.is_empty() {
+    if !snapshot.nodes_per_cluster {
         return DesiredCondition {
             type_: WORKLOAD_CLUSTERS_REACHABLE,
             status: true,
