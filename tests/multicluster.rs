@@ -194,6 +194,28 @@ impl World {
         }
     }
 
+    /// Runs `replicas` pods in A's cluster that fit one per node, and waits until A's
+    /// autoscaler has raised A's group to as many replicas (`what` says when).
+    async fn load_a(&self, nodes_a: &Client, replicas: i32, what: &str) {
+        let selector = BTreeMap::from([(POOL.to_string(), self.a.namespace.clone())]);
+        let app = workload::deployment(
+            SYSTEM_NAMESPACE,
+            &format!("load-{}", self.a.namespace),
+            replicas,
+            "3",
+            &selector,
+        )
+        .expect("deployment");
+        workload::create(nodes_a, &app).await.expect("create");
+        poll(what, || async {
+            let r = self.replicas(&self.a).await;
+            (r == i64::from(replicas))
+                .then_some(())
+                .ok_or(format!("replicas {r}"))
+        })
+        .await;
+    }
+
     fn id(cluster: &AutoscaledCluster) -> String {
         format!("MachineDeployment/{}/w", cluster.namespace)
     }
@@ -299,6 +321,26 @@ async fn each_autoscaler_sees_and_scales_only_its_own_cluster() {
     )
     .await;
 
+    // The hostile tenant B: a Machine carrying A's node's provider ID, and a Cluster whose
+    // kubeconfig Secret tries to make the operator send its own credentials to B's listener.
+    let a_pid = poll("A's Machine to have a provider ID", || async {
+        let machines = Api::<DynamicObject>::namespaced_with(
+            w.management.clone(),
+            &w.a.namespace,
+            &capi::machines(),
+        )
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+        machines
+            .items
+            .iter()
+            .find_map(|m| m.data["spec"]["providerID"].as_str().map(String::from))
+            .ok_or_else(|| "none yet".to_string())
+    })
+    .await;
+    let hostile = Hostile::plant(&w, &a_pid).await;
+
     // CA's own client with A's certificate: A's group only; B's ids refused.
     let config = w.cloud_config("conformance-a", Some((&w.a.namespace.clone(), "ca")));
     let log = sandbox()
@@ -321,6 +363,14 @@ async fn each_autoscaler_sees_and_scales_only_its_own_cluster() {
     })
     .await;
     assert_eq!(groups, vec![id_a.clone()], "A sees only its own group");
+    let for_a_node = ca
+        .call(json!({"call": "NodeGroupForNode", "node": {"providerID": a_pid}}))
+        .await;
+    assert_eq!(
+        for_a_node["value"]["id"], id_a,
+        "B's Machine with A's provider ID neither hides nor takes A's node: {for_a_node}"
+    );
+    hostile.assert_refused(&w).await;
     let b_node = nodes_in(&nodes_b, &w.b.namespace).await[0].clone();
     let b_pid = format!(
         "test:///{}/{}",
@@ -396,21 +446,8 @@ async fn each_autoscaler_sees_and_scales_only_its_own_cluster() {
     // Real autoscalers: pending pods in A scale only A; B's idle node goes back to min.
     w.start_autoscaler('a');
     w.start_autoscaler('b');
-    let selector = BTreeMap::from([(POOL.to_string(), w.a.namespace.clone())]);
-    let app = workload::deployment(
-        SYSTEM_NAMESPACE,
-        &format!("load-{}", w.a.namespace),
-        3,
-        "3",
-        &selector,
-    )
-    .expect("deployment");
-    workload::create(&nodes_a, &app).await.expect("create");
-    poll("A scaled up to 3 by A's autoscaler", || async {
-        let r = w.replicas(&w.a).await;
-        (r == 3).then_some(()).ok_or(format!("replicas {r}"))
-    })
-    .await;
+    w.load_a(&nodes_a, 3, "A scaled up to 3 by A's autoscaler")
+        .await;
     poll("B scaled down to its minimum by B's autoscaler", || async {
         let r = w.replicas(&w.b).await;
         (r == 1).then_some(()).ok_or(format!("replicas {r}"))
@@ -427,6 +464,137 @@ async fn each_autoscaler_sees_and_scales_only_its_own_cluster() {
     assert_eq!(World::ca_target(&w.a).await, Some(3));
     assert_eq!(World::ca_target(&w.b).await, Some(1));
     let _ = id_a;
+}
+
+/// What the hostile tenant B planted: a Machine with A's provider ID, and Cluster `evil`
+/// (with a MachineDeployment B's policy governs) whose kubeconfig Secret names the operator's
+/// own kubeconfig as its token file and B's listener as its server.
+struct Hostile {
+    listener: std::net::SocketAddr,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Hostile {
+    async fn plant(w: &World, a_pid: &str) -> Self {
+        let namespace = &w.b.namespace;
+        let machine: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": "copy-of-a", "namespace": namespace},
+            "spec": {
+                "clusterName": w.b.cluster,
+                "bootstrap": {"dataSecretName": "none"},
+                "infrastructureRef": {"apiGroup": capi::INFRA_GROUP, "kind": "TestMachine", "name": "none"},
+                "providerID": a_pid
+            }
+        }))
+        .expect("machine");
+        Api::<DynamicObject>::namespaced_with(w.management.clone(), namespace, &capi::machines())
+            .create(&PostParams::default(), &machine)
+            .await
+            .expect("create the copying Machine");
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            while listener.accept().await.is_ok() {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let token_file = sandbox().kubeconfig.display().to_string();
+        let kubeconfig = serde_json::to_string(&json!({
+            "apiVersion": "v1", "kind": "Config", "current-context": "evil",
+            "clusters": [{"name": "evil", "cluster": {"server": format!("https://{address}")}}],
+            "users": [{"name": "evil", "user": {"tokenFile": token_file}}],
+            "contexts": [{"name": "evil", "context": {"cluster": "evil", "user": "evil"}}]
+        }))
+        .expect("kubeconfig");
+        capi::create_cluster(&w.management, namespace, "evil", &kubeconfig)
+            .await
+            .expect("Cluster evil");
+        let mut md = capi::machine_deployment(
+            namespace,
+            "evil",
+            "evil-w",
+            0,
+            // Served from zero whatever its template says: only its cluster holds it back.
+            json!({"capacity.cluster-autoscaler.kubernetes.io/cpu": "2",
+                   "capacity.cluster-autoscaler.kubernetes.io/memory": "4Gi"}),
+            ngo_sandbox::environment::WORKER_TEMPLATE,
+        )
+        .expect("md");
+        md.labels_mut().insert("pool".into(), "w".into());
+        Api::<DynamicObject>::namespaced_with(
+            w.management.clone(),
+            namespace,
+            &capi::machine_deployments(),
+        )
+        .create(&PostParams::default(), &md)
+        .await
+        .expect("create evil's MachineDeployment");
+        Self {
+            listener: address,
+            connections,
+        }
+    }
+
+    /// The Secret is refused, visibly on B's policy and in an Event, and nothing ever
+    /// connected to B's listener.
+    async fn assert_refused(&self, w: &World) {
+        let policies: Api<NodeGroupPolicy> = Api::namespaced(w.management.clone(), &w.b.namespace);
+        let condition = poll("B's policy to report evil's kubeconfig refused", || async {
+            let p = policies.get("workers").await.map_err(|e| e.to_string())?;
+            let status = p.status.unwrap_or_default();
+            status
+                .conditions
+                .iter()
+                .find(|c| {
+                    c.type_ == "WorkloadClustersReachable"
+                        && c.status == "False"
+                        && c.message.contains("tokenFile")
+                })
+                .cloned()
+                .ok_or_else(|| format!("{:?}; groups {:?}", status.conditions, status.groups))
+        })
+        .await;
+        assert!(
+            condition
+                .message
+                .contains(&format!("{}/evil", w.b.namespace)),
+            "{}",
+            condition.message
+        );
+        let events = poll("an Event on B's policy", || async {
+            let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+                w.management.clone(),
+                &w.b.namespace,
+            )
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+            events
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("WorkloadClusterUnreachable")
+                        && e.note.as_deref().is_some_and(|n| n.contains("tokenFile"))
+                })
+                .ok_or_else(|| "none yet".to_string())
+        })
+        .await;
+        eprintln!("refused: {}", events.note.unwrap_or_default());
+        // The operator re-reads the Secret every 30 s; give it a moment more than a reconcile.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            self.connections.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "the operator connected to the hostile server {}",
+            self.listener
+        );
+    }
 }
 
 async fn connect_as(
@@ -594,21 +762,7 @@ async fn an_unreachable_workload_cluster_affects_only_its_own_groups() {
     );
 
     // A keeps scaling meanwhile.
-    let selector = BTreeMap::from([(POOL.to_string(), w.a.namespace.clone())]);
-    let app = workload::deployment(
-        SYSTEM_NAMESPACE,
-        &format!("load-{}", w.a.namespace),
-        2,
-        "3",
-        &selector,
-    )
-    .expect("deployment");
-    workload::create(&nodes_a, &app).await.expect("create");
-    poll("A scaled up while B is down", || async {
-        let r = w.replicas(&w.a).await;
-        (r == 2).then_some(()).ok_or(format!("replicas {r}"))
-    })
-    .await;
+    w.load_a(&nodes_a, 2, "A scaled up while B is down").await;
 
     switch.start().await.expect("start B's API server");
     poll("B's policy reachable again", || async {
@@ -637,4 +791,280 @@ async fn an_unreachable_workload_cluster_affects_only_its_own_groups() {
             .any(|e| e.reason.as_deref() == Some("WorkloadClusterUnreachable")),
         "an Event on B's policy"
     );
+}
+
+/// The address of workload cluster `index`'s API server.
+fn api_server_address(index: usize) -> std::net::SocketAddr {
+    let server = &sandbox().workload_clusters[index].server;
+    server
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap_or_else(|e| panic!("API server address {server}: {e}"))
+}
+
+/// Restarts the shared operator, which then connects to the workload clusters as their
+/// kubeconfig Secrets say now.
+fn restart_operator(w: &mut World) {
+    let mut options = w.a.operator_options();
+    options.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
+    options.auto_discovery = vec![
+        format!("clusterapi:namespace={}", w.a.namespace),
+        format!("clusterapi:namespace={}", w.b.namespace),
+    ];
+    options.extra_args = vec![
+        "--workload-nodes=cluster-secrets".into(),
+        "--client-identity=uri-san".into(),
+    ];
+    options.name = format!("{}-operator-restarted", w.a.namespace);
+    w.a.start_operator(&options).expect("operator");
+    let operator = w.a.operator().expect("operator");
+    (w.address, w.admin) = (operator.grpc_address, operator.admin_address);
+}
+
+/// The `WorkloadClustersReachable` condition of `cluster`'s policy: its status and message.
+async fn reachable_condition(
+    w: &World,
+    cluster: &AutoscaledCluster,
+) -> Result<(String, String), String> {
+    let policy = Api::<NodeGroupPolicy>::namespaced(w.management.clone(), &cluster.namespace)
+        .get("workers")
+        .await
+        .map_err(|e| e.to_string())?;
+    policy
+        .status
+        .and_then(|s| {
+            s.conditions
+                .into_iter()
+                .find(|c| c.type_ == "WorkloadClustersReachable")
+        })
+        .map(|c| (c.status, c.message))
+        .ok_or_else(|| "no WorkloadClustersReachable condition yet".to_string())
+}
+
+/// Whether the operator's metric says workload cluster `cluster` is reachable.
+fn reachable_metric(w: &World, cluster: &AutoscaledCluster) -> Option<bool> {
+    let text = ngo_sandbox::process::http_get(w.admin, "/metrics").ok()?;
+    text.lines()
+        .find(|l| {
+            l.starts_with("nodegroup_workload_cluster_reachable{") && l.contains(&cluster.namespace)
+        })
+        .map(|l| l.ends_with(" 1"))
+}
+
+/// A workload API server that goes silent (connections stay open, nothing is answered: a
+/// partition that drops packets, a hung server) is reported unreachable within 30 s, while
+/// the other cluster keeps scaling; it is reachable again once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_workload_cluster_is_reported_within_30s_and_affects_only_its_own_groups() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut w = World::new("partition", 1, 1).await;
+    let proxy = ngo_sandbox::blackhole::BlackHoleProxy::start(api_server_address(1), false)
+        .await
+        .expect("proxy");
+    let via_proxy = ngo_sandbox::proxy::kubeconfig_text_via(
+        &sandbox().workload_clusters[1].capi_kubeconfig,
+        proxy.address,
+    );
+    capi::replace_kubeconfig(&w.management, &w.b.namespace, &w.b.cluster, &via_proxy)
+        .await
+        .expect("B's kubeconfig through the proxy");
+    restart_operator(&mut w);
+    let nodes_a = w.a.nodes_client().await.expect("a");
+    w.start_autoscaler('a');
+    poll("A's group served, B read through the proxy", || async {
+        let a = World::ca_target(&w.a).await;
+        let b = reachable_metric(&w, &w.b);
+        let accepted = proxy.accepted();
+        (a == Some(1) && b == Some(true) && accepted > 0)
+            .then_some(())
+            .ok_or(format!(
+                "A's target {a:?}, B reachable {b:?}, proxied connections {accepted}"
+            ))
+    })
+    .await;
+
+    proxy.freeze();
+    let frozen = Instant::now();
+    let message = poll("B's policy to report its cluster unreachable", || async {
+        match reachable_condition(&w, &w.b).await? {
+            (status, message) if status == "False" => Ok(message),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let detected = frozen.elapsed();
+    eprintln!(
+        "silent partition reported after {:.1}s: {message}",
+        detected.as_secs_f64()
+    );
+    assert!(
+        detected <= Duration::from_secs(30),
+        "a silent partition must be reported within 30 s, took {detected:?}"
+    );
+    assert!(message.contains(&w.b.namespace), "{message}");
+    let (a_status, a_message) = reachable_condition(&w, &w.a).await.expect("A's condition");
+    assert_eq!(a_status, "True", "A's policy stays reachable: {a_message}");
+    assert_eq!(reachable_metric(&w, &w.b), Some(false), "metric for B");
+
+    // A keeps scaling meanwhile.
+    w.load_a(&nodes_a, 2, "A scaled up while B is silent").await;
+
+    proxy.thaw();
+    poll("B's policy reachable again", || async {
+        match reachable_condition(&w, &w.b).await? {
+            (status, _) if status == "True" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
+/// Whether `id` is served to its own cluster's autoscaler: the read-only RPCs answer.
+async fn group_answers(
+    client: &mut nodegroup_operator::proto::cloud_provider_client::CloudProviderClient<
+        tonic::transport::Channel,
+    >,
+    id: &str,
+) -> Result<(), String> {
+    use nodegroup_operator::proto;
+    client
+        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: id.into() })
+        .await
+        .map_err(|s| format!("TargetSize: {s:?}"))?;
+    client
+        .node_group_nodes(proto::NodeGroupNodesRequest { id: id.into() })
+        .await
+        .map_err(|s| format!("Nodes: {s:?}"))?;
+    Ok(())
+}
+
+/// The lines of the running operator's log that mention `needle` and `cluster`'s namespace.
+fn operator_log_lines(w: &mut World, cluster_namespace: &str, needle: &str) -> Vec<String> {
+    let path = w.a.operator().expect("operator").log_path().to_path_buf();
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+        .lines()
+        .filter(|l| l.contains(needle) && l.contains(cluster_namespace))
+        .map(String::from)
+        .collect()
+}
+
+/// A kubeconfig Secret whose metadata alone changes does not reconnect; one rotated to a
+/// kubeconfig whose server never answers keeps the working connection serving (and says so
+/// in a warning), and the cluster's state still follows that connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_kubeconfig_replaces_the_connection_only_once_the_new_one_works() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut w = World::new("rotation", 1, 1).await;
+    let id_b = World::id(&w.b);
+    let b_cert =
+        w.a.pki
+            .issue_cluster_client(&w.b.namespace, &w.b.cluster)
+            .expect("cert");
+    let mut b_client = connect_as(&w, &b_cert).await;
+    poll("B's group served", || {
+        let mut client = b_client.clone();
+        let id = id_b.clone();
+        async move { group_answers(&mut client, &id).await }
+    })
+    .await;
+    let b_namespace = w.b.namespace.clone();
+    let connecting = "connecting to workload cluster";
+    let connections_before = operator_log_lines(&mut w, &b_namespace, connecting).len();
+
+    // Metadata only: no reconnect, B served throughout.
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(w.management.clone(), &b_namespace)
+        .patch(
+            &format!("{}-kubeconfig", w.b.cluster),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"rotated-by": "test"}}})),
+        )
+        .await
+        .expect("label B's kubeconfig Secret");
+    // The operator reads each Secret every 30 s.
+    let relabeled = Instant::now();
+    while relabeled.elapsed() < Duration::from_secs(35) {
+        if let Err(e) = group_answers(&mut b_client, &id_b).await {
+            panic!(
+                "B's group stopped answering after a metadata change: {e}\n{}",
+                diagnose().await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let reconnects = operator_log_lines(&mut w, &b_namespace, connecting);
+    assert_eq!(
+        reconnects.len(),
+        connections_before,
+        "a change of the Secret's metadata must not reconnect: {reconnects:#?}"
+    );
+
+    // A kubeconfig whose server accepts connections and never answers.
+    let black_hole = ngo_sandbox::blackhole::BlackHoleProxy::start(api_server_address(1), true)
+        .await
+        .expect("black hole");
+    let unanswered = ngo_sandbox::proxy::kubeconfig_text_via(
+        &sandbox().workload_clusters[1].capi_kubeconfig,
+        black_hole.address,
+    );
+    capi::replace_kubeconfig(&w.management, &b_namespace, &w.b.cluster, &unanswered)
+        .await
+        .expect("rotate B's kubeconfig");
+    let rotated = Instant::now();
+    let warning = loop {
+        if let Err(e) = group_answers(&mut b_client, &id_b).await {
+            panic!(
+                "B's group stopped answering during the rotation: {e}\n{}",
+                diagnose().await
+            );
+        }
+        let warnings: Vec<String> = operator_log_lines(&mut w, &b_namespace, "rotated kubeconfig")
+            .into_iter()
+            .filter(|l| l.contains("WARN"))
+            .collect();
+        if let Some(warning) = warnings.into_iter().next() {
+            break warning;
+        }
+        assert!(
+            rotated.elapsed() < WAIT,
+            "no warning about the rotated kubeconfig within {WAIT:?}\n{}",
+            diagnose().await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    eprintln!(
+        "rotation to an unanswered server reported after {:.1}s: {warning}",
+        rotated.elapsed().as_secs_f64()
+    );
+    assert!(
+        black_hole.accepted() > 0,
+        "the operator tried the rotated kubeconfig"
+    );
+    let (status, message) = reachable_condition(&w, &w.b).await.expect("B's condition");
+    assert_eq!(status, "True", "B stays reachable: {message}");
+
+    // The connection still serving goes down: the state says so, and recovers with it.
+    let switch = sandbox().workload_clusters[1].api_server.clone();
+    switch.stop().await.expect("stop B's API server");
+    poll("B's policy to report its cluster unreachable", || async {
+        match reachable_condition(&w, &w.b).await? {
+            (status, message) if status == "False" => Ok(message),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    switch.start().await.expect("start B's API server");
+    poll("B's policy reachable again", || async {
+        match reachable_condition(&w, &w.b).await? {
+            (status, _) if status == "True" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    poll("B's group served again", || {
+        let mut client = b_client.clone();
+        let id = id_b.clone();
+        async move { group_answers(&mut client, &id).await }
+    })
+    .await;
 }
