@@ -2,7 +2,7 @@
 //!
 //! Same syntax and matching as cluster-autoscaler's in-tree provider: specs are OR'ed; within a
 //! spec every given key must match. Unlike upstream we do not restrict the watched namespace to
-//! the first spec's namespace (trap 13): we watch what the specs need and filter here.
+//! the first spec's namespace (upstream's `namespaceToWatch`): we watch what the specs need and filter here.
 
 use std::collections::BTreeMap;
 

@@ -306,7 +306,8 @@ pub struct Machine {
     /// `status.phase`.
     pub phase: Option<String>,
     /// `status.failureMessage` (v1beta1) or `status.deprecated.v1beta1.failureMessage` (v1beta2).
-    /// Upstream reads only the first, so it reports failed v1beta2 machines as pending (trap 18).
+    /// Upstream's `findScalableResourceProviderIDs` reads only the first, so it reports failed
+    /// v1beta2 machines as pending.
     pub failure_message: Option<String>,
     /// True when the object has a deletion timestamp.
     pub deleting: bool,

@@ -378,8 +378,8 @@ pub(super) fn owning_group<'a>(
     )?;
     match &ms.owner_machine_deployment {
         // The MachineDeployment is the group; if it is not visible (deleted, filtered), the
-        // machine belongs to no group. Upstream falls back to the MachineSet, which NodeGroups
-        // never lists (trap 12).
+        // machine belongs to no group. Upstream's `nodeGroupForNode` falls back to the
+        // MachineSet (`findMachineSetOwner` finds no visible owner), which NodeGroups never lists.
         Some(md) => {
             let md = resource(ScalableKind::MachineDeployment, ns, md.as_str())?;
             allowed(inputs, md).then(|| md.group_id())

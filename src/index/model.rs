@@ -348,7 +348,8 @@ pub enum NodeGroupLookup {
     Group(Arc<NodeGroup>),
     /// Not in any served group.
     None,
-    /// Several machines share the normalized provider ID (trap 9).
+    /// Several machines share the normalized provider ID (the tail after the last `/`, as
+    /// upstream's `normalizedProviderString`).
     Ambiguous(usize),
 }
 

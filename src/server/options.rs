@@ -1,5 +1,6 @@
 //! GetOptions: CA replaces its options wholesale with the reply, so every field the group does
-//! not override is echoed from the request's defaults (trap 1). Defaults are read from the
+//! not override is echoed from the request's defaults (CA's `externalgrpc` `NodeGroup.GetOptions`
+//! takes the reply as the whole option set). Defaults are read from the
 //! current fields (8-10) and, for clients before 1.35, the legacy ones (3-5).
 
 use std::time::Duration;

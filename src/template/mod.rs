@@ -136,8 +136,8 @@ pub fn labels(t: &TemplateInputs, node_name: &str) -> BTreeMap<String, String> {
     out.insert("kubernetes.io/os".to_string(), "linux".to_string());
     out.insert("kubernetes.io/hostname".to_string(), node_name.to_string());
     if let Some(infra) = &t.infra {
-        // Upstream writes empty arch/os when the template has no nodeInfo (trap 16); we keep
-        // the defaults instead.
+        // Upstream's `systemInfoFromInfrastructureObject` gives empty arch/os when the template
+        // has no `status.nodeInfo`; we keep the defaults instead.
         if let Some(arch) = infra.architecture.as_ref().filter(|a| !a.is_empty()) {
             out.insert("kubernetes.io/arch".into(), arch.clone());
         }
