@@ -146,8 +146,25 @@ impl CloudProviderService {
         MutationDeadline::new(timeout)
     }
 
-    fn snapshot(&self) -> Result<Arc<Snapshot>, ProviderError> {
-        self.snapshots.current().ok_or(ProviderError::NotSynced)
+    /// The current snapshot and what the caller may see in it.
+    fn visible_snapshot(
+        &self,
+        caller: &Result<Scope, IdentityError>,
+    ) -> Result<(Arc<Snapshot>, Scope), ProviderError> {
+        let snapshot = self.snapshots.current().ok_or(ProviderError::NotSynced)?;
+        let scope = Self::authorize(caller, &snapshot)?;
+        Ok((snapshot, scope))
+    }
+
+    /// The current snapshot and group `id`, which the caller must be allowed to see.
+    fn scoped_group(
+        &self,
+        caller: &Result<Scope, IdentityError>,
+        id: &str,
+    ) -> Result<(Arc<Snapshot>, Arc<NodeGroup>), ProviderError> {
+        let (snapshot, scope) = self.visible_snapshot(caller)?;
+        let group = Self::group(&snapshot, id, &scope)?;
+        Ok((snapshot, group))
     }
 
     /// The group `id`, which the caller's `scope` must include.
@@ -266,8 +283,7 @@ impl CloudProvider for CloudProviderService {
     ) -> RpcResult<proto::NodeGroupsResponse> {
         let caller = self.caller(&request);
         self.rpc("NodeGroups", async {
-            let snapshot = self.snapshot()?;
-            let scope = Self::authorize(&caller, &snapshot)?;
+            let (snapshot, scope) = self.visible_snapshot(&caller)?;
             Ok(proto::NodeGroupsResponse {
                 node_groups: snapshot
                     .groups
@@ -290,8 +306,7 @@ impl CloudProvider for CloudProviderService {
             let node = request
                 .node
                 .ok_or_else(|| ProviderError::InvalidArgument("request has no node".into()))?;
-            let snapshot = self.snapshot()?;
-            let scope = Self::authorize(&caller, &snapshot)?;
+            let (snapshot, scope) = self.visible_snapshot(&caller)?;
             // Resolved among the caller's Cluster's objects only: another cluster's node is
             // "not autoscaled" to this caller, as CA expects for nodes of no group.
             let group = match snapshot.group_for_provider_id(&node.provider_id, scope.cluster()) {
@@ -323,8 +338,7 @@ impl CloudProvider for CloudProviderService {
                 &request.start_time,
                 &request.end_time,
             )?;
-            let snapshot = self.snapshot()?;
-            let scope = Self::authorize(&caller, &snapshot)?;
+            let (snapshot, scope) = self.visible_snapshot(&caller)?;
             let group = Self::group_for_node(&snapshot, &node, &scope)?;
             let hourly = group
                 .as_deref()
@@ -360,8 +374,7 @@ impl CloudProvider for CloudProviderService {
                 &request.start_time,
                 &request.end_time,
             )?;
-            let snapshot = self.snapshot()?;
-            let scope = Self::authorize(&caller, &snapshot)?;
+            let (snapshot, scope) = self.visible_snapshot(&caller)?;
             let prices = pricing::cheapest_resource_prices(
                 snapshot.groups.values().filter(|g| Self::visible(&scope, g)),
             )
@@ -403,8 +416,7 @@ impl CloudProvider for CloudProviderService {
         let caller = self.caller(&request);
         self.rpc("GPULabel", async {
             // Names no group, but answers only clients of a served Cluster, as every RPC.
-            let snapshot = self.snapshot()?;
-            Self::authorize(&caller, &snapshot)?;
+            self.visible_snapshot(&caller)?;
             Ok(proto::GpuLabelResponse {
                 label: GPU_LABEL.into(),
             })
@@ -418,8 +430,7 @@ impl CloudProvider for CloudProviderService {
     ) -> RpcResult<proto::GetAvailableGpuTypesResponse> {
         let caller = self.caller(&request);
         self.rpc("GetAvailableGPUTypes", async {
-            let snapshot = self.snapshot()?;
-            let scope = Self::authorize(&caller, &snapshot)?;
+            let (snapshot, scope) = self.visible_snapshot(&caller)?;
             let gpu_types = snapshot
                 .groups
                 .values()
@@ -445,8 +456,7 @@ impl CloudProvider for CloudProviderService {
     ) -> RpcResult<proto::CleanupResponse> {
         let caller = self.caller(&request);
         self.rpc("Cleanup", async {
-            let snapshot = self.snapshot()?;
-            Self::authorize(&caller, &snapshot)?;
+            self.visible_snapshot(&caller)?;
             Ok(proto::CleanupResponse {})
         })
         .await
@@ -460,8 +470,7 @@ impl CloudProvider for CloudProviderService {
         // The index is kept current by watches; Refresh only reports whether it is usable, so CA
         // skips a loop instead of acting on an empty view while caches sync.
         self.rpc("Refresh", async {
-            let snapshot = self.snapshot()?;
-            Self::authorize(&caller, &snapshot)?;
+            self.visible_snapshot(&caller)?;
             Ok(proto::RefreshResponse {})
         })
         .await
@@ -474,9 +483,7 @@ impl CloudProvider for CloudProviderService {
         let caller = self.caller(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupTargetSize", async {
-            let snapshot = self.snapshot()?;
-            let scope = Self::authorize(&caller, &snapshot)?;
-            let group = Self::group(&snapshot, &request.id, &scope)?;
+            let (_, group) = self.scoped_group(&caller, &request.id)?;
             Ok(proto::NodeGroupTargetSizeResponse {
                 target_size: group.target,
             })
@@ -492,9 +499,7 @@ impl CloudProvider for CloudProviderService {
         let deadline = Self::deadline(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupIncreaseSize", async {
-            let snapshot = self.snapshot()?;
-            let scope = Self::authorize(&caller, &snapshot)?;
-            let group = Self::group(&snapshot, &request.id, &scope)?;
+            let (_, group) = self.scoped_group(&caller, &request.id)?;
             let actuator = self.actuator.clone();
             let id = group.id.clone();
             let target = self
@@ -518,9 +523,7 @@ impl CloudProvider for CloudProviderService {
         let deadline = Self::deadline(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupDeleteNodes", async {
-            let snapshot = self.snapshot()?;
-            let scope = Self::authorize(&caller, &snapshot)?;
-            let group = Self::group(&snapshot, &request.id, &scope)?;
+            let (snapshot, group) = self.scoped_group(&caller, &request.id)?;
             let nodes: Vec<NodeRef> = request
                 .nodes
                 .into_iter()
@@ -567,9 +570,7 @@ impl CloudProvider for CloudProviderService {
         let deadline = Self::deadline(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupDecreaseTargetSize", async {
-            let snapshot = self.snapshot()?;
-            let scope = Self::authorize(&caller, &snapshot)?;
-            let group = Self::group(&snapshot, &request.id, &scope)?;
+            let (snapshot, group) = self.scoped_group(&caller, &request.id)?;
             let actuator = self.actuator.clone();
             let id = group.id.clone();
             let target = self
@@ -592,9 +593,7 @@ impl CloudProvider for CloudProviderService {
         let caller = self.caller(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupNodes", async {
-            let snapshot = self.snapshot()?;
-            let scope = Self::authorize(&caller, &snapshot)?;
-            let group = Self::group(&snapshot, &request.id, &scope)?;
+            let (_, group) = self.scoped_group(&caller, &request.id)?;
             Ok(proto::NodeGroupNodesResponse {
                 instances: group.instances.iter().map(convert::instance).collect(),
             })
@@ -609,9 +608,7 @@ impl CloudProvider for CloudProviderService {
         let caller = self.caller(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupTemplateNodeInfo", async {
-            let snapshot = self.snapshot()?;
-            let scope = Self::authorize(&caller, &snapshot)?;
-            let group = Self::group(&snapshot, &request.id, &scope)?;
+            let (_, group) = self.scoped_group(&caller, &request.id)?;
             let inputs = group.template.as_ref().ok_or_else(|| {
                 ProviderError::NotImplemented(format!(
                     "node group {} cannot scale from zero: neither capacity annotations nor the infrastructure template give cpu and memory",
@@ -635,9 +632,7 @@ impl CloudProvider for CloudProviderService {
         let caller = self.caller(&request);
         let request = request.into_inner();
         self.rpc("NodeGroupGetOptions", async {
-            let snapshot = self.snapshot()?;
-            let scope = Self::authorize(&caller, &snapshot)?;
-            let group = Self::group(&snapshot, &request.id, &scope)?;
+            let (_, group) = self.scoped_group(&caller, &request.id)?;
             let defaults = request
                 .defaults
                 .ok_or_else(|| ProviderError::InvalidArgument("request has no defaults".into()))?;
