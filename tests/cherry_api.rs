@@ -1,7 +1,9 @@
 //! The Cherry Servers client (`backends::cherry`) against the sandbox's emulator of the API:
 //! the calls a node pool makes, paging, authentication, rate limiting, out-of-stock plans,
 //! outages, hung and garbled answers; and, with a real API server and kwok, servers that
-//! boot into Nodes only with a valid bootstrap token.
+//! boot into Nodes only with a valid bootstrap token. The emulator itself is checked against
+//! Cherry Servers' published examples (`tests/fixtures/cherry`) and driven by the official
+//! clients: cherrygo and cluster-autoscaler's in-tree provider (`tests/upstream/cherry-check`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -194,7 +196,7 @@ async fn plans_carry_cores_memory_price_and_stock_per_region() {
     let plan = plans.iter().find(|p| p.slug == "e5_1620v4").unwrap();
     assert_eq!(plan.name, "E5-1620v4");
     assert_eq!(plan.cpu_cores, 4);
-    assert_eq!(plan.memory_bytes, 64 << 30);
+    assert_eq!(plan.memory_bytes(), Ok(64 << 30));
     assert_eq!(plan.hourly_price, Some(0.2));
     assert_eq!(plan.currency.as_deref(), Some("EUR"));
     let stock: BTreeMap<String, Option<i64>> = plan
@@ -310,7 +312,11 @@ async fn an_order_without_stock_is_out_of_stock() {
         .unwrap_err();
     assert!(matches!(err, CherryError::OutOfStock(_)), "{err:?}");
     assert!(!err.is_retryable());
-    assert!(err.to_string().contains("e5_1620v4"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("plan e5_1620v4 has stock_qty 0 in region eu_nord_1"),
+        "{err}"
+    );
     assert!(emulator.servers().is_empty());
 
     let mut unknown = order("b", "");
@@ -641,4 +647,470 @@ async fn only_servers_with_a_valid_bootstrap_token_become_ready_nodes() {
     tokio::task::spawn_blocking(move || drop(cluster))
         .await
         .unwrap();
+}
+
+/// A spot pool's stock is the plan's `spot_qty` in its region, not `stock_qty` (cherrygo
+/// `plans.go` `AvailableRegions`); a spot order takes from the spot pool.
+#[tokio::test]
+async fn a_spot_pool_reads_and_spends_spot_stock() {
+    use nodegroup_operator::api::nodepool::CherryServersSpec;
+    use nodegroup_operator::backends::cherry::pool::CherryPool;
+    let emulator = emulator(CherryOptions::default()).await;
+    let spec = |spot_market: bool| CherryServersSpec {
+        endpoint: Some(emulator.url()),
+        project_id: PROJECT,
+        region: "eu_nord_1".into(),
+        plan: "e5_1620v4".into(),
+        image: "ubuntu_22_04".into(),
+        spot_market,
+        ..Default::default()
+    };
+    let spot = CherryPool::new(&spec(true), emulator.token().into(), "prod", "spot").unwrap();
+    let hourly = CherryPool::new(&spec(false), emulator.token().into(), "prod", "hourly").unwrap();
+    assert!(emulator.set_spot_stock("e5_1620v4", "eu_nord_1", 0));
+    assert_eq!(spot.machine_type().await.unwrap().in_stock, Some(false));
+    assert_eq!(hourly.machine_type().await.unwrap().in_stock, Some(true));
+    let mut order = order("spot-a", "");
+    order.spot_market = true;
+    let client = client(&emulator, |_| {});
+    let err = client.create_server(PROJECT, &order).await.unwrap_err();
+    assert!(matches!(err, CherryError::OutOfStock(_)), "{err:?}");
+
+    assert!(emulator.set_spot_stock("e5_1620v4", "eu_nord_1", 1));
+    assert_eq!(spot.machine_type().await.unwrap().in_stock, Some(true));
+    client.create_server(PROJECT, &order).await.unwrap();
+    assert_eq!(emulator.spot_stock("e5_1620v4", "eu_nord_1"), Some(0));
+    assert_eq!(emulator.stock("e5_1620v4", "eu_nord_1"), Some(10));
+}
+
+/// The API reference (https://api.cherryservers.com/doc/, "Response codes") gives an order
+/// that cannot be made only `400 Bad parameters or request can't be made.`: no code or word
+/// for stock. So a refused order is out of stock when the plan's documented stock
+/// (`available_regions[].stock_qty`) is exhausted, whatever the message says.
+#[tokio::test]
+async fn out_of_stock_is_told_from_the_plans_stock_not_the_message() {
+    let emulator = emulator(CherryOptions::default()).await;
+    let client = client(&emulator, |_| {});
+    let refusal = |message: &str| FaultAction::Respond {
+        status: 400,
+        headers: vec![],
+        body: serde_json::json!({"code": 400, "message": message}).to_string(),
+    };
+    assert!(emulator.set_stock("e5_1620v4", "eu_nord_1", 0));
+    emulator.inject(
+        RequestKind::CreateServer,
+        1,
+        refusal("Bad parameters or request can't be made."),
+    );
+    let err = client
+        .create_server(PROJECT, &order("a", ""))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CherryError::OutOfStock(_)), "{err:?}");
+
+    assert!(emulator.set_stock("e5_1620v4", "eu_nord_1", 5));
+    emulator.inject(
+        RequestKind::CreateServer,
+        1,
+        refusal("Image stock_ubuntu is not available for this plan."),
+    );
+    let err = client
+        .create_server(PROJECT, &order("b", ""))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, CherryError::Rejected { status: 400, .. }),
+        "{err:?}"
+    );
+}
+
+/// The reference does not say which code refuses an order the stock cannot fill: 400 ("Bad
+/// parameters or request can't be made.") and 404 ("Resource doesn't exist.") both fit.
+/// Either is out of stock when the plan's stock says so, and itself when it does not.
+#[tokio::test]
+async fn an_order_refused_with_either_documented_code_is_out_of_stock_by_the_plans_stock() {
+    for status in [400, 404] {
+        let emulator = emulator(CherryOptions {
+            out_of_stock_status: status,
+            ..Default::default()
+        })
+        .await;
+        let client = client(&emulator, |_| {});
+        assert!(emulator.set_stock("e5_1620v4", "eu_nord_1", 0));
+        let err = client
+            .create_server(PROJECT, &order("a", ""))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, CherryError::OutOfStock(_)),
+            "{status}: {err:?}"
+        );
+        // A region the plan is not offered in at all reads as no stock too.
+        let mut elsewhere = order("b", "");
+        elsewhere.region = "eu_far_1".into();
+        emulator.set_stock("e3_1240v3", "eu_far_1", 3);
+        elsewhere.plan = "e5_1620v4".into();
+        let err = client.create_server(PROJECT, &elsewhere).await.unwrap_err();
+        assert!(
+            matches!(err, CherryError::OutOfStock(_)),
+            "{status}: {err:?}"
+        );
+
+        // The same code for a missing project is not out of stock while stock is left.
+        assert!(emulator.set_stock("e5_1620v4", "eu_nord_1", 2));
+        emulator.inject(RequestKind::CreateServer, 1, FaultAction::Status(status));
+        let err = client
+            .create_server(PROJECT, &order("c", ""))
+            .await
+            .unwrap_err();
+        assert!(
+            !matches!(err, CherryError::OutOfStock(_)),
+            "{status}: {err:?}"
+        );
+        assert!(emulator.servers().is_empty());
+    }
+}
+
+/// A plan whose memory is in a unit cluster-autoscaler's multipliers do not know (KB, MB,
+/// GB, TB) gives no machine type, with a message naming the unit, instead of 0 bytes.
+#[tokio::test]
+async fn a_plan_in_an_unknown_memory_unit_is_refused_with_its_unit() {
+    use ngo_sandbox::cherry::PlanSpec;
+    use nodegroup_operator::api::nodepool::CherryServersSpec;
+    use nodegroup_operator::backends::cherry::pool::CherryPool;
+    let emulator = emulator(CherryOptions {
+        plans: vec![
+            PlanSpec::new(9, "odd_1", "Odd-1", 2, 8)
+                .memory_unit("GiB")
+                .stock("eu_nord_1", 1),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let spec = CherryServersSpec {
+        endpoint: Some(emulator.url()),
+        project_id: PROJECT,
+        region: "eu_nord_1".into(),
+        plan: "odd_1".into(),
+        ..Default::default()
+    };
+    let pool = CherryPool::new(&spec, emulator.token().into(), "prod", "odd").unwrap();
+    let err = pool.machine_type().await.unwrap_err();
+    assert!(err.message.contains("\"GiB\""), "{}", err.message);
+}
+
+/// One request to the emulator without the operator's client, so the answer's JSON is
+/// seen as sent: status and body.
+async fn raw(
+    emulator: &CherryEmulator,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(emulator.addr())
+        .await
+        .unwrap();
+    let body = body.unwrap_or("");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        emulator.addr(),
+        emulator.token(),
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let text = String::from_utf8(answer).unwrap();
+    let (head, mut payload) = text.split_once("\r\n\r\n").unwrap();
+    let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let decoded;
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = payload;
+        loop {
+            let (size, tail) = rest.split_once("\r\n").unwrap();
+            let size = usize::from_str_radix(size.trim(), 16).unwrap();
+            if size == 0 {
+                break;
+            }
+            out.push_str(&tail[..size]);
+            rest = &tail[size + 2..];
+        }
+        decoded = out;
+        payload = &decoded;
+    }
+    let value = if payload.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_str(payload).unwrap()
+    };
+    (status, value)
+}
+
+/// Where `ours` differs in shape from `example`: a key of the example missing (besides
+/// `optional` ones), a value of another JSON kind, a float where the example has an
+/// integer (cherrygo and cluster-autoscaler decode those as Go `int`). Lists compare
+/// their first items.
+fn shape_differences(
+    example: &serde_json::Value,
+    ours: &serde_json::Value,
+    at: &str,
+    optional: &[&str],
+    out: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    match (example, ours) {
+        (Value::Object(e), Value::Object(o)) => {
+            for (key, value) in e {
+                let path = format!("{at}.{key}");
+                match o.get(key) {
+                    Some(mine) => shape_differences(value, mine, &path, optional, out),
+                    None if optional.contains(&path.as_str()) => {}
+                    None => out.push(format!("{path}: missing")),
+                }
+            }
+        }
+        (Value::Array(e), Value::Array(o)) => {
+            if let (Some(e), Some(o)) = (e.first(), o.first()) {
+                shape_differences(e, o, &format!("{at}[0]"), optional, out);
+            }
+        }
+        (Value::Number(e), Value::Number(o)) => {
+            if e.is_i64() && !o.is_i64() {
+                out.push(format!("{at}: {o} where the example has the integer {e}"));
+            }
+        }
+        (Value::String(_), Value::String(_)) | (Value::Bool(_), Value::Bool(_)) => {}
+        (Value::Null, _) | (_, Value::Null) => {}
+        (e, o) => out.push(format!("{at}: {o} where the example has {e}")),
+    }
+}
+
+fn fixture(name: &str) -> serde_json::Value {
+    let path = format!(
+        "{}/tests/fixtures/cherry/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(
+        value["source"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("https://")),
+        "{name} names no source"
+    );
+    value
+}
+
+/// Cherry Servers' published examples (`tests/fixtures/cherry`, each with its source) decode
+/// with the operator's client, and the emulator answers the same requests in their shape.
+#[tokio::test]
+async fn published_examples_decode_and_the_emulator_answers_their_shape() {
+    use nodegroup_operator::backends::cherry::{Plan, Server};
+    let emulator = emulator(CherryOptions::default()).await;
+
+    // GET /v1/plans.
+    let example = fixture("plans-list.json");
+    let plans: Vec<Plan> = serde_json::from_value(example["body"].clone()).unwrap();
+    assert_eq!(plans[0].slug, "cloud_vps_1");
+    assert_eq!(plans[0].memory_bytes(), Ok(1 << 30));
+    assert_eq!(
+        (plans[0].regions[0].stock_qty, plans[0].regions[0].spot_qty),
+        (Some(122), Some(5))
+    );
+    let (status, ours) = raw(&emulator, "GET", "/v1/plans", None).await;
+    assert_eq!(status, example["status"]);
+    let mut differences = Vec::new();
+    shape_differences(&example["body"], &ours, "plans", &[], &mut differences);
+    assert!(differences.is_empty(), "{differences:#?}");
+
+    // GET /v1/servers/{id}, of a server the emulator made.
+    let example = fixture("server-get.json");
+    let server: Server = serde_json::from_value(example["body"].clone()).unwrap();
+    assert_eq!(
+        (server.id, server.plan.as_deref(), server.region.as_deref()),
+        (621229, Some("cloud_vps_1"), Some("eu_nord_1"))
+    );
+    let client = client(&emulator, |_| {});
+    let created = client
+        .create_server(PROJECT, &order("shape", "#!/bin/sh\n"))
+        .await
+        .unwrap();
+    let (status, ours) = raw(
+        &emulator,
+        "GET",
+        &format!("/v1/servers/{}", created.id),
+        None,
+    )
+    .await;
+    assert_eq!(status, example["status"]);
+    let mut differences = Vec::new();
+    // `termination_date` of a server that has none is the Python string "None" in the
+    // example, a rendering of the SDK's, not the API's: the emulator leaves it out.
+    shape_differences(
+        &example["body"],
+        &ours,
+        "server",
+        &["server.termination_date"],
+        &mut differences,
+    );
+    assert!(differences.is_empty(), "{differences:#?}");
+
+    // An error: the client reads its message; the emulator's errors have its shape.
+    let example = fixture("error-400.json");
+    emulator.inject(
+        RequestKind::ListServers,
+        1,
+        FaultAction::Respond {
+            status: 400,
+            headers: vec![],
+            body: example["body"].to_string(),
+        },
+    );
+    let err = client.list_servers(PROJECT).await.unwrap_err();
+    assert!(
+        matches!(&err, CherryError::Rejected { status: 400, message } if message.ends_with(": Bad Request")),
+        "{err:?}"
+    );
+    let unknown = serde_json::json!({
+        "project_id": PROJECT, "plan": "no_such_plan", "region": "eu_nord_1"
+    })
+    .to_string();
+    let (status, ours) = raw(
+        &emulator,
+        "POST",
+        &format!("/v1/projects/{PROJECT}/servers"),
+        Some(&unknown),
+    )
+    .await;
+    assert_eq!(status, example["status"]);
+    let mut differences = Vec::new();
+    shape_differences(&example["body"], &ours, "error", &[], &mut differences);
+    assert!(differences.is_empty(), "{differences:#?}");
+}
+
+/// cherrygo v4.2.0, Cherry Servers' official Go client, reads plans, scales out, lists,
+/// gets, scales in and reads refusals against the emulator (`cherry-check`, built by
+/// `tests/upstream/build.sh cherry-check`; it exits non-zero with the reason when an answer
+/// does not decode or contradicts the request).
+#[tokio::test]
+async fn the_official_go_client_drives_the_emulator() {
+    let bin = ngo_sandbox::upstream_bin("cherry-check");
+    assert!(
+        bin.exists(),
+        "{} is missing: run tests/upstream/build.sh cherry-check",
+        bin.display()
+    );
+    let emulator = emulator(CherryOptions::default()).await;
+    assert!(emulator.set_stock("e3_1240v3", "eu_nord_1", 0));
+    let url = emulator.url();
+    let base = url
+        .trim_end_matches('/')
+        .trim_end_matches("/v1")
+        .to_string();
+    let output = tokio::process::Command::new(&bin)
+        .args(["-url", &base, "-token", emulator.token()])
+        .args(["-project", &PROJECT.to_string()])
+        .args(["-plan", "e5_1620v4", "-region", "eu_nord_1", "-count", "2"])
+        .args(["-empty-plan", "e3_1240v3"])
+        .env_remove("CHERRY_API_KEY")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "cherry-check: {}\n{stdout}{stderr}",
+        output.status
+    );
+    assert!(stdout.ends_with("ok\n"), "{stdout}");
+    // Everything it created it deleted, through the emulator.
+    assert!(
+        emulator
+            .servers()
+            .iter()
+            .all(|s| s.lifecycle == Lifecycle::Terminating),
+        "{stdout}"
+    );
+
+    // An answer cherrygo cannot decode fails the check: `specs.memory.total` as a float
+    // where cherrygo's `Memory.Total` is an `int`.
+    emulator.inject(
+        RequestKind::ListPlans,
+        1,
+        FaultAction::Respond {
+            status: 200,
+            headers: vec![],
+            body: r#"[{"slug":"e5_1620v4","specs":{"memory":{"total":64.5,"unit":"GB"}}}]"#.into(),
+        },
+    );
+    let output = tokio::process::Command::new(&bin)
+        .args(["-url", &base, "-token", emulator.token()])
+        .args(["-project", &PROJECT.to_string()])
+        .args(["-plan", "e5_1620v4", "-region", "eu_nord_1"])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("Plans.List"),
+        "{stderr}"
+    );
+}
+
+/// cluster-autoscaler's in-tree `cherryservers` provider, its own REST client unmodified
+/// (`cherry-check-intree`: a test of that package, built by `tests/upstream/build.sh
+/// cherry-check`, reaching the emulator through the manager's `baseURL` as the provider's
+/// own tests do), reads the template (plans, the plan *name* as instance type), scales out,
+/// finds a node's group, scales in, and reads a refused order.
+#[tokio::test]
+async fn the_in_tree_provider_drives_the_emulator() {
+    let bin = ngo_sandbox::upstream_bin("cherry-check-intree");
+    assert!(
+        bin.exists(),
+        "{} is missing: run tests/upstream/build.sh cherry-check",
+        bin.display()
+    );
+    let emulator = emulator(CherryOptions {
+        pending_for: Duration::from_millis(50),
+        provisioning_for: Duration::from_millis(50),
+        ..Default::default()
+    })
+    .await;
+    assert!(emulator.set_stock("e3_1240v3", "eu_nord_1", 0));
+    let output = tokio::process::Command::new(&bin)
+        .args(["-test.run", "^TestEmulator$", "-test.v", "-test.count=1"])
+        .env("CHERRY_CHECK_URL", emulator.url())
+        .env("CHERRY_CHECK_TOKEN", emulator.token())
+        .env("CHERRY_CHECK_PROJECT", PROJECT.to_string())
+        .env("CHERRY_CHECK_REGION", "eu_nord_1")
+        .env("CHERRY_CHECK_PLAN", "e5_1620v4")
+        .env("CHERRY_CHECK_PLAN_NAME", "E5-1620v4")
+        .env("CHERRY_CHECK_PLAN_MEMORY", (64_i64 << 30).to_string())
+        .env("CHERRY_CHECK_EMPTY_PLAN", "e3_1240v3")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains("--- PASS: TestEmulator"),
+        "cherry-check-intree: {}\n{stdout}{stderr}",
+        output.status
+    );
+    let servers = emulator.servers();
+    assert_eq!(
+        servers
+            .iter()
+            .filter(|s| s.lifecycle != Lifecycle::Terminating)
+            .count(),
+        1,
+        "{servers:?}"
+    );
 }

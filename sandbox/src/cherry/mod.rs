@@ -18,12 +18,28 @@
 //!   `WaitForStatus`); a deleted server is listed as `terminating` until it is gone.
 //! - An unknown plan is `400 "Given server plan was not found."` (the API's message as
 //!   quoted in terraform-provider-cherryservers issue 5).
+//! - Plans list, per region of `available_regions`, `stock_qty` and `spot_qty` (cherrygo
+//!   `plans.go` `AvailableRegions`, fixture `plans_test.go`: `"stock_qty":122,"spot_qty":5`).
+//!   An order takes one from `stock_qty`, or from `spot_qty` when it sets `spot_market`
+//!   ("Spot Servers are intended to be deployed automatically through Cherry Servers API.
+//!   You should use the same API endpoint, as you use to request on-demand servers, but
+//!   with spot_market variable set to 1", https://docs.cherryservers.com/knowledge/spot-servers);
+//!   a delete gives it back.
+//! - Status codes as the API reference lists them (https://api.cherryservers.com/doc/,
+//!   "Response codes"): "200, 201, 204 Everything worked as expexted." (sic), "400 Bad
+//!   parameters or request can't be made.", "401 No valid API key provided.", "404
+//!   Resource doesn't exist."; "If your application sends more than 4 requests per second,
+//!   the API may return HTTP status code 429."
 //!
-//! Not verified against the real API (no SDK or public source states them), so chosen
-//! here and relied on by the operator's client only through the status class:
-//! - an order for a plan with no stock in the region (`stock_qty` 0, or the region not in
-//!   the plan's `available_regions`) is `400 {"code":400,"message":"Plan <plan> is out of
-//!   stock in region <region>."}`;
+//! Where the documentation is silent, chosen here; the operator's client copes with every
+//! plausible choice:
+//! - an order the stock cannot fill (its `stock_qty`/`spot_qty` 0, or the region not in the
+//!   plan's `available_regions`): the reference names no code or message for it. The
+//!   emulator answers [`CherryOptions::out_of_stock_status`] (default 400, "request can't
+//!   be made"; 404, "Resource doesn't exist", is as plausible) with the reference's own
+//!   sentence for 400 as the message ([`OUT_OF_STOCK_MESSAGE`]), so nothing in the
+//!   words tells stock apart: the client reads the plan's stock after a refusal;
+//! - whether spot orders also draw on `stock_qty` (here they do not);
 //! - an unknown region is `400 "Given region was not found."`, user data that is not
 //!   base64 and a `project_id` in the body other than the path's are 400, a POST without a
 //!   JSON `Content-Type` is 400;
@@ -31,6 +47,10 @@
 //! - the rate limit (the documentation speaks of about 4 requests per second per source
 //!   address) answers `429 {"code":429,"message":"Too Many Requests"}` with `Retry-After` in
 //!   whole seconds.
+//!
+//! cherrygo v4.2.0 and cluster-autoscaler's in-tree `cherryservers` provider read every one of
+//! these answers in `tests/cherry_api.rs` (`tests/upstream/cherry-check`), and Cherry Servers'
+//! published examples (`tests/fixtures/cherry`) are checked to have the emulator's shape.
 //!
 //! When given a cluster ([`CherryOptions::cluster`]), a server that reaches `active` boots:
 //! it registers a kwok Node if and only if its user data carries a valid bootstrap token
@@ -49,8 +69,8 @@ use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
 pub use model::{
-    BootOutcome, EmulatedServer, Lifecycle, PlanSpec, RegionSpec, decode_user_data, default_plans,
-    default_regions,
+    BootOutcome, EmulatedServer, Lifecycle, OUT_OF_STOCK_MESSAGE, PlanSpec, RegionSpec,
+    decode_user_data, default_plans, default_regions,
 };
 
 use self::model::Account;
@@ -78,6 +98,9 @@ pub struct CherryOptions {
     pub cluster: Option<kube::Client>,
     /// Id of the first server. Default 600001.
     pub first_server_id: i64,
+    /// Status answering an order the stock cannot fill; the API reference does not say
+    /// which (see the module documentation). Default 400.
+    pub out_of_stock_status: u16,
 }
 
 impl Default for CherryOptions {
@@ -92,6 +115,7 @@ impl Default for CherryOptions {
             rate_limit: None,
             cluster: None,
             first_server_id: 600_001,
+            out_of_stock_status: 400,
         }
     }
 }
@@ -107,6 +131,7 @@ impl std::fmt::Debug for CherryOptions {
             .field("rate_limit", &self.rate_limit)
             .field("cluster", &self.cluster.is_some())
             .field("first_server_id", &self.first_server_id)
+            .field("out_of_stock_status", &self.out_of_stock_status)
             .finish_non_exhaustive()
     }
 }
@@ -349,11 +374,10 @@ impl CherryEmulator {
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             token: options.token,
-            account: Mutex::new(Account::new(
-                options.regions,
-                options.plans,
-                options.first_server_id,
-            )),
+            account: Mutex::new(Account {
+                out_of_stock_status: options.out_of_stock_status,
+                ..Account::new(options.regions, options.plans, options.first_server_id)
+            }),
             faults: Mutex::new(Vec::new()),
             log: Mutex::new(Vec::new()),
             rate: Mutex::new(RateWindow::new(options.rate_limit)),
@@ -407,6 +431,27 @@ impl CherryEmulator {
             .account()
             .plan(plan)
             .and_then(|p| p.stock.get(region).copied())
+    }
+
+    /// Sets the spot stock (`spot_qty`) of `plan` in `region`; false when there is no such
+    /// plan.
+    pub fn set_spot_stock(&self, plan: &str, region: &str, qty: i64) -> bool {
+        let mut account = self.shared.account();
+        match account.plans.iter_mut().find(|p| p.slug == plan) {
+            Some(plan) => {
+                plan.spot_stock.insert(region.into(), qty);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Spot stock of `plan` in `region`.
+    pub fn spot_stock(&self, plan: &str, region: &str) -> Option<i64> {
+        self.shared
+            .account()
+            .plan(plan)
+            .and_then(|p| p.spot_stock.get(region).copied())
     }
 
     /// Makes the next `times` requests of `kind` fail with `action`. Faults apply in the

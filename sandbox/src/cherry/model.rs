@@ -49,8 +49,12 @@ pub struct PlanSpec {
     pub kind: String,
     /// `specs.cpus.cores`.
     pub cores: i64,
-    /// `specs.memory.total` in GB (an integer: cluster-autoscaler decodes it as `int`).
+    /// `specs.memory.total` in GB (an integer: cluster-autoscaler and cherrygo decode it as
+    /// `int`).
     pub memory_gb: i64,
+    /// `specs.memory.unit`. Default `GB`; another value renders `memory_gb` in that unit
+    /// unchanged, for clients that must refuse units they do not know.
+    pub memory_unit: String,
     /// GPUs, rendered as `specs.gpus: {"count": n}` when non-zero. No SDK models this field;
     /// the shape is this emulator's assumption.
     pub gpus: i64,
@@ -58,9 +62,12 @@ pub struct PlanSpec {
     pub hourly_price: f64,
     /// Currency of the price.
     pub currency: String,
-    /// Stock per region slug (`available_regions[].stock_qty`); a region not listed does
-    /// not offer the plan.
+    /// Stock per region slug (`available_regions[].stock_qty`); a region listed in neither
+    /// this nor [`Self::spot_stock`] does not offer the plan.
     pub stock: BTreeMap<String, i64>,
+    /// Spot stock per region slug (`available_regions[].spot_qty`, 0 where absent): what
+    /// orders with `spot_market` draw from, apart from `stock`.
+    pub spot_stock: BTreeMap<String, i64>,
 }
 
 impl PlanSpec {
@@ -73,10 +80,12 @@ impl PlanSpec {
             kind: "baremetal".into(),
             cores,
             memory_gb,
+            memory_unit: "GB".into(),
             gpus: 0,
             hourly_price: 0.0,
             currency: "EUR".into(),
             stock: BTreeMap::new(),
+            spot_stock: BTreeMap::new(),
         }
     }
 
@@ -91,6 +100,23 @@ impl PlanSpec {
     pub fn stock(mut self, region: &str, qty: i64) -> Self {
         self.stock.insert(region.into(), qty);
         self
+    }
+
+    /// Offers the plan's spot servers in `region`, `qty` of them.
+    pub fn spot_stock(mut self, region: &str, qty: i64) -> Self {
+        self.spot_stock.insert(region.into(), qty);
+        self
+    }
+
+    /// Sets `specs.memory.unit`.
+    pub fn memory_unit(mut self, unit: &str) -> Self {
+        self.memory_unit = unit.into();
+        self
+    }
+
+    /// Whether the plan is offered in `region` (on demand or spot).
+    pub fn offered_in(&self, region: &str) -> bool {
+        self.stock.contains_key(region) || self.spot_stock.contains_key(region)
     }
 
     /// Sets the GPU count.
@@ -122,12 +148,12 @@ pub fn default_regions() -> Vec<RegionSpec> {
 }
 
 /// The plans of the default catalogue: a small VPS (as cherrygo's `plans_test.go` fixture)
-/// and two bare-metal plans, each with 10 in stock in every region.
+/// and two bare-metal plans, each with 10 in stock and 5 spot servers in every region.
 pub fn default_plans() -> Vec<PlanSpec> {
     let everywhere = |plan: PlanSpec| {
-        default_regions()
-            .iter()
-            .fold(plan, |plan, region| plan.stock(&region.slug, 10))
+        default_regions().iter().fold(plan, |plan, region| {
+            plan.stock(&region.slug, 10).spot_stock(&region.slug, 5)
+        })
     };
     vec![
         everywhere(
@@ -239,7 +265,16 @@ pub(super) struct Account {
     pub plans: Vec<PlanSpec>,
     pub servers: BTreeMap<i64, EmulatedServer>,
     pub next_id: i64,
+    /// Status of the refusal of an order the stock cannot fill.
+    pub out_of_stock_status: u16,
 }
+
+/// The message of an order refused for want of stock. The API reference documents none
+/// (https://api.cherryservers.com/doc/, "Response codes" only says "400 Bad parameters or
+/// request can't be made."), so the emulator answers that sentence: a client can tell a
+/// refusal for stock only from the plan's `stock_qty`/`spot_qty`, as it would have to on
+/// the real API.
+pub const OUT_OF_STOCK_MESSAGE: &str = "Bad parameters or request can't be made.";
 
 /// A create order, parsed from the body.
 #[derive(Debug)]
@@ -262,6 +297,7 @@ impl Account {
             plans,
             servers: BTreeMap::new(),
             next_id: first_id,
+            out_of_stock_status: 400,
         }
     }
 
@@ -308,15 +344,17 @@ impl Account {
             .iter_mut()
             .find(|p| p.slug == order.plan)
             .ok_or_else(|| ApiError::new(400, "Given server plan was not found."))?;
-        match plan.stock.get_mut(&order.region) {
+        let stock = if order.spot_market {
+            &mut plan.spot_stock
+        } else {
+            &mut plan.stock
+        };
+        match stock.get_mut(&order.region) {
             Some(qty) if *qty > 0 => *qty -= 1,
             _ => {
                 return Err(ApiError::new(
-                    400,
-                    format!(
-                        "Plan {} is out of stock in region {}.",
-                        order.plan, order.region
-                    ),
+                    self.out_of_stock_status,
+                    OUT_OF_STOCK_MESSAGE,
                 ));
             }
         }
@@ -377,9 +415,7 @@ impl Account {
             return Err(bad("Given server plan was not found.".into()));
         }
         let region = string("region")?.unwrap_or_default();
-        if self.region(&region).is_none()
-            && !self.plans.iter().any(|p| p.stock.contains_key(&region))
-        {
+        if self.region(&region).is_none() && !self.plans.iter().any(|p| p.offered_in(&region)) {
             return Err(bad("Given region was not found.".into()));
         }
         // cluster-autoscaler sends integers (or null), cherrygo numeric strings.
@@ -433,11 +469,18 @@ impl Account {
         if server.lifecycle != Lifecycle::Terminating {
             server.lifecycle = Lifecycle::Terminating;
             let (plan, region) = (server.plan.clone(), server.region.clone());
+            let spot = server.spot_market;
             if let Some(qty) = self
                 .plans
                 .iter_mut()
                 .find(|p| p.slug == plan)
-                .and_then(|p| p.stock.get_mut(&region))
+                .and_then(|p| {
+                    if spot {
+                        p.spot_stock.get_mut(&region)
+                    } else {
+                        p.stock.get_mut(&region)
+                    }
+                })
             {
                 *qty += 1;
             }
@@ -455,7 +498,8 @@ impl Account {
             |p| self.plan_json(p, false),
         );
         let pricing = plan.map_or(json!({}), |p| {
-            json!({"id": 37, "unit": "Hourly", "price": p.hourly_price, "currency": p.currency, "taxed": false})
+            json!({"id": 37, "unit": "Hourly", "price": p.hourly_price, "unit_price": p.hourly_price,
+                   "currency": p.currency, "taxed": false})
         });
         let mut value = json!({
             "id": server.id,
@@ -516,7 +560,7 @@ impl Account {
     pub fn plan_json(&self, plan: &PlanSpec, with_regions: bool) -> Value {
         let mut specs = json!({
             "cpus": {"count": 1, "name": plan.name, "cores": plan.cores, "frequency": 3.4, "unit": "GHz"},
-            "memory": {"count": 1, "total": plan.memory_gb, "unit": "GB", "name": format!("{}GB", plan.memory_gb)},
+            "memory": {"count": 1, "total": plan.memory_gb, "unit": plan.memory_unit, "name": format!("{}{}", plan.memory_gb, plan.memory_unit)},
             "storage": [{"count": 1, "name": "SSD 250GB", "size": 250, "unit": "GB", "type": "SSD"}],
             "nics": {"name": "1Gbps"},
             "bandwidth": {"name": "1TB"}
@@ -528,6 +572,7 @@ impl Account {
             "id": plan.id,
             "name": plan.name,
             "slug": plan.slug,
+            "title": plan.name,
             "href": format!("/plans/{}", plan.slug),
             "custom": false,
             "type": plan.kind,
@@ -540,13 +585,14 @@ impl Account {
             "softwares": []
         });
         if with_regions {
-            value["available_regions"] = plan
-                .stock
-                .iter()
-                .map(|(slug, qty)| {
+            let slugs: std::collections::BTreeSet<&String> =
+                plan.stock.keys().chain(plan.spot_stock.keys()).collect();
+            value["available_regions"] = slugs
+                .into_iter()
+                .map(|slug| {
                     let mut region = self.region_json(&self.region_or_derived(slug));
-                    region["stock_qty"] = json!(qty);
-                    region["spot_qty"] = json!(0);
+                    region["stock_qty"] = json!(plan.stock.get(slug).copied().unwrap_or(0));
+                    region["spot_qty"] = json!(plan.spot_stock.get(slug).copied().unwrap_or(0));
                     region
                 })
                 .collect();
@@ -581,6 +627,33 @@ mod tests {
     }
 
     #[test]
+    fn spot_orders_draw_on_spot_stock_apart_from_stock() {
+        let mut account = account();
+        account.plans[1].spot_stock.insert("eu_nord_1".into(), 1);
+        let body = json!({"plan": "e5_1620v4", "region": "eu_nord_1", "spot_market": true});
+        let server = account.create(7, body.to_string().as_bytes()).unwrap();
+        assert!(server.spot_market);
+        let plan = account.plan("e5_1620v4").unwrap();
+        assert_eq!(
+            (plan.spot_stock["eu_nord_1"], plan.stock["eu_nord_1"]),
+            (0, 10)
+        );
+        let rendered = account.plan_json(plan, true);
+        let region = &rendered["available_regions"][0];
+        assert_eq!(
+            (&region["stock_qty"], &region["spot_qty"]),
+            (&json!(10), &json!(0))
+        );
+        let refused = account.create(7, body.to_string().as_bytes()).unwrap_err();
+        assert_eq!(refused, ApiError::new(400, OUT_OF_STOCK_MESSAGE));
+        account.terminate(server.id).unwrap();
+        assert_eq!(
+            account.plan("e5_1620v4").unwrap().spot_stock["eu_nord_1"],
+            1
+        );
+    }
+
+    #[test]
     fn orders_are_refused_with_the_apis_messages() {
         let mut account = account();
         let create = |a: &mut Account, body: Value| a.create(7, body.to_string().as_bytes());
@@ -594,7 +667,7 @@ mod tests {
             &mut account,
             json!({"plan": "e5_1620v4", "region": "eu_nord_1"}),
         );
-        assert!(empty.unwrap_err().message.contains("out of stock"));
+        assert_eq!(empty.unwrap_err(), ApiError::new(400, OUT_OF_STOCK_MESSAGE));
         let mismatch = create(
             &mut account,
             json!({"project_id": 8, "plan": "e5_1620v4", "region": "eu_west_1"}),

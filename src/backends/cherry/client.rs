@@ -237,6 +237,14 @@ impl CherryClient {
 
     /// Orders a server (`POST projects/{id}/servers`, 201 with the server). Sent once: on
     /// [`CherryError::Unavailable`] the server may nevertheless exist.
+    ///
+    /// The API reference documents no error of its own for an order the stock cannot fill
+    /// (https://api.cherryservers.com/doc/, "Response codes": `400 Bad parameters or
+    /// request can't be made.`, `404 Resource doesn't exist.`), so a refusal (400 to 499
+    /// but 401, 403 and 429) is [`CherryError::OutOfStock`] when the plan's documented stock
+    /// for the order (`available_regions[].stock_qty`, or `spot_qty` for a spot order) is
+    /// exhausted or the region is not among its `available_regions`, whatever the message
+    /// says; otherwise, or when the plans cannot be read, it stays what it was.
     pub async fn create_server(
         &self,
         project_id: i64,
@@ -252,8 +260,45 @@ impl CherryClient {
             what: "the created server",
         };
         let answer = self.send(&call).await?;
-        ensure_success(&call, &answer)?;
-        decode(&answer, call.what)
+        match ensure_success(&call, &answer) {
+            Ok(()) => decode(&answer, call.what),
+            Err(error @ (CherryError::Rejected { .. } | CherryError::NotFound(_))) => {
+                Err(self.out_of_stock_or(error, request).await)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// `refusal` of `request`, or [`CherryError::OutOfStock`] when the plan's stock for it
+    /// is exhausted (see [`Self::create_server`]).
+    async fn out_of_stock_or(&self, refusal: CherryError, request: &CreateServer) -> CherryError {
+        let plans = match self.list_plans().await {
+            Ok(plans) => plans,
+            Err(e) => {
+                tracing::debug!(error = %e, "reading plans to explain a refused order");
+                return refusal;
+            }
+        };
+        let Some(plan) = plans.iter().find(|p| p.slug == request.plan) else {
+            return refusal;
+        };
+        let field = if request.spot_market {
+            "spot_qty"
+        } else {
+            "stock_qty"
+        };
+        let left = match plan.regions.iter().find(|r| r.is(&request.region)) {
+            Some(region) => region.stock_for(request.spot_market),
+            None if plan.regions.is_empty() => None,
+            None => Some(0),
+        };
+        match left {
+            Some(left) if left <= 0 => CherryError::OutOfStock(format!(
+                "{refusal}; plan {} has {field} {left} in region {}",
+                request.plan, request.region
+            )),
+            _ => refusal,
+        }
     }
 
     /// Deletes a server (`DELETE servers/{id}`, 204). A server the API does not know (404) is
@@ -536,9 +581,6 @@ fn ensure_success(call: &Call<'_>, answer: &Answer) -> Result<(), CherryError> {
         429 => CherryError::RateLimited {
             retry_after: retry_after(&answer.headers),
         },
-        400..=499 if call.method == Method::POST && mentions_stock(&message) => {
-            CherryError::OutOfStock(message)
-        }
         400..=499 => CherryError::Rejected {
             status: status.as_u16(),
             message,
@@ -548,12 +590,6 @@ fn ensure_success(call: &Call<'_>, answer: &Answer) -> Result<(), CherryError> {
         )),
         _ => CherryError::Unavailable(message),
     })
-}
-
-/// A refused order for lack of stock: the API's message says "stock" (the emulator in
-/// `ngo-sandbox` answers `400 {"code":400,"message":"... out of stock ..."}`).
-fn mentions_stock(message: &str) -> bool {
-    message.to_ascii_lowercase().contains("stock")
 }
 
 /// The API's error text: `message` of `{"code":..,"message":..}` (cherrygo `cherrygo.go`
@@ -706,20 +742,14 @@ mod tests {
     }
 
     #[test]
-    fn out_of_stock_is_told_apart_only_on_create() {
+    fn a_refusal_mentioning_stock_is_not_told_apart_by_its_words() {
         let body = r#"{"code":400,"message":"Plan e5_1620v4 is out of stock in region eu_nord_1"}"#;
         let err = ensure_success(&create_call(), &answer(400, body)).unwrap_err();
-        assert!(matches!(err, CherryError::OutOfStock(_)), "{err:?}");
+        assert!(
+            matches!(err, CherryError::Rejected { status: 400, .. }),
+            "{err:?}"
+        );
         assert!(!err.is_retryable());
-        let get = Call {
-            method: Method::GET,
-            repeat: Repeat::Safe,
-            ..create_call()
-        };
-        assert!(matches!(
-            ensure_success(&get, &answer(400, body)).unwrap_err(),
-            CherryError::Rejected { .. }
-        ));
     }
 
     #[test]

@@ -20,8 +20,10 @@ pub enum CherryError {
         /// What the last 429 asked for, when it said.
         retry_after: Option<Duration>,
     },
-    /// A create refused because the plan has no stock in the region: a 4xx whose message
-    /// mentions stock. Waiting for stock or another plan or region helps; repeating does not.
+    /// A create refused (400 to 499 but 401, 403 and 429) while the plan's stock for the
+    /// order (`stock_qty`, or `spot_qty` for spot) in the region is exhausted, as the plan
+    /// list read after the refusal says; the message is the refusal's and the stock read.
+    /// Waiting for stock or another plan or region helps; repeating does not.
     #[error("out of stock: {0}")]
     OutOfStock(String),
     /// Any other 4xx: unknown plan, image, region or SSH key, a malformed request.

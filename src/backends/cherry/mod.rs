@@ -20,6 +20,6 @@ mod types;
 
 pub use client::{CherryClient, ClientConfig, DEFAULT_BASE_URL, PAGE_SIZE};
 pub use error::CherryError;
-pub use types::{CreateServer, Plan, PlanRegion, Server};
+pub use types::{CreateServer, Plan, PlanMemory, PlanRegion, Server};
 
 pub mod pool;

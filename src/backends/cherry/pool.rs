@@ -74,7 +74,8 @@ impl CherryPool {
             && server.tags.get(POOL_TAG) == Some(&self.pool)
     }
 
-    /// The plan: cores, memory and GPUs as capacity, hourly price, stock in the region.
+    /// The plan: cores, memory and GPUs as capacity, hourly price, stock in the region (of
+    /// the spot pool, `spot_qty`, for a pool ordering spot servers; else `stock_qty`).
     pub async fn machine_type(&self) -> Result<MachineTypeInfo, BackendError> {
         let plans = self.client.list_plans().await.map_err(backend_error)?;
         let plan = plans
@@ -94,9 +95,9 @@ impl CherryPool {
             })?;
         let region = plan.regions.iter().find(|r| r.is(&self.spec.region));
         Ok(MachineTypeInfo {
-            machine_type: machine_type(plan, &self.spec.region),
+            machine_type: machine_type(plan, &self.spec.region)?,
             in_stock: match region {
-                Some(r) => r.stock_qty.map(|q| q > 0),
+                Some(r) => r.stock_for(self.spec.spot_market).map(|q| q > 0),
                 None if plan.regions.is_empty() => None,
                 None => Some(false),
             },
@@ -158,29 +159,64 @@ fn member(server: &Server) -> Member {
     }
 }
 
-/// The pool's machine type from `plan` in `region`.
-fn machine_type(plan: &Plan, region: &str) -> MachineType {
+/// The pool's machine type from `plan` in `region`; an error when the plan's memory cannot
+/// be read (a template node without it would make cluster-autoscaler scale up for pods that
+/// never fit).
+///
+/// Labels as cluster-autoscaler's in-tree provider gives its template nodes
+/// (`cherry_manager_rest.go` `BuildGenericLabels`: `apiv1.LabelInstanceType`, that is
+/// `beta.kubernetes.io/instance-type`, set to the plan's *name*), plus the stable
+/// `node.kubernetes.io/instance-type` with the same value and the region. A name that is
+/// not a valid label value (`Cloud VPS 1` has spaces) could label no Node and match no
+/// selector, so the slug stands in for it. The in-tree `pool=<group>` label is not added:
+/// only Nodes whose kubelet sets it carry it.
+fn machine_type(plan: &Plan, region: &str) -> Result<MachineType, BackendError> {
+    let memory = plan.memory_bytes().map_err(|message| BackendError {
+        kind: BackendErrorKind::Rejected,
+        message,
+    })?;
     let mut capacity = BTreeMap::from([
         ("cpu".to_string(), plan.cpu_cores.to_string()),
-        ("memory".to_string(), plan.memory_bytes.to_string()),
+        ("memory".to_string(), memory.to_string()),
         ("pods".to_string(), "110".to_string()),
     ]);
     if plan.gpus > 0 {
         capacity.insert("nvidia.com/gpu".into(), plan.gpus.to_string());
     }
-    MachineType {
+    let instance_type = if valid_label_value(&plan.name) && !plan.name.is_empty() {
+        &plan.name
+    } else {
+        &plan.slug
+    };
+    Ok(MachineType {
         name: plan.slug.clone(),
         capacity,
         hourly_price: plan.hourly_price,
         currency: plan.currency.clone(),
         labels: BTreeMap::from([
             (
+                "beta.kubernetes.io/instance-type".to_string(),
+                instance_type.clone(),
+            ),
+            (
                 "node.kubernetes.io/instance-type".to_string(),
-                plan.slug.clone(),
+                instance_type.clone(),
             ),
             ("topology.kubernetes.io/region".to_string(), region.into()),
         ]),
-    }
+    })
+}
+
+/// A Kubernetes label value: at most 63 characters, alphanumerics, `-`, `_` and `.`,
+/// beginning and ending with an alphanumeric.
+fn valid_label_value(value: &str) -> bool {
+    value.len() <= 63
+        && (value.is_empty()
+            || (value.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && value.ends_with(|c: char| c.is_ascii_alphanumeric())
+                && value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))))
 }
 
 fn backend_error(error: CherryError) -> BackendError {
@@ -197,5 +233,67 @@ fn backend_error(error: CherryError) -> BackendError {
     BackendError {
         kind,
         message: error.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan_of(value: serde_json::Value) -> Plan {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn instance_type_labels_are_the_in_tree_providers_plan_name() {
+        // cluster-autoscaler `cherry_manager_rest.go` `BuildGenericLabels`:
+        // `result[apiv1.LabelInstanceType] = plan.Name` (`beta.kubernetes.io/instance-type`).
+        let plan = plan_of(serde_json::json!({
+            "slug": "e5_1620v4", "name": "E5-1620v4",
+            "specs": {"cpus": {"cores": 4}, "memory": {"total": 64, "unit": "GB"}}
+        }));
+        let machine = machine_type(&plan, "eu_nord_1").unwrap();
+        assert_eq!(machine.name, "e5_1620v4");
+        assert_eq!(
+            machine
+                .labels
+                .get("beta.kubernetes.io/instance-type")
+                .map(String::as_str),
+            Some("E5-1620v4")
+        );
+        assert_eq!(
+            machine
+                .labels
+                .get("node.kubernetes.io/instance-type")
+                .map(String::as_str),
+            Some("E5-1620v4")
+        );
+        assert_eq!(machine.capacity["memory"], (64_i64 << 30).to_string());
+
+        // A name no label can carry: the slug.
+        let vps = plan_of(serde_json::json!({
+            "slug": "cloud_vps_1", "name": "Cloud VPS 1",
+            "specs": {"cpus": {"cores": 1}, "memory": {"total": 1, "unit": "GB"}}
+        }));
+        let machine = machine_type(&vps, "eu_nord_1").unwrap();
+        assert_eq!(
+            machine.labels["beta.kubernetes.io/instance-type"],
+            "cloud_vps_1"
+        );
+        assert_eq!(
+            machine.labels["node.kubernetes.io/instance-type"],
+            "cloud_vps_1"
+        );
+    }
+
+    #[test]
+    fn an_unknown_memory_unit_is_an_error_naming_it() {
+        let plan = plan_of(serde_json::json!({
+            "slug": "x", "name": "X",
+            "specs": {"cpus": {"cores": 4}, "memory": {"total": 8, "unit": "GiB"}}
+        }));
+        let err = machine_type(&plan, "eu_nord_1").unwrap_err();
+        assert_eq!(err.kind, BackendErrorKind::Rejected);
+        assert!(err.message.contains("\"GiB\""), "{}", err.message);
     }
 }

@@ -133,9 +133,8 @@ pub struct Plan {
     pub name: String,
     /// `specs.cpus.cores`.
     pub cpu_cores: i64,
-    /// `specs.memory.total` times its `unit` (KB, MB, GB, TB, powers of 1024, as
-    /// cluster-autoscaler's `TemplateNodeInfo`); 0 when the unit is missing or unknown.
-    pub memory_bytes: i64,
+    /// `specs.memory`; see [`Plan::memory_bytes`].
+    pub memory: PlanMemory,
     /// GPUs from `specs.gpus` (a number, `{"count": n}` or a list of those); no SDK models
     /// this field, so 0 when absent or of another shape.
     pub gpus: i64,
@@ -145,6 +144,52 @@ pub struct Plan {
     pub currency: Option<String>,
     /// `available_regions`, with stock.
     pub regions: Vec<PlanRegion>,
+}
+
+/// A plan's `specs.memory`, as the API writes it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PlanMemory {
+    /// `total`, in `unit`s; 0 when absent.
+    pub total: f64,
+    /// `unit`; `None` when absent.
+    pub unit: Option<String>,
+}
+
+impl Plan {
+    /// `specs.memory.total` times its `unit`: KB, MB, GB or TB, powers of 1024 as
+    /// cluster-autoscaler's `multipliers` (`cherry_manager_rest.go`) has them, the unit's
+    /// case ignored. A missing or other unit is an error naming it and the plan, where
+    /// cluster-autoscaler multiplies by 1 and so announces nodes of a few bytes.
+    pub fn memory_bytes(&self) -> Result<i64, String> {
+        let PlanMemory { total, unit } = &self.memory;
+        let Some(unit) = unit.as_deref() else {
+            return Err(format!(
+                "plan {:?} states no memory unit (specs.memory.unit) for its {total} of memory",
+                self.slug
+            ));
+        };
+        let factor: f64 = match unit.to_ascii_uppercase().as_str() {
+            "KB" => 1024.0,
+            "MB" => 1024.0 * 1024.0,
+            "GB" => 1024.0 * 1024.0 * 1024.0,
+            "TB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+            _ => {
+                return Err(format!(
+                    "plan {:?} gives its memory in {unit:?} (specs.memory.unit), which is none \
+                     of KB, MB, GB, TB",
+                    self.slug
+                ));
+            }
+        };
+        if !(total.is_finite() && *total > 0.0) {
+            return Err(format!(
+                "plan {:?} states no memory size (specs.memory.total is {total})",
+                self.slug
+            ));
+        }
+        // Saturating: a float-to-int `as` clamps, and plans are far below i64::MAX bytes.
+        Ok((total * factor).round() as i64)
+    }
 }
 
 /// A region a plan is offered in.
@@ -159,6 +204,10 @@ pub struct PlanRegion {
     /// Servers in stock for on-demand (hourly) orders.
     #[serde(default, deserialize_with = "lenient::opt_int")]
     pub stock_qty: Option<i64>,
+    /// Servers in stock for spot orders (`spot_market`), a pool apart from `stock_qty`
+    /// (cherrygo `plans.go` `AvailableRegions.SpotQty`).
+    #[serde(default, deserialize_with = "lenient::opt_int")]
+    pub spot_qty: Option<i64>,
 }
 
 impl PlanRegion {
@@ -170,6 +219,16 @@ impl PlanRegion {
             None => self.name.replace('-', "_").eq_ignore_ascii_case(slug),
         }
     }
+
+    /// What is left for an order of this kind: `spot_qty` for a spot order, else
+    /// `stock_qty`; `None` when the API did not say.
+    pub fn stock_for(&self, spot_market: bool) -> Option<i64> {
+        if spot_market {
+            self.spot_qty
+        } else {
+            self.stock_qty
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for Plan {
@@ -177,7 +236,12 @@ impl<'de> Deserialize<'de> for Plan {
         let wire = WirePlan::deserialize(deserializer)?;
         let specs = wire.specs.unwrap_or_default();
         let cpu_cores = specs.cpus.map_or(0, |c| c.cores);
-        let memory_bytes = specs.memory.map_or(0, |m| m.bytes());
+        let memory = specs
+            .memory
+            .map_or_else(PlanMemory::default, |m| PlanMemory {
+                total: m.total,
+                unit: m.unit,
+            });
         let hourly = wire.pricing.into_iter().find(|p| {
             p.unit
                 .as_deref()
@@ -187,7 +251,7 @@ impl<'de> Deserialize<'de> for Plan {
             slug: wire.slug,
             name: wire.name,
             cpu_cores,
-            memory_bytes,
+            memory,
             gpus: specs.gpus,
             hourly_price: hourly.as_ref().and_then(|p| p.price),
             currency: hourly.and_then(|p| p.currency),
@@ -232,20 +296,6 @@ struct WireMemory {
     total: f64,
     #[serde(default, deserialize_with = "lenient::opt_string")]
     unit: Option<String>,
-}
-
-impl WireMemory {
-    fn bytes(&self) -> i64 {
-        let factor: f64 = match self.unit.as_deref().map(str::to_ascii_uppercase).as_deref() {
-            Some("KB") => 1024.0,
-            Some("MB") => 1024.0 * 1024.0,
-            Some("GB") => 1024.0 * 1024.0 * 1024.0,
-            Some("TB") => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-            _ => return 0,
-        };
-        // Saturating: a float-to-int `as` clamps, and plans are far below i64::MAX bytes.
-        (self.total * factor).round() as i64
-    }
 }
 
 #[derive(Deserialize)]
@@ -496,7 +546,7 @@ mod tests {
         assert_eq!(plan.slug, "e3_1240v3");
         assert_eq!(plan.name, "E3-1240v3");
         assert_eq!(plan.cpu_cores, 4);
-        assert_eq!(plan.memory_bytes, 16 * 1024 * 1024 * 1024);
+        assert_eq!(plan.memory_bytes(), Ok(16 * 1024 * 1024 * 1024));
         assert_eq!(plan.gpus, 0);
         assert_eq!(plan.hourly_price, Some(0.1016));
         assert_eq!(plan.currency.as_deref(), Some("EUR"));
@@ -506,6 +556,7 @@ mod tests {
                 slug: Some("eu_nord_1".into()),
                 name: "EU-Nord-1".into(),
                 stock_qty: Some(23),
+                spot_qty: Some(3),
             }]
         );
         assert!(plan.regions[0].is("eu_nord_1"));
@@ -521,7 +572,9 @@ mod tests {
             "available_regions":[{"id":1,"name":"EU-Nord-1","region_iso_2":"LT","stock_qty":122,"spot_qty":5}]}]"#;
         let plans: Vec<Plan> = serde_json::from_str(body).unwrap();
         assert_eq!(plans.len(), 1);
-        assert_eq!(plans[0].memory_bytes, 1024 * 1024 * 1024);
+        assert_eq!(plans[0].memory_bytes(), Ok(1024 * 1024 * 1024));
+        assert_eq!(plans[0].regions[0].stock_for(false), Some(122));
+        assert_eq!(plans[0].regions[0].stock_for(true), Some(5));
         assert_eq!(plans[0].regions[0].slug, None);
         assert!(plans[0].regions[0].is("eu_nord_1"));
         assert!(!plans[0].regions[0].is("eu_west_1"));
@@ -538,20 +591,37 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(plan.cpu_cores, 16);
-        assert_eq!(plan.memory_bytes, 512 * 1024 * 1024 * 1024);
+        assert_eq!(plan.memory_bytes(), Ok(512 * 1024 * 1024 * 1024));
         assert_eq!(plan.gpus, 2);
         assert_eq!(plan.hourly_price, Some(1.25));
         assert!(plan.regions.is_empty());
 
         let bare: Plan =
             serde_json::from_value(json!({"slug": "x", "specs": {"gpus": 1}})).unwrap();
-        assert_eq!((bare.cpu_cores, bare.memory_bytes, bare.gpus), (0, 0, 1));
+        assert_eq!((bare.cpu_cores, bare.gpus), (0, 1));
+        assert!(bare.memory_bytes().is_err());
         assert_eq!(bare.hourly_price, None);
-        let unknown_unit: Plan = serde_json::from_value(
-            json!({"slug": "x", "specs": {"memory": {"total": 8, "unit": "GiB"}}}),
-        )
-        .unwrap();
-        assert_eq!(unknown_unit.memory_bytes, 0);
+    }
+
+    #[test]
+    fn memory_without_a_known_unit_or_size_is_an_error_not_zero() {
+        let plan = |memory: serde_json::Value| -> Plan {
+            serde_json::from_value(json!({"slug": "x", "specs": {"memory": memory}})).unwrap()
+        };
+        let err = plan(json!({"total": 8, "unit": "GiB"}))
+            .memory_bytes()
+            .unwrap_err();
+        assert!(err.contains("\"GiB\"") && err.contains("\"x\""), "{err}");
+        let err = plan(json!({"total": 8})).memory_bytes().unwrap_err();
+        assert!(err.contains("no memory unit"), "{err}");
+        let err = plan(json!({"total": 0, "unit": "GB"}))
+            .memory_bytes()
+            .unwrap_err();
+        assert!(err.contains("no memory size"), "{err}");
+        assert_eq!(
+            plan(json!({"total": 512, "unit": "mb"})).memory_bytes(),
+            Ok(512 << 20)
+        );
     }
 
     #[test]
