@@ -1531,6 +1531,198 @@ fn reference(pool: &NodePool) -> ObjectReference {
 mod tests {
     use super::*;
 
+    /// The conditions as (type, status, reason), and the message of `type_`.
+    fn summary(conditions: &[DesiredCondition]) -> Vec<(&'static str, bool, String)> {
+        conditions
+            .iter()
+            .map(|c| (c.type_, c.status, c.reason.clone()))
+            .collect()
+    }
+
+    fn message<'a>(conditions: &'a [DesiredCondition], type_: &str) -> &'a str {
+        conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map_or("", |c| c.message.as_str())
+    }
+
+    fn cherry_pool(cherry: serde_json::Value, bootstrap: serde_json::Value) -> NodePool {
+        let mut spec = json!({"credentialsSecretRef": {"name": "s", "key": "token"},
+            "projectId": 1, "region": "r", "plan": "p", "image": "i", "userData": "#!/bin/sh"});
+        if let (Some(spec), serde_json::Value::Object(extra)) = (spec.as_object_mut(), cherry) {
+            spec.extend(extra);
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodePool",
+            "metadata": {"name": "workers", "namespace": "ns"},
+            "spec": {"replicas": 1, "maxSize": 5, "clusterName": "c1",
+                "cherryServers": spec, "bootstrap": bootstrap}
+        }))
+        .expect("pool")
+    }
+
+    fn blocked_reason(result: Result<ServerSpec, Blocked>) -> (&'static str, String) {
+        match result {
+            Err(Blocked::Spec(reason, message)) => (reason, message),
+            Err(other) => panic!("not a spec problem: {other:?}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+
+    #[test]
+    fn a_server_spec_takes_the_defaults_and_names_the_field_it_refuses() {
+        let spec = ServerSpec::of(&cherry_pool(json!({}), json!({}))).expect("valid");
+        assert_eq!(spec.hostname_pattern, render::DEFAULT_HOSTNAME_PATTERN);
+        assert_eq!(spec.token_ttl, bootstrap::DEFAULT_TTL);
+        let ttl = ServerSpec::of(&cherry_pool(json!({}), json!({"tokenTtl": "45m"})));
+        assert_eq!(ttl.expect("valid").token_ttl, Duration::from_secs(45 * 60));
+
+        let (reason, message) = blocked_reason(ServerSpec::of(&cherry_pool(
+            json!({"hostnamePattern": "{{.Nope}}"}),
+            json!({}),
+        )));
+        assert_eq!(reason, "InvalidHostnamePattern");
+        assert!(
+            message.starts_with("spec.cherryServers.hostnamePattern: "),
+            "{message}"
+        );
+        let (reason, message) = blocked_reason(ServerSpec::of(&cherry_pool(
+            json!({"userData": "{{.Unknown}}"}),
+            json!({}),
+        )));
+        assert_eq!(reason, "InvalidUserData");
+        assert!(
+            message.starts_with("spec.cherryServers.userData: "),
+            "{message}"
+        );
+        let (reason, message) = blocked_reason(ServerSpec::of(&cherry_pool(
+            json!({}),
+            json!({"tokenTtl": "soon"}),
+        )));
+        assert_eq!(reason, "InvalidBootstrap");
+        assert!(
+            message.starts_with("spec.bootstrap.tokenTtl: "),
+            "{message}"
+        );
+        let mut neither = cherry_pool(json!({}), json!({}));
+        neither.spec.cherry_servers = None;
+        assert_eq!(blocked_reason(ServerSpec::of(&neither)).0, "NoBackend");
+    }
+
+    #[test]
+    fn a_pool_is_ready_only_with_every_server_and_every_node_ready() {
+        let report = PassReport::default();
+        let ready = |replicas, nodes| conditions(&None, &report, None, 3, replicas, nodes);
+        let scaling = ready(2, 2);
+        assert_eq!(summary(&scaling)[0], ("Ready", false, "Scaling".into()));
+        assert_eq!(message(&scaling, "Ready"), "2 of 3 servers");
+        let waiting = ready(3, 1);
+        assert_eq!(
+            summary(&waiting)[0],
+            ("Ready", false, "WaitingForNodes".into())
+        );
+        assert_eq!(message(&waiting, "Ready"), "1 of 3 Nodes Ready");
+        assert_eq!(
+            summary(&ready(3, 3)),
+            vec![
+                ("Ready", true, "Ready".into()),
+                ("InvalidSpec", false, "Valid".into()),
+                ("BackendUnavailable", false, "Available".into()),
+                ("ScaleUpFailed", false, "NoFailure".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_blocked_pass_says_why_on_the_condition_that_names_the_cause() {
+        let report = PassReport::default();
+        let spec = Some(Blocked::Spec(
+            "MissingSecret",
+            "Secret ns/x has no key".into(),
+        ));
+        assert_eq!(
+            summary(&conditions(&spec, &report, None, 1, 1, 1))[..3],
+            [
+                ("Ready", false, "Blocked".into()),
+                ("InvalidSpec", true, "MissingSecret".into()),
+                ("BackendUnavailable", true, "NotConnected".into()),
+            ]
+        );
+        let backend = Some(Blocked::Backend(BackendError {
+            kind: crate::nodepool::backend::BackendErrorKind::Unauthorized,
+            message: "401 from GET plans".into(),
+        }));
+        let blocked = conditions(&backend, &report, None, 1, 1, 1);
+        assert_eq!(
+            summary(&blocked)[..3],
+            [
+                ("Ready", false, "Blocked".into()),
+                ("InvalidSpec", false, "Valid".into()),
+                (
+                    "BackendUnavailable",
+                    true,
+                    crate::nodepool::backend::BackendErrorKind::Unauthorized
+                        .as_str()
+                        .into()
+                ),
+            ]
+        );
+        assert_eq!(
+            message(&blocked, "BackendUnavailable"),
+            "401 from GET plans"
+        );
+        let api = Some(Blocked::Api("conflict".into()));
+        let failed = conditions(&api, &report, None, 1, 1, 1);
+        assert_eq!(summary(&failed)[0], ("Ready", false, "ApiError".into()));
+        assert_eq!(message(&failed, "Ready"), "conflict");
+        let outside = PassReport {
+            size_violation: Some("maxSize 9 above the scaling group's 5".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            summary(&conditions(&None, &outside, None, 1, 1, 1))[1],
+            ("InvalidSpec", true, SIZE_OUTSIDE_BACKEND.into())
+        );
+    }
+
+    #[test]
+    fn a_scale_up_failure_stays_visible_until_a_later_pass_orders_servers() {
+        let failing = PassReport {
+            create_failure: Some(("OutOfStock".into(), "no e5 in eu-1".into())),
+            ..Default::default()
+        };
+        let first = conditions(&None, &failing, None, 2, 1, 1);
+        assert_eq!(
+            summary(&first)[3],
+            ("ScaleUpFailed", true, "OutOfStock".into())
+        );
+        let previous = k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: "ScaleUpFailed".into(),
+            status: "True".into(),
+            reason: "OutOfStock".into(),
+            message: "no e5 in eu-1".into(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                jiff::Timestamp::UNIX_EPOCH,
+            ),
+            observed_generation: None,
+        };
+        let quiet = PassReport::default();
+        let kept = conditions(&None, &quiet, Some(&previous), 2, 1, 1);
+        assert_eq!(
+            summary(&kept)[3],
+            ("ScaleUpFailed", true, "OutOfStock".into())
+        );
+        assert_eq!(message(&kept, "ScaleUpFailed"), "no e5 in eu-1");
+        let ordered = PassReport {
+            created: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            summary(&conditions(&None, &ordered, Some(&previous), 2, 2, 1))[3],
+            ("ScaleUpFailed", false, "NoFailure".into())
+        );
+    }
+
     /// A client of a server that accepts connections and never answers.
     async fn unanswered_client() -> Client {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
