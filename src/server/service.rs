@@ -201,23 +201,32 @@ impl CloudProviderService {
         }
     }
 
-    /// Runs one RPC body, records its latency and code, and logs failures. An RPC dropped
-    /// before it answers (the client's deadline, a reset stream, shutdown) is recorded as
-    /// `Cancelled`.
+    /// Runs one RPC body, records its latency and code, and logs failures, and mutations
+    /// carried out, with who called (`caller`) and what it asked for (`asked`, mutations only).
+    /// An RPC dropped before it answers (the client's deadline, a reset stream, shutdown) is
+    /// recorded as `Cancelled`.
     async fn rpc<T>(
         &self,
         method: &'static str,
+        caller: &Result<Scope, IdentityError>,
+        asked: Option<String>,
         body: impl Future<Output = Result<T, ProviderError>>,
     ) -> RpcResult<T> {
         let start = Instant::now();
         let mut unanswered = crate::metrics::UnansweredRpc::new(&self.metrics, method);
+        let who = || match caller {
+            Ok(Scope::All) => "a client (scoping off)".to_string(),
+            Ok(Scope::Cluster(cluster)) => format!("Cluster {cluster}"),
+            Err(_) => "an unidentified client".to_string(),
+        };
+        let asked_text = asked.as_deref().unwrap_or_default();
         let result = body.await.map_err(|error| {
             let status = Status::from(error);
             match status.code() {
                 tonic::Code::Unimplemented | tonic::Code::NotFound => {
-                    tracing::debug!(method, code = ?status.code(), message = status.message(), "rpc refused")
+                    tracing::debug!(method, caller = who(), asked = asked_text, code = ?status.code(), message = status.message(), "rpc refused")
                 }
-                _ => tracing::warn!(method, code = ?status.code(), message = status.message(), "rpc failed"),
+                _ => tracing::warn!(method, caller = who(), asked = asked_text, code = ?status.code(), message = status.message(), "rpc failed"),
             }
             status
         });
@@ -226,6 +235,16 @@ impl CloudProviderService {
             .map_or_else(Status::code, |_| tonic::Code::Ok);
         unanswered.answered();
         self.metrics.observe_rpc(method, code, start.elapsed());
+        if result.is_ok() && asked.is_some() {
+            let elapsed_ms = start.elapsed().as_millis() as u64;
+            tracing::info!(
+                method,
+                caller = who(),
+                asked = asked_text,
+                elapsed_ms,
+                "carried out"
+            );
+        }
         result.map(Response::new)
     }
 
@@ -282,7 +301,7 @@ impl CloudProvider for CloudProviderService {
         request: Request<proto::NodeGroupsRequest>,
     ) -> RpcResult<proto::NodeGroupsResponse> {
         let caller = self.caller(&request);
-        self.rpc("NodeGroups", async {
+        self.rpc("NodeGroups", &caller, None, async {
             let (snapshot, scope) = self.visible_snapshot(&caller)?;
             Ok(proto::NodeGroupsResponse {
                 node_groups: snapshot
@@ -302,7 +321,7 @@ impl CloudProvider for CloudProviderService {
     ) -> RpcResult<proto::NodeGroupForNodeResponse> {
         let caller = self.caller(&request);
         let request = request.into_inner();
-        self.rpc("NodeGroupForNode", async {
+        self.rpc("NodeGroupForNode", &caller, None, async {
             let node = request
                 .node
                 .ok_or_else(|| ProviderError::InvalidArgument("request has no node".into()))?;
@@ -328,7 +347,7 @@ impl CloudProvider for CloudProviderService {
     ) -> RpcResult<proto::PricingNodePriceResponse> {
         let caller = self.caller(&request);
         let request = request.into_inner();
-        self.rpc("PricingNodePrice", async {
+        self.rpc("PricingNodePrice", &caller, None, async {
             let node = request
                 .node
                 .ok_or_else(|| ProviderError::InvalidArgument("request has no node".into()))?;
@@ -367,7 +386,7 @@ impl CloudProvider for CloudProviderService {
     ) -> RpcResult<proto::PricingPodPriceResponse> {
         let caller = self.caller(&request);
         let request = request.into_inner();
-        self.rpc("PricingPodPrice", async {
+        self.rpc("PricingPodPrice", &caller, None, async {
             let hours = pricing::window_hours(
                 &request.start_timestamp,
                 &request.end_timestamp,
@@ -414,7 +433,7 @@ impl CloudProvider for CloudProviderService {
         request: Request<proto::GpuLabelRequest>,
     ) -> RpcResult<proto::GpuLabelResponse> {
         let caller = self.caller(&request);
-        self.rpc("GPULabel", async {
+        self.rpc("GPULabel", &caller, None, async {
             // Names no group, but answers only clients of a served Cluster, as every RPC.
             self.visible_snapshot(&caller)?;
             Ok(proto::GpuLabelResponse {
@@ -429,7 +448,7 @@ impl CloudProvider for CloudProviderService {
         request: Request<proto::GetAvailableGpuTypesRequest>,
     ) -> RpcResult<proto::GetAvailableGpuTypesResponse> {
         let caller = self.caller(&request);
-        self.rpc("GetAvailableGPUTypes", async {
+        self.rpc("GetAvailableGPUTypes", &caller, None, async {
             let (snapshot, scope) = self.visible_snapshot(&caller)?;
             let gpu_types = snapshot
                 .groups
@@ -455,7 +474,7 @@ impl CloudProvider for CloudProviderService {
         request: Request<proto::CleanupRequest>,
     ) -> RpcResult<proto::CleanupResponse> {
         let caller = self.caller(&request);
-        self.rpc("Cleanup", async {
+        self.rpc("Cleanup", &caller, None, async {
             self.visible_snapshot(&caller)?;
             Ok(proto::CleanupResponse {})
         })
@@ -469,7 +488,7 @@ impl CloudProvider for CloudProviderService {
         let caller = self.caller(&request);
         // The index is kept current by watches; Refresh only reports whether it is usable, so CA
         // skips a loop instead of acting on an empty view while caches sync.
-        self.rpc("Refresh", async {
+        self.rpc("Refresh", &caller, None, async {
             self.visible_snapshot(&caller)?;
             Ok(proto::RefreshResponse {})
         })
@@ -482,7 +501,7 @@ impl CloudProvider for CloudProviderService {
     ) -> RpcResult<proto::NodeGroupTargetSizeResponse> {
         let caller = self.caller(&request);
         let request = request.into_inner();
-        self.rpc("NodeGroupTargetSize", async {
+        self.rpc("NodeGroupTargetSize", &caller, None, async {
             let (_, group) = self.scoped_group(&caller, &request.id)?;
             Ok(proto::NodeGroupTargetSizeResponse {
                 target_size: group.target,
@@ -498,7 +517,8 @@ impl CloudProvider for CloudProviderService {
         let caller = self.caller(&request);
         let deadline = Self::deadline(&request);
         let request = request.into_inner();
-        self.rpc("NodeGroupIncreaseSize", async {
+        let asked = format!("{} by {}", request.id, request.delta);
+        self.rpc("NodeGroupIncreaseSize", &caller, Some(asked), async {
             let (_, group) = self.scoped_group(&caller, &request.id)?;
             let actuator = self.actuator.clone();
             let id = group.id.clone();
@@ -522,7 +542,21 @@ impl CloudProvider for CloudProviderService {
         let caller = self.caller(&request);
         let deadline = Self::deadline(&request);
         let request = request.into_inner();
-        self.rpc("NodeGroupDeleteNodes", async {
+        let asked = format!(
+            "{}: {}",
+            request.id,
+            request
+                .nodes
+                .iter()
+                .map(|n| if n.provider_id.is_empty() {
+                    n.name.as_str()
+                } else {
+                    n.provider_id.as_str()
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        self.rpc("NodeGroupDeleteNodes", &caller, Some(asked), async {
             let (snapshot, group) = self.scoped_group(&caller, &request.id)?;
             let nodes: Vec<NodeRef> = request
                 .nodes
@@ -569,7 +603,8 @@ impl CloudProvider for CloudProviderService {
         let caller = self.caller(&request);
         let deadline = Self::deadline(&request);
         let request = request.into_inner();
-        self.rpc("NodeGroupDecreaseTargetSize", async {
+        let asked = format!("{} by {}", request.id, request.delta);
+        self.rpc("NodeGroupDecreaseTargetSize", &caller, Some(asked), async {
             let (snapshot, group) = self.scoped_group(&caller, &request.id)?;
             let actuator = self.actuator.clone();
             let id = group.id.clone();
@@ -592,7 +627,7 @@ impl CloudProvider for CloudProviderService {
     ) -> RpcResult<proto::NodeGroupNodesResponse> {
         let caller = self.caller(&request);
         let request = request.into_inner();
-        self.rpc("NodeGroupNodes", async {
+        self.rpc("NodeGroupNodes", &caller, None, async {
             let (_, group) = self.scoped_group(&caller, &request.id)?;
             Ok(proto::NodeGroupNodesResponse {
                 instances: group.instances.iter().map(convert::instance).collect(),
@@ -607,7 +642,7 @@ impl CloudProvider for CloudProviderService {
     ) -> RpcResult<proto::NodeGroupTemplateNodeInfoResponse> {
         let caller = self.caller(&request);
         let request = request.into_inner();
-        self.rpc("NodeGroupTemplateNodeInfo", async {
+        self.rpc("NodeGroupTemplateNodeInfo", &caller, None, async {
             let (_, group) = self.scoped_group(&caller, &request.id)?;
             let inputs = group.template.as_ref().ok_or_else(|| {
                 ProviderError::NotImplemented(format!(
@@ -631,7 +666,7 @@ impl CloudProvider for CloudProviderService {
     ) -> RpcResult<proto::NodeGroupAutoscalingOptionsResponse> {
         let caller = self.caller(&request);
         let request = request.into_inner();
-        self.rpc("NodeGroupGetOptions", async {
+        self.rpc("NodeGroupGetOptions", &caller, None, async {
             let (_, group) = self.scoped_group(&caller, &request.id)?;
             let defaults = request
                 .defaults
