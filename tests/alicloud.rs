@@ -1051,10 +1051,12 @@ async fn twenty_concurrent_increases_land_exactly_priced_and_zoned_within_the_gr
 }
 
 /// cluster-autoscaler (its own externalgrpc client) deletes two nodes in one DeleteNodes;
-/// ESS removes one and refuses the other (`Protected`: `IncorrectInstanceStatus`). The call
-/// fails with the refused instance and ESS's code, so CA untaints that node instead of
-/// believing it gone; the refused deletion is rolled back (replicas raised back, the
-/// instance Running again) and the removed one is gone with the desired capacity lowered.
+/// one of them a user put in scale-in protection (`Protected`). ESS would release it if
+/// named in RemoveInstances (SetInstancesProtection reference), so the operator removes the
+/// other and refuses that one itself. The call fails with the refused instance and its
+/// state, so CA untaints that node instead of believing it gone; the refused deletion is
+/// rolled back (replicas raised back, the instance Running again) and the removed one is
+/// gone with the desired capacity lowered; the protected one survives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removal_refused_mid_batch_is_reported_to_cluster_autoscaler_and_rolled_back() {
     let w = World::new("ali-midbatch", &["asg-mid"]).await;
@@ -1096,8 +1098,8 @@ async fn a_removal_refused_mid_batch_is_reported_to_cluster_autoscaler_and_rolle
         .unwrap_or_else(|| panic!("CA sees an error: {result}"));
     assert_eq!(result["code"], "FailedPrecondition", "{result}");
     assert!(
-        error.contains(&victims[1].1) && error.contains("IncorrectInstanceStatus"),
-        "the refused instance and ESS's code: {error}"
+        error.contains(&protected) && error.contains("Protected"),
+        "the refused instance and its state: {error}"
     );
     assert!(
         !error.contains(&victims[0].1),
@@ -1214,4 +1216,60 @@ async fn a_scaling_group_whose_api_never_answers_holds_back_no_other_pool() {
             .all(|r| r.params["ScalingGroupId"] != "asg-silent"),
         "the silent pool changed nothing"
     );
+}
+
+/// Out of stock on a group with expected capacity: ESS keeps the desired capacity the
+/// scale-out raised and launches toward it once stock returns (the expected-number-of-
+/// instances feature), which would bring instances nothing asked for after the creations
+/// were reported failed. The operator sets the desired capacity back once the launch ended
+/// short, so when stock returns nothing appears on its own; the pool then converges on what
+/// it is asked for, with exactly as many instances launched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_stock_then_late_stock_brings_no_instance_nobody_asked_for() {
+    let w = World::new("ali-nostock", &["asg-stock"]).await;
+    w.pool("stock", "asg-stock", 1, 5, json!({})).await;
+    w.wait_pool_ready("stock", "asg-stock", 1).await;
+    w.ess.set_stock(INSTANCE_TYPE, Some(0));
+    w.set_replicas("stock", 3).await;
+    w.wait(
+        "the creations failed OutOfStock and the desired capacity set back",
+        || async {
+            let status = w.get_pool("stock").await.status.unwrap_or_default();
+            let failed = status
+                .instances
+                .iter()
+                .filter(|i| i.error.as_ref().is_some_and(|e| e.code == "OutOfStock"))
+                .count();
+            let desired = w.ess.group("asg-stock").and_then(|g| g.desired_capacity);
+            if failed == 2 && desired == Some(1) {
+                Ok(())
+            } else {
+                Err(format!("{failed} failed, desired capacity {desired:?}"))
+            }
+        },
+    )
+    .await;
+
+    // Stock returns: no instance without a request.
+    w.ess.set_stock(INSTANCE_TYPE, None);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        w.instances("asg-stock").len(),
+        1,
+        "no late instance: {:?}",
+        w.ess.activities("asg-stock")
+    );
+
+    // The failures dropped (as cluster-autoscaler's DecreaseTargetSize would) and asked again.
+    w.set_replicas("stock", 1).await;
+    w.wait_pool_ready("stock", "asg-stock", 1).await;
+    w.set_replicas("stock", 3).await;
+    w.wait_pool_ready("stock", "asg-stock", 3).await;
+    let launched: usize = w
+        .ess
+        .activities("asg-stock")
+        .iter()
+        .map(|a| a.created.len())
+        .sum();
+    assert_eq!(launched, 3, "one at first, two when asked again");
 }

@@ -10,11 +10,15 @@ use std::time::{Duration, Instant};
 use ngo_sandbox::alicloud::{
     AccessKey, AliCloudEmulator, AliCloudOptions, FaultAction, InstanceState, ScalingGroupSpec,
 };
+use nodegroup_operator::api::nodepool::AliCloudSpec;
+use nodegroup_operator::backends::alicloud::ess::Ess;
+use nodegroup_operator::backends::alicloud::pool::AliCloudPool;
 use nodegroup_operator::backends::alicloud::{
-    ActivityStatus, ApiErrorKind, Client, ClientOptions, Credentials, Endpoints, Error,
-    GroupLifecycleState, InstanceLifecycleState, RemovalFailureReason, RemoveOptions, RetryPolicy,
-    StaticCredentials, TransportOptions,
+    ActivityStatus, ApiErrorKind, Client, ClientOptions, Credentials, EcsRamRoleCredentials,
+    Endpoints, Error, GroupLifecycleState, InstanceLifecycleState, RefreshPolicy,
+    RemovalFailureReason, RemoveOptions, RetryPolicy, StaticCredentials, TransportOptions,
 };
+use nodegroup_operator::nodepool::backend::{BackendErrorKind, Created, NewServer};
 
 const GROUP: &str = "asg-workers";
 
@@ -515,4 +519,336 @@ async fn user_data_goes_into_the_active_configuration_and_unknown_groups_are_not
             .iter()
             .all(|i| i.state != InstanceState::Pending)
     );
+}
+
+fn pool(emulator: &AliCloudEmulator, group: &str) -> AliCloudPool {
+    let key = &emulator.access_keys()[0];
+    let spec = AliCloudSpec {
+        region_id: emulator.region().into(),
+        scaling_group_id: group.into(),
+        ..Default::default()
+    };
+    AliCloudPool::new(
+        &spec,
+        options(emulator),
+        Arc::new(StaticCredentials::new(&key.id, &key.secret)),
+    )
+    .expect("pool")
+}
+
+fn new_server(request: &str) -> NewServer {
+    NewServer {
+        request: request.into(),
+        hostname: request.into(),
+        user_data: String::new(),
+    }
+}
+
+/// Instance ids of the group, oldest first, once its activities ended.
+async fn launched(emulator: &AliCloudEmulator, ess: &Ess, n: u32) -> Vec<String> {
+    ess.scale_out(GROUP, n, &format!("launch-{n}"), &BTreeMap::new())
+        .await
+        .expect("scale out");
+    settled(emulator).await;
+    emulator
+        .instances(GROUP)
+        .iter()
+        .map(|i| i.id.clone())
+        .collect()
+}
+
+/// ESS removes a Protected instance named in RemoveInstances (SetInstancesProtection
+/// reference), so the client never names one, nor a Standby one: both are reported, with
+/// their state, and stay in the group; the rest of the batch goes.
+#[tokio::test]
+async fn protected_and_standby_instances_are_never_removed_and_are_reported() {
+    let emulator = emulator(|_| {}).await;
+    let ess = client(&emulator).ess();
+    let ids = launched(&emulator, &ess, 3).await;
+    emulator.set_protected(&ids[0], true);
+    emulator.set_standby(&ids[1], true);
+
+    let report = ess
+        .remove_instances(GROUP, &ids, RemoveOptions::default())
+        .await
+        .expect("report");
+    assert_eq!(report.removed, vec![ids[2].clone()]);
+    let reasons: BTreeMap<&str, String> = report
+        .failed
+        .iter()
+        .map(|f| (f.instance_id.as_str(), f.reason.to_string()))
+        .collect();
+    assert!(
+        reasons[ids[0].as_str()].starts_with("Protected"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[ids[1].as_str()].starts_with("Standby"),
+        "{reasons:?}"
+    );
+    settled(&emulator).await;
+    let left: Vec<String> = emulator
+        .instances(GROUP)
+        .iter()
+        .map(|i| i.id.clone())
+        .collect();
+    assert_eq!(left, ids[..2]);
+
+    // Through the pool: a refusal, as other refusals of a removal are reported.
+    let outcomes = pool(&emulator, GROUP).delete_many(&ids[..1]).await;
+    let error = outcomes[0].1.as_ref().expect_err("refused");
+    assert_eq!(error.kind, BackendErrorKind::Rejected);
+    assert!(error.message.contains("Protected"), "{}", error.message);
+    settled(&emulator).await;
+    assert!(emulator.instances(GROUP).iter().any(|i| i.id == ids[0]));
+}
+
+/// A scale-out ESS could not fill for want of stock leaves a group with expected capacity
+/// wanting more, and ESS keeps trying: the pool lowers the desired capacity back to what
+/// the group holds, so instances do not appear later with no request behind them.
+#[tokio::test]
+async fn a_scale_out_short_of_stock_lowers_the_desired_capacity_it_raised() {
+    let emulator = emulator(|_| {}).await;
+    emulator.set_stock("ecs.g6.xlarge", Some(1));
+    let pool = pool(&emulator, GROUP);
+    let outcomes = pool
+        .create_many(&[new_server("r-1"), new_server("r-2")])
+        .await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Created::Accepted(_) | Created::Server(_))),
+        "{outcomes:?}"
+    );
+    settled(&emulator).await;
+    let failures = pool
+        .creation_failures(&["r-1".to_string(), "r-2".to_string()])
+        .await
+        .expect("failures");
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0].code, "OutOfStock");
+    pool.members().await.expect("members");
+    assert_eq!(
+        emulator.group(GROUP).expect("group").desired_capacity,
+        Some(1),
+        "the desired capacity follows what was launched"
+    );
+
+    // Stock returns: nothing launches, as nothing was asked for.
+    emulator.set_stock("ecs.g6.xlarge", None);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    settled(&emulator).await;
+    assert_eq!(emulator.instances(GROUP).len(), 1);
+}
+
+/// At MaxSize a scale-out changes nothing and ESS records a `Rejected` activity: the
+/// creations fail with that, at once, rather than waiting for instances that never come.
+#[tokio::test]
+async fn a_scale_out_at_max_size_fails_with_the_rejected_activity() {
+    let emulator = emulator(|o| o.groups[0].max_size = 1).await;
+    let ess = client(&emulator).ess();
+    launched(&emulator, &ess, 1).await;
+    let pool = pool(&emulator, GROUP);
+    let outcomes = pool.create_many(&[new_server("r-over")]).await;
+    match &outcomes[0] {
+        Created::Failed { code, message, .. } => {
+            assert_eq!(code, "ScaleOutRejected");
+            assert!(message.contains("Rejected"), "{message}");
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    // Asked again (a lost answer): the activity is found, with the same outcome.
+    let again = pool.create_many(&[new_server("r-over")]).await;
+    assert!(matches!(&again[0], Created::Failed { code, .. } if code == "ScaleOutRejected"));
+}
+
+/// More activities than one page: they are all read (`PageNumber` until `TotalCount`), so
+/// a request served by an activity beyond the first 50 is still traced.
+#[tokio::test]
+async fn activities_are_read_past_the_first_page() {
+    activities_past_the_first_page(false).await;
+}
+
+/// The reference does not say in which order activities are listed: listed oldest first,
+/// the most recent are still the ones read, newest first.
+#[tokio::test]
+async fn activities_listed_oldest_first_are_all_read() {
+    activities_past_the_first_page(true).await;
+}
+
+async fn activities_past_the_first_page(oldest_first: bool) {
+    let emulator = emulator(|o| o.activity_duration = Duration::from_millis(1)).await;
+    emulator.set_activities_oldest_first(oldest_first);
+    let ess = client(&emulator).ess();
+    let pool = pool(&emulator, GROUP);
+    let first = pool.create_many(&[new_server("r-first")]).await;
+    assert!(matches!(
+        first[0],
+        Created::Accepted(_) | Created::Server(_)
+    ));
+    settled(&emulator).await;
+    for k in 0..55 {
+        let ids = emulator
+            .instances(GROUP)
+            .iter()
+            .map(|i| i.id.clone())
+            .collect::<Vec<_>>();
+        // Alternate launches and removals of another instance, keeping r-first's.
+        if k % 2 == 0 {
+            ess.scale_out(GROUP, 1, &format!("other-{k}"), &BTreeMap::new())
+                .await
+                .expect("scale out");
+        } else {
+            let report = ess
+                .remove_instances(GROUP, &ids[1..], RemoveOptions::default())
+                .await
+                .expect("remove");
+            assert!(report.failed.is_empty(), "{:?}", report.failed);
+        }
+        settled(&emulator).await;
+    }
+    let activities = ess
+        .scaling_activities(GROUP, None, 200)
+        .await
+        .expect("activities");
+    assert_eq!(activities.len(), 56);
+    let recent = ess
+        .scaling_activities(GROUP, None, 3)
+        .await
+        .expect("activities");
+    assert_eq!(recent.len(), 3);
+    if !oldest_first {
+        // Listed newest first, the first three are the newest. (Listed oldest first within
+        // one minute, `StartTime` cannot tell which are newest.)
+        let newest = emulator.activities(GROUP).last().expect("one").id.clone();
+        assert_eq!(recent[0].id, newest);
+    }
+    let members = pool.members().await.expect("members");
+    assert!(
+        members
+            .iter()
+            .any(|m| m.request.as_deref() == Some("r-first")),
+        "{members:?}"
+    );
+}
+
+/// The ECS RAM role's credentials are read in security hardening mode: a session token
+/// from `PUT /latest/api/token` (with `X-aliyun-ecs-metadata-token-ttl-seconds`), sent as
+/// `X-aliyun-ecs-metadata-token`. An instance created with `HttpTokens=required` answers
+/// only such reads; one in normal mode answers them too.
+#[tokio::test]
+async fn ram_role_credentials_are_read_with_a_metadata_session_token_in_both_modes() {
+    for required in [true, false] {
+        let emulator = emulator(|o| o.ram_role = Some("worker-role".into())).await;
+        emulator.set_metadata_tokens_required(required);
+        let provider = EcsRamRoleCredentials::new(
+            emulator.url(),
+            None,
+            TransportOptions::default(),
+            RefreshPolicy::default(),
+        )
+        .expect("provider");
+        let client = Client::new(options(&emulator), Arc::new(provider)).expect("client");
+        let group = client
+            .ess()
+            .scaling_group(GROUP)
+            .await
+            .unwrap_or_else(|e| panic!("HttpTokens required={required}: {e}"));
+        assert_eq!(group.id, GROUP);
+        let reads = emulator.requests_of("Metadata");
+        assert!(!reads.is_empty());
+        let token_puts = reads
+            .iter()
+            .filter(|r| r.params.get("path").map(String::as_str) == Some("/latest/api/token"))
+            .count();
+        assert_eq!(token_puts, 1, "one session token for every read: {reads:?}");
+        assert!(reads.iter().all(|r| r.status == Some(200)), "{reads:?}");
+    }
+}
+
+/// A `ClientToken` reused with other parameters is refused (`IdempotentParameterMismatch`,
+/// Alibaba's idempotence rule); with the same parameters it answers the first call.
+#[tokio::test]
+async fn a_client_token_reused_with_other_parameters_is_refused() {
+    let emulator = emulator(|_| {}).await;
+    let ess = client(&emulator).ess();
+    let first = ess
+        .scale_out(GROUP, 1, "token-x", &metadata("r-x"))
+        .await
+        .expect("scale out");
+    settled(&emulator).await;
+    let again = ess
+        .scale_out(GROUP, 1, "token-x", &metadata("r-x"))
+        .await
+        .expect("same parameters");
+    assert_eq!(again.scaling_activity_id, first.scaling_activity_id);
+    match ess.scale_out(GROUP, 2, "token-x", &metadata("r-x")).await {
+        Err(Error::Api { error, .. }) => assert_eq!(error.code, "IdempotentParameterMismatch"),
+        other => panic!("expected a mismatch, got {other:?}"),
+    }
+}
+
+/// cluster-autoscaler's in-tree alicloud provider, with the Alibaba Cloud SDK it vendors,
+/// drives the emulator through CA's NodeGroup interface: lists the group, scales out, reads
+/// the template, deletes a node (scale-in) and is refused a target-size decrease below its
+/// instances (`alicloud-check-intree`, a test of that package built by
+/// `tests/upstream/build.sh alicloud-check`). The provider is unmodified: the SDK's endpoint
+/// mapping names hosts that only exist through `HTTP_PROXY`, which is the emulator. It fails
+/// when the SDK cannot parse an answer or the provider gets an error.
+#[tokio::test]
+async fn cluster_autoscalers_in_tree_provider_drives_the_emulator() {
+    let bin = ngo_sandbox::upstream_bin("alicloud-check-intree");
+    assert!(
+        bin.exists(),
+        "{} is missing: run tests/upstream/build.sh alicloud-check",
+        bin.display()
+    );
+    // A type on the first page of DescribeInstanceTypes: the provider reads only that page
+    // (no NextToken), so it never finds a type beyond the first 100.
+    const INTREE: &str = "asg-intree";
+    let emulator = emulator(|o| {
+        let mut group = ScalingGroupSpec::new(INTREE, "ecs.a0-n001.small");
+        group.max_size = 5;
+        o.groups.push(group);
+    })
+    .await;
+    let key = &emulator.access_keys()[0];
+    let output = tokio::process::Command::new(&bin)
+        .args([
+            "-test.run",
+            "TestInTreeProviderAgainstTheEmulator",
+            "-test.v",
+        ])
+        .env("HTTP_PROXY", emulator.url())
+        .env("http_proxy", emulator.url())
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy")
+        .env("ACCESS_KEY_ID", &key.id)
+        .env("ACCESS_KEY_SECRET", &key.secret)
+        .env("REGION_ID", emulator.region())
+        .env("ALICLOUD_CHECK_GROUP", INTREE)
+        .env("ALICLOUD_CHECK_INSTANCE_TYPE", "ecs.a0-n001.small")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "alicloud-check-intree: {}\n{stdout}{stderr}",
+        output.status
+    );
+    assert!(stdout.contains("--- PASS"), "{stdout}");
+    // What it did, on the emulator's side: CA's own calls, as CA makes them.
+    let scale = emulator.requests_of("ScaleWithAdjustment");
+    assert_eq!(scale[0].params["AdjustmentType"], "TotalCapacity");
+    let removals = emulator.requests_of("RemoveInstances");
+    assert!(
+        removals
+            .iter()
+            .all(|r| r.params["InstanceId.1"] == removals[0].params["InstanceId.1"])
+            && removals.iter().any(|r| r.status == Some(200)),
+        "one instance, per call, removed once ESS let it: {removals:?}"
+    );
+    assert_eq!(emulator.instances(INTREE).len(), 1);
 }

@@ -6,6 +6,8 @@
 #   tests/upstream/build.sh etcd kube       # just these
 #   tests/upstream/build.sh cluster-autoscaler example-server   # from ../shared/upstream tarballs
 #   tests/upstream/build.sh conformance     # nodegroup-conformance (imports CA's externalgrpc client)
+#   tests/upstream/build.sh cherry-check    # cherrygo and CA's in-tree cherryservers provider vs the emulator
+#   tests/upstream/build.sh alicloud-check  # CA's in-tree alicloud provider (vendored SDK) vs the emulator
 #   tests/upstream/build.sh ca-source       # only extract CA's source (its Helm chart, for tests/chart.rs)
 #   tests/upstream/build.sh ecosystem-crds  # prometheus-operator and cert-manager CRDs (tests/helm.rs)
 #   tests/upstream/build.sh --layout        # print the fixed paths only
@@ -13,7 +15,8 @@
 # Output (fixed paths, symlinks into the versioned dirs):
 #   target/upstream/bin/{etcd,kube-apiserver,kube-controller-manager,kube-scheduler,kubectl,
 #                        capi-manager,cluster-autoscaler,externalgrpc-example-server,kwok,helm,
-#                        nodegroup-conformance}
+#                        nodegroup-conformance, cherry-check, cherry-check-intree,
+#                        alicloud-check-intree}
 #   target/upstream/capi-crds/*.yaml     Cluster API core CRDs
 #   target/upstream/kwok-stages/*.yaml   kwok Stage YAMLs (default.yaml = the kwokctl default set)
 #   target/upstream/ecosystem-crds/*.yaml ServiceMonitor, PrometheusRule, Certificate, Issuer CRDs
@@ -43,7 +46,7 @@ export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=fa
 # committed go.sum pins the hash and no checksum-database lookup happens.
 export GONOSUMDB=${GONOSUMDB:-k8s.io/kubernetes}
 
-ALL=(etcd kube capi kwok helm ca-source ecosystem-crds cluster-autoscaler example-server conformance)
+ALL=(etcd kube capi kwok helm ca-source ecosystem-crds cluster-autoscaler example-server conformance cherry-check alicloud-check)
 
 KEY_etcd=etcd-v$ETCD_VERSION
 KEY_kube=kube-v$KUBERNETES_VERSION
@@ -367,6 +370,101 @@ layout() {
   done
 }
 
+# cherry-check: our own Go module in tests/upstream/cherry-check (go.mod and go.sum committed) that
+# drives the Cherry Servers emulator with the official clients (tests/cherry_api.rs runs both):
+#   bin/cherry-check         main.go, with cherrygo $CHERRYGO_VERSION, Cherry Servers' Go client;
+#   bin/cherry-check-intree  intree/emulator_check_test.go compiled (go test -c) as a test of CA's
+#                            in-tree cloudprovider/cherryservers package, whose non-test files are
+#                            copied unmodified from the extracted CA tree next to it.
+# The proxy serves neither cherrygo nor CA: their sources come from ../shared/upstream (checksums
+# verified, extracted under $WORK, never modified), named by go.mod's replace lines relative to the
+# scratch copy $WORK/cherry-check. Built with -mod=readonly: the committed go.sum is the pin.
+cherry_check_hash() {
+  ( cd "$HERE/cherry-check" 2>/dev/null && find . -maxdepth 2 -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) \
+      | LC_ALL=C sort | xargs -r sha256sum | sha256sum | cut -c1-12 )
+}
+KEY_cherry_check=cherry-check-$CHERRYGO_VERSION-$CA_VERSION-$(cherry_check_hash)
+# cherrygo_source -> prints the extracted cherrygo-$CHERRYGO_VERSION/ tree under $WORK
+cherrygo_source() {
+  local name=cherrygo-$CHERRYGO_VERSION tarball sum want got dir
+  tarball=$SHARED_UPSTREAM/$name.tar.xz
+  sum=$tarball.sha256
+  [ -f "$tarball" ] || die "missing $tarball: cherrygo's source is provided there (the Go module proxy does not serve it)"
+  [ -f "$sum" ] || die "missing $sum (the checksum of $tarball)"
+  want=$(cut -d' ' -f1 "$sum")
+  dir=$WORK/$name
+  if [ ! -f "$dir/.complete" ] || [ "$(cat "$dir/.complete")" != "$want" ]; then
+    got=$(sha256sum "$tarball" | cut -d' ' -f1)
+    [ "$got" = "$want" ] || die "checksum mismatch for $tarball: got $got, want $want"
+    rm -rf "$dir"
+    tar -xJf "$tarball" -C "$WORK"
+    [ -f "$dir/go.mod" ] || die "$tarball did not unpack to $name/"
+    echo "$want" >"$dir/.complete"
+  fi
+  printf '%s\n' "$dir"
+}
+build_cherry_check() {
+  local key=$KEY_cherry_check src=$HERE/cherry-check dst=$WORK/cherry-check g t f
+  if begin "$key" cherry-check-intree; then
+    [ -f "$src/go.mod" ] && [ -f "$src/go.sum" ] || die "tests/upstream/cherry-check/go.mod or go.sum missing"
+    g=$(cherrygo_source)
+    t=$(ca_source "$CA_VERSION")
+    grep -q "^replace github.com/cherryservers/cherrygo/v4 => \.\./${g##*/}\$" "$src/go.mod" \
+      || die "tests/upstream/cherry-check/go.mod must replace github.com/cherryservers/cherrygo/v4 => ../${g##*/} (CHERRYGO_VERSION=$CHERRYGO_VERSION)"
+    grep -q "^replace k8s.io/autoscaler/cluster-autoscaler => \.\./${t##*/}\$" "$src/go.mod" \
+      || die "tests/upstream/cherry-check/go.mod must replace k8s.io/autoscaler/cluster-autoscaler => ../${t##*/} (CA_VERSION=$CA_VERSION)"
+    rm -rf "$dst"; mkdir -p "$dst/intree"
+    cp "$src"/*.go "$src/go.mod" "$src/go.sum" "$dst/"
+    cp "$src"/intree/*.go "$dst/intree/"
+    for f in "$t"/cloudprovider/cherryservers/*.go; do
+      case $f in *_test.go) ;; *) cp "$f" "$dst/intree/" ;; esac
+    done
+    ( cd "$dst" && GOFLAGS="-mod=readonly -buildvcs=false" go build -p "$JOBS" -trimpath -ldflags "-s -w" \
+        -o "$OUT/$key.tmp/bin/cherry-check" . \
+      && GOFLAGS="-mod=readonly -buildvcs=false" go test -c -p "$JOBS" -trimpath -ldflags "-s -w" \
+        -o "$OUT/$key.tmp/bin/cherry-check-intree" ./intree ) \
+      || die "building cherry-check failed (go.sum incomplete? run go mod tidy in $dst and copy go.mod and go.sum back)"
+    finish "$key"
+  fi
+  link_bin "$key" cherry-check
+  link_bin "$key" cherry-check-intree
+}
+
+# alicloud-check: our own Go module in tests/upstream/alicloud-check (go.mod and go.sum committed)
+# that drives the Alibaba Cloud ESS/ECS emulator with cluster-autoscaler's in-tree alicloud
+# provider and the SDK it vendors (tests/alicloud_api.rs runs it):
+#   bin/alicloud-check-intree  intree/emulator_check_test.go compiled (go test -c) as a test of CA's
+#                              in-tree cloudprovider/alicloud package, whose non-test files are
+#                              copied unmodified from the extracted CA tree next to it.
+# CA's source comes from ../shared/upstream (checksum verified, extracted under $WORK, never
+# modified), named by go.mod's replace line relative to the scratch copy $WORK/alicloud-check.
+# Built with -mod=readonly: the committed go.sum is the pin.
+alicloud_check_hash() {
+  ( cd "$HERE/alicloud-check" 2>/dev/null && find . -maxdepth 2 -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) \
+      | LC_ALL=C sort | xargs -r sha256sum | sha256sum | cut -c1-12 )
+}
+KEY_alicloud_check=alicloud-check-$CA_VERSION-$(alicloud_check_hash)
+build_alicloud_check() {
+  local key=$KEY_alicloud_check src=$HERE/alicloud-check dst=$WORK/alicloud-check t f
+  if begin "$key" alicloud-check-intree; then
+    [ -f "$src/go.mod" ] && [ -f "$src/go.sum" ] || die "tests/upstream/alicloud-check/go.mod or go.sum missing"
+    t=$(ca_source "$CA_VERSION")
+    grep -q "^replace k8s.io/autoscaler/cluster-autoscaler => \.\./${t##*/}\$" "$src/go.mod" \
+      || die "tests/upstream/alicloud-check/go.mod must replace k8s.io/autoscaler/cluster-autoscaler => ../${t##*/} (CA_VERSION=$CA_VERSION)"
+    rm -rf "$dst"; mkdir -p "$dst/intree"
+    cp "$src/go.mod" "$src/go.sum" "$dst/"
+    cp "$src"/intree/*.go "$dst/intree/"
+    for f in "$t"/cloudprovider/alicloud/*.go; do
+      case $f in *_test.go) ;; *) cp "$f" "$dst/intree/" ;; esac
+    done
+    ( cd "$dst" && GOFLAGS="-mod=readonly -buildvcs=false" go test -c -p "$JOBS" -trimpath -ldflags "-s -w" \
+        -o "$OUT/$key.tmp/bin/alicloud-check-intree" ./intree ) \
+      || die "building alicloud-check failed (go.sum incomplete? run go mod tidy in $dst and copy go.mod and go.sum back)"
+    finish "$key"
+  fi
+  link_bin "$key" alicloud-check-intree
+}
+
 # ---------------------------------------------------------------------------------------------
 [ "${1:-}" = --layout ] && { layout; exit 0; }
 comps=("$@"); [ ${#comps[@]} -eq 0 ] || [ "${comps[0]}" = all ] && comps=("${ALL[@]}")
@@ -388,6 +486,8 @@ for c in "${comps[@]}"; do
     kwok) fn=build_kwok key=$KEY_kwok ;;
     helm) fn=build_helm key=$KEY_helm ;;
     conformance) fn=build_conformance key=$KEY_conformance ;;
+    cherry-check) fn=build_cherry_check key=$KEY_cherry_check ;;
+    alicloud-check) fn=build_alicloud_check key=$KEY_alicloud_check ;;
     *) die "unknown component '$c' (known: ${ALL[*]})" ;;
   esac
   t0=$(date +%s)

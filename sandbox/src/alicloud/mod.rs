@@ -541,16 +541,24 @@ impl AliCloudEmulator {
     }
 
     /// Sets how many instances of `instance_type` can still launch (`None`: unlimited).
+    /// Groups with expected capacity that a launch left short try again now.
     pub fn set_stock(&self, instance_type: &str, qty: Option<u32>) {
-        let mut account = self.shared.account();
-        match qty {
-            Some(q) => account.stock.insert(instance_type.into(), q),
-            None => account.stock.remove(instance_type),
+        let started = {
+            let mut account = self.shared.account();
+            match qty {
+                Some(q) => account.stock.insert(instance_type.into(), q),
+                None => account.stock.remove(instance_type),
+            };
+            account.retry_short_groups()
         };
+        for activity in started {
+            self.shared.schedule(activity);
+        }
     }
 
-    /// Puts InService instance `id` in the `Protected` state (or takes it out): ESS refuses
-    /// to remove a protected instance (`IncorrectInstanceStatus` naming it).
+    /// Puts InService instance `id` in the `Protected` state (or takes it out): the group's
+    /// own scale-ins skip it; `RemoveInstances` naming it removes it, as the
+    /// SetInstancesProtection reference says.
     pub fn set_protected(&self, id: &str, protected: bool) {
         let mut account = self.shared.account();
         if protected {
@@ -558,6 +566,29 @@ impl AliCloudEmulator {
         } else {
             account.protected.remove(id);
         }
+    }
+
+    /// Puts InService instance `id` in the `Standby` state (or takes it out): listed as
+    /// `Standby`, skipped by the group's own scale-ins, removed by `RemoveInstances`.
+    pub fn set_standby(&self, id: &str, standby: bool) {
+        let mut account = self.shared.account();
+        if standby {
+            account.standby.insert(id.into());
+        } else {
+            account.standby.remove(id);
+        }
+    }
+
+    /// Makes the metadata server answer reads only with a session token (`true`: security
+    /// hardening mode only, an instance created with `HttpTokens=required`) or with or
+    /// without one (`false`, default: normal mode).
+    pub fn set_metadata_tokens_required(&self, required: bool) {
+        self.shared.sts().metadata_tokens_required = required;
+    }
+
+    /// Lists scaling activities oldest first (`true`) or newest first (`false`, default).
+    pub fn set_activities_oldest_first(&self, oldest_first: bool) {
+        self.shared.account().activities_oldest_first = oldest_first;
     }
 
     /// Sets how long activities started from now on run.

@@ -3,21 +3,63 @@
 //! Plain data and functions; the HTTP layer calls in under one lock and schedules the end of
 //! every activity an action starts.
 //!
-//! ESS semantics modelled (Alibaba Cloud's API reference for each action, and
-//! `reference/clouds.md` A5.10):
+//! ESS semantics modelled, each with the API reference page it follows (where the reference
+//! is silent, the emulator says so and picks one behaviour; the client copes with both):
 //! - writes (`ScaleWithAdjustment`, `RemoveInstances`) need the group `Active` and no
-//!   activity in progress (`IncorrectScalingGroupStatus`, `ScalingActivityInProgress`);
-//! - `ScaleWithAdjustment` clamps the new total to `[MinSize, MaxSize]` instead of failing;
-//!   with expected capacity enabled it also sets `DesiredCapacity` to that total;
-//! - `RemoveInstances` refuses to go below MinSize (`IncorrectCapacity.MinSize`), removes only
-//!   `InService` members, lowers the desired capacity by the number removed unless
-//!   `DecreaseDesiredCapacity=false`, and releases the instances when the activity ends;
-//! - `ClientToken` makes a write idempotent: the same token answers the first call's answer;
+//!   activity in progress (`IncorrectScalingGroupStatus`, `ScalingActivityInProgress`).
+//!   <https://www.alibabacloud.com/help/en/auto-scaling/developer-reference/api-ess-2022-02-22-scalewithadjustment>:
+//!   "The scaling group is in the Active state." / "No scaling activities in the scaling
+//!   group are in progress."
+//! - `ScaleWithAdjustment` clamps the new total to `[MinSize, MaxSize]` instead of failing
+//!   (same page: "Auto Scaling adds only a specific number of ECS instances to ensure that
+//!   the total number of instances is equal to the maximum number of instances."); with
+//!   expected capacity enabled it also sets `DesiredCapacity` to that total;
+//! - a `ScaleWithAdjustment` that changes nothing (already at MaxSize) records a `Rejected`
+//!   activity and answers its id.
+//!   <https://www.alibabacloud.com/help/en/auto-scaling/developer-reference/api-describescalingactivities>
+//!   lists `StatusCode` "Rejected: The request to trigger the scaling activity is rejected."
+//!   The reference does not say whether the call answers the rejected activity's id or
+//!   none: the emulator answers the id; the client handles both;
+//! - `RemoveInstances` refuses to go below MinSize (`IncorrectCapacity.MinSize`), removes
+//!   `InService`, `Protected` and `Standby` members, lowers the desired capacity by the
+//!   number removed unless `DecreaseDesiredCapacity=false`, and releases the instances when
+//!   the activity ends. Protected ones are removed too:
+//!   <https://www.alibabacloud.com/help/en/auto-scaling/developer-reference/api-setinstancesprotection>:
+//!   "After you put an ECS instance into the Protected state, Auto Scaling does not stop or
+//!   release the ECS instance during a scale-in event. You can only manually delete the ECS
+//!   instance in the Auto Scaling console or by calling the RemoveInstances operation."
+//!   (An older revision of the 2022-02-22 page said protected instances "become immune to
+//!   manual deletion attempts"; the pages contradict each other, so the client never sends
+//!   a protected instance and relies on neither.) For `Standby` the reference is silent
+//!   here; the emulator removes them, the client never sends them;
+//! - scale-in started by the group itself (desired capacity lowered) never picks a
+//!   `Protected` or `Standby` instance (same SetInstancesProtection page: "Auto Scaling does
+//!   not remove the ECS instance even if a scale-in caused by changes in instance quantity
+//!   [...] occurs.");
+//! - `ClientToken` makes a write idempotent: the same token with the same parameters answers
+//!   the first call's answer; the same token with other parameters is refused
+//!   `IdempotentParameterMismatch`. The ESS reference only says the token ensures
+//!   idempotence; the mismatch rule is the one Alibaba documents for ECS
+//!   (<https://www.alibabacloud.com/help/en/ecs/developer-reference/how-to-ensure-idempotence>:
+//!   "If you specify a request with a ClientToken value that is in use but with different
+//!   request parameters, ECS returns the IdempotentParameterMismatch error code."). How long
+//!   a token is retained is not documented: the emulator keeps them for its lifetime, and
+//!   the client derives its token from the parameters so a reuse never differs;
 //! - `ModifyScalingGroup` changing the desired capacity makes the group converge to it in
 //!   activities of its own;
 //! - an activity that cannot launch every instance for want of stock ends `Warning` (some)
-//!   or `Failed` (none) with `OperationDenied.NoStock`; the emulator then lowers the desired
-//!   capacity to what exists (real ESS keeps trying to reach it: not modelled).
+//!   or `Failed` (none) with `OperationDenied.NoStock`. A group with expected capacity keeps
+//!   its raised `DesiredCapacity` and tries again to reach it: here, when stock returns
+//!   ([`Account::retry_short_groups`]).
+//!   <https://www.alibabacloud.com/help/en/auto-scaling/latest/expected-number-of-instances>
+//!   "when the number of instances in the scaling group is not equal to the expected number
+//!   of instances, Auto Scaling automatically adjusts the number of instances to ensure that
+//!   the number of instances in the scaling group is maintained at the expected number." A
+//!   failed launch does not lower it. The reference does not say how often ESS retries; the
+//!   emulator retries when the stock of the type changes.
+//! - `DescribeScalingActivities` pages (`PageNumber`, `PageSize` up to 50, `TotalCount`)
+//!   and lists newest first. The reference does not document the order; the client does not
+//!   rely on it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -207,6 +249,8 @@ pub enum ActivityStatus {
     Warning,
     /// Failed.
     Failed,
+    /// Refused before it started (a scale-out that would change nothing).
+    Rejected,
 }
 
 impl ActivityStatus {
@@ -217,6 +261,7 @@ impl ActivityStatus {
             Self::Successful => "Successful",
             Self::Warning => "Warning",
             Self::Failed => "Failed",
+            Self::Rejected => "Rejected",
         }
     }
 }
@@ -352,9 +397,16 @@ pub struct Account {
     /// Instances of each type that can still be launched (absent: unlimited).
     pub stock: BTreeMap<String, u32>,
     /// InService instances put in the `Protected` state (scale-in protection): listed as
-    /// such, and `RemoveInstances` naming one is refused (`IncorrectInstanceStatus`).
+    /// such, never picked by a scale-in of the group, removed by `RemoveInstances`.
     pub protected: BTreeSet<String>,
-    tokens: HashMap<String, Value>,
+    /// InService instances put in the `Standby` state: listed as such, never picked by a
+    /// scale-in of the group, removed by `RemoveInstances`.
+    pub standby: BTreeSet<String>,
+    /// Lists activities oldest first instead of newest first. The reference does not
+    /// document the order, so tests run the client against both.
+    pub activities_oldest_first: bool,
+    /// Answers to writes by `<action>|<ClientToken>`, with the parameters that made them.
+    tokens: HashMap<String, (Params, Value)>,
     next_id: u64,
 }
 
@@ -374,6 +426,8 @@ impl Account {
             instance_types,
             stock: BTreeMap::new(),
             protected: BTreeSet::new(),
+            standby: BTreeSet::new(),
+            activities_oldest_first: false,
             tokens: HashMap::new(),
             next_id: first_id,
         };
@@ -437,6 +491,19 @@ impl Account {
             .find(|a| a.group_id == id && a.status == ActivityStatus::InProgress)
     }
 
+    /// The `LifecycleState` instance `i` is listed in.
+    fn state_of(&self, i: &EmulatedInstance) -> &'static str {
+        if i.state != InstanceState::InService {
+            i.state.as_str()
+        } else if self.protected.contains(&i.id) {
+            "Protected"
+        } else if self.standby.contains(&i.id) {
+            "Standby"
+        } else {
+            "InService"
+        }
+    }
+
     /// The group must be `Active` with no activity in progress to be scaled.
     fn writable(&self, id: &str) -> Result<&Group, ApiError> {
         let group = self.group(id)?;
@@ -457,16 +524,29 @@ impl Account {
         Ok(group)
     }
 
-    /// The earlier answer to a write with this `ClientToken`.
-    fn replay(&self, action: &str, params: &Params) -> Option<Value> {
-        let token = params.get("ClientToken")?;
-        self.tokens.get(&format!("{action}|{token}")).cloned()
+    /// The earlier answer to a write with this `ClientToken`, or
+    /// `IdempotentParameterMismatch` when that write had other parameters.
+    fn replay(&self, action: &str, params: &Params) -> Result<Option<Value>, ApiError> {
+        let Some(token) = params.get("ClientToken") else {
+            return Ok(None);
+        };
+        match self.tokens.get(&format!("{action}|{token}")) {
+            None => Ok(None),
+            Some((first, answer)) if *first == own_params(params) => Ok(Some(answer.clone())),
+            Some(_) => Err(ApiError::new(
+                400,
+                "IdempotentParameterMismatch",
+                "The specified parameter ClientToken has been used by a request with different parameters.",
+            )),
+        }
     }
 
     fn remember(&mut self, action: &str, params: &Params, answer: &Value) {
         if let Some(token) = params.get("ClientToken") {
-            self.tokens
-                .insert(format!("{action}|{token}"), answer.clone());
+            self.tokens.insert(
+                format!("{action}|{token}"),
+                (own_params(params), answer.clone()),
+            );
         }
     }
 
@@ -508,7 +588,7 @@ impl Account {
         params: &Params,
         run: fn(&mut Self, &Params) -> Outcome,
     ) -> Outcome {
-        if let Some(answer) = self.replay(action, params) {
+        if let Some(answer) = self.replay(action, params)? {
             return Ok((answer, Effects::default()));
         }
         let (answer, effects) = run(self, params)?;
@@ -579,17 +659,13 @@ impl Account {
             .members(group_id)
             .into_iter()
             .filter(|i| ids.is_empty() || ids.contains(&i.id))
-            .filter(|i| state.is_none_or(|s| s == i.state.as_str()))
+            .filter(|i| state.is_none_or(|s| s == self.state_of(i)))
             .map(|i| {
                 json!({
                     "InstanceId": i.id,
                     "ScalingGroupId": i.group_id,
                     "ScalingConfigurationId": i.configuration_id,
-                    "LifecycleState": if self.protected.contains(&i.id) {
-                        "Protected"
-                    } else {
-                        i.state.as_str()
-                    },
+                    "LifecycleState": self.state_of(i),
                     "HealthStatus": "Healthy",
                     "CreationType": "AutoCreated",
                     "ZoneId": i.zone,
@@ -691,10 +767,12 @@ impl Account {
         let ids = repeated(params, "ScalingActivityId", 20)?;
         let status = params.get("StatusCode");
         let (number, size) = paging(params)?;
-        let activities: Vec<Value> = self
-            .activities
-            .iter()
-            .rev()
+        let mut listed: Vec<&Activity> = self.activities.iter().collect();
+        if !self.activities_oldest_first {
+            listed.reverse();
+        }
+        let activities: Vec<Value> = listed
+            .into_iter()
             .filter(|a| a.group_id == *group_id)
             .filter(|a| ids.is_empty() || ids.contains(&a.id))
             .filter(|a| status.is_none_or(|s| s == a.status.as_str()))
@@ -879,24 +957,55 @@ impl Account {
             "A user requested to execute scaling rule, changing the Total Capacity from \"{current}\" to \"{target}\"."
         );
         let activity = match target.cmp(&current) {
-            std::cmp::Ordering::Equal => None,
+            std::cmp::Ordering::Equal => {
+                let rejected = self.reject(&id, cause, metadata, kind, value);
+                return Ok((json!({"ScalingActivityId": rejected}), Effects::default()));
+            }
             std::cmp::Ordering::Greater => {
-                Some(self.start_scale_out(&id, target - current, cause, metadata))
+                self.start_scale_out(&id, target - current, cause, metadata)
             }
-            std::cmp::Ordering::Less => {
-                Some(self.start_scale_in(&id, current - target, cause, metadata))
-            }
+            std::cmp::Ordering::Less => self.start_scale_in(&id, current - target, cause, metadata),
         };
-        let mut answer = json!({});
-        let mut effects = Effects::default();
-        match activity {
-            Some(a) => {
-                answer["ScalingActivityId"] = json!(a);
-                effects.started.push(a);
-            }
-            None => answer["ActivityType"] = json!("CapacityChange"),
-        }
-        Ok((answer, effects))
+        Ok((
+            json!({"ScalingActivityId": activity}),
+            Effects {
+                started: vec![activity],
+            },
+        ))
+    }
+
+    /// Records a `Rejected` activity: the adjustment would leave the total where it is
+    /// (already at MaxSize for a scale-out, MinSize for a scale-in).
+    fn reject(
+        &mut self,
+        group_id: &str,
+        cause: String,
+        metadata: Option<String>,
+        kind: &str,
+        value: i64,
+    ) -> String {
+        let activity_id = self.id("asa");
+        let total = self.total(group_id);
+        let now = Timestamp::now();
+        self.activities.push(Activity {
+            id: activity_id.clone(),
+            group_id: group_id.into(),
+            status: ActivityStatus::Rejected,
+            description: format!("{kind} {value}"),
+            cause,
+            status_message: format!(
+                "The scaling activity was rejected: the total capacity \"{total}\" would not change (MinSize/MaxSize reached)."
+            ),
+            error_code: None,
+            metadata,
+            created: Vec::new(),
+            removed: Vec::new(),
+            requested: 0,
+            total_after: total,
+            started: now,
+            ended: Some(now),
+        });
+        activity_id
     }
 
     /// Starts an activity launching `count` instances (as many as the stock allows).
@@ -974,6 +1083,7 @@ impl Account {
             .members(group_id)
             .iter()
             .filter(|i| i.state == InstanceState::InService)
+            .filter(|i| !self.protected.contains(&i.id) && !self.standby.contains(&i.id))
             .map(|i| (i.created_at, i.id.clone()))
             .collect();
         candidates.sort();
@@ -998,6 +1108,8 @@ impl Account {
             if let Some(i) = self.instances.get_mut(id) {
                 i.state = InstanceState::Removing;
             }
+            self.protected.remove(id);
+            self.standby.remove(id);
         }
         let total_after = self
             .total(group_id)
@@ -1049,18 +1161,8 @@ impl Account {
         let enabled = group.spec.desired_capacity.is_some();
         let mut ids = Vec::new();
         for instance in &requested {
+            // InService, Protected and Standby members are removed (see the module docs).
             match self.instances.get(instance) {
-                Some(i) if i.group_id == id && self.protected.contains(&i.id) => {
-                    if !ignore_invalid {
-                        return Err(ApiError::new(
-                            400,
-                            "IncorrectInstanceStatus",
-                            format!(
-                                "The current status of the specified ECS instance \"{instance}\" (Protected) does not support this action."
-                            ),
-                        ));
-                    }
-                }
                 Some(i) if i.group_id == id && i.state == InstanceState::InService => {
                     if !ids.contains(instance) {
                         ids.push(instance.clone());
@@ -1234,18 +1336,43 @@ impl Account {
             a.status = ActivityStatus::Successful;
             a.status_message = "\"succeeded\"".into();
         }
-        if short {
-            // Not modelled: real ESS keeps trying to reach the desired capacity.
-            let total = self.total(&activity.group_id);
-            if let Some(g) = self.groups.get_mut(&activity.group_id)
-                && g.spec.desired_capacity.is_some()
-            {
-                g.spec.desired_capacity = Some(total.max(g.spec.min_size));
-            }
+        // A group with expected capacity keeps its desired capacity after a short launch and
+        // tries again when stock returns ([`Account::retry_short_groups`]), not at once.
+        if !short {
+            finished.started = self.converge(&activity.group_id).into_iter().collect();
         }
-        finished.started = self.converge(&activity.group_id).into_iter().collect();
         finished
     }
+
+    /// Starts, for each group with expected capacity below its desired capacity and no
+    /// activity running, an activity launching the rest: ESS's retry after a short launch.
+    pub fn retry_short_groups(&mut self) -> Vec<String> {
+        let ids: Vec<String> = self.groups.keys().cloned().collect();
+        ids.iter().filter_map(|id| self.converge(id)).collect()
+    }
+}
+
+/// The parameters of an action without the common ones that change on every attempt
+/// (signature, nonce, time, credentials): what a reused `ClientToken` is compared on.
+fn own_params(params: &Params) -> Params {
+    const COMMON: [&str; 11] = [
+        "Signature",
+        "SignatureNonce",
+        "SignatureMethod",
+        "SignatureVersion",
+        "SignatureType",
+        "Timestamp",
+        "AccessKeyId",
+        "SecurityToken",
+        "Format",
+        "Version",
+        "RegionId",
+    ];
+    params
+        .iter()
+        .filter(|(k, _)| !COMMON.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 /// `Name.1`, `Name.2`, ... up to `limit`, in order.
@@ -1383,7 +1510,98 @@ mod tests {
         let activity = a.activities.iter().find(|x| x.id == id).unwrap();
         assert_eq!(activity.status, ActivityStatus::Warning);
         assert!(activity.status_message.contains("NoStock"));
-        assert_eq!(a.groups["asg-1"].spec.desired_capacity, Some(1));
+        assert_eq!(
+            a.groups["asg-1"].spec.desired_capacity,
+            Some(3),
+            "expected capacity keeps the raised desired capacity"
+        );
+        // Stock returns: the group launches the rest with no request behind it.
+        a.stock.remove("ecs.g6.large");
+        let retried = a.retry_short_groups();
+        assert_eq!(retried.len(), 1);
+        a.finish(&retried[0]);
+        assert_eq!(a.total("asg-1"), 3);
+        let retry = a.activities.iter().find(|x| x.id == retried[0]).unwrap();
+        assert_eq!(retry.metadata, None);
+    }
+
+    #[test]
+    fn a_scale_out_that_changes_nothing_records_a_rejected_activity() {
+        let mut a = account();
+        let (answer, _) = scale(&mut a, "asg-1", 5, "t1").unwrap();
+        a.finish(answer["ScalingActivityId"].as_str().unwrap());
+        let (answer, effects) = scale(&mut a, "asg-1", 1, "t2").unwrap();
+        assert!(effects.started.is_empty());
+        assert!(answer.get("ActivityType").is_none());
+        let id = answer["ScalingActivityId"].as_str().unwrap();
+        let listed = a
+            .describe_activities(&params(&[
+                ("ScalingGroupId", "asg-1"),
+                ("ScalingActivityId.1", id),
+            ]))
+            .unwrap();
+        let rejected = &listed["ScalingActivities"]["ScalingActivity"][0];
+        assert_eq!(rejected["StatusCode"], "Rejected");
+        assert_eq!(rejected["ActivityMetadata"], r#"{"r":"1"}"#);
+        assert_eq!(a.total("asg-1"), 5);
+    }
+
+    #[test]
+    fn a_reused_client_token_with_other_parameters_is_a_mismatch() {
+        let mut a = account();
+        let (answer, _) = scale(&mut a, "asg-1", 1, "t1").unwrap();
+        a.finish(answer["ScalingActivityId"].as_str().unwrap());
+        let (again, _) = scale(&mut a, "asg-1", 1, "t1").unwrap();
+        assert_eq!(again, answer);
+        let err = scale(&mut a, "asg-1", 2, "t1").unwrap_err();
+        assert_eq!(err.code, "IdempotentParameterMismatch");
+    }
+
+    #[test]
+    fn protected_and_standby_instances_are_removed_by_name_but_never_by_a_scale_in() {
+        let mut a = account();
+        let (answer, _) = scale(&mut a, "asg-1", 3, "t").unwrap();
+        a.finish(answer["ScalingActivityId"].as_str().unwrap());
+        let mut ids: Vec<(Timestamp, String)> = a
+            .members("asg-1")
+            .iter()
+            .map(|i| (i.created_at, i.id.clone()))
+            .collect();
+        ids.sort();
+        let ids: Vec<String> = ids.into_iter().map(|(_, id)| id).collect();
+        a.protected.insert(ids[0].clone());
+        a.standby.insert(ids[1].clone());
+        let listed = a
+            .describe_instances(&params(&[("ScalingGroupId", "asg-1")]))
+            .unwrap();
+        let states: BTreeSet<String> = listed["ScalingInstances"]["ScalingInstance"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["LifecycleState"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            states,
+            BTreeSet::from(["InService".into(), "Protected".into(), "Standby".into()])
+        );
+        // The group's own scale-in takes the unprotected one although it is the newest.
+        let (answer, _) = scale(&mut a, "asg-1", -1, "t-in").unwrap();
+        let finished = a.finish(answer["ScalingActivityId"].as_str().unwrap());
+        assert_eq!(finished.released[0].id, ids[2]);
+        // RemoveInstances naming them removes them.
+        let (answer, _) = a
+            .act(
+                "RemoveInstances",
+                &params(&[
+                    ("ScalingGroupId", "asg-1"),
+                    ("InstanceId.1", &ids[0]),
+                    ("InstanceId.2", &ids[1]),
+                ]),
+            )
+            .unwrap();
+        let finished = a.finish(answer["ScalingActivityId"].as_str().unwrap());
+        assert_eq!(finished.released.len(), 2);
+        assert_eq!(a.total("asg-1"), 0);
     }
 
     #[test]

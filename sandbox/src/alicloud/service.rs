@@ -294,7 +294,23 @@ async fn anonymous(
             Some(FaultAction::Hang(d)) => tokio::time::sleep(d).await,
             None => {}
         }
-        let (status, text, minted) = shared.sts().metadata(path, &shared.region, now);
+        if path == "/latest/api/token" {
+            let (status, text) = if parts.method == http::Method::PUT {
+                let ttl = parts
+                    .headers
+                    .get("x-aliyun-ecs-metadata-token-ttl-seconds")
+                    .and_then(|v| v.to_str().ok());
+                shared.sts().metadata_token(ttl, now)
+            } else {
+                (405, "Method Not Allowed".to_string())
+            };
+            return Some(Ok(shared.record(record.clone(), text_answer(status, &text))));
+        }
+        let token = parts
+            .headers
+            .get("x-aliyun-ecs-metadata-token")
+            .and_then(|v| v.to_str().ok());
+        let (status, text, minted) = shared.sts().metadata(path, &shared.region, now, token);
         if let Some(key) = minted {
             shared.accept(key);
         }

@@ -18,6 +18,7 @@
 //!   `/latest/meta-data/region-id` is the region. As on ECS, the same credentials are served
 //!   until less than half their lifetime is left, then new ones.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -60,6 +61,11 @@ pub(super) struct StsState {
     pub minted: u64,
     /// The metadata server's current credentials.
     pub metadata_key: Option<AccessKey>,
+    /// Security hardening mode only (`HttpTokens=required`): reads without a session token
+    /// are refused.
+    pub metadata_tokens_required: bool,
+    /// Metadata session tokens handed out, with when each expires.
+    pub metadata_tokens: HashMap<String, jiff::Timestamp>,
 }
 
 impl StsState {
@@ -149,13 +155,52 @@ impl StsState {
         Ok((answer, key))
     }
 
-    /// The metadata server's answer to `GET path`: status, body, and a key minted for it.
+    /// A metadata session token (`PUT /latest/api/token`) living `ttl` seconds, the value of
+    /// `X-aliyun-ecs-metadata-token-ttl-seconds`. The ECS instance-metadata page
+    /// (<https://www.alibabacloud.com/help/en/ecs/user-guide/view-instance-metadata>) says
+    /// "The X-aliyun-ecs-metadata-token-ttl-seconds parameter specifies the token TTL in
+    /// seconds. Valid values: 1 to 21600." It does not document the answer to a missing
+    /// or invalid TTL; the emulator answers 400.
+    pub fn metadata_token(&mut self, ttl: Option<&str>, now: jiff::Timestamp) -> (u16, String) {
+        let Some(seconds) = ttl
+            .and_then(|t| t.trim().parse::<i64>().ok())
+            .filter(|s| (1..=21600).contains(s))
+        else {
+            return (400, "Bad Request".into());
+        };
+        let token = format!("{:032x}", rand::random::<u128>());
+        let expires = now
+            .checked_add(jiff::SignedDuration::from_secs(seconds))
+            .unwrap_or(now);
+        self.metadata_tokens.retain(|_, e| *e > now);
+        self.metadata_tokens.insert(token.clone(), expires);
+        (200, token)
+    }
+
+    /// The metadata server's answer to `GET path` with session token `token`
+    /// (`X-aliyun-ecs-metadata-token`): status, body, and a key minted for it.
+    ///
+    /// Normal mode answers with or without a token; security hardening mode only
+    /// (`HttpTokens=required`, "Access instance metadata in security hardening mode only",
+    /// <https://www.alibabacloud.com/help/en/ecs/user-guide/access-instance-metadata-using-hardened-only-mode>)
+    /// refuses reads without one. The pages give no status codes: the emulator answers 403
+    /// without a token in that mode, and 401 for an unknown or expired token in either mode.
     pub fn metadata(
         &mut self,
         path: &str,
         region: &str,
         now: jiff::Timestamp,
+        token: Option<&str>,
     ) -> (u16, String, Option<AccessKey>) {
+        match token {
+            Some(t) if self.metadata_tokens.get(t).is_none_or(|e| *e <= now) => {
+                return (401, "Unauthorized".into(), None);
+            }
+            None if self.metadata_tokens_required => {
+                return (403, "Forbidden".into(), None);
+            }
+            _ => {}
+        }
         let not_found = || (404, "Not Found".to_string(), None);
         if path == "/latest/meta-data/region-id" {
             return (200, region.to_string(), None);
@@ -271,10 +316,10 @@ mod tests {
         let now = jiff::Timestamp::now();
         let base = "/latest/meta-data/ram/security-credentials/";
         assert_eq!(
-            sts.metadata(base, "cn-hangzhou", now),
+            sts.metadata(base, "cn-hangzhou", now, None),
             (200, "worker-role".to_string(), None)
         );
-        let (status, body, minted) = sts.metadata(&format!("{base}worker-role"), "r", now);
+        let (status, body, minted) = sts.metadata(&format!("{base}worker-role"), "r", now, None);
         assert_eq!(status, 200);
         let first = minted.expect("minted");
         let body: Value = serde_json::from_str(&body).unwrap();
@@ -285,19 +330,47 @@ mod tests {
             "/latest/meta-data/Ram/security-credentials/worker-role",
             "r",
             now + jiff::SignedDuration::from_secs(20),
+            None,
         );
         assert!(again.is_none());
         let (_, _, renewed) = sts.metadata(
             &format!("{base}worker-role"),
             "r",
             now + jiff::SignedDuration::from_secs(31),
+            None,
         );
         assert!(renewed.is_some_and(|k| k.id != first.id));
-        assert_eq!(sts.metadata(&format!("{base}other"), "r", now).0, 404);
+        assert_eq!(sts.metadata(&format!("{base}other"), "r", now, None).0, 404);
         assert_eq!(
-            sts.metadata("/latest/meta-data/region-id", "cn-hangzhou", now)
+            sts.metadata("/latest/meta-data/region-id", "cn-hangzhou", now, None)
                 .1,
             "cn-hangzhou"
+        );
+    }
+
+    #[test]
+    fn hardened_mode_requires_a_session_token_and_normal_mode_checks_one_given() {
+        let mut sts = StsState {
+            ram_role: Some("worker-role".into()),
+            lifetime: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let now = jiff::Timestamp::now();
+        let path = "/latest/meta-data/ram/security-credentials/worker-role";
+        assert_eq!(sts.metadata(path, "r", now, None).0, 200, "normal mode");
+        assert_eq!(sts.metadata(path, "r", now, Some("forged")).0, 401);
+        sts.metadata_tokens_required = true;
+        assert_eq!(sts.metadata(path, "r", now, None).0, 403);
+        assert_eq!(sts.metadata_token(Some("0"), now).0, 400);
+        assert_eq!(sts.metadata_token(None, now).0, 400);
+        let (status, token) = sts.metadata_token(Some("10"), now);
+        assert_eq!(status, 200);
+        assert_eq!(sts.metadata(path, "r", now, Some(&token)).0, 200);
+        let later = now + jiff::SignedDuration::from_secs(11);
+        assert_eq!(
+            sts.metadata(path, "r", later, Some(&token)).0,
+            401,
+            "expired"
         );
     }
 }

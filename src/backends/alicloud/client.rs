@@ -19,9 +19,11 @@
 //! credentials are unknown or expired drops them and retries once with fresh ones.
 //!
 //! Writes and retries: a retried write is only sent again when the previous attempt got a
-//! 5xx, a throttling answer or no answer. Callers make their writes safe to repeat: desired
-//! capacity is absolute, and `RemoveInstances` carries a `ClientToken` that stays the same
-//! across the attempts of one call ([`super::ess`]).
+//! 5xx, a throttling answer or no answer. Callers make their writes safe to repeat: a
+//! scale-out (`ScaleWithAdjustment` by a quantity) and `RemoveInstances` carry a
+//! `ClientToken` that stays the same across the attempts of one call ([`super::ess`]), and
+//! the one absolute write, `ModifyScalingGroup` `DesiredCapacity` after a short launch,
+//! sets a value read just before.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};

@@ -6,7 +6,10 @@
 //! - [`OidcRoleCredentials`] (RRSA): `AssumeRoleWithOIDC` with a role ARN, an OIDC provider ARN
 //!   and the service-account token, read from its file on every refresh (kubelet rotates it);
 //! - [`EcsRamRoleCredentials`]: the RAM role of the ECS instance, from the metadata server
-//!   (`GET /latest/meta-data/ram/security-credentials/<role>`).
+//!   (`GET /latest/meta-data/ram/security-credentials/<role>`), in security hardening mode
+//!   (a session token from `PUT /latest/api/token` on every read) so that instances created
+//!   with `HttpTokens=required` answer; cluster-autoscaler's `alicloud/metadata/metadata.go`
+//!   reads without a token and is refused there.
 //!
 //! Temporary credentials are cached and fetched again before they expire: once less than
 //! [`RefreshPolicy::margin`] (5 min) — or a fifth of their lifetime, for short-lived ones —
@@ -365,12 +368,27 @@ struct RoleAuth {
     expiration: String,
 }
 
+/// Lifetime asked for a metadata session token, seconds (the most the server gives).
+const METADATA_TOKEN_TTL: u64 = 21600;
+/// A session token is asked for again once this much of its lifetime is left.
+const METADATA_TOKEN_MARGIN: Duration = Duration::from_secs(600);
+
 /// Temporary credentials of the instance's RAM role, from the metadata server.
+///
+/// Reads use security hardening mode, as the ECS instance-metadata page
+/// (<https://www.alibabacloud.com/help/en/ecs/user-guide/view-instance-metadata>)
+/// describes it: "Obtain a temporary token" with `curl -X PUT
+/// "http://100.100.100.200/latest/api/token" -H "X-aliyun-ecs-metadata-token-ttl-seconds:21600"`,
+/// then "Include the token in your request to retrieve metadata" as
+/// `X-aliyun-ecs-metadata-token`. A metadata server that hands out no token (the `PUT` is
+/// answered with an error) is read without one, in normal mode; a token refused on a read
+/// (expired, the server restarted) is dropped and a new one asked for once.
 pub struct EcsRamRoleCredentials {
     base: String,
     role: tokio::sync::OnceCell<String>,
     transport: Transport,
     cache: Cache,
+    session: tokio::sync::Mutex<Option<(String, std::time::Instant)>>,
 }
 
 impl EcsRamRoleCredentials {
@@ -393,40 +411,107 @@ impl EcsRamRoleCredentials {
             role: role_cell,
             transport: Transport::new(transport)?,
             cache: Cache::new(refresh),
+            session: tokio::sync::Mutex::new(None),
         })
     }
 
-    async fn get(&self, path: &str) -> Result<String, CredentialsError> {
-        let url = format!("{}{path}", self.base);
-        let mut last = String::new();
+    /// A session token for the next read: the cached one while it has
+    /// [`METADATA_TOKEN_MARGIN`] left, else a new one (`PUT /latest/api/token`); `None` when
+    /// the server gives none (normal mode only).
+    async fn session_token(&self) -> Option<String> {
+        let mut session = self.session.lock().await;
+        if let Some((token, expires)) = session.as_ref()
+            && expires.saturating_duration_since(std::time::Instant::now()) > METADATA_TOKEN_MARGIN
+        {
+            return Some(token.clone());
+        }
+        let url = format!("{}/latest/api/token", self.base);
         for attempt in 1..=METADATA_ATTEMPTS {
             let request = Request::builder()
-                .method(Method::GET)
+                .method(Method::PUT)
                 .uri(&url)
+                .header(
+                    "X-aliyun-ecs-metadata-token-ttl-seconds",
+                    METADATA_TOKEN_TTL.to_string(),
+                )
                 .body(Full::new(Bytes::new()))
-                .map_err(|e| CredentialsError::Metadata {
-                    url: url.clone(),
-                    message: e.to_string(),
-                    transient: false,
-                })?;
+                .ok()?;
+            let asked = std::time::Instant::now();
+            match self.transport.send_once("metadata", request).await {
+                Ok(Sent::Answer(status, body)) if status.is_success() => {
+                    let token = String::from_utf8_lossy(&body).trim().to_string();
+                    if token.is_empty() {
+                        return None;
+                    }
+                    *session = Some((
+                        token.clone(),
+                        asked + Duration::from_secs(METADATA_TOKEN_TTL),
+                    ));
+                    return Some(token);
+                }
+                Ok(Sent::Answer(status, _)) => {
+                    tracing::debug!(%status, "the metadata server gives no session token; reading in normal mode");
+                    return None;
+                }
+                Ok(Sent::Timeout) | Err(_) => {}
+            }
+            if attempt < METADATA_ATTEMPTS {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        None
+    }
+
+    async fn get(&self, path: &str) -> Result<String, CredentialsError> {
+        let token = self.session_token().await;
+        let tokened = token.is_some();
+        match self.get_with(path, token).await {
+            (Some(http::StatusCode::UNAUTHORIZED), _) if tokened => {
+                *self.session.lock().await = None;
+                self.get_with(path, self.session_token().await).await.1
+            }
+            (_, result) => result,
+        }
+    }
+
+    /// One read with `token`, and the HTTP status of a refusal.
+    async fn get_with(
+        &self,
+        path: &str,
+        token: Option<String>,
+    ) -> (Option<http::StatusCode>, Result<String, CredentialsError>) {
+        let url = format!("{}{path}", self.base);
+        let failed = |url: String, message: String, transient: bool| {
+            Err(CredentialsError::Metadata {
+                url,
+                message,
+                transient,
+            })
+        };
+        let mut last = String::new();
+        for attempt in 1..=METADATA_ATTEMPTS {
+            let mut request = Request::builder().method(Method::GET).uri(&url);
+            if let Some(token) = &token {
+                request = request.header("X-aliyun-ecs-metadata-token", token.as_str());
+            }
+            let request = match request.body(Full::new(Bytes::new())) {
+                Ok(r) => r,
+                Err(e) => return (None, failed(url, e.to_string(), false)),
+            };
             match self.transport.send_once("metadata", request).await {
                 Ok(Sent::Answer(status, body)) if status.is_success() => {
                     let text = String::from_utf8_lossy(&body).to_string();
                     if text.trim().is_empty() {
-                        return Err(CredentialsError::Metadata {
-                            url,
-                            message: "empty answer".into(),
-                            transient: false,
-                        });
+                        return (None, failed(url, "empty answer".into(), false));
                     }
-                    return Ok(text);
+                    return (None, Ok(text));
                 }
                 Ok(Sent::Answer(status, _)) => {
-                    return Err(CredentialsError::Metadata {
-                        url,
-                        message: format!("HTTP {status}"),
-                        transient: status.is_server_error(),
-                    });
+                    let transient = status.is_server_error();
+                    return (
+                        Some(status),
+                        failed(url, format!("HTTP {status}"), transient),
+                    );
                 }
                 Ok(Sent::Timeout) => last = "no answer in time".into(),
                 Err(e) => last = e.to_string(),
@@ -435,11 +520,7 @@ impl EcsRamRoleCredentials {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
-        Err(CredentialsError::Metadata {
-            url,
-            message: last,
-            transient: true,
-        })
+        (None, failed(url, last, true))
     }
 
     async fn fetch(&self) -> Result<Credentials, CredentialsError> {

@@ -1,6 +1,7 @@
 //! Auto Scaling (ESS, `2014-08-28`): reads of scaling groups, their instances, scaling
-//! configurations and activities, and the two writes a node-group reconciler makes — set the
-//! desired capacity, remove exact instances. Wire shapes follow the SDK's
+//! configurations and activities, and the writes a node-group reconciler makes — scale out by
+//! a quantity, remove exact instances, and lower a desired capacity a short launch left
+//! raised. Wire shapes follow the SDK's
 //! `services/ess/*.go` (cluster-autoscaler vendors `describe_scaling_groups.go`,
 //! `describe_scaling_instances.go`, `describe_scaling_configurations.go`,
 //! `modify_scaling_group.go`, `remove_instances.go`; the newer `DesiredCapacity`,
@@ -125,18 +126,51 @@ impl Ess {
             .map(ScalingConfiguration::from))
     }
 
+    /// Each instance's `LifecycleState`, by id.
+    async fn lifecycle_states(
+        &self,
+        group_id: &str,
+    ) -> Result<BTreeMap<String, InstanceLifecycleState>, Error> {
+        Ok(self
+            .scaling_instances(group_id)
+            .await?
+            .into_iter()
+            .map(|i| (i.instance_id, i.lifecycle_state))
+            .collect())
+    }
+
+    /// Sets the group's expected number of instances (`ModifyScalingGroup`
+    /// `DesiredCapacity`), an absolute value: callers set one they have just read the group
+    /// for. A group with expected capacity starts activities of its own to reach it.
+    pub async fn set_desired_capacity(&self, group_id: &str, desired: u32) -> Result<(), Error> {
+        let _: wire::Empty = self
+            .call(
+                "ModifyScalingGroup",
+                &[
+                    p("ScalingGroupId", group_id),
+                    p("DesiredCapacity", desired.to_string()),
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Removes exactly `instance_ids` from the group, reporting what happened to each.
     ///
     /// The group's instances are listed first: an id that is not in the group, or not in a
     /// state ESS removes (`Pending`, `Pending:Wait`), fails without a call; one already
-    /// `Removing` is reported as such. The rest go in one `RemoveInstances` call of at most
+    /// `Removing` is reported as such; a `Protected` or `Standby` one is never sent
+    /// ([`RemovalFailureReason::HeldByUser`]): ESS removes those when named, and a user set
+    /// them aside. The rest go in one `RemoveInstances` call of at most
     /// [`REMOVE_BATCH_LIMIT`]; any beyond it are [`RemovalFailureReason::Deferred`]: the
     /// accepted call starts a scaling activity, and ESS rejects further removals until it
     /// ends (`ScalingActivityInProgress`), so send them on a later pass. When ESS rejects the
-    /// call naming one of the instances (`InvalidInstanceId.NotFound`, or
-    /// `IncorrectInstanceStatus` for a `Protected` or `Standby` one), that instance fails and
-    /// the call is made again without it; any other rejection fails the whole batch with
-    /// ESS's error (`IncorrectCapacity.MinSize`, `ScalingActivityInProgress`...).
+    /// call for an instance's state or membership (`InvalidInstanceId.NotFound`,
+    /// `IncorrectInstanceStatus`: one changed since the listing), the instances are listed
+    /// again and those now not removable are taken out by their `LifecycleState`; the error
+    /// answer's wording is not read. If none changed, or on any other rejection, the whole
+    /// batch fails with ESS's error (`IncorrectCapacity.MinSize`,
+    /// `ScalingActivityInProgress`...).
     ///
     /// The call carries a `ClientToken` that stays the same across its retries, so a retry
     /// after a lost answer cannot remove twice. If no answer came at all, the batch is
@@ -149,12 +183,7 @@ impl Ess {
         instance_ids: &[String],
         options: RemoveOptions,
     ) -> Result<RemovalReport, Error> {
-        let listed: BTreeMap<String, InstanceLifecycleState> = self
-            .scaling_instances(group_id)
-            .await?
-            .into_iter()
-            .map(|i| (i.instance_id, i.lifecycle_state))
-            .collect();
+        let listed = self.lifecycle_states(group_id).await?;
         let mut report = RemovalReport::default();
         let mut batch = Vec::new();
         let mut requested = HashSet::new();
@@ -162,18 +191,10 @@ impl Ess {
             if !requested.insert(id.as_str()) {
                 continue;
             }
-            let reason = match listed.get(id) {
-                None => Some(RemovalFailureReason::NotInGroup),
-                Some(InstanceLifecycleState::Removing | InstanceLifecycleState::RemovingWait) => {
-                    Some(RemovalFailureReason::AlreadyRemoving)
-                }
-                Some(
-                    state @ (InstanceLifecycleState::Pending | InstanceLifecycleState::PendingWait),
-                ) => Some(RemovalFailureReason::NotRemovable(state.clone())),
-                Some(_) if batch.len() >= REMOVE_BATCH_LIMIT => {
-                    Some(RemovalFailureReason::Deferred)
-                }
-                Some(_) => None,
+            let reason = match not_removable(listed.get(id)) {
+                Some(reason) => Some(reason),
+                None if batch.len() >= REMOVE_BATCH_LIMIT => Some(RemovalFailureReason::Deferred),
+                None => None,
             };
             match reason {
                 Some(reason) => report.failed.push(RemovalFailure {
@@ -210,27 +231,36 @@ impl Ess {
                     report.removed = std::mem::take(&mut batch);
                 }
                 Err(Error::Api { error, .. }) => {
-                    let named = matches!(
+                    let about_instances = matches!(
                         error.code.as_str(),
                         "InvalidInstanceId.NotFound" | "IncorrectInstanceStatus"
-                    )
-                    .then(|| {
-                        batch
-                            .iter()
-                            .position(|id| error.message.contains(id.as_str()))
-                    })
-                    .flatten();
-                    match named {
-                        Some(i) if batch.len() > 1 => {
-                            let id = batch.remove(i);
+                    );
+                    // Which instance: listed again, by its documented LifecycleState.
+                    let changed: Vec<(String, RemovalFailureReason)> = if about_instances {
+                        match self.lifecycle_states(group_id).await {
+                            Ok(now) => batch
+                                .iter()
+                                .filter_map(|id| {
+                                    not_removable(now.get(id)).map(|r| (id.clone(), r))
+                                })
+                                .collect(),
+                            Err(_) => Vec::new(),
+                        }
+                    } else {
+                        Vec::new()
+                    };
+                    if changed.is_empty() {
+                        fail_all(&mut report, &mut batch, |_| {
+                            RemovalFailureReason::Rejected((*error).clone())
+                        });
+                    } else {
+                        for (id, reason) in changed {
+                            batch.retain(|b| *b != id);
                             report.failed.push(RemovalFailure {
                                 instance_id: id,
-                                reason: RemovalFailureReason::Rejected(*error),
+                                reason,
                             });
                         }
-                        _ => fail_all(&mut report, &mut batch, |_| {
-                            RemovalFailureReason::Rejected((*error).clone())
-                        }),
                     }
                 }
                 Err(Error::Throttled { last, .. }) => fail_all(&mut report, &mut batch, |_| {
@@ -353,32 +383,86 @@ impl Ess {
         Ok(found)
     }
 
-    /// The group's scaling activities, newest first as ESS lists them
-    /// (`DescribeScalingActivities`), at most `max` (up to one page of 50), only those with
-    /// `status` when given.
+    /// The group's `max` most recent scaling activities (`DescribeScalingActivities`, pages
+    /// of 50 by `PageNumber` until `TotalCount`), newest first, only those with `status`
+    /// when given. ESS keeps 30 days of activities.
+    ///
+    /// The API reference does not say in which order activities are listed. The first and
+    /// last pages tell: when the first `StartTime` listed is earlier than the last, the
+    /// newest are on the last pages, which are read from the last backwards; otherwise
+    /// pages are read from the first. `StartTime` has minutes only: when every activity
+    /// started in the same minute the order cannot be told from documented fields, and the
+    /// listing order is taken as newest first (all of them are read when there are at most
+    /// `max`). The result is sorted by `StartTime`, newest first, ties in the order read.
     pub async fn scaling_activities(
         &self,
         group_id: &str,
         status: Option<ActivityStatus>,
         max: u32,
     ) -> Result<Vec<ScalingActivity>, Error> {
-        let mut params = vec![
-            p("ScalingGroupId", group_id),
-            p("PageNumber", "1"),
-            p("PageSize", max.clamp(1, MAX_PAGE_SIZE).to_string()),
-        ];
-        if let Some(status) = status {
-            params.push(p("StatusCode", status.to_string()));
+        let max = usize::try_from(max).unwrap_or(usize::MAX);
+        let page = |number: u32| {
+            let mut params = vec![
+                p("ScalingGroupId", group_id),
+                p("PageNumber", number.to_string()),
+                p("PageSize", MAX_PAGE_SIZE.to_string()),
+            ];
+            if let Some(status) = &status {
+                params.push(p("StatusCode", status.to_string()));
+            }
+            async move {
+                let response: wire::DescribeScalingActivities =
+                    self.call("DescribeScalingActivities", &params).await?;
+                Ok::<_, Error>((
+                    response.total_count,
+                    response
+                        .activities
+                        .items
+                        .into_iter()
+                        .map(ScalingActivity::from)
+                        .collect::<Vec<_>>(),
+                ))
+            }
+        };
+        let (total, first) = page(1).await?;
+        let pages = total.div_ceil(MAX_PAGE_SIZE).max(1);
+        let mut read: BTreeMap<u32, Vec<ScalingActivity>> = BTreeMap::from([(1, first)]);
+        if pages > 1 {
+            read.insert(pages, page(pages).await?.1);
         }
-        let response: wire::DescribeScalingActivities =
-            self.call("DescribeScalingActivities", &params).await?;
-        Ok(response
-            .activities
-            .items
-            .into_iter()
-            .map(ScalingActivity::from)
-            .take(usize::try_from(max).unwrap_or(usize::MAX))
-            .collect())
+        let earliest_listed = read[&1].first().map(|a| a.start_time.clone());
+        let latest_listed = read
+            .values()
+            .next_back()
+            .and_then(|items| items.last())
+            .map(|a| a.start_time.clone());
+        let oldest_first = matches!(
+            (earliest_listed, latest_listed),
+            (Some(a), Some(b)) if a < b
+        );
+        let order: Vec<u32> = if oldest_first {
+            (1..=pages).rev().collect()
+        } else {
+            (1..=pages).collect()
+        };
+        let mut seen: HashSet<String> = HashSet::new();
+        let mut found: Vec<ScalingActivity> = Vec::new();
+        for number in order {
+            if found.len() >= max {
+                break;
+            }
+            let mut items = match read.remove(&number) {
+                Some(items) => items,
+                None => page(number).await?.1,
+            };
+            if oldest_first {
+                items.reverse();
+            }
+            found.extend(items.into_iter().filter(|a| seen.insert(a.id.clone())));
+        }
+        found.sort_by(|a, b| b.start_time.cmp(&a.start_time));
+        found.truncate(max);
+        Ok(found)
     }
 
     /// The group's failed activities (out of stock, quota, ...), newest first, at most `max`.
@@ -412,6 +496,23 @@ impl Ess {
             .into_iter()
             .find(|a| a.id == activity_id)
             .map(ScalingActivity::from))
+    }
+}
+
+/// Why an instance in `state` (`None`: not listed) is not sent for removal, if it is not.
+fn not_removable(state: Option<&InstanceLifecycleState>) -> Option<RemovalFailureReason> {
+    match state {
+        None => Some(RemovalFailureReason::NotInGroup),
+        Some(InstanceLifecycleState::Removing | InstanceLifecycleState::RemovingWait) => {
+            Some(RemovalFailureReason::AlreadyRemoving)
+        }
+        Some(state @ (InstanceLifecycleState::Pending | InstanceLifecycleState::PendingWait)) => {
+            Some(RemovalFailureReason::NotRemovable(state.clone()))
+        }
+        Some(state @ (InstanceLifecycleState::Protected | InstanceLifecycleState::Standby)) => {
+            Some(RemovalFailureReason::HeldByUser(state.clone()))
+        }
+        Some(_) => None,
     }
 }
 
@@ -671,6 +772,8 @@ pub(super) mod wire {
 
     #[derive(Deserialize, Default)]
     pub struct DescribeScalingActivities {
+        #[serde(rename = "TotalCount", default, deserialize_with = "fuzzy::u32")]
+        pub total_count: u32,
         #[serde(
             rename = "ScalingActivities",
             default,

@@ -247,9 +247,14 @@ impl ScalingActivity {
 /// What [`super::ess::Ess::scale_out`] started.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScaleOutStarted {
-    /// `ScalingActivityId`; absent when ESS only changed the desired capacity.
+    /// `ScalingActivityId`. A scale-out that would change nothing gets a `Rejected`
+    /// activity (the pool reads its `StatusCode`); an answer without an id is read the same
+    /// way, as a scale-out that started nothing (the reference does not say which of the
+    /// two ESS answers).
     pub scaling_activity_id: Option<String>,
-    /// `ActivityType`: `CapacityChange` when only the desired capacity changed.
+    /// `ActivityType`: `CapacityChange` when the activity only changed the desired capacity
+    /// of a group with expected capacity, without scaling at once (the field's description
+    /// in Alibaba's generated ESS SDKs, `ScaleWithAdjustmentResponseBody`).
     pub activity_type: Option<String>,
 }
 
@@ -301,6 +306,10 @@ pub enum RemovalFailureReason {
     AlreadyRemoving,
     /// In a state ESS does not remove from (still being added).
     NotRemovable(InstanceLifecycleState),
+    /// `Protected` or `Standby`: a user set it aside. ESS would remove it when named
+    /// (SetInstancesProtection reference: protected instances are removed "by calling the
+    /// RemoveInstances operation"), so the client never names it.
+    HeldByUser(InstanceLifecycleState),
     /// Beyond the batch limit of one call; not sent.
     Deferred,
     /// ESS refused the call that carried it.
@@ -315,6 +324,10 @@ impl fmt::Display for RemovalFailureReason {
             Self::NotInGroup => f.write_str("not in the scaling group"),
             Self::AlreadyRemoving => f.write_str("already being removed"),
             Self::NotRemovable(state) => write!(f, "{state}: cannot be removed yet"),
+            Self::HeldByUser(state) => write!(
+                f,
+                "{state}: set aside by a user (scale-in protection or standby); not removed"
+            ),
             Self::Deferred => f.write_str("beyond the batch limit; not sent"),
             Self::Rejected(e) => write!(f, "rejected: {e}"),
             Self::OutcomeUnknown(e) => write!(f, "outcome unknown: {e}"),

@@ -3,8 +3,11 @@
 //! ESS launches instances itself, so a creation is not one call per server: the pool asks
 //! for several at once (`ScaleWithAdjustment` by a quantity) and recognises them afterwards.
 //! Every scale-out carries
-//! - `ClientToken` = its first creation request: ESS answers a repeated call with the first
-//!   call's activity, so a retry after a lost answer never scales twice;
+//! - `ClientToken` = a digest of its creation requests: ESS answers a repeated call with the
+//!   first call's activity, so a retry after a lost answer never scales twice; and as the
+//!   other parameters follow from the requests, a token is never reused with different
+//!   ones (which Alibaba's idempotence rules refuse, `IdempotentParameterMismatch`; the ESS
+//!   reference does not say how long it keeps a token);
 //! - `ActivityMetadata` = `{"nodegroup.dev/requests": "<r1>,<r2>,..."}`: the activity keeps
 //!   the requests it serves, and each instance names its activity (`ScalingActivityId`), so
 //!   a listed instance is traced to its request. An activity's instances are given to its
@@ -12,13 +15,28 @@
 //!
 //! Before scaling, the recent activities are read: a request one of them already serves is
 //! not sent again. A request whose activity ended without an instance for it (out of stock,
-//! clamped by MaxSize) is a failed creation ([`AliCloudPool::creation_failures`]). While
-//! another activity runs ESS refuses to scale: nothing is sent and the creations are
-//! [`Created::Deferred`].
+//! clamped by MaxSize) is a failed creation ([`AliCloudPool::creation_failures`]). A
+//! scale-out that would change nothing is recorded by ESS as a `Rejected` activity
+//! (`StatusCode`, DescribeScalingActivities reference): its creations fail at once with the
+//! activity's `StatusMessage`. While another activity runs ESS refuses to scale: nothing is
+//! sent and the creations are [`Created::Deferred`].
+//!
+//! A group with expected capacity keeps the desired capacity a scale-out raised even when
+//! the launch falls short (out of stock), and keeps launching toward it: instances would
+//! appear later with no request behind them, after cluster-autoscaler was told the
+//! creations failed. So when the newest of this operator's scale-outs ended short and no
+//! activity runs, [`AliCloudPool::members`] sets the desired capacity back to the
+//! instances the group holds (`ModifyScalingGroup`). cluster-autoscaler's in-tree provider
+//! reads that desired capacity as the group's size (`alicloud_manager.go` `GetAsgSize`) and
+//! lowers it through `DecreaseTargetSize` once its node-provisioning timeout passes; the
+//! pool does the same as soon as the launch has ended.
 //!
 //! Removal is `RemoveInstances` of exactly the given instances, at most 20 per call,
 //! lowering the desired capacity by as many (`DecreaseDesiredCapacity=true`) and releasing
-//! them (`RemovePolicy=release`).
+//! them (`RemovePolicy=release`). An instance a user put in `Protected` (scale-in
+//! protection) or `Standby` is never removed: ESS would release a protected instance named
+//! in `RemoveInstances`, so the pool refuses its removal itself, as cluster-autoscaler's
+//! providers leave protected nodes alone.
 //!
 //! Instances created by others (ESS health replacements, cluster-autoscaler's in-tree
 //! provider) are members too, without a request: the reconciler adopts them.
@@ -41,8 +59,9 @@ use crate::nodepool::converge::{Member, MemberPhase};
 pub const REQUESTS_KEY: &str = "nodegroup.dev/requests";
 /// Label of GPU Nodes naming the GPU model (cluster-autoscaler's alicloud `GPULabel`).
 pub const GPU_LABEL: &str = "aliyun.accelerator/nvidia_name";
-/// Activities read to trace instances and outcomes to requests (one page, newest first).
-const RECENT_ACTIVITIES: u32 = 50;
+/// Activities read to trace instances and outcomes to requests (the most recent, over
+/// pages of 50).
+const RECENT_ACTIVITIES: u32 = 100;
 
 /// A pool's view of its scaling group.
 pub struct AliCloudPool {
@@ -155,6 +174,8 @@ impl AliCloudPool {
             .await
             .map_err(|e| backend_error(&e))?;
         let requests = requests_by_instance(&activities, &instances);
+        self.lower_desired_after_short_launch(&activities, &instances)
+            .await;
         Ok(instances
             .iter()
             .map(|i| Member {
@@ -166,6 +187,56 @@ impl AliCloudPool {
                 created: i.creation_time.as_deref().and_then(parse_time),
             })
             .collect())
+    }
+
+    /// When the newest of this operator's scale-outs ended short of its requests and no
+    /// activity runs, a group with expected capacity above what it holds gets
+    /// its desired capacity set back to what it holds: ESS would otherwise keep launching
+    /// instances nothing asked for. Failures are logged; the next pass tries again.
+    async fn lower_desired_after_short_launch(
+        &self,
+        activities: &[ScalingActivity],
+        instances: &[ScalingInstance],
+    ) {
+        // The most recent of this operator's activities (`activities` is newest first).
+        let Some(newest) = activities.iter().find(|a| !activity_requests(a).is_empty()) else {
+            return;
+        };
+        let requests = activity_requests(newest);
+        if !newest.is_finished()
+            || newest.launched() >= requests.len()
+            || activities.iter().any(|a| !a.is_finished())
+        {
+            return;
+        }
+        let ess = self.client.ess();
+        let group = match ess.scaling_group(self.group()).await {
+            Ok(g) => g,
+            Err(error) => {
+                tracing::warn!(%error, group = self.group(), "reading the group after a short launch");
+                return;
+            }
+        };
+        let held = u32::try_from(instances.len()).unwrap_or(u32::MAX);
+        let Some(desired) = group.desired_capacity.filter(|d| *d > held) else {
+            return;
+        };
+        let target = held.max(group.min_size);
+        if target >= desired {
+            return;
+        }
+        match ess.set_desired_capacity(self.group(), target).await {
+            Ok(()) => tracing::info!(
+                group = self.group(),
+                activity = %newest.id,
+                from = desired,
+                to = target,
+                "scale-out ended short: desired capacity set back to the instances held"
+            ),
+            Err(error) => {
+                tracing::warn!(%error, group = self.group(), "setting the desired capacity back after a short launch");
+            }
+        }
     }
 
     /// The instance type of the group's active scaling configuration: vCPUs, memory and
@@ -336,23 +407,30 @@ impl AliCloudPool {
         }
 
         let metadata = BTreeMap::from([(REQUESTS_KEY.to_string(), requests.join(","))]);
-        let token: String = requests[0].chars().take(64).collect();
+        let token = client_token(&requests);
         let count = u32::try_from(servers.len()).unwrap_or(u32::MAX);
         match ess.scale_out(self.group(), count, &token, &metadata).await {
             Ok(started) => match started.scaling_activity_id {
                 Some(activity) => self.outcomes(&activity, &requests).await,
+                // No activity to read the outcome from: nothing was started.
                 None => all(Created::Failed {
                     class: OTHER_ERROR,
-                    code: "MaxSizeReached".into(),
+                    code: "ScaleOutRejected".into(),
                     message: format!(
-                        "scaling group {} started no activity: it is at its MaxSize",
-                        self.group()
+                        "scaling group {} started no scaling activity (ActivityType {})",
+                        self.group(),
+                        started.activity_type.as_deref().unwrap_or("none")
                     ),
                 }),
             },
             // Refused before it ran: nothing happened, ask again next pass.
             Err(e @ Error::Throttled { .. }) => all(Created::Deferred(e.to_string())),
             Err(e) if e.is_activity_in_progress() => all(Created::Deferred(e.to_string())),
+            // The token was used with other parameters: an earlier call for these requests
+            // reached ESS. Read the activities again next pass.
+            Err(Error::Api { ref error, .. }) if error.code == "IdempotentParameterMismatch" => {
+                all(Created::Deferred(error.to_string()))
+            }
             Err(e) => match backend_error(&e).kind {
                 BackendErrorKind::Unavailable => all(Created::Unknown(e.to_string())),
                 _ => all(Created::from_error(backend_error(&e))),
@@ -363,6 +441,28 @@ impl AliCloudPool {
     /// What became of `requests` served by `activity` so far: the instance each got, or
     /// accepted (its instance is not listed yet).
     async fn outcomes(&self, activity: &str, requests: &[&str]) -> Vec<Created> {
+        if let Ok(Some(a)) = self
+            .client
+            .ess()
+            .scaling_activity(self.group(), activity)
+            .await
+            && a.status == super::ActivityStatus::Rejected
+        {
+            let (class, code) = failure_class(&a);
+            return vec![
+                Created::Failed {
+                    class,
+                    code: code.into(),
+                    message: format!(
+                        "scaling activity {} of group {} was Rejected: {}",
+                        a.id,
+                        self.group(),
+                        a.status_message
+                    ),
+                };
+                requests.len()
+            ];
+        }
         let instances = self
             .client
             .ess()
@@ -559,7 +659,12 @@ fn failure_class(activity: &ScalingActivity) -> (&'static str, &'static str) {
         activity.status_message,
         activity.error_message.as_deref().unwrap_or_default()
     );
-    if text.contains("NoStock") || text.contains("out of stock") || text.contains("OutOfStock") {
+    if activity.status == super::ActivityStatus::Rejected {
+        (OTHER_ERROR, "ScaleOutRejected")
+    } else if text.contains("NoStock")
+        || text.contains("out of stock")
+        || text.contains("OutOfStock")
+    {
         (OUT_OF_RESOURCES, "OutOfStock")
     } else if activity.status == super::ActivityStatus::Successful {
         (OTHER_ERROR, "MaxSizeReached")
@@ -570,6 +675,7 @@ fn failure_class(activity: &ScalingActivity) -> (&'static str, &'static str) {
 
 fn removal_error(group: &str, id: &str, reason: &RemovalFailureReason) -> BackendError {
     let kind = match reason {
+        RemovalFailureReason::HeldByUser(_) => BackendErrorKind::Rejected,
         RemovalFailureReason::Rejected(e) => match e.kind() {
             super::ApiErrorKind::SignatureDoesNotMatch
             | super::ApiErrorKind::InvalidAccessKey
@@ -582,10 +688,23 @@ fn removal_error(group: &str, id: &str, reason: &RemovalFailureReason) -> Backen
         },
         _ => BackendErrorKind::Unavailable,
     };
-    BackendError {
-        kind,
-        message: format!("RemoveInstances {id} from {group}: {reason}"),
-    }
+    let message = match reason {
+        RemovalFailureReason::HeldByUser(_) => format!("{id} of {group} not removed: {reason}"),
+        _ => format!("RemoveInstances {id} from {group}: {reason}"),
+    };
+    BackendError { kind, message }
+}
+
+/// The `ClientToken` of a scale-out for `requests`: `ngo-` and 48 hex digits of their
+/// SHA-256 (ESS takes at most 64 ASCII characters). The same requests give the same token
+/// and the same parameters.
+fn client_token(requests: &[&str]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, requests.join(",").as_bytes());
+    let hex: String = digest.as_ref()[..24]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("ngo-{hex}")
 }
 
 fn not_sent(e: &Error) -> Created {
@@ -743,6 +862,17 @@ mod tests {
         let mut quota = activity("asa-3", ActivityStatus::Failed, "r1", &[]);
         quota.status_message = "QuotaExceed.ElasticQuota".into();
         assert_eq!(failure_class(&quota), (OTHER_ERROR, "ScaleOutFailed"));
+    }
+
+    #[test]
+    fn rejected_activities_fail_as_rejected_and_tokens_follow_the_requests() {
+        let mut rejected = activity("asa-5", ActivityStatus::Rejected, "r1", &[]);
+        rejected.status_message = "out of stock".into();
+        assert_eq!(failure_class(&rejected), (OTHER_ERROR, "ScaleOutRejected"));
+        let token = client_token(&["r1", "r2"]);
+        assert_eq!(token.len(), 52);
+        assert_eq!(token, client_token(&["r1", "r2"]));
+        assert_ne!(token, client_token(&["r1"]));
     }
 
     #[test]
