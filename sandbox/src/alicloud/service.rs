@@ -656,8 +656,9 @@ mod tests {
     use super::*;
     use crate::alicloud::model::params;
 
-    /// The vectors of `reference/clouds.md` A2.2 (Alibaba's documented example and a
-    /// cluster-autoscaler-shaped `ScaleWithAdjustment`).
+    /// Known answers: the signature example of Alibaba Cloud's RPC signature documentation
+    /// (`DescribeRegions` with key `testid`/`testsecret`), and a cluster-autoscaler-shaped
+    /// `ScaleWithAdjustment`.
     #[test]
     fn verifies_the_documented_signature_vectors() {
         let doc = params(&[
