@@ -634,3 +634,53 @@ fn manifest(what: &str, value: Value) -> Result<DynamicObject, CapiError> {
         source,
     })
 }
+
+#[cfg(test)]
+mod example_tests {
+    use super::*;
+
+    /// The MachineDeployment `examples/machinedeployment.yaml`: one for `ngo-sandbox up`'s
+    /// Cluster `sandbox`, with every field Cluster API's webhook would default (the sandbox runs
+    /// none), its `worker` template, autoscaler bounds, and a pool label for a policy.
+    fn example() -> Value {
+        let mut md = machine_deployment(
+            "sandbox",
+            "sandbox",
+            "workers",
+            1,
+            json!({
+                "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "1",
+                "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "5"
+            }),
+            crate::environment::WORKER_TEMPLATE,
+        )
+        .expect("machine deployment");
+        md.metadata
+            .labels
+            .get_or_insert_default()
+            .insert("pool".into(), "general".into());
+        serde_json::to_value(&md).expect("json")
+    }
+
+    #[test]
+    fn the_example_machine_deployment_is_one_the_sandbox_accepts() {
+        let path = crate::workspace_root().join("examples/machinedeployment.yaml");
+        let text = std::fs::read_to_string(&path).expect("examples/machinedeployment.yaml");
+        let written: Value = serde_yaml::from_str(&text).expect("yaml");
+        if std::env::var_os("NGO_UPDATE_EXAMPLES").is_some() {
+            let header: String = text
+                .lines()
+                .take_while(|l| l.starts_with('#'))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let body = serde_yaml::to_string(&example()).expect("yaml");
+            std::fs::write(&path, format!("{header}{body}")).expect("write");
+            return;
+        }
+        assert_eq!(
+            written,
+            example(),
+            "examples/machinedeployment.yaml differs from what the sandbox creates; rewrite it with NGO_UPDATE_EXAMPLES=1"
+        );
+    }
+}
