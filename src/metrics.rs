@@ -80,6 +80,11 @@ struct ClusterLabels {
     cluster: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -99,6 +104,17 @@ impl Metrics {
             "grpc_request_duration_seconds",
             "Latency of externalgrpc RPCs by method and gRPC code",
             rpc_duration.clone(),
+        );
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "Always 1; the operator's version is the label (join it on other series to see what runs where)",
+            build_info,
         );
         let group_size = Family::<GroupLabels, Gauge>::default();
         registry.register(
@@ -415,6 +431,16 @@ mod tests {
         );
         metrics.observe_snapshot(&build_snapshot(&inputs), Duration::ZERO);
         assert!(!metrics.encode().contains("a/labels"));
+    }
+
+    #[test]
+    fn the_build_info_names_the_version() {
+        let text = Metrics::new().encode();
+        let line = format!(
+            "nodegroup_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.lines().any(|l| l == line), "{text}");
     }
 
     #[test]
