@@ -35,3 +35,17 @@ fn examples_are_valid_policies() {
         assert_eq!(rules.invalid, None, "{}", path.display());
     }
 }
+
+#[test]
+fn both_crds_are_in_one_category_apart_from_other_projects_nodepools() {
+    // `kubectl get nodegroup` lists policies and pools together; `nodepools` alone is also
+    // Karpenter's plural.
+    for crd in nodegroup_operator::api::crds() {
+        assert_eq!(
+            crd.spec.names.categories.as_deref(),
+            Some(&["nodegroup".to_string()][..]),
+            "{}",
+            crd.spec.names.kind
+        );
+    }
+}

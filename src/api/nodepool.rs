@@ -23,6 +23,7 @@ const DURATION_PATTERN: &str = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$"
     kind = "NodePool",
     namespaced,
     shortname = "np",
+    category = "nodegroup",
     status = "NodePoolStatus",
     derive = "PartialEq",
     derive = "Default",

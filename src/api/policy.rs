@@ -19,6 +19,7 @@ const DURATION_PATTERN: &str = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$"
     kind = "NodeGroupPolicy",
     namespaced,
     shortname = "ngp",
+    category = "nodegroup",
     status = "NodeGroupPolicyStatus",
     derive = "PartialEq",
     derive = "Default",
