@@ -240,5 +240,6 @@ pub fn encode_node(node: &pb::Node) -> Vec<u8> {
     node.encode_to_vec()
 }
 
+pub mod labels;
 #[cfg(test)]
 mod tests;

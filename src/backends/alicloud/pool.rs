@@ -54,6 +54,7 @@ use crate::nodepool::backend::{
     OTHER_ERROR, OUT_OF_RESOURCES,
 };
 use crate::nodepool::converge::{Member, MemberPhase};
+use crate::template::labels::{valid_label_key, valid_label_value};
 
 /// `ActivityMetadata` key listing the creation requests a scale-out serves.
 pub const REQUESTS_KEY: &str = "nodegroup.dev/requests";
@@ -741,35 +742,6 @@ fn backend_error(error: &Error) -> BackendError {
     }
 }
 
-fn valid_label_value(value: &str) -> bool {
-    value.len() <= 63
-        && (value.is_empty()
-            || (value.starts_with(|c: char| c.is_ascii_alphanumeric())
-                && value.ends_with(|c: char| c.is_ascii_alphanumeric())
-                && value
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))))
-}
-
-fn valid_label_key(key: &str) -> bool {
-    let (prefix, name) = match key.split_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, key),
-    };
-    !name.is_empty()
-        && valid_label_value(name)
-        && prefix.is_none_or(|p| {
-            !p.is_empty()
-                && p.len() <= 253
-                && p.split('.').all(|part| {
-                    !part.is_empty()
-                        && part
-                            .chars()
-                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                })
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -923,15 +895,5 @@ mod tests {
             "the scheme of defaults"
         );
         assert_eq!(e.sts, "http://sts.cn-shanghai.aliyuncs.com");
-    }
-
-    #[test]
-    fn only_valid_tags_become_labels() {
-        assert!(valid_label_key("workload_type"));
-        assert!(valid_label_key("example.com/tier"));
-        assert!(!valid_label_key("acs:autoscaling:scalingGroupId"));
-        assert!(!valid_label_key("Example.com/tier"));
-        assert!(valid_label_value("NVIDIA-T4"));
-        assert!(!valid_label_value("NVIDIA T4"));
     }
 }

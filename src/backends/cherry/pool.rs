@@ -13,6 +13,7 @@ use crate::nodepool::backend::{
     BackendError, BackendErrorKind, Created, MachineTypeInfo, NewServer,
 };
 use crate::nodepool::converge::{Member, MemberPhase};
+use crate::template::labels::valid_label_value;
 
 /// Tag naming the cluster (in-tree provider's).
 pub const CLUSTER_TAG: &str = "k8s-cluster";
@@ -205,18 +206,6 @@ fn machine_type(plan: &Plan, region: &str) -> Result<MachineType, BackendError> 
             ("topology.kubernetes.io/region".to_string(), region.into()),
         ]),
     })
-}
-
-/// A Kubernetes label value: at most 63 characters, alphanumerics, `-`, `_` and `.`,
-/// beginning and ending with an alphanumeric.
-fn valid_label_value(value: &str) -> bool {
-    value.len() <= 63
-        && (value.is_empty()
-            || (value.starts_with(|c: char| c.is_ascii_alphanumeric())
-                && value.ends_with(|c: char| c.is_ascii_alphanumeric())
-                && value
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))))
 }
 
 fn backend_error(error: CherryError) -> BackendError {
