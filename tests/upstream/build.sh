@@ -210,15 +210,15 @@ build_capi() {
   ln -sfn "$key/crds" "$OUT/capi-crds"
 }
 
-# ca_source VERSION -> prints the extracted cluster-autoscaler-VERSION/ tree under $WORK, after
-# verifying ../shared/upstream/cluster-autoscaler-VERSION.tar.xz against its .sha256 file. The
-# tree is read-only input: builds write nothing into it (-mod=readonly, -o outside).
-ca_source() {
-  local version=$1 name tarball sum want got dir
-  name=cluster-autoscaler-$version
+# shared_source NAME WHAT -> prints the extracted NAME/ tree under $WORK, after verifying
+# ../shared/upstream/NAME.tar.xz (WHAT's source, which the module proxy does not serve) against
+# its .sha256 file. The tree is read-only input: builds write nothing into it (-mod=readonly,
+# -o outside).
+shared_source() {
+  local name=$1 what=$2 tarball sum want got dir
   tarball=$SHARED_UPSTREAM/$name.tar.xz
   sum=$tarball.sha256
-  [ -f "$tarball" ] || die "missing $tarball: cluster-autoscaler's source is provided there (the Go module proxy does not serve it); set NGO_SHARED_UPSTREAM if ../shared/upstream lives elsewhere"
+  [ -f "$tarball" ] || die "missing $tarball: $what's source is provided there (the Go module proxy does not serve it); set NGO_SHARED_UPSTREAM if ../shared/upstream lives elsewhere"
   [ -f "$sum" ] || die "missing $sum (the checksum of $tarball)"
   want=$(cut -d' ' -f1 "$sum")
   dir=$WORK/$name
@@ -231,6 +231,11 @@ ca_source() {
     echo "$want" >"$dir/.complete"
   fi
   printf '%s\n' "$dir"
+}
+
+# ca_source VERSION -> prints the extracted cluster-autoscaler-VERSION/ tree under $WORK.
+ca_source() {
+  shared_source "cluster-autoscaler-$1" cluster-autoscaler
 }
 
 # CA's source tree alone: tests render its charts/cluster-autoscaler with the real helm. The
@@ -386,22 +391,7 @@ cherry_check_hash() {
 KEY_cherry_check=cherry-check-$CHERRYGO_VERSION-$CA_VERSION-$(cherry_check_hash)
 # cherrygo_source -> prints the extracted cherrygo-$CHERRYGO_VERSION/ tree under $WORK
 cherrygo_source() {
-  local name=cherrygo-$CHERRYGO_VERSION tarball sum want got dir
-  tarball=$SHARED_UPSTREAM/$name.tar.xz
-  sum=$tarball.sha256
-  [ -f "$tarball" ] || die "missing $tarball: cherrygo's source is provided there (the Go module proxy does not serve it)"
-  [ -f "$sum" ] || die "missing $sum (the checksum of $tarball)"
-  want=$(cut -d' ' -f1 "$sum")
-  dir=$WORK/$name
-  if [ ! -f "$dir/.complete" ] || [ "$(cat "$dir/.complete")" != "$want" ]; then
-    got=$(sha256sum "$tarball" | cut -d' ' -f1)
-    [ "$got" = "$want" ] || die "checksum mismatch for $tarball: got $got, want $want"
-    rm -rf "$dir"
-    tar -xJf "$tarball" -C "$WORK"
-    [ -f "$dir/go.mod" ] || die "$tarball did not unpack to $name/"
-    echo "$want" >"$dir/.complete"
-  fi
-  printf '%s\n' "$dir"
+  shared_source "cherrygo-$CHERRYGO_VERSION" cherrygo
 }
 build_cherry_check() {
   local key=$KEY_cherry_check src=$HERE/cherry-check dst=$WORK/cherry-check g t f
