@@ -199,41 +199,14 @@ impl WorkloadClusters {
         changes: &Arc<Changes>,
         shutdown: &CancellationToken,
     ) {
-        let secrets: Api<Secret> = Api::namespaced(management.clone(), &cluster.namespace);
-        let secret_name = format!("{}-kubeconfig", cluster.name);
-        let secret = match secrets.get_opt(&secret_name).await {
-            Ok(Some(secret)) => secret,
-            Ok(None) => {
-                self.fail(
-                    cluster,
-                    format!("Secret {}/{secret_name} does not exist", cluster.namespace),
-                    changes,
-                );
-                return;
-            }
-            Err(error) => {
-                self.fail(
-                    cluster,
-                    format!(
-                        "reading Secret {}/{secret_name}: {error}",
-                        cluster.namespace
-                    ),
-                    changes,
-                );
-                return;
-            }
-        };
-        let kubeconfig = match kubeconfig_value(&secret) {
+        let kubeconfig = match secret_kubeconfig(management, cluster).await {
             Ok(kubeconfig) => kubeconfig,
             Err(reason) => {
-                self.fail(
-                    cluster,
-                    format!("Secret {}/{secret_name}: {reason}", cluster.namespace),
-                    changes,
-                );
+                self.fail(cluster, reason, changes);
                 return;
             }
         };
+        let kubeconfig = kubeconfig.as_slice();
         let digest = KubeconfigDigest::of(kubeconfig);
         let action = {
             let slots = self.slots();
@@ -261,9 +234,10 @@ impl WorkloadClusters {
         let client = match client_from_kubeconfig(kubeconfig).await {
             Ok(client) => client,
             Err(reason) => {
+                let secret = secret_name(cluster);
                 self.fail(
                     cluster,
-                    format!("Secret {}/{secret_name}: {reason}", cluster.namespace),
+                    format!("Secret {}/{secret}: {reason}", cluster.namespace),
                     changes,
                 );
                 return;
@@ -479,6 +453,26 @@ impl KubeconfigDigest {
     fn short(&self) -> String {
         self.0[..4].iter().map(|b| format!("{b:02x}")).collect()
     }
+}
+
+/// The name of Cluster API's kubeconfig Secret of `cluster`, in its namespace.
+fn secret_name(cluster: &ClusterKey) -> String {
+    format!("{}-kubeconfig", cluster.name)
+}
+
+/// The kubeconfig in `cluster`'s kubeconfig Secret, read from the management cluster, or why
+/// it cannot be read.
+async fn secret_kubeconfig(management: &Client, cluster: &ClusterKey) -> Result<Vec<u8>, String> {
+    let name = secret_name(cluster);
+    let namespace = &cluster.namespace;
+    let secret = Api::<Secret>::namespaced(management.clone(), namespace)
+        .get_opt(&name)
+        .await
+        .map_err(|error| format!("reading Secret {namespace}/{name}: {error}"))?
+        .ok_or_else(|| format!("Secret {namespace}/{name} does not exist"))?;
+    kubeconfig_value(&secret)
+        .map(<[u8]>::to_vec)
+        .map_err(|reason| format!("Secret {namespace}/{name}: {reason}"))
 }
 
 /// The kubeconfig of Cluster API's kubeconfig Secret (key `value`).
