@@ -797,12 +797,8 @@ async fn a_client_token_reused_with_other_parameters_is_refused() {
 /// when the SDK cannot parse an answer or the provider gets an error.
 #[tokio::test]
 async fn cluster_autoscalers_in_tree_provider_drives_the_emulator() {
-    let bin = ngo_sandbox::upstream_bin("alicloud-check-intree");
-    assert!(
-        bin.exists(),
-        "{} is missing: run tests/upstream/build.sh alicloud-check",
-        bin.display()
-    );
+    let bin = ngo_sandbox::upstream_check("alicloud-check-intree", "alicloud-check")
+        .unwrap_or_else(|e| panic!("{e}"));
     // A type on the first page of DescribeInstanceTypes: the provider reads only that page
     // (no NextToken), so it never finds a type beyond the first 100.
     const INTREE: &str = "asg-intree";
@@ -813,31 +809,25 @@ async fn cluster_autoscalers_in_tree_provider_drives_the_emulator() {
     })
     .await;
     let key = &emulator.access_keys()[0];
-    let output = tokio::process::Command::new(&bin)
-        .args([
-            "-test.run",
-            "TestInTreeProviderAgainstTheEmulator",
-            "-test.v",
-        ])
-        .env("HTTP_PROXY", emulator.url())
-        .env("http_proxy", emulator.url())
-        .env_remove("NO_PROXY")
-        .env_remove("no_proxy")
-        .env("ACCESS_KEY_ID", &key.id)
-        .env("ACCESS_KEY_SECRET", &key.secret)
-        .env("REGION_ID", emulator.region())
-        .env("ALICLOUD_CHECK_GROUP", INTREE)
-        .env("ALICLOUD_CHECK_INSTANCE_TYPE", "ecs.a0-n001.small")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "alicloud-check-intree: {}\n{stdout}{stderr}",
-        output.status
-    );
+    let stdout = ngo_sandbox::check_output(
+        tokio::process::Command::new(&bin)
+            .args([
+                "-test.run",
+                "TestInTreeProviderAgainstTheEmulator",
+                "-test.v",
+            ])
+            .env("HTTP_PROXY", emulator.url())
+            .env("http_proxy", emulator.url())
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy")
+            .env("ACCESS_KEY_ID", &key.id)
+            .env("ACCESS_KEY_SECRET", &key.secret)
+            .env("REGION_ID", emulator.region())
+            .env("ALICLOUD_CHECK_GROUP", INTREE)
+            .env("ALICLOUD_CHECK_INSTANCE_TYPE", "ecs.a0-n001.small"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("alicloud-check-intree: {e}"));
     assert!(stdout.contains("--- PASS"), "{stdout}");
     // What it did, on the emulator's side: CA's own calls, as CA makes them.
     let scale = emulator.requests_of("ScaleWithAdjustment");

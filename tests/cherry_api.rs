@@ -1000,12 +1000,8 @@ async fn published_examples_decode_and_the_emulator_answers_their_shape() {
 /// does not decode or contradicts the request).
 #[tokio::test]
 async fn the_official_go_client_drives_the_emulator() {
-    let bin = ngo_sandbox::upstream_bin("cherry-check");
-    assert!(
-        bin.exists(),
-        "{} is missing: run tests/upstream/build.sh cherry-check",
-        bin.display()
-    );
+    let bin = ngo_sandbox::upstream_check("cherry-check", "cherry-check")
+        .unwrap_or_else(|e| panic!("{e}"));
     let emulator = emulator(CherryOptions::default()).await;
     assert!(emulator.set_stock("e3_1240v3", "eu_nord_1", 0));
     let url = emulator.url();
@@ -1013,22 +1009,16 @@ async fn the_official_go_client_drives_the_emulator() {
         .trim_end_matches('/')
         .trim_end_matches("/v1")
         .to_string();
-    let output = tokio::process::Command::new(&bin)
-        .args(["-url", &base, "-token", emulator.token()])
-        .args(["-project", &PROJECT.to_string()])
-        .args(["-plan", "e5_1620v4", "-region", "eu_nord_1", "-count", "2"])
-        .args(["-empty-plan", "e3_1240v3"])
-        .env_remove("CHERRY_API_KEY")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "cherry-check: {}\n{stdout}{stderr}",
-        output.status
-    );
+    let stdout = ngo_sandbox::check_output(
+        tokio::process::Command::new(&bin)
+            .args(["-url", &base, "-token", emulator.token()])
+            .args(["-project", &PROJECT.to_string()])
+            .args(["-plan", "e5_1620v4", "-region", "eu_nord_1", "-count", "2"])
+            .args(["-empty-plan", "e3_1240v3"])
+            .env_remove("CHERRY_API_KEY"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cherry-check: {e}"));
     assert!(stdout.ends_with("ok\n"), "{stdout}");
     // Everything it created it deleted, through the emulator.
     assert!(
@@ -1071,12 +1061,8 @@ async fn the_official_go_client_drives_the_emulator() {
 /// finds a node's group, scales in, and reads a refused order.
 #[tokio::test]
 async fn the_in_tree_provider_drives_the_emulator() {
-    let bin = ngo_sandbox::upstream_bin("cherry-check-intree");
-    assert!(
-        bin.exists(),
-        "{} is missing: run tests/upstream/build.sh cherry-check",
-        bin.display()
-    );
+    let bin = ngo_sandbox::upstream_check("cherry-check-intree", "cherry-check")
+        .unwrap_or_else(|e| panic!("{e}"));
     let emulator = emulator(CherryOptions {
         pending_for: Duration::from_millis(50),
         provisioning_for: Duration::from_millis(50),
@@ -1084,26 +1070,21 @@ async fn the_in_tree_provider_drives_the_emulator() {
     })
     .await;
     assert!(emulator.set_stock("e3_1240v3", "eu_nord_1", 0));
-    let output = tokio::process::Command::new(&bin)
-        .args(["-test.run", "^TestEmulator$", "-test.v", "-test.count=1"])
-        .env("CHERRY_CHECK_URL", emulator.url())
-        .env("CHERRY_CHECK_TOKEN", emulator.token())
-        .env("CHERRY_CHECK_PROJECT", PROJECT.to_string())
-        .env("CHERRY_CHECK_REGION", "eu_nord_1")
-        .env("CHERRY_CHECK_PLAN", "e5_1620v4")
-        .env("CHERRY_CHECK_PLAN_NAME", "E5-1620v4")
-        .env("CHERRY_CHECK_PLAN_MEMORY", (64_i64 << 30).to_string())
-        .env("CHERRY_CHECK_EMPTY_PLAN", "e3_1240v3")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success() && stdout.contains("--- PASS: TestEmulator"),
-        "cherry-check-intree: {}\n{stdout}{stderr}",
-        output.status
-    );
+    let stdout = ngo_sandbox::check_output(
+        tokio::process::Command::new(&bin)
+            .args(["-test.run", "^TestEmulator$", "-test.v", "-test.count=1"])
+            .env("CHERRY_CHECK_URL", emulator.url())
+            .env("CHERRY_CHECK_TOKEN", emulator.token())
+            .env("CHERRY_CHECK_PROJECT", PROJECT.to_string())
+            .env("CHERRY_CHECK_REGION", "eu_nord_1")
+            .env("CHERRY_CHECK_PLAN", "e5_1620v4")
+            .env("CHERRY_CHECK_PLAN_NAME", "E5-1620v4")
+            .env("CHERRY_CHECK_PLAN_MEMORY", (64_i64 << 30).to_string())
+            .env("CHERRY_CHECK_EMPTY_PLAN", "e3_1240v3"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cherry-check-intree: {e}"));
+    assert!(stdout.contains("--- PASS: TestEmulator"), "{stdout}");
     let servers = emulator.servers();
     assert_eq!(
         servers

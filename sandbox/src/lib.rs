@@ -56,3 +56,34 @@ pub fn upstream_dir() -> PathBuf {
 pub fn upstream_bin(name: &str) -> PathBuf {
     upstream_dir().join("bin").join(name)
 }
+
+/// Path of the upstream check program `name` (a Go program driving an emulator with a cloud's
+/// official client), or the build to run when `tests/upstream/build.sh <component>` has not
+/// built it.
+pub fn upstream_check(name: &str, component: &str) -> Result<PathBuf, String> {
+    let bin = upstream_bin(name);
+    if bin.exists() {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "{} is missing: run tests/upstream/build.sh {component}",
+            bin.display()
+        ))
+    }
+}
+
+/// Runs `command` to its end: its standard output when it exits 0, else its exit status,
+/// standard output and standard error.
+pub async fn check_output(command: &mut tokio::process::Command) -> Result<String, String> {
+    let output = command
+        .output()
+        .await
+        .map_err(|error| format!("cannot run {command:?}: {error}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if output.status.success() {
+        Ok(stdout)
+    } else {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        Err(format!("{}\n{stdout}{stderr}", output.status))
+    }
+}
