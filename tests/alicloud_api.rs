@@ -603,6 +603,62 @@ async fn protected_and_standby_instances_are_never_removed_and_are_reported() {
     assert!(emulator.instances(GROUP).iter().any(|i| i.id == ids[0]));
 }
 
+/// An instance put in Standby between the client's listing and its RemoveInstances call:
+/// where ESS refuses the call for it (`IncorrectInstanceStatus`; the RemoveInstances
+/// reference is silent on Standby), the client finds it by listing the group again, reports
+/// it, and removes the rest, whether the refusal names the instance or not. Before, the
+/// client searched the message for the id and, not finding it, failed the whole batch.
+#[tokio::test]
+async fn an_instance_set_aside_during_a_removal_is_found_by_its_state_not_the_message() {
+    for named in [true, false] {
+        let emulator = emulator(|_| {}).await;
+        emulator.set_standby_removable(false);
+        emulator.set_instance_errors_name_the_instance(named);
+        let ess = client(&emulator).ess();
+        let ids = launched(&emulator, &ess, 3).await;
+        emulator.inject(
+            Some("RemoveInstances"),
+            1,
+            FaultAction::Hang(Duration::from_millis(700)),
+        );
+        let listings = emulator.requests_of("DescribeScalingInstances").len();
+        let removal = ess.remove_instances(GROUP, &ids[..2], RemoveOptions::default());
+        // Requests are recorded when answered: once the client's listing is, its
+        // RemoveInstances follows at once and hangs for 700 ms.
+        let set_aside = async {
+            eventually("the client's listing", || {
+                (emulator.requests_of("DescribeScalingInstances").len() > listings).then_some(())
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            emulator.set_standby(&ids[1], true);
+        };
+        let (report, ()) = tokio::join!(removal, set_aside);
+        let report = report.expect("report");
+        let refusals = emulator.requests_of("RemoveInstances");
+        assert_eq!(
+            refusals.len(),
+            2,
+            "named {named}: refused once, then sent again"
+        );
+        assert_eq!(report.removed, vec![ids[0].clone()], "named {named}");
+        assert_eq!(report.failed.len(), 1, "named {named}: {:?}", report.failed);
+        assert_eq!(report.failed[0].instance_id, ids[1]);
+        assert!(
+            report.failed[0].reason.to_string().starts_with("Standby"),
+            "named {named}: {}",
+            report.failed[0].reason
+        );
+        settled(&emulator).await;
+        let left: Vec<String> = emulator
+            .instances(GROUP)
+            .iter()
+            .map(|i| i.id.clone())
+            .collect();
+        assert_eq!(left, ids[1..], "named {named}");
+    }
+}
+
 /// A scale-out ESS could not fill for want of stock leaves a group with expected capacity
 /// wanting more, and ESS keeps trying: the pool lowers the desired capacity back to what
 /// the group holds, so instances do not appear later with no request behind them.

@@ -591,6 +591,18 @@ impl AliCloudEmulator {
         self.shared.account().activities_oldest_first = oldest_first;
     }
 
+    /// Makes `RemoveInstances` remove `Standby` instances it is named (`true`, default) or
+    /// refuse the call with `IncorrectInstanceStatus` (`false`): the reference is silent.
+    pub fn set_standby_removable(&self, removable: bool) {
+        self.shared.account().standby_removable = removable;
+    }
+
+    /// Makes refusals about one instance name it in their message (`true`, default, the
+    /// documented wording) or not (`false`).
+    pub fn set_instance_errors_name_the_instance(&self, named: bool) {
+        self.shared.account().instance_errors_name_the_instance = named;
+    }
+
     /// Sets how long activities started from now on run.
     pub fn set_activity_duration(&self, duration: Duration) {
         *lock(&self.shared.activity_duration) = duration;

@@ -405,6 +405,15 @@ pub struct Account {
     /// Lists activities oldest first instead of newest first. The reference does not
     /// document the order, so tests run the client against both.
     pub activities_oldest_first: bool,
+    /// What `RemoveInstances` does with a `Standby` instance it is named: remove it (`true`,
+    /// default) or refuse the call with `IncorrectInstanceStatus` (`false`). The
+    /// RemoveInstances reference is silent; tests run the client against both.
+    pub standby_removable: bool,
+    /// Whether a refusal about one instance names it in its `Message`. The RemoveInstances
+    /// reference gives `Instance "XXX" does not exist.` for `InvalidInstanceId.NotFound`
+    /// and lists no wording for `IncorrectInstanceStatus` (other ESS pages name the
+    /// instance); `false` answers both without the id, which the client must not need.
+    pub instance_errors_name_the_instance: bool,
     /// Answers to writes by `<action>|<ClientToken>`, with the parameters that made them.
     tokens: HashMap<String, (Params, Value)>,
     next_id: u64,
@@ -428,6 +437,8 @@ impl Account {
             protected: BTreeSet::new(),
             standby: BTreeSet::new(),
             activities_oldest_first: false,
+            standby_removable: true,
+            instance_errors_name_the_instance: true,
             tokens: HashMap::new(),
             next_id: first_id,
         };
@@ -1160,34 +1171,47 @@ impl Account {
         let min = group.spec.min_size;
         let enabled = group.spec.desired_capacity.is_some();
         let mut ids = Vec::new();
+        let named = |instance: &str| {
+            if self.instance_errors_name_the_instance {
+                format!(" \"{instance}\"")
+            } else {
+                String::new()
+            }
+        };
         for instance in &requested {
-            // InService, Protected and Standby members are removed (see the module docs).
+            // InService and Protected members are removed, Standby ones unless
+            // `standby_removable` is off (see the module docs).
+            let removable = |i: &EmulatedInstance| {
+                i.state == InstanceState::InService
+                    && (self.standby_removable || !self.standby.contains(&i.id))
+            };
             match self.instances.get(instance) {
-                Some(i) if i.group_id == id && i.state == InstanceState::InService => {
+                Some(i) if i.group_id == id && removable(i) => {
                     if !ids.contains(instance) {
                         ids.push(instance.clone());
                     }
                 }
                 Some(i) if i.group_id == id => {
                     if !ignore_invalid {
+                        // Wording of the other ESS pages (AttachInstances,
+                        // EnableScalingGroup); RemoveInstances lists none.
                         return Err(ApiError::new(
                             400,
                             "IncorrectInstanceStatus",
                             format!(
-                                "The current status of the specified ECS instance \"{instance}\" ({}) does not support this action.",
-                                i.state.as_str()
+                                "The current status of instance{} does not support this action.",
+                                named(instance)
                             ),
                         ));
                     }
                 }
                 _ => {
                     if !ignore_invalid {
+                        // RemoveInstances reference, error codes.
                         return Err(ApiError::new(
                             404,
                             "InvalidInstanceId.NotFound",
-                            format!(
-                                "The specified ECS instance \"{instance}\" does not exist in the scaling group."
-                            ),
+                            format!("Instance{} does not exist.", named(instance)),
                         ));
                     }
                 }
@@ -1199,9 +1223,9 @@ impl Account {
             return Err(ApiError::new(
                 400,
                 "IncorrectCapacity.MinSize",
-                format!(
-                    "To remove the instances, the total capacity will be lesser than the min size {min}."
-                ),
+                // RemoveInstances reference, error codes.
+                "To remove the instances, the total capacity will be lesser than the MinSize."
+                    .to_string(),
             ));
         }
         if ids.is_empty() {
