@@ -852,45 +852,6 @@ async fn raw(
     (status, value)
 }
 
-/// Where `ours` differs in shape from `example`: a key of the example missing (besides
-/// `optional` ones), a value of another JSON kind, a float where the example has an
-/// integer (cherrygo and cluster-autoscaler decode those as Go `int`). Lists compare
-/// their first items.
-fn shape_differences(
-    example: &serde_json::Value,
-    ours: &serde_json::Value,
-    at: &str,
-    optional: &[&str],
-    out: &mut Vec<String>,
-) {
-    use serde_json::Value;
-    match (example, ours) {
-        (Value::Object(e), Value::Object(o)) => {
-            for (key, value) in e {
-                let path = format!("{at}.{key}");
-                match o.get(key) {
-                    Some(mine) => shape_differences(value, mine, &path, optional, out),
-                    None if optional.contains(&path.as_str()) => {}
-                    None => out.push(format!("{path}: missing")),
-                }
-            }
-        }
-        (Value::Array(e), Value::Array(o)) => {
-            if let (Some(e), Some(o)) = (e.first(), o.first()) {
-                shape_differences(e, o, &format!("{at}[0]"), optional, out);
-            }
-        }
-        (Value::Number(e), Value::Number(o)) => {
-            if e.is_i64() && !o.is_i64() {
-                out.push(format!("{at}: {o} where the example has the integer {e}"));
-            }
-        }
-        (Value::String(_), Value::String(_)) | (Value::Bool(_), Value::Bool(_)) => {}
-        (Value::Null, _) | (_, Value::Null) => {}
-        (e, o) => out.push(format!("{at}: {o} where the example has {e}")),
-    }
-}
-
 fn fixture(name: &str) -> serde_json::Value {
     let path = format!(
         "{}/tests/fixtures/cherry/{name}",
@@ -925,8 +886,7 @@ async fn published_examples_decode_and_the_emulator_answers_their_shape() {
     );
     let (status, ours) = raw(&emulator, "GET", "/v1/plans", None).await;
     assert_eq!(status, example["status"]);
-    let mut differences = Vec::new();
-    shape_differences(&example["body"], &ours, "plans", &[], &mut differences);
+    let differences = ngo_sandbox::json_shape::differences(&example["body"], &ours, "plans", &[]);
     assert!(differences.is_empty(), "{differences:#?}");
 
     // GET /v1/servers/{id}, of a server the emulator made.
@@ -949,15 +909,13 @@ async fn published_examples_decode_and_the_emulator_answers_their_shape() {
     )
     .await;
     assert_eq!(status, example["status"]);
-    let mut differences = Vec::new();
     // `termination_date` of a server that has none is the Python string "None" in the
     // example, a rendering of the SDK's, not the API's: the emulator leaves it out.
-    shape_differences(
+    let differences = ngo_sandbox::json_shape::differences(
         &example["body"],
         &ours,
         "server",
         &["server.termination_date"],
-        &mut differences,
     );
     assert!(differences.is_empty(), "{differences:#?}");
 
@@ -989,8 +947,7 @@ async fn published_examples_decode_and_the_emulator_answers_their_shape() {
     )
     .await;
     assert_eq!(status, example["status"]);
-    let mut differences = Vec::new();
-    shape_differences(&example["body"], &ours, "error", &[], &mut differences);
+    let differences = ngo_sandbox::json_shape::differences(&example["body"], &ours, "error", &[]);
     assert!(differences.is_empty(), "{differences:#?}");
 }
 

@@ -22,6 +22,7 @@ pub mod emulator;
 pub mod environment;
 pub mod faultproxy;
 pub mod infra_provider;
+pub mod json_shape;
 pub mod kwok;
 pub mod localpod;
 pub mod operator;

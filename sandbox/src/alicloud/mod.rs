@@ -155,6 +155,16 @@ pub enum FaultAction {
         /// `Message`.
         message: String,
     },
+    /// Answer this status and body (JSON, `Content-Type: application/json;charset=utf-8`;
+    /// text on the metadata server's paths) instead of handling the request: no effect. For
+    /// serving a client answers the emulator would not make, such as the API reference's
+    /// published examples.
+    Respond {
+        /// HTTP status.
+        status: u16,
+        /// Body, sent as is.
+        body: String,
+    },
     /// Wait this long, then handle the request normally.
     Hang(Duration),
     /// Reset the connection without handling the request: no effect.

@@ -174,6 +174,8 @@ pub struct Group {
     pub lifecycle_state: String,
     /// Its active scaling configuration.
     pub configuration: Configuration,
+    /// `CreationTime` of the group and of its configuration.
+    pub created_at: Timestamp,
 }
 
 /// A scaling configuration.
@@ -467,6 +469,7 @@ impl Account {
                 spec,
                 lifecycle_state: "Active".into(),
                 configuration,
+                created_at: Timestamp::now(),
             },
         );
     }
@@ -626,6 +629,7 @@ impl Account {
             "DesiredCapacity": group.spec.desired_capacity.unwrap_or(0),
             "EnableDesiredCapacity": group.spec.desired_capacity.is_some(),
             "TotalCapacity": self.total(id),
+            "TotalInstanceCount": self.total(id),
             "ActiveCapacity": self.count(id, InstanceState::InService),
             "PendingCapacity": self.count(id, InstanceState::Pending),
             "RemovingCapacity": self.count(id, InstanceState::Removing),
@@ -637,6 +641,10 @@ impl Account {
             "RemovalPolicies": {"RemovalPolicy": ["OldestScalingConfiguration", "OldestInstance"]},
             "DefaultCooldown": 300,
             "MultiAZPolicy": "PRIORITY",
+            "CreationTime": group.created_at.strftime("%Y-%m-%dT%H:%MZ").to_string(),
+            // No load balancers or databases in the sandbox.
+            "LoadBalancerIds": {"LoadBalancerId": []},
+            "DBInstanceIds": {"DBInstanceId": []},
         })
     }
 
@@ -688,16 +696,20 @@ impl Account {
                     "Entrusted": false,
                     "WeightedCapacity": 1,
                     "LoadBalancerWeight": 50,
+                    "WarmupState": "NoNeedWarmup",
                 })
             })
             .collect();
-        Ok(page_of(
+        let mut page = page_of(
             instances,
             number,
             size,
             "ScalingInstances",
             "ScalingInstance",
-        ))
+        );
+        // Every instance is pay-as-you-go: none preemptible.
+        page["TotalSpotCount"] = json!(0);
+        Ok(page)
     }
 
     fn describe_configurations(&self, params: &Params) -> Result<Value, ApiError> {
@@ -728,6 +740,13 @@ impl Account {
                     "LifecycleState": "Active",
                     "ImageId": "aliyun_3_x64_20G_alibase_20240819.vhd",
                     "Tags": {"Tag": tags},
+                    "CreationTime": g.created_at.strftime("%Y-%m-%dT%H:%MZ").to_string(),
+                    "SecurityGroupId": format!("sg-{}", g.spec.id),
+                    "InternetChargeType": "PayByTraffic",
+                    "InternetMaxBandwidthIn": 200,
+                    "InternetMaxBandwidthOut": 0,
+                    "SystemDiskCategory": "cloud_essd",
+                    "DataDisks": {"DataDisk": []},
                 })
             })
             .collect();
@@ -751,6 +770,10 @@ impl Account {
             "Progress": if a.status == ActivityStatus::InProgress { 50 } else { 100 },
             "StartTime": a.started.strftime("%Y-%m-%dT%H:%MZ").to_string(),
             "TotalCapacity": a.total_after.to_string(),
+            // Every instance is created by the group (none attached), so the automatically
+            // created ones are all of them.
+            "AttachedCapacity": "0",
+            "AutoCreatedCapacity": a.total_after.to_string(),
             "ScalingInstanceNumber": a.requested,
             "CreatedCapacity": a.created.len(),
             "DestroyedCapacity": a.removed.len(),
@@ -861,6 +884,11 @@ impl Account {
                     "GPUSpec": t.gpu_spec,
                     "CpuArchitecture": "X86",
                     "InstanceCategory": "General-purpose",
+                    // True of every family modelled (g6, c6, r6, gn6i): enterprise level,
+                    // no local disks; ENI trunking is not offered.
+                    "InstanceFamilyLevel": "EnterpriseLevel",
+                    "LocalStorageCategory": "",
+                    "EniTrunkSupported": false,
                 })
             })
             .collect();

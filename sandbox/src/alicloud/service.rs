@@ -227,6 +227,9 @@ async fn handle(
             record.code = Some(e.code.clone());
             return Ok(shared.record(record, error(&e, &request_id, host)));
         }
+        Some(FaultAction::Respond { status, body }) => {
+            return Ok(shared.record(record, raw_answer(status, body)));
+        }
         Some(FaultAction::Hang(duration)) => tokio::time::sleep(duration).await,
         Some(FaultAction::Reset) => {
             shared.log().push(record);
@@ -286,6 +289,9 @@ async fn anonymous(
                 return Some(Ok(
                     shared.record(record.clone(), text_answer(status, "error"))
                 ));
+            }
+            Some(FaultAction::Respond { status, body }) => {
+                return Some(Ok(shared.record(record.clone(), text_answer(status, &body))));
             }
             Some(FaultAction::Reset | FaultAction::LoseAnswer) => {
                 shared.log().push(record.clone());
@@ -387,6 +393,9 @@ async fn anonymous(
             code,
             message,
         }) => return refuse(record, ApiError::new(status, &code, message)),
+        Some(FaultAction::Respond { status, body }) => {
+            return Some(Ok(shared.record(record.clone(), raw_answer(status, body))));
+        }
         Some(FaultAction::Reset | FaultAction::LoseAnswer) => {
             shared.log().push(record.clone());
             return Some(Err(ResetConnection));
@@ -629,6 +638,18 @@ fn product_host(action: &str) -> &'static str {
 
 fn json_answer(status: u16, value: &Value) -> Answer {
     let mut answer = Response::new(Full::new(Bytes::from(value.to_string())));
+    *answer.status_mut() =
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    answer.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json;charset=utf-8"),
+    );
+    answer
+}
+
+/// An injected answer ([`FaultAction::Respond`]): `body` as is, labelled JSON.
+fn raw_answer(status: u16, body: String) -> Answer {
+    let mut answer = Response::new(Full::new(Bytes::from(body)));
     *answer.status_mut() =
         StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     answer.headers_mut().insert(
