@@ -18,7 +18,7 @@ use nodegroup_operator::backends::alicloud::{
     Endpoints, Error, GroupLifecycleState, InstanceLifecycleState, RefreshPolicy,
     RemovalFailureReason, RemoveOptions, RetryPolicy, StaticCredentials, TransportOptions,
 };
-use nodegroup_operator::nodepool::backend::{BackendErrorKind, Created, NewServer};
+use nodegroup_operator::nodepool::backend::{BackendErrorKind, Created, NewServer, PoolBackend};
 
 const GROUP: &str = "asg-workers";
 

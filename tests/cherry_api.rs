@@ -655,6 +655,7 @@ async fn only_servers_with_a_valid_bootstrap_token_become_ready_nodes() {
 async fn a_spot_pool_reads_and_spends_spot_stock() {
     use nodegroup_operator::api::nodepool::CherryServersSpec;
     use nodegroup_operator::backends::cherry::pool::CherryPool;
+    use nodegroup_operator::nodepool::backend::PoolBackend;
     let emulator = emulator(CherryOptions::default()).await;
     let spec = |spot_market: bool| CherryServersSpec {
         endpoint: Some(emulator.url()),
@@ -778,6 +779,7 @@ async fn a_plan_in_an_unknown_memory_unit_is_refused_with_its_unit() {
     use ngo_sandbox::cherry::PlanSpec;
     use nodegroup_operator::api::nodepool::CherryServersSpec;
     use nodegroup_operator::backends::cherry::pool::CherryPool;
+    use nodegroup_operator::nodepool::backend::PoolBackend;
     let emulator = emulator(CherryOptions {
         plans: vec![
             PlanSpec::new(9, "odd_1", "Odd-1", 2, 8)

@@ -510,10 +510,48 @@ impl NodePool {
 
     /// Name of the backend block that is set.
     pub fn backend(&self) -> Option<&'static str> {
-        match (&self.spec.cherry_servers, &self.spec.ali_cloud) {
-            (Some(_), _) => Some("cherryServers"),
-            (None, Some(_)) => Some("aliCloud"),
-            (None, None) => None,
-        }
+        self.server_settings().map(|s| s.field)
     }
+
+    /// What the backend block that is set says about new servers, alike for every cloud;
+    /// `None` when no block is set. The first block set wins.
+    pub fn server_settings(&self) -> Option<ServerSettings<'_>> {
+        if let Some(cherry) = &self.spec.cherry_servers {
+            return Some(ServerSettings {
+                field: "cherryServers",
+                hostname_pattern: cherry.hostname_pattern.as_deref(),
+                user_data: &cherry.user_data,
+                api_server_endpoint: cherry.api_server_endpoint.as_deref(),
+                machine_type_key: format!(
+                    "cherry|{}|{}|{}",
+                    cherry.project_id, cherry.plan, cherry.region
+                ),
+            });
+        }
+        self.spec.ali_cloud.as_ref().map(|ali| ServerSettings {
+            field: "aliCloud",
+            hostname_pattern: None,
+            user_data: ali.user_data.as_deref().unwrap_or_default(),
+            api_server_endpoint: ali.api_server_endpoint.as_deref(),
+            machine_type_key: format!("alicloud|{}|{}", ali.region_id, ali.scaling_group_id),
+        })
+    }
+}
+
+/// What a pool with no backend block is told.
+pub const NO_BACKEND: &str = "neither spec.cherryServers nor spec.aliCloud is set";
+
+/// The settings of new servers a pool's backend block holds, whatever the cloud.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerSettings<'a> {
+    /// The block's field name in the spec (`cherryServers`, `aliCloud`).
+    pub field: &'static str,
+    /// Hostname pattern, when the cloud lets the operator name servers.
+    pub hostname_pattern: Option<&'a str>,
+    /// User data template (empty: none).
+    pub user_data: &'a str,
+    /// `host:port` of the API server new Nodes join.
+    pub api_server_endpoint: Option<&'a str>,
+    /// What identifies the pool's machine type at the cloud (its cache key).
+    pub machine_type_key: String,
 }

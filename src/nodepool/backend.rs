@@ -1,12 +1,17 @@
-//! The clouds NodePools run on, behind the one interface the reconciler drives: list the
-//! pool's servers, describe its machine type, create and delete servers (several at a time
-//! where the cloud takes them together), and say which creations in flight failed.
+//! The clouds NodePools run on, behind the one interface the reconciler drives
+//! ([`PoolBackend`]): list the pool's servers, describe its machine type, create and delete
+//! servers (several at a time where the cloud takes them together), and say which creations
+//! in flight failed. Each cloud's adapter implements it, and a [`BackendConnector`] connects
+//! the pools that name that cloud; the reconciler knows no cloud by name.
 
 use std::fmt;
 
-use crate::api::nodepool::MachineType;
-use crate::backends::alicloud::pool::AliCloudPool;
-use crate::backends::cherry::pool::CherryPool;
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::{Client, ResourceExt};
+
+use crate::api::nodepool::{MachineType, NodePool};
 
 use super::converge::Member;
 
@@ -146,115 +151,157 @@ impl Created {
     }
 }
 
-/// A pool's backend, connected with its credentials.
-pub enum Backend {
-    /// Cherry Servers (boxed: its client is large).
-    Cherry(Box<CherryPool>),
-    /// Alibaba Cloud Auto Scaling (boxed: it keeps the pool's spec).
-    AliCloud(Box<AliCloudPool>),
-}
-
-impl Backend {
-    /// The backend's name, as in `status.backend`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Cherry(_) => "cherryServers",
-            Self::AliCloud(_) => "aliCloud",
-        }
-    }
+/// A pool's backend, connected with its credentials: one cloud's view of one pool.
+#[async_trait]
+pub trait PoolBackend: Send + Sync {
+    /// The backend's name, as in `status.backend` (the spec field naming the cloud).
+    fn name(&self) -> &'static str;
 
     /// The pool's servers.
-    pub async fn members(&self) -> Result<Vec<Member>, BackendError> {
-        match self {
-            Self::Cherry(b) => b.members().await,
-            Self::AliCloud(b) => b.members().await,
-        }
-    }
+    async fn members(&self) -> Result<Vec<Member>, BackendError>;
 
     /// The backend's own size bounds, read now (an ESS scaling group's `MinSize` and
-    /// `MaxSize`); `None` when it has none (Cherry Servers).
-    pub async fn bounds(&self) -> Result<Option<(i32, i32)>, BackendError> {
-        match self {
-            Self::Cherry(_) => Ok(None),
-            Self::AliCloud(b) => b.bounds().await.map(|g| {
-                Some((
-                    i32::try_from(g.min).unwrap_or(i32::MAX),
-                    i32::try_from(g.max).unwrap_or(i32::MAX),
-                ))
-            }),
-        }
+    /// `MaxSize`); `None` when it has none.
+    async fn bounds(&self) -> Result<Option<(i32, i32)>, BackendError> {
+        Ok(None)
     }
 
     /// The pool's machine type.
-    pub async fn machine_type(&self) -> Result<MachineTypeInfo, BackendError> {
-        match self {
-            Self::Cherry(b) => b.machine_type().await,
-            Self::AliCloud(b) => b.machine_type().await,
-        }
-    }
+    async fn machine_type(&self) -> Result<MachineTypeInfo, BackendError>;
 
     /// Creates one server. Never retried inside: a create that may have happened is
     /// [`Created::Unknown`].
-    pub async fn create(&self, server: &NewServer) -> Created {
-        match self {
-            Self::Cherry(b) => b.create(server).await,
-            Self::AliCloud(b) => b.create(server).await,
-        }
-    }
+    async fn create(&self, server: &NewServer) -> Created;
 
-    /// Creates `servers`, one outcome per server in order: one by one on Cherry Servers,
-    /// in one scale-out on Alibaba Cloud.
-    pub async fn create_many(&self, servers: &[NewServer]) -> Vec<Created> {
-        match self {
-            Self::Cherry(b) => {
-                let mut outcomes = Vec::with_capacity(servers.len());
-                for server in servers {
-                    outcomes.push(b.create(server).await);
-                }
-                outcomes
-            }
-            Self::AliCloud(b) => b.create_many(servers).await,
+    /// Creates `servers`, one outcome per server in order; one by one unless the cloud
+    /// takes them together.
+    async fn create_many(&self, servers: &[NewServer]) -> Vec<Created> {
+        let mut outcomes = Vec::with_capacity(servers.len());
+        for server in servers {
+            outcomes.push(self.create(server).await);
         }
+        outcomes
     }
 
     /// Whether creations can fail after the backend accepted them
-    /// ([`Backend::creation_failures`] has something to say).
-    pub fn reports_late_failures(&self) -> bool {
-        matches!(self, Self::AliCloud(_))
+    /// ([`PoolBackend::creation_failures`] has something to say).
+    fn reports_late_failures(&self) -> bool {
+        false
     }
 
     /// The creations among `in_flight` (requests without a server yet) that failed after
-    /// the backend accepted them. Cherry Servers answers a create at once: none.
-    pub async fn creation_failures(
+    /// the backend accepted them; none for a cloud that answers a create at once.
+    async fn creation_failures(
         &self,
         in_flight: &[String],
     ) -> Result<Vec<CreationFailure>, BackendError> {
-        match self {
-            Self::Cherry(_) => Ok(Vec::new()),
-            Self::AliCloud(b) => b.creation_failures(in_flight).await,
-        }
+        let _ = in_flight;
+        Ok(Vec::new())
     }
 
     /// Deletes server `id`; a server already gone is not an error.
-    pub async fn delete(&self, id: &str) -> Result<(), BackendError> {
-        match self {
-            Self::Cherry(b) => b.delete(id).await,
-            Self::AliCloud(b) => b.delete(id).await,
+    async fn delete(&self, id: &str) -> Result<(), BackendError>;
+
+    /// Deletes `ids`, one outcome per id; one by one unless the cloud takes them together.
+    async fn delete_many(&self, ids: &[String]) -> Vec<(String, Result<(), BackendError>)> {
+        let mut outcomes = Vec::with_capacity(ids.len());
+        for id in ids {
+            outcomes.push((id.clone(), self.delete(id).await));
+        }
+        outcomes
+    }
+}
+
+/// Connects the pools of one cloud: the adapter the runtime registers for it.
+#[async_trait]
+pub trait BackendConnector: Send + Sync {
+    /// The spec field that names this cloud (`cherryServers`, `aliCloud`), also the
+    /// backend's name.
+    fn field(&self) -> &'static str;
+
+    /// Whether `pool` runs on this cloud (its spec sets [`BackendConnector::field`]).
+    fn serves(&self, pool: &NodePool) -> bool;
+
+    /// `pool`'s backend, connected with the credentials its spec names.
+    async fn connect(
+        &self,
+        pool: &NodePool,
+        secrets: &Secrets,
+    ) -> Result<Box<dyn PoolBackend>, ConnectError>;
+
+    /// Drops what the connector keeps for pool `key` (`<namespace>/<name>`), which is gone.
+    fn forget(&self, key: &str) {
+        let _ = key;
+    }
+}
+
+/// Why a pool could not be connected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConnectError {
+    /// The spec or its Secret cannot be used as it is (condition reason, message).
+    Spec(&'static str, String),
+    /// The Kubernetes API failed; tried again next pass.
+    Api(String),
+}
+
+/// A pool's key, `<namespace>/<name>`.
+pub fn pool_key(pool: &NodePool) -> String {
+    format!(
+        "{}/{}",
+        pool.namespace().unwrap_or_default(),
+        pool.name_any()
+    )
+}
+
+/// Reads the Secrets a pool's spec names, from the pool's namespace.
+pub struct Secrets {
+    api: Api<Secret>,
+    namespace: String,
+}
+
+impl Secrets {
+    /// The Secrets of `pool`'s namespace, read with `client`.
+    pub fn of(client: Client, pool: &NodePool) -> Self {
+        let namespace = pool.namespace().unwrap_or_default();
+        Self {
+            api: Api::namespaced(client, &namespace),
+            namespace,
         }
     }
 
-    /// Deletes `ids`, one outcome per id: one by one on Cherry Servers, in batches on
-    /// Alibaba Cloud (which refuses a second removal while the first one's activity runs).
-    pub async fn delete_many(&self, ids: &[String]) -> Vec<(String, Result<(), BackendError>)> {
-        match self {
-            Self::Cherry(b) => {
-                let mut outcomes = Vec::with_capacity(ids.len());
-                for id in ids {
-                    outcomes.push((id.clone(), b.delete(id).await));
-                }
-                outcomes
-            }
-            Self::AliCloud(b) => b.delete_many(ids).await,
-        }
+    /// The pool's namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
     }
+
+    /// Secret `name`, which the spec names in `field`; its absence and a refused read are
+    /// spec errors the pool's conditions report.
+    pub async fn get(&self, name: &str, field: &str) -> Result<Secret, ConnectError> {
+        let namespace = &self.namespace;
+        self.api
+            .get_opt(name)
+            .await
+            .map_err(|e| match e {
+                kube::Error::Api(status) if status.code == 403 => ConnectError::Spec(
+                    "CredentialsForbidden",
+                    format!("the operator may not read Secret {namespace}/{name} (grant it with the chart's nodePools.secretNamespaces): {}", status.message),
+                ),
+                e => ConnectError::Api(format!("reading Secret {namespace}/{name}: {e}")),
+            })?
+            .ok_or_else(|| ConnectError::Spec(
+                "CredentialsMissing",
+                format!("Secret {namespace}/{name} ({field}) does not exist"),
+            ))
+    }
+}
+
+/// The trimmed, non-empty UTF-8 value of `key` in `secret`.
+pub fn secret_value(secret: &Secret, key: &str) -> Option<String> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
 }

@@ -8,6 +8,7 @@ mod exclusions;
 pub mod leader;
 pub mod memory;
 pub mod nodes;
+pub mod pools;
 mod ready;
 pub(crate) mod watches;
 mod workload;
@@ -407,16 +408,17 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         shutdown.clone(),
     ));
     if our_kinds.node_pools {
-        let pools = Arc::new(crate::nodepool::controller::PoolController::new(
+        let pools = Arc::new(pools::PoolController::new(
             client.clone(),
             watches.clone(),
             events.clone(),
             metrics.clone(),
-            crate::nodepool::controller::PoolControllerOptions {
+            pools::PoolControllerOptions {
                 interval: config.node_pool_interval,
                 instance: instance.clone(),
                 ..Default::default()
             },
+            crate::backends::connectors(),
         ));
         let run = pools.run(snapshots.clone(), leading.clone(), shutdown.clone());
         let ended = pools_ended.clone().drop_guard();

@@ -44,14 +44,17 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use async_trait::async_trait;
+
+use super::auth::{CredentialsSource, ProviderCache, metadata_endpoint};
 use super::{
     Client, ClientOptions, CredentialsProvider, Endpoints, Error, InstanceLifecycleState,
     RemovalFailureReason, RemoveOptions, ScalingActivity, ScalingInstance, Scheme, provider_id,
 };
-use crate::api::nodepool::{AliCloudSpec, MachineType, UrlScheme};
+use crate::api::nodepool::{AliCloudSpec, MachineType, NodePool, UrlScheme};
 use crate::nodepool::backend::{
-    BackendError, BackendErrorKind, Created, CreationFailure, MachineTypeInfo, NewServer,
-    OTHER_ERROR, OUT_OF_RESOURCES,
+    BackendConnector, BackendError, BackendErrorKind, ConnectError, Created, CreationFailure,
+    MachineTypeInfo, NewServer, OTHER_ERROR, OUT_OF_RESOURCES, PoolBackend, Secrets, pool_key,
 };
 use crate::nodepool::converge::{Member, MemberPhase};
 use crate::template::labels::{valid_label_key, valid_label_value};
@@ -90,6 +93,81 @@ pub fn client_options(spec: &AliCloudSpec) -> ClientOptions {
     options
 }
 
+/// The backend's name (`status.backend`), the spec field naming it.
+pub const BACKEND_NAME: &str = "aliCloud";
+
+/// Connects the pools whose spec sets `aliCloud`, with the credentials its
+/// `credentialsMode` names; keeps one credentials provider per pool
+/// ([`ProviderCache`]), so temporary credentials are renewed, not fetched every pass.
+#[derive(Default)]
+pub struct AliCloudConnector {
+    credentials: ProviderCache,
+}
+
+#[async_trait]
+impl BackendConnector for AliCloudConnector {
+    fn field(&self) -> &'static str {
+        BACKEND_NAME
+    }
+
+    fn serves(&self, pool: &NodePool) -> bool {
+        pool.spec.ali_cloud.is_some()
+    }
+
+    async fn connect(
+        &self,
+        pool: &NodePool,
+        secrets: &Secrets,
+    ) -> Result<Box<dyn PoolBackend>, ConnectError> {
+        let ali =
+            pool.spec.ali_cloud.as_ref().ok_or_else(|| {
+                ConnectError::Spec("NoBackend", "spec.aliCloud is not set".into())
+            })?;
+        let secret = match &ali.credentials_secret_ref {
+            Some(reference) => Some(
+                secrets
+                    .get(&reference.name, "spec.aliCloud.credentialsSecretRef")
+                    .await?,
+            ),
+            None => None,
+        };
+        let source = CredentialsSource::of(ali, secret.as_ref().and_then(|s| s.data.as_ref()))
+            .map_err(|m| {
+                let name = ali
+                    .credentials_secret_ref
+                    .as_ref()
+                    .map_or("", |r| r.name.as_str());
+                ConnectError::Spec(
+                    "CredentialsMissing",
+                    format!(
+                        "Secret {}/{name} (credentialsMode {:?}) {m}",
+                        secrets.namespace(),
+                        ali.credentials_mode.unwrap_or_default(),
+                    ),
+                )
+            })?;
+        let options = client_options(ali);
+        let credentials = self
+            .credentials
+            .provider(
+                &pool_key(pool),
+                &source,
+                &options.endpoints.sts,
+                &metadata_endpoint(ali),
+                &options.transport,
+                &options.retry,
+            )
+            .map_err(|e| ConnectError::Spec("InvalidBackendConfig", e.to_string()))?;
+        let backend = AliCloudPool::new(ali, options, credentials)
+            .map_err(|e| ConnectError::Spec("InvalidBackendConfig", e.message))?;
+        Ok(Box::new(backend))
+    }
+
+    fn forget(&self, key: &str) {
+        self.credentials.forget(key);
+    }
+}
+
 /// A scaling group's own size bounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupBounds {
@@ -115,7 +193,7 @@ impl AliCloudPool {
     }
 
     /// The group's `MinSize` and `MaxSize`, read now.
-    pub async fn bounds(&self) -> Result<GroupBounds, BackendError> {
+    pub async fn group_bounds(&self) -> Result<GroupBounds, BackendError> {
         let group = self
             .client
             .ess()
@@ -160,34 +238,6 @@ impl AliCloudPool {
 
     fn group(&self) -> &str {
         &self.spec.scaling_group_id
-    }
-
-    /// The group's instances, each traced to its creation request when a recent activity
-    /// of this operator launched it.
-    pub async fn members(&self) -> Result<Vec<Member>, BackendError> {
-        let ess = self.client.ess();
-        let instances = ess
-            .scaling_instances(self.group())
-            .await
-            .map_err(|e| backend_error(&e))?;
-        let activities = ess
-            .scaling_activities(self.group(), None, RECENT_ACTIVITIES)
-            .await
-            .map_err(|e| backend_error(&e))?;
-        let requests = requests_by_instance(&activities, &instances);
-        self.lower_desired_after_short_launch(&activities, &instances)
-            .await;
-        Ok(instances
-            .iter()
-            .map(|i| Member {
-                id: i.instance_id.clone(),
-                provider_id: provider_id(&self.spec.region_id, &i.instance_id),
-                hostname: i.instance_id.clone(),
-                phase: phase(&i.lifecycle_state),
-                request: requests.get(i.instance_id.as_str()).cloned(),
-                created: i.creation_time.as_deref().and_then(parse_time),
-            })
-            .collect())
     }
 
     /// When the newest of this operator's scale-outs ended short of its requests and no
@@ -240,10 +290,114 @@ impl AliCloudPool {
         }
     }
 
+    /// What became of `requests` served by `activity` so far: the instance each got, or
+    /// accepted (its instance is not listed yet).
+    async fn outcomes(&self, activity: &str, requests: &[&str]) -> Vec<Created> {
+        if let Ok(Some(a)) = self
+            .client
+            .ess()
+            .scaling_activity(self.group(), activity)
+            .await
+            && a.status == super::ActivityStatus::Rejected
+        {
+            let (class, code) = failure_class(&a);
+            return vec![
+                Created::Failed {
+                    class,
+                    code: code.into(),
+                    message: format!(
+                        "scaling activity {} of group {} was Rejected: {}",
+                        a.id,
+                        self.group(),
+                        a.status_message
+                    ),
+                };
+                requests.len()
+            ];
+        }
+        let instances = self
+            .client
+            .ess()
+            .scaling_instances(self.group())
+            .await
+            .unwrap_or_default();
+        let mut launched: Vec<&ScalingInstance> = instances
+            .iter()
+            .filter(|i| i.scaling_activity_id.as_deref() == Some(activity))
+            .collect();
+        launched.sort_by(|a, b| {
+            (&a.creation_time, &a.instance_id).cmp(&(&b.creation_time, &b.instance_id))
+        });
+        requests
+            .iter()
+            .enumerate()
+            .map(|(k, _)| match launched.get(k) {
+                Some(i) => Created::Server(Member {
+                    id: i.instance_id.clone(),
+                    provider_id: provider_id(&self.spec.region_id, &i.instance_id),
+                    hostname: i.instance_id.clone(),
+                    phase: phase(&i.lifecycle_state),
+                    request: None,
+                    created: i.creation_time.as_deref().and_then(parse_time),
+                }),
+                None => Created::Accepted(format!("scaling activity {activity}")),
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl PoolBackend for AliCloudPool {
+    fn name(&self) -> &'static str {
+        BACKEND_NAME
+    }
+
+    /// The group's `MinSize` and `MaxSize`, read now.
+    async fn bounds(&self) -> Result<Option<(i32, i32)>, BackendError> {
+        let bounds = self.group_bounds().await?;
+        Ok(Some((
+            i32::try_from(bounds.min).unwrap_or(i32::MAX),
+            i32::try_from(bounds.max).unwrap_or(i32::MAX),
+        )))
+    }
+
+    /// Scale-outs run as activities that can end short after ESS accepted them.
+    fn reports_late_failures(&self) -> bool {
+        true
+    }
+
+    /// The group's instances, each traced to its creation request when a recent activity
+    /// of this operator launched it.
+    async fn members(&self) -> Result<Vec<Member>, BackendError> {
+        let ess = self.client.ess();
+        let instances = ess
+            .scaling_instances(self.group())
+            .await
+            .map_err(|e| backend_error(&e))?;
+        let activities = ess
+            .scaling_activities(self.group(), None, RECENT_ACTIVITIES)
+            .await
+            .map_err(|e| backend_error(&e))?;
+        let requests = requests_by_instance(&activities, &instances);
+        self.lower_desired_after_short_launch(&activities, &instances)
+            .await;
+        Ok(instances
+            .iter()
+            .map(|i| Member {
+                id: i.instance_id.clone(),
+                provider_id: provider_id(&self.spec.region_id, &i.instance_id),
+                hostname: i.instance_id.clone(),
+                phase: phase(&i.lifecycle_state),
+                request: requests.get(i.instance_id.as_str()).cloned(),
+                created: i.creation_time.as_deref().and_then(parse_time),
+            })
+            .collect())
+    }
+
     /// The instance type of the group's active scaling configuration: vCPUs, memory and
     /// GPUs as capacity; instance type, region, the zone when the group's vSwitches are all
     /// in one, the GPU model and the configuration's tags as labels.
-    pub async fn machine_type(&self) -> Result<MachineTypeInfo, BackendError> {
+    async fn machine_type(&self) -> Result<MachineTypeInfo, BackendError> {
         let ess = self.client.ess();
         let group = ess
             .scaling_group(self.group())
@@ -340,7 +494,7 @@ impl AliCloudPool {
     }
 
     /// One creation: [`AliCloudPool::create_many`] of one.
-    pub async fn create(&self, server: &NewServer) -> Created {
+    async fn create(&self, server: &NewServer) -> Created {
         self.create_many(std::slice::from_ref(server))
             .await
             .pop()
@@ -351,7 +505,7 @@ impl AliCloudPool {
     /// server's user data goes into the scaling configuration when the spec has user data
     /// (all of them share the pass's bootstrap token; ESS names the instances, so the
     /// hostnames are not used).
-    pub async fn create_many(&self, servers: &[NewServer]) -> Vec<Created> {
+    async fn create_many(&self, servers: &[NewServer]) -> Vec<Created> {
         if servers.is_empty() {
             return Vec::new();
         }
@@ -439,64 +593,9 @@ impl AliCloudPool {
         }
     }
 
-    /// What became of `requests` served by `activity` so far: the instance each got, or
-    /// accepted (its instance is not listed yet).
-    async fn outcomes(&self, activity: &str, requests: &[&str]) -> Vec<Created> {
-        if let Ok(Some(a)) = self
-            .client
-            .ess()
-            .scaling_activity(self.group(), activity)
-            .await
-            && a.status == super::ActivityStatus::Rejected
-        {
-            let (class, code) = failure_class(&a);
-            return vec![
-                Created::Failed {
-                    class,
-                    code: code.into(),
-                    message: format!(
-                        "scaling activity {} of group {} was Rejected: {}",
-                        a.id,
-                        self.group(),
-                        a.status_message
-                    ),
-                };
-                requests.len()
-            ];
-        }
-        let instances = self
-            .client
-            .ess()
-            .scaling_instances(self.group())
-            .await
-            .unwrap_or_default();
-        let mut launched: Vec<&ScalingInstance> = instances
-            .iter()
-            .filter(|i| i.scaling_activity_id.as_deref() == Some(activity))
-            .collect();
-        launched.sort_by(|a, b| {
-            (&a.creation_time, &a.instance_id).cmp(&(&b.creation_time, &b.instance_id))
-        });
-        requests
-            .iter()
-            .enumerate()
-            .map(|(k, _)| match launched.get(k) {
-                Some(i) => Created::Server(Member {
-                    id: i.instance_id.clone(),
-                    provider_id: provider_id(&self.spec.region_id, &i.instance_id),
-                    hostname: i.instance_id.clone(),
-                    phase: phase(&i.lifecycle_state),
-                    request: None,
-                    created: i.creation_time.as_deref().and_then(parse_time),
-                }),
-                None => Created::Accepted(format!("scaling activity {activity}")),
-            })
-            .collect()
-    }
-
     /// The creations among `in_flight` (requests without a server yet) whose scale-out
     /// ended without an instance for them, with why.
-    pub async fn creation_failures(
+    async fn creation_failures(
         &self,
         in_flight: &[String],
     ) -> Result<Vec<CreationFailure>, BackendError> {
@@ -538,7 +637,7 @@ impl AliCloudPool {
     }
 
     /// Removes instance `id` ([`AliCloudPool::delete_many`] of one).
-    pub async fn delete(&self, id: &str) -> Result<(), BackendError> {
+    async fn delete(&self, id: &str) -> Result<(), BackendError> {
         self.delete_many(&[id.to_string()])
             .await
             .pop()
@@ -547,7 +646,7 @@ impl AliCloudPool {
 
     /// Removes exactly `ids` from the group (released, desired capacity lowered), one
     /// outcome per id; an instance already gone or being removed is not an error.
-    pub async fn delete_many(&self, ids: &[String]) -> Vec<(String, Result<(), BackendError>)> {
+    async fn delete_many(&self, ids: &[String]) -> Vec<(String, Result<(), BackendError>)> {
         let options = RemoveOptions {
             decrease_desired_capacity: true,
             remove_policy: Some("release".into()),

@@ -5,12 +5,15 @@
 
 use std::collections::BTreeMap;
 
+use async_trait::async_trait;
 use base64::Engine as _;
+use kube::ResourceExt;
 
 use super::{CherryClient, CherryError, ClientConfig, CreateServer, Plan, Server};
-use crate::api::nodepool::{CherryServersSpec, MachineType};
+use crate::api::nodepool::{CherryServersSpec, MachineType, NodePool};
 use crate::nodepool::backend::{
-    BackendError, BackendErrorKind, Created, MachineTypeInfo, NewServer,
+    BackendConnector, BackendError, BackendErrorKind, ConnectError, Created, MachineTypeInfo,
+    NewServer, PoolBackend, Secrets, secret_value,
 };
 use crate::nodepool::converge::{Member, MemberPhase};
 use crate::template::labels::valid_label_value;
@@ -56,8 +59,66 @@ impl CherryPool {
         })
     }
 
+    fn is_member(&self, server: &Server) -> bool {
+        server.tags.get(CLUSTER_TAG) == Some(&self.cluster)
+            && server.tags.get(POOL_TAG) == Some(&self.pool)
+    }
+}
+
+/// Connects the pools whose spec sets `cherryServers`, with the API token of their Secret.
+#[derive(Debug, Default)]
+pub struct CherryConnector;
+
+#[async_trait]
+impl BackendConnector for CherryConnector {
+    fn field(&self) -> &'static str {
+        BACKEND_NAME
+    }
+
+    fn serves(&self, pool: &NodePool) -> bool {
+        pool.spec.cherry_servers.is_some()
+    }
+
+    async fn connect(
+        &self,
+        pool: &NodePool,
+        secrets: &Secrets,
+    ) -> Result<Box<dyn PoolBackend>, ConnectError> {
+        let cherry = pool.spec.cherry_servers.as_ref().ok_or_else(|| {
+            ConnectError::Spec("NoBackend", "spec.cherryServers is not set".into())
+        })?;
+        let reference = &cherry.credentials_secret_ref;
+        let secret = secrets
+            .get(&reference.name, "spec.cherryServers.credentialsSecretRef")
+            .await?;
+        let token = secret_value(&secret, &reference.key).ok_or_else(|| {
+            ConnectError::Spec(
+                "CredentialsMissing",
+                format!(
+                    "Secret {}/{} has no non-empty key {:?}",
+                    secrets.namespace(),
+                    reference.name,
+                    reference.key
+                ),
+            )
+        })?;
+        let backend = CherryPool::new(cherry, token, &pool.spec.cluster_name, &pool.name_any())
+            .map_err(|e| ConnectError::Spec("InvalidBackendConfig", e.to_string()))?;
+        Ok(Box::new(backend))
+    }
+}
+
+/// The backend's name (`status.backend`), the spec field naming it.
+pub const BACKEND_NAME: &str = "cherryServers";
+
+#[async_trait]
+impl PoolBackend for CherryPool {
+    fn name(&self) -> &'static str {
+        BACKEND_NAME
+    }
+
     /// The project's servers tagged for this pool.
-    pub async fn members(&self) -> Result<Vec<Member>, BackendError> {
+    async fn members(&self) -> Result<Vec<Member>, BackendError> {
         let servers = self
             .client
             .list_servers(self.spec.project_id)
@@ -70,14 +131,9 @@ impl CherryPool {
             .collect())
     }
 
-    fn is_member(&self, server: &Server) -> bool {
-        server.tags.get(CLUSTER_TAG) == Some(&self.cluster)
-            && server.tags.get(POOL_TAG) == Some(&self.pool)
-    }
-
     /// The plan: cores, memory and GPUs as capacity, hourly price, stock in the region (of
     /// the spot pool, `spot_qty`, for a pool ordering spot servers; else `stock_qty`).
-    pub async fn machine_type(&self) -> Result<MachineTypeInfo, BackendError> {
+    async fn machine_type(&self) -> Result<MachineTypeInfo, BackendError> {
         let plans = self.client.list_plans().await.map_err(backend_error)?;
         let plan = plans
             .iter()
@@ -106,7 +162,7 @@ impl CherryPool {
     }
 
     /// Orders one server.
-    pub async fn create(&self, new: &NewServer) -> Created {
+    async fn create(&self, new: &NewServer) -> Created {
         let request = CreateServer {
             plan: self.spec.plan.clone(),
             hostname: new.hostname.clone(),
@@ -133,7 +189,7 @@ impl CherryPool {
     }
 
     /// Deletes server `id` (gone already is fine).
-    pub async fn delete(&self, id: &str) -> Result<(), BackendError> {
+    async fn delete(&self, id: &str) -> Result<(), BackendError> {
         let id: i64 = id.parse().map_err(|_| BackendError {
             kind: BackendErrorKind::Rejected,
             message: format!("{id:?} is not a Cherry Servers server id"),

@@ -2,7 +2,7 @@
 //! `spec.replicas` through its backend ([`converge`] decides, this module observes, acts and
 //! reports). It wakes when a pool's spec or scale-down ledger changes and every
 //! [`PoolControllerOptions::interval`] otherwise; pools are passed over side by side
-//! ([`super::schedule`]).
+//! ([`crate::nodepool::schedule`]).
 //!
 //! Intent is written before it is acted on, so a pass killed at any point is finished by the
 //! next one, on this replica or another: a creation is recorded in `status.instances` before
@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
@@ -21,26 +21,28 @@ use serde_json::json;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::backend::{Backend, BackendError, Created, CreationFailure, MachineTypeInfo, NewServer};
-use super::converge::{self, Decision, Dropped, Observed, SeenNode};
-use super::schedule::PassSchedule;
-use super::{bootstrap, deletions, render, view};
 use crate::api::NodePool;
 use crate::api::conditions::{DesiredCondition, merge};
-use crate::api::nodepool::{InstanceErrorStatus, InstanceStateName, NodePoolStatus, PoolInstance};
-use crate::backends::alicloud::auth::{self as alicloud_auth, CredentialsSource, ProviderCache};
-use crate::backends::alicloud::pool::{AliCloudPool, client_options};
-use crate::backends::cherry::pool::CherryPool;
+use crate::api::nodepool::{
+    InstanceErrorStatus, InstanceStateName, NO_BACKEND, NodePoolStatus, PoolInstance,
+};
 use crate::capi::providerid;
 use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger, request_id};
 use crate::duration;
 use crate::events::{EventPublisher, Severity};
 use crate::fault;
+use crate::nodepool::backend::{
+    BackendConnector, BackendError, ConnectError, Created, CreationFailure, MachineTypeInfo,
+    NewServer, PoolBackend, Secrets, pool_key,
+};
+use crate::nodepool::converge::{self, Decision, Dropped, Observed, SeenNode};
+use crate::nodepool::schedule::PassSchedule;
+use crate::nodepool::{bootstrap, deletions, render, view};
 
+use super::nodes::WatchedNode;
+use super::watches::Watches;
 use crate::index::{BACKEND_BOUNDS_FIELD, ClusterKey, SnapshotHandle};
 use crate::metrics::Metrics;
-use crate::runtime::nodes::WatchedNode;
-use crate::runtime::watches::Watches;
 
 /// How long shutdown waits for running passes.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
@@ -91,8 +93,8 @@ pub struct PoolController {
     metrics: Arc<Metrics>,
     options: PoolControllerOptions,
     machine_types: Mutex<HashMap<String, (Instant, MachineTypeInfo)>>,
-    /// Alibaba Cloud credentials providers per pool: temporary credentials outlive a pass.
-    alicloud_credentials: ProviderCache,
+    /// One per cloud: connects the pools that name it.
+    connectors: Vec<Box<dyn BackendConnector>>,
 }
 
 /// The running sweeps of expired bootstrap tokens, one task per cluster; aborted when
@@ -169,13 +171,15 @@ enum Blocked {
 }
 
 impl PoolController {
-    /// A reconciler using `client` for pools and Secrets and `watches` for pools and Nodes.
+    /// A reconciler using `client` for pools and Secrets, `watches` for pools and Nodes, and
+    /// `connectors` for the clouds pools run on.
     pub fn new(
         client: Client,
         watches: Watches,
         events: EventPublisher,
         metrics: Arc<Metrics>,
         options: PoolControllerOptions,
+        connectors: Vec<Box<dyn BackendConnector>>,
     ) -> Self {
         Self {
             client,
@@ -184,7 +188,7 @@ impl PoolController {
             metrics,
             options,
             machine_types: Mutex::default(),
-            alicloud_credentials: ProviderCache::default(),
+            connectors,
         }
     }
 
@@ -212,7 +216,9 @@ impl PoolController {
                 let keyed = pools.iter().map(|p| (pool_key(p), fingerprint(p)));
                 for gone in schedule.observe(keyed, full) {
                     self.metrics.forget_pool(&gone);
-                    self.alicloud_credentials.forget(&gone);
+                    for connector in &self.connectors {
+                        connector.forget(&gone);
+                    }
                 }
                 for key in schedule.start() {
                     let Some(pool) = pools.iter().find(|p| pool_key(p) == key) else {
@@ -360,20 +366,21 @@ impl PoolController {
         report: &mut PassReport,
     ) -> Result<(), Blocked> {
         let key = pool_key(pool);
-        let backend = self.connect(pool).await?;
+        let connected = self.connect(pool).await?;
+        let backend = connected.as_ref();
         report.backend = Some(backend.name());
-        report.machine_type = self.machine_type(&key, pool, &backend, false).await;
+        report.machine_type = self.machine_type(&key, pool, backend, false).await;
         let members = backend.members().await;
-        self.observe(&backend, "list", &members);
+        self.observe(backend, "list", &members);
         let members = members.map_err(Blocked::Backend)?;
         self.metrics.set_backend_available(&key, true);
         let bounds = backend.bounds().await;
-        self.observe(&backend, "bounds", &bounds);
+        self.observe(backend, "bounds", &bounds);
         report.backend_bounds = bounds.map_err(Blocked::Backend)?;
         self.check_bounds(pool, report);
 
         if pool.metadata.deletion_timestamp.is_some() {
-            return self.finalize(api, pool, &backend, &members, report).await;
+            return self.finalize(api, pool, backend, &members, report).await;
         }
         if !pool.finalizers().iter().any(|f| f == FINALIZER) {
             add_finalizer(api, pool).await?;
@@ -415,7 +422,7 @@ impl PoolController {
         self.report_dropped(pool, &decision.dropped);
         deletions::accept_removals_under_way(&ledger, &mut decision);
         report.nodes = Some(nodes);
-        self.apply_creation_failures(pool, &backend, &mut decision, report)
+        self.apply_creation_failures(pool, backend, &mut decision, report)
             .await;
 
         if !decision.delete.is_empty() {
@@ -445,7 +452,7 @@ impl PoolController {
             self.create(
                 api,
                 pool,
-                &backend,
+                backend,
                 &nodes_client,
                 &key,
                 &mut decision,
@@ -463,7 +470,7 @@ impl PoolController {
         &self,
         api: &Api<NodePool>,
         pool: &NodePool,
-        backend: &Backend,
+        backend: &dyn PoolBackend,
         nodes_client: &Client,
         key: &str,
         decision: &mut Decision,
@@ -488,7 +495,7 @@ impl PoolController {
                     now.clone(),
                     "OutOfStock",
                     &message,
-                    super::backend::OUT_OF_RESOURCES,
+                    crate::nodepool::backend::OUT_OF_RESOURCES,
                 ));
             }
             report.create_failure = Some(("OutOfStock".into(), message.clone()));
@@ -656,7 +663,7 @@ impl PoolController {
         &self,
         api: &Api<NodePool>,
         pool: &NodePool,
-        backend: &Backend,
+        backend: &dyn PoolBackend,
         members: &[converge::Member],
         report: &mut PassReport,
     ) -> Result<(), Blocked> {
@@ -690,75 +697,26 @@ impl PoolController {
         Ok(())
     }
 
-    /// The pool's backend, connected with the credentials its Secret holds.
-    async fn connect(&self, pool: &NodePool) -> Result<Backend, Blocked> {
-        if let Some(cherry) = &pool.spec.cherry_servers {
-            let reference = &cherry.credentials_secret_ref;
-            let secret = self
-                .secret(
-                    pool,
-                    &reference.name,
-                    "spec.cherryServers.credentialsSecretRef",
-                )
-                .await?;
-            let token = secret_value(&secret, &reference.key).ok_or_else(|| {
-                Blocked::Spec(
-                    "CredentialsMissing",
-                    format!(
-                        "Secret {}/{} has no non-empty key {:?}",
-                        secret.namespace().unwrap_or_default(),
-                        reference.name,
-                        reference.key
-                    ),
-                )
+    /// The pool's backend, connected by the connector of the cloud its spec names.
+    async fn connect(&self, pool: &NodePool) -> Result<Box<dyn PoolBackend>, Blocked> {
+        let connector = self
+            .connectors
+            .iter()
+            .find(|c| c.serves(pool))
+            .ok_or_else(|| {
+                let message = match pool.backend() {
+                    Some(field) => format!("this operator cannot run pools on spec.{field}"),
+                    None => NO_BACKEND.into(),
+                };
+                Blocked::Spec("NoBackend", message)
             })?;
-            return CherryPool::new(cherry, token, &pool.spec.cluster_name, &pool.name_any())
-                .map(|p| Backend::Cherry(Box::new(p)))
-                .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.to_string()));
-        }
-        if let Some(ali) = &pool.spec.ali_cloud {
-            let secret = match &ali.credentials_secret_ref {
-                Some(reference) => Some(
-                    self.secret(pool, &reference.name, "spec.aliCloud.credentialsSecretRef")
-                        .await?,
-                ),
-                None => None,
-            };
-            let source = CredentialsSource::of(ali, secret.as_ref().and_then(|s| s.data.as_ref()))
-                .map_err(|m| {
-                    let name = ali
-                        .credentials_secret_ref
-                        .as_ref()
-                        .map_or("", |r| r.name.as_str());
-                    Blocked::Spec(
-                        "CredentialsMissing",
-                        format!(
-                            "Secret {}/{name} (credentialsMode {:?}) {m}",
-                            pool.namespace().unwrap_or_default(),
-                            ali.credentials_mode.unwrap_or_default(),
-                        ),
-                    )
-                })?;
-            let options = client_options(ali);
-            let credentials = self
-                .alicloud_credentials
-                .provider(
-                    &pool_key(pool),
-                    &source,
-                    &options.endpoints.sts,
-                    &alicloud_auth::metadata_endpoint(ali),
-                    &options.transport,
-                    &options.retry,
-                )
-                .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.to_string()))?;
-            return AliCloudPool::new(ali, options, credentials)
-                .map(|p| Backend::AliCloud(Box::new(p)))
-                .map_err(|e| Blocked::Spec("InvalidBackendConfig", e.message));
-        }
-        Err(Blocked::Spec(
-            "NoBackend",
-            "neither spec.cherryServers nor spec.aliCloud is set".into(),
-        ))
+        connector
+            .connect(pool, &Secrets::of(self.client.clone(), pool))
+            .await
+            .map_err(|e| match e {
+                ConnectError::Spec(reason, message) => Blocked::Spec(reason, message),
+                ConnectError::Api(message) => Blocked::Api(message),
+            })
     }
 
     /// Records the deletions' outcomes ([`deletions::apply`]) and reports them: a metric per
@@ -829,32 +787,12 @@ impl PoolController {
         report.size_violation = Some(message);
     }
 
-    /// Secret `name` in the pool's namespace, which `field` of the spec names.
-    async fn secret(&self, pool: &NodePool, name: &str, field: &str) -> Result<Secret, Blocked> {
-        let namespace = pool.namespace().unwrap_or_default();
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
-        secrets
-            .get_opt(name)
-            .await
-            .map_err(|e| match e {
-                kube::Error::Api(status) if status.code == 403 => Blocked::Spec(
-                    "CredentialsForbidden",
-                    format!("the operator may not read Secret {namespace}/{name} (grant it with the chart's nodePools.secretNamespaces): {}", status.message),
-                ),
-                e => Blocked::Api(format!("reading Secret {namespace}/{name}: {e}")),
-            })?
-            .ok_or_else(|| Blocked::Spec(
-                "CredentialsMissing",
-                format!("Secret {namespace}/{name} ({field}) does not exist"),
-            ))
-    }
-
     /// Turns the in-flight creations the backend reports failed into failed instances,
     /// reported to cluster-autoscaler (and as `ScaleUpFailed`) like a refused create.
     async fn apply_creation_failures(
         &self,
         pool: &NodePool,
-        backend: &Backend,
+        backend: &dyn PoolBackend,
         decision: &mut Decision,
         report: &mut PassReport,
     ) {
@@ -918,10 +856,14 @@ impl PoolController {
         &self,
         key: &str,
         pool: &NodePool,
-        backend: &Backend,
+        backend: &dyn PoolBackend,
         fresh: bool,
     ) -> Option<MachineTypeInfo> {
-        let cache_key = format!("{key}|{}", plan_key(pool));
+        let machine_type_key = pool
+            .server_settings()
+            .map(|s| s.machine_type_key)
+            .unwrap_or_default();
+        let cache_key = format!("{key}|{machine_type_key}");
         let cached = self.cache().get(&cache_key).cloned();
         if let Some((at, info)) = &cached
             && !fresh
@@ -951,7 +893,12 @@ impl PoolController {
         self.machine_types.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn observe<T>(&self, backend: &Backend, operation: &str, result: &Result<T, BackendError>) {
+    fn observe<T>(
+        &self,
+        backend: &dyn PoolBackend,
+        operation: &str,
+        result: &Result<T, BackendError>,
+    ) {
         let outcome = match result {
             Ok(_) => "ok",
             Err(e) => e.kind.as_str(),
@@ -1219,27 +1166,13 @@ struct ServerSpec {
 
 impl ServerSpec {
     fn of(pool: &NodePool) -> Result<Self, Blocked> {
-        let (field, hostname_pattern, user_data, api_server_endpoint) =
-            match (&pool.spec.cherry_servers, &pool.spec.ali_cloud) {
-                (Some(cherry), _) => (
-                    "cherryServers",
-                    cherry.hostname_pattern.clone(),
-                    cherry.user_data.clone(),
-                    cherry.api_server_endpoint.clone(),
-                ),
-                (None, Some(ali)) => (
-                    "aliCloud",
-                    None,
-                    ali.user_data.clone().unwrap_or_default(),
-                    ali.api_server_endpoint.clone(),
-                ),
-                (None, None) => {
-                    return Err(Blocked::Spec(
-                        "NoBackend",
-                        "neither spec.cherryServers nor spec.aliCloud is set".into(),
-                    ));
-                }
-            };
+        let settings = pool
+            .server_settings()
+            .ok_or_else(|| Blocked::Spec("NoBackend", NO_BACKEND.into()))?;
+        let field = settings.field;
+        let user_data = settings.user_data.to_string();
+        let api_server_endpoint = settings.api_server_endpoint.map(String::from);
+        let hostname_pattern = settings.hostname_pattern.map(String::from);
         let hostname_pattern =
             hostname_pattern.unwrap_or_else(|| render::DEFAULT_HOSTNAME_PATTERN.into());
         render::check(&hostname_pattern, &render::HOSTNAME_PLACEHOLDERS).map_err(|m| {
@@ -1486,14 +1419,6 @@ fn outside_backend(snapshots: &SnapshotHandle, pool: &NodePool) -> Option<Vec<St
     })
 }
 
-fn pool_key(pool: &NodePool) -> String {
-    format!(
-        "{}/{}",
-        pool.namespace().unwrap_or_default(),
-        pool.name_any()
-    )
-}
-
 /// What makes a pass due at once: a spec change (generation), the ledger, deletion.
 fn fingerprint(pool: &NodePool) -> String {
     format!(
@@ -1502,25 +1427,6 @@ fn fingerprint(pool: &NodePool) -> String {
         pool.annotations().get(LEDGER_ANNOTATION),
         pool.metadata.deletion_timestamp.is_some()
     )
-}
-
-fn plan_key(pool: &NodePool) -> String {
-    match (&pool.spec.cherry_servers, &pool.spec.ali_cloud) {
-        (Some(c), _) => format!("cherry|{}|{}|{}", c.project_id, c.plan, c.region),
-        (None, Some(a)) => format!("alicloud|{}|{}", a.region_id, a.scaling_group_id),
-        (None, None) => String::new(),
-    }
-}
-
-/// The trimmed, non-empty UTF-8 value of `key` in `secret`.
-fn secret_value(secret: &Secret, key: &str) -> Option<String> {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .and_then(|v| String::from_utf8(v.0.clone()).ok())
-        .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty())
 }
 
 fn reference(pool: &NodePool) -> ObjectReference {
