@@ -37,6 +37,19 @@ struct KindLabels {
     kind: String,
 }
 
+/// What one sweep of expired scale-down records came to, as the metrics count it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepCounts {
+    /// Marks whose decrement had happened (record cleared).
+    pub completed: usize,
+    /// Claims released and marks rolled back.
+    pub rolled_back: usize,
+    /// Machines deleted under a released mark whose decrement was applied after all.
+    pub rolled_forward: usize,
+    /// Records left unresolved this time (retried next sweep).
+    pub unresolved: usize,
+}
+
 /// All metrics of the process.
 pub struct Metrics {
     rpc_duration: Family<RpcLabels, Histogram>,
@@ -335,12 +348,12 @@ impl Metrics {
     }
 
     /// Records one sweep of expired scale-down marks.
-    pub fn observe_sweep(&self, report: &crate::actuate::sweeper::SweepReport) {
-        self.marks_completed.inc_by(report.completed as u64);
-        self.marks_rolled_back.inc_by(report.rolled_back as u64);
+    pub fn observe_sweep(&self, sweep: &SweepCounts) {
+        self.marks_completed.inc_by(sweep.completed as u64);
+        self.marks_rolled_back.inc_by(sweep.rolled_back as u64);
         self.marks_rolled_forward
-            .inc_by(report.rolled_forward as u64);
-        self.marks_unresolved.set(report.failed as i64);
+            .inc_by(sweep.rolled_forward as u64);
+        self.marks_unresolved.set(sweep.unresolved as i64);
     }
 
     /// The text exposition of every metric.

@@ -786,7 +786,7 @@ fn operator_exposition() -> support::promql::Exposition {
     metrics.set_leader(true);
     metrics.observe_backend_call("cherryServers", "create", "ok");
     metrics.set_backend_available("ns/pool", true);
-    metrics.observe_sweep(&nodegroup_operator::actuate::sweeper::SweepReport::default());
+    metrics.observe_sweep(&nodegroup_operator::metrics::SweepCounts::default());
     let mut snapshot = build_snapshot(&IndexInputs::default());
     snapshot.workload.insert(
         ClusterKey {
@@ -1207,7 +1207,7 @@ fn operator_namespaced_access(
             "leases",
             &["get", "create", "update"],
         ),
-        // nodepool/controller.rs: a NodePool's credentials Secret, by name
+        // runtime/pools.rs: a NodePool's credentials Secret, by name
         (
             "nodegroup-operator-nodepool-credentials",
             "ngo-system",

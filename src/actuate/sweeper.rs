@@ -21,7 +21,7 @@ use super::capi::{CapiActuator, GroupKey, Resolution};
 use crate::capi::scale_down::RELEASED_RETENTION_SECS;
 use crate::capi::scale_down::protocol::{self, Sweep};
 use crate::index::{Snapshot, SnapshotHandle};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, SweepCounts};
 
 /// How often the leader sweeps.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(15);
@@ -137,7 +137,12 @@ pub async fn run(
             continue;
         };
         let report = sweep(&actuator, &snapshot, margin).await;
-        metrics.observe_sweep(&report);
+        metrics.observe_sweep(&SweepCounts {
+            completed: report.completed,
+            rolled_back: report.rolled_back,
+            rolled_forward: report.rolled_forward,
+            unresolved: report.failed,
+        });
         if report.expired > 0 {
             tracing::info!(?report, "swept expired scale-down marks");
         }
