@@ -1273,3 +1273,74 @@ async fn out_of_stock_then_late_stock_brings_no_instance_nobody_asked_for() {
         .sum();
     assert_eq!(launched, 3, "one at first, two when asked again");
 }
+
+/// A scale-out that changes nothing: an administrator lowers the scaling group's MaxSize to
+/// what it holds while the pool's scale-out is on its way (after the pass read the bounds).
+/// ESS records a `Rejected` activity for it (DescribeScalingActivities `StatusCode`), and the
+/// creation fails with that activity's reason, reported on the pool as a `ScaleUpFailed`
+/// Event naming the activity (`ScaleOutRejected`). No instance appears, and the pool reports
+/// that its max size now lies outside the group's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_out_that_changes_nothing_fails_with_the_rejected_activity() {
+    let w = World::new("ali-rejected", &["asg-rej"]).await;
+    w.pool("rej", "asg-rej", 1, 5, json!({})).await;
+    w.wait_pool_ready("rej", "asg-rej", 1).await;
+    let written = w.ess.requests_of("ModifyScalingConfiguration").len();
+    w.ess.inject(
+        Some("ScaleWithAdjustment"),
+        1,
+        FaultAction::Hang(Duration::from_secs(3)),
+    );
+    w.set_replicas("rej", 2).await;
+    // The user data is written just before the scale-out, which then hangs for 3 s.
+    w.wait("the user data written for the scale-out", || async {
+        let now = w.ess.requests_of("ModifyScalingConfiguration").len();
+        if now > written {
+            Ok(())
+        } else {
+            Err(format!("{now} writes"))
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(w.ess.set_size_bounds("asg-rej", 0, 1));
+    w.log("MaxSize lowered to 1 while the scale-out is on its way");
+
+    let event = w
+        .wait(
+            "a ScaleUpFailed Event with the Rejected activity",
+            || async {
+                let events = w.events("rej").await;
+                events
+                    .iter()
+                    .find(|(r, m)| r == "ScaleUpFailed" && m.contains("ScaleOutRejected"))
+                    .map(|(_, m)| m.clone())
+                    .ok_or_else(|| format!("{events:?}"))
+            },
+        )
+        .await;
+    let rejected = w
+        .ess
+        .activities("asg-rej")
+        .into_iter()
+        .find(|a| a.status == ngo_sandbox::alicloud::ActivityStatus::Rejected)
+        .expect("ESS recorded a Rejected activity");
+    assert!(event.contains(&rejected.id), "{event}");
+    assert_eq!(w.instances("asg-rej").len(), 1, "no instance appeared");
+    w.wait(
+        "the pool reports its max size outside the group's",
+        || async {
+            let status = w.get_pool("rej").await.status.unwrap_or_default();
+            let invalid = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "InvalidSpec")
+                .map(|c| (c.status.clone(), c.reason.clone()));
+            match invalid {
+                Some((s, r)) if s == "True" && r == "SizeOutsideScalingGroup" => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+}

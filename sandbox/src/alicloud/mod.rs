@@ -538,6 +538,20 @@ impl AliCloudEmulator {
         }
     }
 
+    /// Sets group `id`'s `MinSize` and `MaxSize`, as an administrator's ModifyScalingGroup
+    /// would (instances outside the new bounds are left alone); `false` if there is no
+    /// such group.
+    pub fn set_size_bounds(&self, id: &str, min: u32, max: u32) -> bool {
+        match self.shared.account().groups.get_mut(id) {
+            Some(g) => {
+                g.spec.min_size = min;
+                g.spec.max_size = max;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Group `id` as created and modified since, with its desired capacity now.
     pub fn group(&self, id: &str) -> Option<ScalingGroupSpec> {
         self.shared.account().groups.get(id).map(|g| g.spec.clone())
