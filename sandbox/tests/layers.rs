@@ -1,16 +1,14 @@
 //! The product crate's modules import each other without circles: the graph of `crate::<module>`
-//! paths between the top-level modules of `src/` (comments and unit-test modules left out) has
+//! paths between the top-level modules of `src/` (comments and unit tests left out: `mod tests`
+//! blocks and `tests.rs` files) has
 //! no cycle but the ones listed in [`KNOWN_CYCLES`], which may only shrink. A new circle fails
 //! this test, and so does a listed one that is gone (so the list is kept true).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Cycles not broken yet, each as its sorted modules. The model layer (`api`, `capi`,
-/// `template`, `index`) still converts between its parts in both directions: the policy
-/// conversions live on the CRD types, the CAPI object views hold the index's pool view, and
-/// the template reads the index's inputs.
-const KNOWN_CYCLES: &[&[&str]] = &[&["api", "capi", "index", "template"]];
+/// Cycles not broken yet, each as its sorted modules.
+const KNOWN_CYCLES: &[&[&str]] = &[];
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -79,6 +77,9 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
         let Some(module) = module_of(&file) else {
             continue;
         };
+        if file.file_name().is_some_and(|n| n == "tests.rs") {
+            continue;
+        }
         let text = std::fs::read_to_string(&file).expect("readable source");
         let targets = graph.entry(module.clone()).or_default();
         targets.extend(imports(&code(&text)).into_iter().filter(|t| *t != module));

@@ -5,6 +5,7 @@
 
 pub mod annotations;
 pub mod autodiscovery;
+pub mod groups;
 pub mod keys;
 pub mod objects;
 pub mod providerid;

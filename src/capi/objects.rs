@@ -30,6 +30,19 @@ pub enum ScalableKind {
     NodePool,
 }
 
+impl From<crate::api::policy::ScalableKindName> for ScalableKind {
+    fn from(kind: crate::api::policy::ScalableKindName) -> Self {
+        match kind {
+            crate::api::policy::ScalableKindName::MachineDeployment => {
+                ScalableKind::MachineDeployment
+            }
+            crate::api::policy::ScalableKindName::MachineSet => ScalableKind::MachineSet,
+            crate::api::policy::ScalableKindName::MachinePool => ScalableKind::MachinePool,
+            crate::api::policy::ScalableKindName::NodePool => ScalableKind::NodePool,
+        }
+    }
+}
+
 impl ScalableKind {
     /// The Cluster API kinds, in listing order.
     pub const ALL: [ScalableKind; 3] = [
@@ -218,7 +231,7 @@ pub struct ScalableResource {
     /// True when the object is being deleted.
     pub deleting: bool,
     /// What a NodePool adds (bounds, template, machine type, instances).
-    pub pool: Option<std::sync::Arc<crate::index::PoolView>>,
+    pub pool: Option<std::sync::Arc<super::groups::PoolView>>,
 }
 
 impl ScalableResource {

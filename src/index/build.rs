@@ -4,18 +4,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::model::{
-    ClusterKey, ConfigWarning, ExclusionReason, Instance, InstanceError, InstanceState, NodeGroup,
-    Snapshot, Source, TemplateInputs, WorkloadState,
+    ClusterKey, ConfigWarning, ExclusionReason, NodeGroup, Snapshot, Source, WorkloadState,
 };
 use super::policy::PolicyRules;
 use super::state::IndexState;
 use crate::capi::CapiKeys;
 use crate::capi::annotations::{self, CapacityHints};
 use crate::capi::autodiscovery::{DiscoveryFilter, DiscoveryTarget};
+use crate::capi::groups::{Instance, InstanceError, InstanceState};
 use crate::capi::keys::PAUSED_ANNOTATION;
 use crate::capi::objects::{InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource};
 use crate::capi::providerid::{self, SyntheticKind};
 use crate::template;
+use crate::template::TemplateInputs;
 
 /// The parts of a Node the index uses.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]

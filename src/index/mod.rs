@@ -6,18 +6,23 @@ mod handle;
 mod keyset;
 mod model;
 mod policy;
+mod policy_input;
 mod pool;
 mod sharded;
 pub mod state;
 
+pub use crate::capi::groups::{
+    Instance, InstanceError, InstanceState, PolicyTemplate, PoolMachineType, PoolView,
+};
+pub use crate::template::TemplateInputs;
 pub use build::{IndexInputs, NodeView, TemplateKey, TemplateKindState, build_snapshot};
 pub use handle::{SnapshotHandle, SnapshotPublisher, channel};
 pub use model::{
-    ClusterKey, ConfigWarning, Exclusion, ExclusionReason, Instance, InstanceError, InstanceState,
-    MachineEntry, NodeGroup, NodeGroupLookup, PolicyReport, PoolMachineType, PoolView, Snapshot,
-    Source, TemplateInputs, WorkloadState,
+    ClusterKey, ConfigWarning, Exclusion, ExclusionReason, MachineEntry, NodeGroup,
+    NodeGroupLookup, PolicyReport, Snapshot, Source, WorkloadState,
 };
-pub use policy::{PolicyRef, PolicyRules, PolicyTemplate, PriceList};
+pub use policy::{PolicyRef, PolicyRules, PriceList};
+pub use policy_input::{policy_rules, template_of};
 pub use pool::BACKEND_BOUNDS_FIELD;
 pub use sharded::ShardedMap;
 pub use state::IndexState;

@@ -3,11 +3,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::policy::{PolicyRef, PolicyTemplate, PriceList};
+use super::policy::{PolicyRef, PriceList};
 use super::sharded::ShardedMap;
-use crate::capi::annotations::{AnnotationWarning, CapacityHints, OptionOverrides};
-use crate::capi::objects::{InfraTemplate, ScalableKind, Taint};
+use crate::capi::annotations::{AnnotationWarning, OptionOverrides};
+use crate::capi::groups::Instance;
+use crate::capi::objects::ScalableKind;
 use crate::capi::providerid;
+use crate::template::TemplateInputs;
 
 /// A Cluster API Cluster (`spec.clusterName` of a scalable resource, in its namespace).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -74,101 +76,6 @@ impl From<AnnotationWarning> for ConfigWarning {
             field: w.key,
         }
     }
-}
-
-/// State of one instance as reported to cluster-autoscaler.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InstanceState {
-    /// No state known; reported as `unspecified` (CA: nil status).
-    Unspecified,
-    /// Running.
-    Running,
-    /// Being created.
-    Creating,
-    /// Being deleted.
-    Deleting,
-}
-
-/// Error information for an instance (CA treats Creating + error as a failed scale-up).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InstanceError {
-    /// Provider error code, e.g. `ProvisioningFailed`.
-    pub code: String,
-    /// Human-readable message.
-    pub message: String,
-    /// 1 = out of resources, 99 = other.
-    pub class: i32,
-}
-
-/// One instance of a node group.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Instance {
-    /// Raw provider ID, or a synthetic `pending-/failed-/deleting-machine-<ns>_<name>` id.
-    pub id: String,
-    /// State.
-    pub state: InstanceState,
-    /// Error, if any.
-    pub error: Option<InstanceError>,
-    /// `<namespace>/<name>` of the Machine behind the instance, if any.
-    pub machine: Option<String>,
-}
-
-impl Instance {
-    /// True for instances reported under a real provider ID.
-    pub fn is_real(&self) -> bool {
-        !providerid::has_synthetic_prefix(&self.id)
-    }
-}
-
-/// What the index reads from a NodePool beyond what every scalable resource has.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct PoolView {
-    /// `spec.minSize`.
-    pub min: Option<i32>,
-    /// `spec.maxSize`.
-    pub max: Option<i32>,
-    /// `spec.template`, validated.
-    pub template: Option<PolicyTemplate>,
-    /// What one server offers (capacity, labels, price), from the pool's status.
-    pub machine_type: Option<PoolMachineType>,
-    /// Instances from the pool's status, in a stable order. `Running` means the server
-    /// exists; whether its Node registered is decided from the Nodes.
-    pub instances: Vec<Instance>,
-    /// Why the spec is unusable (a problem the API server's schema cannot catch).
-    pub invalid: Option<String>,
-    /// The backend's own `[min, max]` (an ESS scaling group's MinSize/MaxSize), from the
-    /// pool's status: the served bounds never lie outside it.
-    pub backend_bounds: Option<(i32, i32)>,
-}
-
-/// One server type of a NodePool's backend.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct PoolMachineType {
-    /// Capacity (quantity strings).
-    pub capacity: BTreeMap<String, String>,
-    /// Labels every server of the type carries.
-    pub labels: BTreeMap<String, String>,
-    /// Price of one server for one hour.
-    pub hourly_price: Option<f64>,
-}
-
-/// What the template builder needs for a group that may scale from zero.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TemplateInputs {
-    /// Parsed capacity annotations (and policy template, when one applies).
-    pub hints: CapacityHints,
-    /// The infrastructure template's status hints, when a template exists and is cached.
-    pub infra: Option<InfraTemplate>,
-    /// CAPI-managed labels from the machine template.
-    pub managed_labels: BTreeMap<String, String>,
-    /// Taints from `spec.template.spec.taints`.
-    pub spec_taints: Vec<Taint>,
-    /// Labels copied from a live node of the group (arch, os, instance type, region, zone).
-    pub node_labels: BTreeMap<String, String>,
-    /// Architecture used when nothing else says (`CAPI_SCALE_ZERO_DEFAULT_ARCH`).
-    pub default_arch: String,
-    /// The governing policy's template (between the infrastructure template and annotations).
-    pub policy: Option<PolicyTemplate>,
 }
 
 /// A served node group.

@@ -1,9 +1,8 @@
 //! Policies as the index sees them: plain rules, already validated, with no Kubernetes types.
 
-use std::collections::BTreeMap;
-
 use crate::capi::annotations::OptionOverrides;
-use crate::capi::objects::{ScalableKind, ScalableResource, Selector, Taint};
+use crate::capi::groups::PolicyTemplate;
+use crate::capi::objects::{ScalableKind, ScalableResource, Selector};
 
 /// `<namespace>/<name>` of a policy, plus its UID for events.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -21,21 +20,6 @@ impl PolicyRef {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
-}
-
-/// What a new node looks like, per the policy.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PolicyTemplate {
-    /// Capacity (validated quantity strings).
-    pub capacity: BTreeMap<String, String>,
-    /// Labels.
-    pub labels: BTreeMap<String, String>,
-    /// Taints.
-    pub taints: Vec<Taint>,
-    /// `kubernetes.io/arch`.
-    pub architecture: Option<String>,
-    /// `kubernetes.io/os`.
-    pub operating_system: Option<String>,
 }
 
 /// Prices per hour.

@@ -5,15 +5,15 @@
 use std::collections::BTreeMap;
 
 use super::build::{Assessment, IndexInputs, NodeFinder};
-use super::model::{
-    ClusterKey, ConfigWarning, ExclusionReason, Instance, InstanceState, NodeGroup, PoolView,
-    Source, TemplateInputs,
-};
-use super::policy::{PolicyRules, PolicyTemplate, PriceList};
+use super::model::{ClusterKey, ConfigWarning, ExclusionReason, NodeGroup, Source};
+use super::policy::{PolicyRules, PriceList};
 use crate::capi::annotations;
+use crate::capi::groups::PolicyTemplate;
+use crate::capi::groups::{Instance, InstanceState, PoolView};
 use crate::capi::keys::PAUSED_ANNOTATION;
 use crate::capi::objects::{InfraTemplate, ScalableResource};
 use crate::template;
+use crate::template::TemplateInputs;
 
 /// Decides whether NodePool `r` is a served group (see [`super::build::assess`]).
 pub(super) fn assess(
@@ -181,7 +181,7 @@ pub fn within_backend(
 /// Prices from the machine type's hourly price: the node's, and per core and per GiB (half
 /// of the price each over the cores and the memory), so that cluster-autoscaler's `price`
 /// expander, which needs pod prices too, can compare pools.
-fn plan_prices(machine_type: &super::model::PoolMachineType) -> Option<PriceList> {
+fn plan_prices(machine_type: &crate::capi::groups::PoolMachineType) -> Option<PriceList> {
     let node = machine_type.hourly_price?;
     let amount = |name: &str| {
         machine_type
@@ -248,7 +248,7 @@ pub(super) fn instances(pool: &PoolView, g: &NodeGroup, nodes: &impl NodeFinder)
 #[cfg(test)]
 mod price_tests {
     use super::*;
-    use crate::index::model::PoolMachineType;
+    use crate::capi::groups::PoolMachineType;
 
     #[test]
     fn bounds_are_served_within_the_backends() {

@@ -23,11 +23,12 @@ use super::build::{
 };
 use super::keyset::KeySet;
 use super::model::{
-    ClusterKey, ConfigWarning, Exclusion, ExclusionReason, IndexCounts, Instance, InstanceState,
-    MachineEntry, NodeGroup, PolicyReport, ProviderIdOwner, ProviderIdOwners, Snapshot,
+    ClusterKey, ConfigWarning, Exclusion, ExclusionReason, IndexCounts, MachineEntry, NodeGroup,
+    PolicyReport, ProviderIdOwner, ProviderIdOwners, Snapshot,
 };
 use super::policy::PolicyRules;
 use super::sharded::ShardedMap;
+use crate::capi::groups::{Instance, InstanceState};
 use crate::capi::objects::{Machine, ScalableKind, ScalableResource};
 use crate::capi::providerid;
 use crate::capi::scale_down;

@@ -43,7 +43,7 @@ pub fn resource_view(pool: &NodePool) -> ScalableResource {
         .spec
         .template
         .as_ref()
-        .map(|t| t.validated("spec.template"))
+        .map(|t| crate::index::template_of(t, "spec.template"))
         .transpose()
         .err()
         .or_else(|| {
@@ -55,7 +55,7 @@ pub fn resource_view(pool: &NodePool) -> ScalableResource {
         .spec
         .template
         .as_ref()
-        .and_then(|t| t.validated("spec.template").ok());
+        .and_then(|t| crate::index::template_of(t, "spec.template").ok());
     let machine_type = status.machine_type.as_ref().map(|t| PoolMachineType {
         capacity: t
             .capacity

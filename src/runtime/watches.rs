@@ -542,7 +542,11 @@ impl Watches {
             nodes: Vec::new(),
             templates,
             template_kinds,
-            policies: self.policies().iter().map(|p| p.rules()).collect(),
+            policies: self
+                .policies()
+                .iter()
+                .map(|p| crate::index::policy_rules(p))
+                .collect(),
             clusters,
             deleting_clusters,
             workload,

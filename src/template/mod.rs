@@ -10,9 +10,30 @@ use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
 use prost::Message;
 use thiserror::Error;
 
+use crate::capi::annotations::CapacityHints;
+use crate::capi::groups::PolicyTemplate;
+use crate::capi::objects::InfraTemplate;
 use crate::capi::objects::Taint;
-use crate::index::TemplateInputs;
 use crate::quantity;
+
+/// What the template builder needs for a group that may scale from zero.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TemplateInputs {
+    /// Parsed capacity annotations (and policy template, when one applies).
+    pub hints: CapacityHints,
+    /// The infrastructure template's status hints, when a template exists and is cached.
+    pub infra: Option<InfraTemplate>,
+    /// CAPI-managed labels from the machine template.
+    pub managed_labels: BTreeMap<String, String>,
+    /// Taints from `spec.template.spec.taints`.
+    pub spec_taints: Vec<Taint>,
+    /// Labels copied from a live node of the group (arch, os, instance type, region, zone).
+    pub node_labels: BTreeMap<String, String>,
+    /// Architecture used when nothing else says (`CAPI_SCALE_ZERO_DEFAULT_ARCH`).
+    pub default_arch: String,
+    /// The governing policy's template (between the infrastructure template and annotations).
+    pub policy: Option<PolicyTemplate>,
+}
 
 /// Default max pods per node when nothing says otherwise (kubelet's default).
 pub const DEFAULT_MAX_PODS: i64 = 110;

@@ -8,7 +8,7 @@ use prost::Message;
 use super::*;
 use crate::capi::annotations::CapacityHints;
 use crate::capi::objects::InfraTemplate;
-use crate::index::TemplateInputs;
+use super::TemplateInputs;
 
 fn inputs(hints: CapacityHints, infra: Option<InfraTemplate>) -> TemplateInputs {
     TemplateInputs {
