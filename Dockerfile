@@ -4,6 +4,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto proto
 COPY src src
+# The cloud API clients are crates of the workspace.
+COPY crates crates
 # The workspace lists the sandbox crate; only the operator binary is built and shipped.
 COPY sandbox sandbox
 RUN cargo build --release --locked -p nodegroup-operator --bin nodegroup-operator

@@ -43,6 +43,7 @@ unit:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets --features nodegroup-operator/fault-injection -- -D warnings
+	$(CARGO) check --locked --manifest-path fuzz/Cargo.toml --target-dir target/fuzz-check
 
 fmt:
 	$(CARGO) fmt --all

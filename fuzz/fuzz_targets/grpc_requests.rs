@@ -14,8 +14,8 @@ use nodegroup_operator::capi::annotations::{self, OptionOverrides};
 use nodegroup_operator::capi::objects::{InfraRef, Machine, Selector};
 use nodegroup_operator::capi::{CapiKeys, ScalableKind, ScalableResource, providerid};
 use nodegroup_operator::index::{
-    IndexInputs, NodeGroupLookup, NodeView, PolicyRef, PolicyRules, PriceList, Snapshot,
-    build_snapshot,
+    ClusterKey, IndexInputs, NodeGroupLookup, NodeView, PolicyRef, PolicyRules, PriceList,
+    Snapshot, build_snapshot,
 };
 use nodegroup_operator::proto::{self, ExternalGrpcNode};
 use nodegroup_operator::server::{convert, options};
@@ -80,6 +80,7 @@ fn resource(
         provider_id_list: (kind == ScalableKind::MachinePool)
             .then(|| vec!["aws:///zone/i-pool-0".to_string()]),
         deleting: false,
+        pool: None,
     }
 }
 
@@ -94,10 +95,19 @@ fn snapshot() -> &'static Snapshot {
             (&keys.max_size, "5"),
             ("capacity.cluster-autoscaler.kubernetes.io/cpu", "4"),
             ("capacity.cluster-autoscaler.kubernetes.io/memory", "16Gi"),
-            ("capacity.cluster-autoscaler.kubernetes.io/gpu-type", "nvidia.com/gpu"),
+            (
+                "capacity.cluster-autoscaler.kubernetes.io/gpu-type",
+                "nvidia.com/gpu",
+            ),
             ("capacity.cluster-autoscaler.kubernetes.io/gpu-count", "1"),
-            ("capacity.cluster-autoscaler.kubernetes.io/labels", "pool=a,foo"),
-            ("capacity.cluster-autoscaler.kubernetes.io/taints", "a=b:NoSchedule"),
+            (
+                "capacity.cluster-autoscaler.kubernetes.io/labels",
+                "pool=a,foo",
+            ),
+            (
+                "capacity.cluster-autoscaler.kubernetes.io/taints",
+                "a=b:NoSchedule",
+            ),
             (
                 "cluster.x-k8s.io/autoscaling-options-scaledownunneededtime",
                 "5m",
@@ -108,7 +118,12 @@ fn snapshot() -> &'static Snapshot {
             default_arch: "amd64".into(),
             resources: vec![
                 resource(ScalableKind::MachineDeployment, "md", md_annotations, None),
-                resource(ScalableKind::MachineSet, "md-ms", BTreeMap::new(), Some("md")),
+                resource(
+                    ScalableKind::MachineSet,
+                    "md-ms",
+                    BTreeMap::new(),
+                    Some("md"),
+                ),
                 resource(
                     ScalableKind::MachinePool,
                     "pool",
@@ -117,16 +132,19 @@ fn snapshot() -> &'static Snapshot {
                 ),
             ],
             machines: vec![
-                machine("m0", Some("aws:///zone/i-0"), Some("node-0")),
-                machine("m1", None, None),
-                machine("m2", Some("aws:///other/i-0"), Some("node-0")),
+                machine("m0", Some("aws:///zone/i-0"), Some("node-0")).into(),
+                machine("m1", None, None).into(),
+                machine("m2", Some("aws:///other/i-0"), Some("node-0")).into(),
             ],
-            nodes: vec![NodeView {
-                name: "node-0".into(),
-                provider_id: Some("aws:///zone/i-0".into()),
-                ready: true,
-                ..Default::default()
-            }],
+            nodes: vec![
+                NodeView {
+                    name: "node-0".into(),
+                    provider_id: Some("aws:///zone/i-0".into()),
+                    ready: true,
+                    ..Default::default()
+                }
+                .into(),
+            ],
             policies: vec![PolicyRules {
                 reference: PolicyRef {
                     namespace: NAMESPACE.into(),
@@ -170,11 +188,18 @@ fn node(snapshot: &Snapshot, node: &ExternalGrpcNode) {
             node.provider_id
         );
     }
-    if let NodeGroupLookup::Group(g) = snapshot.group_for_provider_id(&node.provider_id) {
-        let _ = convert::node_group(&g);
-        let _ = pricing::node_hourly(&g);
+    let cluster = ClusterKey {
+        namespace: NAMESPACE.into(),
+        name: "c1".into(),
+    };
+    for scope in [None, Some(&cluster)] {
+        if let NodeGroupLookup::Group(g) = snapshot.group_for_provider_id(&node.provider_id, scope)
+        {
+            let _ = convert::node_group(&g);
+            let _ = pricing::node_hourly(&g);
+        }
     }
-    let _ = snapshot.machine_for_provider_id(&node.provider_id);
+    let _ = snapshot.machine_for_provider_id(&node.provider_id, &cluster);
     let keys = CapiKeys::default();
     for map in [&node.annotations, &node.labels] {
         let map: BTreeMap<String, String> =
@@ -195,8 +220,8 @@ fn group(snapshot: &Snapshot, id: &str) {
     if let Some(inputs) = &g.template {
         let node = template::build_node(&g.name, inputs, 0);
         let bytes = template::encode_node(&node);
-        let decoded = k8s_pb::api::core::v1::Node::decode(bytes.as_slice())
-            .expect("a template node decodes");
+        let decoded =
+            k8s_pb::api::core::v1::Node::decode(bytes.as_slice()).expect("a template node decodes");
         assert_eq!(decoded, node);
     }
 }
@@ -267,7 +292,11 @@ fuzz_target!(|data: &[u8]| {
                 ) {
                     assert!(hours.is_finite() && hours >= 0.0);
                 }
-                pod_price(if r.pod_bytes.is_empty() { &r.pod } else { &r.pod_bytes });
+                pod_price(if r.pod_bytes.is_empty() {
+                    &r.pod
+                } else {
+                    &r.pod_bytes
+                });
                 let _ = pricing::cheapest_resource_prices(snapshot.groups.values());
             }
         }

@@ -198,3 +198,28 @@ fn a_circle_is_found_and_a_chain_is_not() {
         BTreeSet::from(["capi".to_string(), "index".into()])
     );
 }
+
+/// The cloud API clients (`crates/cloud-*`) are leaves: they depend on no crate of the
+/// workspace, so they cannot know NodePools or anything above them.
+#[test]
+fn cloud_client_crates_depend_on_no_workspace_crate() {
+    let crates = src().parent().expect("repository").join("crates");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&crates).expect("crates/").flatten() {
+        let manifest = entry.path().join("Cargo.toml");
+        let Ok(text) = std::fs::read_to_string(&manifest) else {
+            continue;
+        };
+        if !entry.file_name().to_string_lossy().starts_with("cloud-") {
+            continue;
+        }
+        seen += 1;
+        let local: Vec<&str> = text.lines().filter(|l| l.contains("path =")).collect();
+        assert!(
+            local.is_empty(),
+            "{} depends on workspace crates: {local:?}",
+            manifest.display()
+        );
+    }
+    assert!(seen >= 2, "the Cherry and Alibaba client crates are found");
+}

@@ -18,7 +18,7 @@ use super::credentials::{
     Credentials, CredentialsProvider, EcsRamRoleCredentials, METADATA_ENDPOINT, OidcRoleConfig,
     OidcRoleCredentials, RefreshPolicy, StaticCredentials,
 };
-use super::error::Error;
+use super::Error;
 use crate::api::nodepool::{AliCloudCredentialsMode, AliCloudSpec};
 
 /// `RoleSessionName` when the Secret has no `session-name`.
