@@ -6,7 +6,6 @@
 //! snapshot, and only mutating RPCs reach out to the API server through [`actuate`].
 
 pub mod actuate;
-pub mod api;
 pub mod backends;
 pub mod capi;
 pub mod duration;
@@ -23,3 +22,6 @@ pub mod runtime;
 pub mod server;
 pub mod status;
 pub mod template;
+
+/// The CRD types (crate `ngo-api`).
+pub use ngo_api as api;

@@ -1,4 +1,5 @@
-//! Our CRDs (`autoscaling.nodegroup.dev/v1alpha1`) and condition helpers.
+//! Our CRDs (`autoscaling.nodegroup.dev/v1alpha1`) and condition helpers: plain types with
+//! their schema and validation rules, no client and no knowledge of the rest of the operator.
 
 pub mod conditions;
 pub mod nodepool;
