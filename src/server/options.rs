@@ -13,16 +13,14 @@ pub fn merge(
     defaults: &NodeGroupAutoscalingOptions,
     overrides: &OptionOverrides,
 ) -> NodeGroupAutoscalingOptions {
+    // Signed nanoseconds: CA accepts negative duration flags and sends them as defaults,
+    // which the reply must echo (CA <= 1.34.x dereferences fields 3-5 unchecked).
     let pick = |current: &Option<prost_types::Duration>,
                 legacy: &Option<LegacyDuration>,
                 over: Option<Duration>| {
-        over.or_else(|| current.as_ref().and_then(from_proto))
-            .or_else(|| {
-                legacy
-                    .as_ref()
-                    .and_then(|l| u64::try_from(l.duration).ok())
-                    .map(Duration::from_nanos)
-            })
+        over.map(|d| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX))
+            .or_else(|| current.as_ref().map(proto_nanos))
+            .or_else(|| legacy.as_ref().map(|l| i128::from(l.duration)))
     };
     let unneeded = pick(
         &defaults.scale_down_unneeded_duration,
@@ -52,12 +50,12 @@ pub fn merge(
         ignore_daemon_sets_utilization: overrides
             .ignore_daemonsets_utilization
             .unwrap_or(defaults.ignore_daemon_sets_utilization),
-        scale_down_unneeded_duration: unneeded.map(to_proto),
-        scale_down_unready_duration: unready.map(to_proto),
-        max_node_provision_duration: provision.map(to_proto),
-        scale_down_unneeded_time: unneeded.map(to_legacy),
-        scale_down_unready_time: unready.map(to_legacy),
-        max_node_provision_time: provision.map(to_legacy),
+        scale_down_unneeded_duration: unneeded.map(nanos_proto),
+        scale_down_unready_duration: unready.map(nanos_proto),
+        max_node_provision_duration: provision.map(nanos_proto),
+        scale_down_unneeded_time: unneeded.map(nanos_legacy),
+        scale_down_unready_time: unready.map(nanos_legacy),
+        max_node_provision_time: provision.map(nanos_legacy),
     }
 }
 
@@ -75,28 +73,35 @@ pub fn receivable(
     }
 }
 
-fn from_proto(d: &prost_types::Duration) -> Option<Duration> {
-    let secs = u64::try_from(d.seconds).ok()?;
-    let nanos = u32::try_from(d.nanos).ok()?;
-    Some(Duration::new(secs, nanos))
+/// A protobuf duration as signed nanoseconds (seconds and nanos carry the same sign).
+fn proto_nanos(d: &prost_types::Duration) -> i128 {
+    i128::from(d.seconds) * 1_000_000_000 + i128::from(d.nanos)
 }
 
-fn to_proto(d: Duration) -> prost_types::Duration {
+/// Signed nanoseconds as a protobuf duration, saturated to its range.
+fn nanos_proto(nanos: i128) -> prost_types::Duration {
+    let seconds = nanos / 1_000_000_000;
     prost_types::Duration {
-        seconds: d.as_secs() as i64,
-        nanos: d.subsec_nanos() as i32,
+        seconds: i64::try_from(seconds).unwrap_or(if seconds < 0 { i64::MIN } else { i64::MAX }),
+        // Same sign as `seconds`, below one second: always fits.
+        nanos: (nanos % 1_000_000_000) as i32,
     }
 }
 
-fn to_legacy(d: Duration) -> LegacyDuration {
+/// Signed nanoseconds as a `metav1.Duration` (int64 nanoseconds), saturated.
+fn nanos_legacy(nanos: i128) -> LegacyDuration {
     LegacyDuration {
-        duration: d.as_nanos().min(i64::MAX as u128) as i64,
+        duration: i64::try_from(nanos).unwrap_or(if nanos < 0 { i64::MIN } else { i64::MAX }),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn to_proto(d: Duration) -> prost_types::Duration {
+        nanos_proto(d.as_nanos() as i128)
+    }
 
     fn defaults() -> NodeGroupAutoscalingOptions {
         NodeGroupAutoscalingOptions {
@@ -107,6 +112,61 @@ mod tests {
             max_node_provision_duration: Some(to_proto(Duration::from_secs(900))),
             ..Default::default()
         }
+    }
+
+    /// cluster-autoscaler accepts negative duration flags and sends them as defaults; the
+    /// reply echoes them in both encodings. CA <= 1.34.x dereferences fields 3-5 without a
+    /// nil check, so a dropped one crashes it.
+    #[test]
+    fn negative_defaults_are_echoed_in_both_encodings() {
+        let minute = 60_000_000_000_i64;
+        let legacy_only = NodeGroupAutoscalingOptions {
+            scale_down_unneeded_time: Some(LegacyDuration { duration: -minute }),
+            scale_down_unready_time: Some(LegacyDuration { duration: -1 }),
+            max_node_provision_time: Some(LegacyDuration { duration: 0 }),
+            ..Default::default()
+        };
+        let out = merge(&legacy_only, &OptionOverrides::default());
+        assert_eq!(
+            out.scale_down_unneeded_time,
+            Some(LegacyDuration { duration: -minute })
+        );
+        assert_eq!(
+            out.scale_down_unneeded_duration,
+            Some(prost_types::Duration {
+                seconds: -60,
+                nanos: 0
+            })
+        );
+        assert_eq!(
+            out.scale_down_unready_duration,
+            Some(prost_types::Duration {
+                seconds: 0,
+                nanos: -1
+            })
+        );
+        assert_eq!(
+            out.max_node_provision_time,
+            Some(LegacyDuration { duration: 0 })
+        );
+        let proto_only = NodeGroupAutoscalingOptions {
+            scale_down_unneeded_duration: Some(prost_types::Duration {
+                seconds: -90,
+                nanos: -500_000_000,
+            }),
+            ..Default::default()
+        };
+        let out = merge(&proto_only, &OptionOverrides::default());
+        assert_eq!(
+            out.scale_down_unneeded_time,
+            Some(LegacyDuration {
+                duration: -90_500_000_000
+            })
+        );
+        assert_eq!(
+            out.scale_down_unneeded_duration,
+            proto_only.scale_down_unneeded_duration
+        );
     }
 
     #[test]
