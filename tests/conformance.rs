@@ -1,20 +1,31 @@
-//! The server as cluster-autoscaler sees it: CA 1.36.1's own `externalgrpc` cloud provider
-//! client, over mTLS.
+//! The server as cluster-autoscaler sees it: CA's own `externalgrpc` cloud provider client, of
+//! each supported CA release, over mTLS.
 //!
-//! `nodegroup-conformance` (tests/upstream/conformance, built by `tests/upstream/build.sh
-//! conformance` from CA's source tarball, with the dependency versions CA's build selects) links
-//! CA's `cloudprovider/externalgrpc` package. It builds the provider with `BuildExternalGrpc` from
-//! a real cloud-config file written here, calls CA's `CloudProvider` and `NodeGroup` methods one
-//! JSON line at a time and prints what each returned. Every assertion below is therefore on CA's
-//! view of the operator: after CA's caches, its mapping of UNIMPLEMENTED to `ErrNotImplemented`,
-//! its decoding of template nodes, instance statuses and options. The operator runs in-process
-//! against a real kube-apiserver with Cluster API objects.
+//! `nodegroup-conformance-<version>` (tests/upstream/conformance, built by `tests/upstream/build.sh
+//! conformance` from each release's source tarball, with the dependency versions that release's
+//! build selects) links that release's `cloudprovider/externalgrpc` package. It builds the
+//! provider with `BuildExternalGrpc` from a real cloud-config file written here, calls CA's
+//! `CloudProvider` and `NodeGroup` methods one JSON line at a time and prints what each returned.
+//! Every assertion below is therefore on CA's view of the operator: after CA's caches, its
+//! mapping of UNIMPLEMENTED to `ErrNotImplemented`, its decoding of template nodes, instance
+//! statuses and options. The operator runs in-process against a real kube-apiserver with Cluster
+//! API objects.
+//!
+//! The scenarios run once per release of `CONFORMANCE_TEST_VERSIONS` (tests/upstream/versions.env:
+//! 1.29.5, 1.34.1, 1.36.1), with the expectations of that release's client ([`Release`], read
+//! from its `cloudprovider/externalgrpc/externalgrpc_node_group.go`,
+//! `externalgrpc_cloud_provider.go` and `config/autoscaling_options.go`). `compat_matrix` runs
+//! them for the compatibility table in docs/compatibility.md: with `NGO_COMPAT=1` (`make compat`)
+//! for every release of `CONFORMANCE_ALL_VERSIONS`, rewriting the table; otherwise it checks that
+//! the committed table is what the test releases produce.
 
 mod support;
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ngo_sandbox::ca_client::CaClient;
@@ -26,6 +37,229 @@ use support::*;
 const WAIT: Duration = Duration::from_secs(30);
 const CAPACITY: &str = "capacity.cluster-autoscaler.kubernetes.io/";
 const OPTIONS: &str = "cluster.x-k8s.io/autoscaling-options-";
+
+/// A cluster-autoscaler release, and what its `externalgrpc` client does differently from the
+/// newest one. Each predicate names the release that changed it, as read in that release's
+/// `cloudprovider/externalgrpc/externalgrpc_node_group.go`, `externalgrpc_cloud_provider.go`,
+/// `protos/externalgrpc.proto` and `config/autoscaling_options.go`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Release {
+    minor: u32,
+    patch: u32,
+}
+
+const CA_1_29_5: Release = Release::new(29, 5);
+const CA_1_34_1: Release = Release::new(34, 1);
+const CA_1_34_5: Release = Release::new(34, 5);
+const CA_1_36_1: Release = Release::new(36, 1);
+
+/// How a client of some release carries one piece of data that moved to new protocol fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fields {
+    /// Only the Kubernetes-typed fields (up to 1.34.1).
+    Legacy,
+    /// Both, preferring the new ones when reading (1.34.5).
+    Both,
+    /// Only the protobuf well-known-type fields (1.35 on).
+    Current,
+}
+
+impl Release {
+    const fn new(minor: u32, patch: u32) -> Self {
+        Self { minor, patch }
+    }
+
+    /// "1.29.5" -> 1.29.5; panics on anything else (versions.env is ours).
+    fn parse(version: &str) -> Self {
+        let parts: Vec<u32> = version
+            .split('.')
+            .map(|p| {
+                p.parse()
+                    .unwrap_or_else(|e| panic!("version {version}: {e}"))
+            })
+            .collect();
+        assert!(
+            parts.len() == 3 && parts[0] == 1,
+            "not a 1.x.y version: {version}"
+        );
+        Self::new(parts[1], parts[2])
+    }
+
+    /// `NodeGroup.AtomicIncreaseSize` exists (CA's client answers `ErrNotImplemented` itself,
+    /// no RPC): from 1.30.
+    fn has_atomic_increase_size(self) -> bool {
+        self.minor >= 30
+    }
+
+    /// `NodeGroup.ForceDeleteNodes` exists (likewise answered by the client): from 1.31.
+    fn has_force_delete_nodes(self) -> bool {
+        self.minor >= 31
+    }
+
+    /// GetOptions sends the default ZeroOrMaxNodeScaling and IgnoreDaemonSetsUtilization
+    /// (fields 6 and 7) and reads them from the reply: from 1.33. Before, any options reply
+    /// makes both false for the group.
+    fn options_fields_6_7(self) -> bool {
+        self.minor >= 33
+    }
+
+    /// `config.NodeGroupAutoscalingOptions` has AllowNonAtomicScaleUpToMax (no protocol field:
+    /// GetOptions leaves it false): from 1.34.
+    fn has_allow_non_atomic_option(self) -> bool {
+        self.minor >= 34
+    }
+
+    /// `config.NodeGroupAutoscalingOptions` has MaxNodeStartupTime (no protocol field:
+    /// GetOptions leaves it 0): from 1.35.
+    fn has_max_node_startup_option(self) -> bool {
+        self.minor >= 35
+    }
+
+    /// GetOptions durations: `metav1.Duration` fields 3-5, read with a nil dereference when the
+    /// reply lacks them (also in 1.34.5 when it lacks both), or `google.protobuf.Duration`
+    /// fields 8-10, zero when absent.
+    fn option_durations(self) -> Fields {
+        self.fields()
+    }
+
+    /// TemplateNodeInfo's node: field 1 `nodeInfo` (a `v1.Node` message) or field 2
+    /// `nodeBytes` (the same bytes).
+    fn template_fields(self) -> Fields {
+        self.fields()
+    }
+
+    /// Pricing requests: the window in `metav1.Time` fields 2-3 and PodPrice's pod in field 1,
+    /// or `google.protobuf.Timestamp` fields and `pod_bytes`.
+    fn pricing_fields(self) -> Fields {
+        self.fields()
+    }
+
+    fn fields(self) -> Fields {
+        match self {
+            r if r < CA_1_34_5 => Fields::Legacy,
+            r if r == CA_1_34_5 => Fields::Both,
+            _ => Fields::Current,
+        }
+    }
+
+    /// What differs in this release's client from the newest one, with what the operator does
+    /// about it: the compatibility table's last two columns.
+    fn differences(self) -> Vec<(&'static str, &'static str)> {
+        let mut out = Vec::new();
+        match self.option_durations() {
+            Fields::Legacy => out.push((
+                "GetOptions sends the default durations only in the `metav1.Duration` fields 3-5 \
+                 and reads the reply's from them: a reply without them is a nil dereference (CA \
+                 crashes)",
+                "reads the defaults from 3-5 when 8-10 are absent; every options reply carries \
+                 both 3-5 and 8-10, echoing each default the group does not override, negative \
+                 ones included",
+            )),
+            Fields::Both => out.push((
+                "GetOptions sends the default durations in both fields 3-5 and 8-10 and reads \
+                 8-10, else 3-5 (nil dereference when both are absent)",
+                "every options reply carries both 3-5 and 8-10, negative defaults included",
+            )),
+            Fields::Current => {}
+        }
+        if !self.options_fields_6_7() {
+            out.push((
+                "GetOptions neither sends nor reads ZeroOrMaxNodeScaling and \
+                 IgnoreDaemonSetsUtilization (fields 6, 7): every group with an options reply \
+                 gets both false, whatever its annotations and CA's \
+                 `--ignore-daemonsets-utilization`",
+                "answers as to every release (the request does not tell releases apart): the \
+                 zeroormaxnodescaling and ignoredaemonsetsutilization annotations have no effect \
+                 on these releases",
+            ));
+        }
+        if !self.has_max_node_startup_option() {
+            out.push((
+                "no per-group MaxNodeStartupTime (from 1.35 an options reply sets it to 0 for \
+                 the group, as no protocol field carries it)",
+                "drops maxnodestartuptime overrides for every release: a group with only that \
+                 override gets UNIMPLEMENTED (CA's defaults)",
+            ));
+        }
+        if !self.has_allow_non_atomic_option() {
+            out.push((
+                "no per-group AllowNonAtomicScaleUpToMax (from 1.34 GetOptions leaves it false)",
+                "nothing to do (no protocol field)",
+            ));
+        }
+        match self.template_fields() {
+            Fields::Legacy => out.push((
+                "TemplateNodeInfo reads only field 1 `nodeInfo` (a `v1.Node` message)",
+                "sends the template node in field 1 and field 2 (the same bytes)",
+            )),
+            Fields::Both => out.push((
+                "TemplateNodeInfo reads field 2 `nodeBytes`, else field 1",
+                "sends both",
+            )),
+            Fields::Current => {}
+        }
+        match self.pricing_fields() {
+            Fields::Legacy => out.push((
+                "pricing requests carry the window only in the `metav1.Time` fields 2-3, \
+                 PodPrice the pod only in field 1",
+                "reads the legacy window and pod when the current fields are absent",
+            )),
+            Fields::Both => out.push((
+                "pricing requests carry both the legacy and the current window and pod fields",
+                "reads the current fields",
+            )),
+            Fields::Current => {}
+        }
+        if !self.has_force_delete_nodes() {
+            out.push((
+                "no `NodeGroup.ForceDeleteNodes` (1.31 adds it, answering \"not implemented\" \
+                 without an RPC)",
+                "nothing to do (no RPC in any release)",
+            ));
+        }
+        if !self.has_atomic_increase_size() {
+            out.push((
+                "no `NodeGroup.AtomicIncreaseSize` (1.30 adds it, answering \"not \
+                 implemented\" without an RPC)",
+                "nothing to do (no RPC in any release)",
+            ));
+        }
+        out
+    }
+}
+
+impl fmt::Display for Release {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "1.{}.{}", self.minor, self.patch)
+    }
+}
+
+/// The releases of a comma-separated list in tests/upstream/versions.env.
+fn versions_env(key: &str) -> Vec<Release> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/upstream/versions.env");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("{key} is not set in {}", path.display()));
+    value.trim().split(',').map(Release::parse).collect()
+}
+
+/// Where a scenario is, for the compatibility table: a failing release's row names the step
+/// (the panic message itself has run-specific names and timings).
+#[derive(Clone, Default)]
+struct Steps(Arc<Mutex<&'static str>>);
+
+impl Steps {
+    fn at(&self, step: &'static str) {
+        *self.0.lock().unwrap() = step;
+    }
+
+    fn current(&self) -> &'static str {
+        *self.0.lock().unwrap()
+    }
+}
 
 /// How CA's client connects, as its cloud-config says.
 enum Auth<'a> {
@@ -90,9 +324,9 @@ impl Pki {
     }
 }
 
-/// Writes CA's cloud-config for `address` and `auth` into `dir` and starts CA's client.
-async fn start_ca(dir: &Path, address: SocketAddr, auth: &Auth<'_>) -> CaClient {
-    let name = format!("ca-{}", rand::random::<u32>());
+/// Writes CA's cloud-config for `address` and `auth` into `dir` and starts `release`'s client.
+async fn start_ca(release: Release, dir: &Path, address: SocketAddr, auth: &Auth<'_>) -> CaClient {
+    let name = format!("ca-{release}-{}", rand::random::<u32>());
     let mut config = json!({"address": address.to_string(), "grpc_timeout": "10s"});
     if let Auth::Mtls { cert, key, cacert } = auth {
         config["cert"] = json!(cert);
@@ -101,8 +335,14 @@ async fn start_ca(dir: &Path, address: SocketAddr, auth: &Auth<'_>) -> CaClient 
     }
     let config_path = dir.join(format!("{name}.cloud-config.yaml"));
     std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
-    CaClient::start(&config_path, &dir.join(format!("{name}.log")))
-        .unwrap_or_else(|e| panic!("starting CA's client: {e}"))
+    let log = dir.join(format!("{name}.log"));
+    let started = if release == CA_1_36_1 {
+        // The unsuffixed binary, which other test binaries run too.
+        CaClient::start(&config_path, &log)
+    } else {
+        CaClient::start_version(&release.to_string(), &config_path, &log)
+    };
+    started.unwrap_or_else(|e| panic!("starting CA {release}'s client: {e}"))
 }
 
 /// A Node as CA's core holds it: what CA's client sends for it.
@@ -120,6 +360,17 @@ fn assert_not_implemented(result: &Value) {
     assert_eq!(result["notImplemented"], true, "{result:#}");
 }
 
+/// A method or option field `release`'s client does not have: nothing reached the server.
+fn assert_unsupported(release: Release, result: &Value) {
+    assert_eq!(result["unsupported"], true, "CA {release}: {result:#}");
+    assert_eq!(result["notImplemented"], false, "{result:#}");
+    let error = result["error"].as_str().unwrap_or_default();
+    assert!(
+        error.ends_with(&format!(" is not in CA {release}")),
+        "{result:#}"
+    );
+}
+
 /// An ordinary error carrying gRPC status `code` (never "not implemented" to CA).
 fn assert_code(result: &Value, code: &str) {
     assert_eq!(result["code"], code, "{result:#}");
@@ -131,9 +382,11 @@ fn approx(value: &Value, expected: f64) -> bool {
     value.as_f64().is_some_and(|v| (v - expected).abs() < 1e-9)
 }
 
-#[tokio::test]
-async fn cluster_autoscaler_client_view_over_mtls() {
-    let ns = TestNs::new("conform").await;
+/// Every RPC through `release`'s client: groups, getters, instances, templates, options, prices,
+/// scale-up, scale-down, errors of a group deleted under CA, and refused connections.
+async fn client_view(release: Release, steps: Steps) {
+    steps.at("fixtures");
+    let ns = TestNs::new(&format!("conform-{}-{}", release.minor, release.patch)).await;
     let n = ns.name.clone();
 
     // MachineDeployment md: min 1, max 5, two running machines with nodes and one pending.
@@ -195,7 +448,8 @@ async fn cluster_autoscaler_client_view_over_mtls() {
     let pki = Pki::new(dir.path());
     let operator = pki.operator(&ns).await;
     let address = operator.grpc_address;
-    let ca = start_ca(dir.path(), address, &pki.client()).await;
+    steps.at("start");
+    let ca = start_ca(release, dir.path(), address, &pki.client()).await;
 
     let md_id = format!("MachineDeployment/{n}/md");
     let zero_id = format!("MachineDeployment/{n}/zero");
@@ -204,6 +458,7 @@ async fn cluster_autoscaler_client_view_over_mtls() {
     let member = ext_node(&pids[0], &node_names[0]);
     let unmanaged = ext_node("test:////control-plane", "control-plane");
 
+    steps.at("Refresh, NodeGroups");
     // CA's loop starts with Refresh (which drops CA's caches), then NodeGroups: repeat until the
     // operator has synced and serves all four groups.
     let groups = eventually("four node groups, as CA sees them", WAIT, || {
@@ -236,6 +491,7 @@ async fn cluster_autoscaler_client_view_over_mtls() {
     let md_debug = groups.iter().find(|g| g["id"] == md_id.as_str()).unwrap()["debug"].clone();
     assert!(md_debug.as_str().unwrap().contains(&md_id), "{md_debug}");
 
+    steps.at("group getters, NodeGroupForNode");
     // The group's own getters: cached from NodeGroups (Exist and Autoprovisioned are constants
     // of CA's client).
     let md_call = |call: &str| json!({"call": call, "group": md_id});
@@ -273,6 +529,7 @@ async fn cluster_autoscaler_client_view_over_mtls() {
     );
     assert_eq!(ca.value(md_call("TargetSize")).await, 3);
 
+    steps.at("Nodes");
     let nodes = ca.value(md_call("Nodes")).await;
     let instances: BTreeMap<&str, &Value> = nodes
         .as_array()
@@ -312,6 +569,7 @@ async fn cluster_autoscaler_client_view_over_mtls() {
         json!([])
     );
 
+    steps.at("TemplateNodeInfo");
     // The template, as CA decodes it (k8s.io/api Node.Unmarshal) into a NodeInfo.
     let template = ca
         .value(json!({"call": "TemplateNodeInfo", "group": zero_id}))
@@ -345,6 +603,7 @@ async fn cluster_autoscaler_client_view_over_mtls() {
     // A group with replicas has real nodes to copy: no template, and CA knows to fall back.
     assert_not_implemented(&ca.call(md_call("TemplateNodeInfo")).await);
 
+    steps.at("GetOptions");
     // GetOptions: CA builds its options from the reply alone, so fields a group does not set
     // must echo the defaults CA sent (here those of CA's flags, then overridden ones).
     let options = ca
@@ -352,21 +611,26 @@ async fn cluster_autoscaler_client_view_over_mtls() {
         .await;
     assert_eq!(
         options,
-        json!({
-            "scaleDownUtilizationThreshold": 0.3,
-            "scaleDownGpuUtilizationThreshold": 0.5,
-            "scaleDownUnneededTime": "1m0s",
-            "scaleDownUnreadyTime": "20m0s",
-            "maxNodeProvisionTime": "15m0s",
-            // maxNodeStartupTime and allowNonAtomicScaleUpToMax have no protocol field: CA's
-            // client leaves them zero for every group with options, so CA counts a registered
-            // but not yet ready node of such a group as unready at once
-            // (kubernetes/autoscaler#10245, open).
-            "maxNodeStartupTime": "0s",
-            "allowNonAtomicScaleUpToMax": false,
-            "zeroOrMaxNodeScaling": false,
-            "ignoreDaemonSetsUtilization": true
-        })
+        as_seen_by(
+            release,
+            json!({
+                "scaleDownUtilizationThreshold": 0.3,
+                "scaleDownGpuUtilizationThreshold": 0.5,
+                "scaleDownUnneededTime": "1m0s",
+                "scaleDownUnreadyTime": "20m0s",
+                "maxNodeProvisionTime": "15m0s",
+                // maxNodeStartupTime and allowNonAtomicScaleUpToMax have no protocol field: CA's
+                // client leaves them zero for every group with options, so CA counts a
+                // registered but not yet ready node of such a group as unready at once
+                // (kubernetes/autoscaler#10245, open).
+                "maxNodeStartupTime": "0s",
+                "allowNonAtomicScaleUpToMax": false,
+                "zeroOrMaxNodeScaling": false,
+                // The group's override; before 1.33 CA's client does not read it (false).
+                "ignoreDaemonSetsUtilization": true
+            })
+        ),
+        "CA {release}"
     );
     let options = ca
         .value(
@@ -382,13 +646,20 @@ async fn cluster_autoscaler_client_view_over_mtls() {
             &options["maxNodeProvisionTime"],
             &options["zeroOrMaxNodeScaling"],
         ),
-        (&json!(0.25), &json!("7m0s"), &json!("3m0s"), &json!(true)),
-        "{options:#}"
+        (
+            &json!(0.25),
+            &json!("7m0s"),
+            &json!("3m0s"),
+            // Neither sent nor read before 1.33.
+            &json!(release.options_fields_6_7())
+        ),
+        "CA {release}: {options:#}"
     );
     assert_eq!(options["scaleDownUnneededTime"], "1m0s", "{options:#}");
     // No per-group options: CA uses its defaults.
     assert_not_implemented(&ca.call(md_call("GetOptions")).await);
 
+    steps.at("GPULabel, GetAvailableGPUTypes, HasInstance, prices");
     assert_eq!(
         ca.value(json!({"call": "GPULabel"})).await,
         "cluster-api/accelerator"
@@ -411,12 +682,17 @@ async fn cluster_autoscaler_client_view_over_mtls() {
     assert_not_implemented(&ca.call(json!({"call": "NodePrice", "node": member})).await);
     assert_not_implemented(&ca.call(json!({"call": "PodPrice", "pod": pod})).await);
 
-    // Scale-up: the atomic variant is not implemented by CA's client; the plain one reaches the
-    // API server.
-    assert_not_implemented(
-        &ca.call(json!({"call": "AtomicIncreaseSize", "group": md_id, "delta": 2}))
-            .await,
-    );
+    steps.at("AtomicIncreaseSize, IncreaseSize");
+    // Scale-up: the atomic variant is not implemented by CA's client (not there at all before
+    // 1.30); the plain one reaches the API server.
+    let atomic = ca
+        .call(json!({"call": "AtomicIncreaseSize", "group": md_id, "delta": 2}))
+        .await;
+    if release.has_atomic_increase_size() {
+        assert_not_implemented(&atomic);
+    } else {
+        assert_unsupported(release, &atomic);
+    }
     assert_ok(
         &ca.call(json!({"call": "IncreaseSize", "group": md_id, "delta": 1}))
             .await,
@@ -438,6 +714,7 @@ async fn cluster_autoscaler_client_view_over_mtls() {
         "InvalidArgument",
     );
 
+    steps.at("DecreaseTargetSize");
     // DecreaseTargetSize only gives up unfulfilled requests: 4 -> 3 is fine, but not below the
     // two machines that have nodes.
     assert_ok(
@@ -452,13 +729,19 @@ async fn cluster_autoscaler_client_view_over_mtls() {
     );
     assert_eq!(ns.replicas(&machine_deployments(), "md").await, 3);
 
-    // Scale-down: ForceDeleteNodes is not implemented by CA's client and changes nothing;
-    // DeleteNodes marks exactly the chosen machine and decrements replicas once.
+    steps.at("ForceDeleteNodes, DeleteNodes");
+    // Scale-down: ForceDeleteNodes is not implemented by CA's client (not there at all before
+    // 1.31) and changes nothing; DeleteNodes marks exactly the chosen machine and decrements
+    // replicas once.
     let victim = ext_node(&pids[1], &node_names[1]);
-    assert_not_implemented(
-        &ca.call(json!({"call": "ForceDeleteNodes", "group": md_id, "nodes": [victim]}))
-            .await,
-    );
+    let force = ca
+        .call(json!({"call": "ForceDeleteNodes", "group": md_id, "nodes": [victim]}))
+        .await;
+    if release.has_force_delete_nodes() {
+        assert_not_implemented(&force);
+    } else {
+        assert_unsupported(release, &force);
+    }
     assert!(
         !ns.annotations(&machines(), "md-m1")
             .await
@@ -497,6 +780,7 @@ async fn cluster_autoscaler_client_view_over_mtls() {
             .contains_key(DELETE_MACHINE)
     );
 
+    steps.at("a group deleted under CA");
     // A group deleted after CA listed it: CA still calls it by id until its next Refresh, and
     // the server answers NotFound, never "not implemented".
     ns.api(&machine_deployments())
@@ -534,6 +818,7 @@ async fn cluster_autoscaler_client_view_over_mtls() {
         );
     }
 
+    steps.at("prices from a NodeGroupPolicy");
     // Prices from a NodeGroupPolicy for the scale-from-zero group: CA's price expander prices
     // the group's template node, and pods at the cheapest per-resource prices.
     ns.label(&machine_deployments(), "zero", json!({"pricing": "on"}))
@@ -572,6 +857,7 @@ async fn cluster_autoscaler_client_view_over_mtls() {
     // md has no policy: its nodes still have no price.
     assert_not_implemented(&ca.call(json!({"call": "NodePrice", "node": member})).await);
 
+    steps.at("Cleanup");
     assert_ok(&ca.call(json!({"call": "Cleanup"})).await);
     ca.finish().await.unwrap();
 
@@ -580,6 +866,7 @@ async fn cluster_autoscaler_client_view_over_mtls() {
     // but its TLS stack (Go's) does not send one that chains to none of the CAs the server asks
     // for: the rogue client reaches the server with no certificate at all ("certificate
     // required"), which covers the missing-certificate case.
+    steps.at("refused connections");
     let rogue_ca = CertificateAuthority::new("rogue").unwrap();
     let (rogue_cert, rogue_key) = rogue_ca
         .issue("cluster-autoscaler", &[], None)
@@ -595,15 +882,287 @@ async fn cluster_autoscaler_client_view_over_mtls() {
         ("plaintext", Auth::Plaintext),
         ("client certificate from another CA", rogue),
     ] {
-        let ca = start_ca(dir.path(), address, &auth).await;
+        let ca = start_ca(release, dir.path(), address, &auth).await;
         let refresh = ca.call(json!({"call": "Refresh"})).await;
-        eprintln!("{what}: {}", refresh["error"]);
+        eprintln!("CA {release}, {what}: {}", refresh["error"]);
         assert_code(&refresh, "Unavailable");
         assert_eq!(ca.value(json!({"call": "NodeGroups"})).await, json!([]));
         ca.finish().await.unwrap();
     }
 
     operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn client_view_over_mtls_ca_1_29_5() {
+    client_view(CA_1_29_5, Steps::default()).await;
+}
+
+#[tokio::test]
+async fn client_view_over_mtls_ca_1_34_1() {
+    client_view(CA_1_34_1, Steps::default()).await;
+}
+
+#[tokio::test]
+async fn client_view_over_mtls_ca_1_36_1() {
+    client_view(CA_1_36_1, Steps::default()).await;
+}
+
+/// CA's flag defaults for a group's options (the same in every release from 1.29: config's
+/// Default* constants and 15m for --max-node-provision-time), as a 1.36.1 client returns them
+/// for a reply that echoes them (MaxNodeStartupTime and AllowNonAtomicScaleUpToMax zero: no
+/// protocol field carries them). [`as_seen_by`] turns this into another release's view.
+fn flag_defaults() -> Value {
+    json!({
+        "scaleDownUtilizationThreshold": 0.5,
+        "scaleDownGpuUtilizationThreshold": 0.5,
+        "scaleDownUnneededTime": "10m0s",
+        "scaleDownUnreadyTime": "20m0s",
+        "maxNodeProvisionTime": "15m0s",
+        "maxNodeStartupTime": "0s",
+        "allowNonAtomicScaleUpToMax": false,
+        "zeroOrMaxNodeScaling": false,
+        "ignoreDaemonSetsUtilization": false
+    })
+}
+
+/// `options` as the newest client returns them from GetOptions, turned into what `release`'s
+/// client returns for the same reply: fields 6 and 7 are false before 1.33, and the options of
+/// releases without AllowNonAtomicScaleUpToMax or MaxNodeStartupTime have no such fields.
+fn as_seen_by(release: Release, mut options: Value) -> Value {
+    let fields = options.as_object_mut().expect("options are an object");
+    if !release.options_fields_6_7() {
+        fields.insert("zeroOrMaxNodeScaling".into(), json!(false));
+        fields.insert("ignoreDaemonSetsUtilization".into(), json!(false));
+    }
+    if !release.has_allow_non_atomic_option() {
+        fields.remove("allowNonAtomicScaleUpToMax");
+    }
+    if !release.has_max_node_startup_option() {
+        fields.remove("maxNodeStartupTime");
+    }
+    options
+}
+
+/// `base` with the fields of `with` replaced.
+fn with(mut base: Value, with: Value) -> Value {
+    for (k, v) in with.as_object().expect("an object") {
+        base[k] = v.clone();
+    }
+    base
+}
+
+/// GetOptions through `release`'s client: which option fields it sends and reads, which
+/// per-group overrides reach it, how unset fields echo CA's defaults (flag defaults, overridden
+/// ones, zeros), and the default fields it cannot send.
+async fn options_view(release: Release, steps: Steps) {
+    steps.at("options: fixtures");
+    let ns = TestNs::new(&format!("conform-opt-{}-{}", release.minor, release.patch)).await;
+    let group = |options: &[(&str, &str)]| {
+        let mut annotations = bounds(0, 3);
+        for (name, value) in options {
+            annotations[format!("{OPTIONS}{name}")] = json!(value);
+        }
+        annotations
+    };
+    // One replica each: a group at zero without a template is not served.
+    ns.machine_deployment("plain", 1, group(&[])).await;
+    ns.machine_deployment("zom", 1, group(&[("zeroormaxnodescaling", "true")]))
+        .await;
+    ns.machine_deployment("ids", 1, group(&[("ignoredaemonsetsutilization", "true")]))
+        .await;
+    ns.machine_deployment("startup", 1, group(&[("maxnodestartuptime", "5m")]))
+        .await;
+    let every = [
+        ("scaledownutilizationthreshold", "0.4"),
+        ("scaledowngpuutilizationthreshold", "0.6"),
+        ("scaledownunneededtime", "2m"),
+        ("scaledownunreadytime", "3m"),
+        ("maxnodeprovisiontime", "4m"),
+        ("maxnodestartuptime", "5m"),
+        ("zeroormaxnodescaling", "true"),
+        ("ignoredaemonsetsutilization", "true"),
+    ];
+    ns.machine_deployment("every", 1, group(&every)).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let operator = pki.operator(&ns).await;
+    steps.at("options: start");
+    let ca = start_ca(release, dir.path(), operator.grpc_address, &pki.client()).await;
+    steps.at("options: NodeGroups");
+    eventually("five node groups, as CA sees them", WAIT, || {
+        let ca = &ca;
+        async move {
+            let refresh = ca.call(json!({"call": "Refresh"})).await;
+            if refresh.get("error").is_some() {
+                return None;
+            }
+            let groups = ca.value(json!({"call": "NodeGroups"})).await;
+            (groups.as_array()?.len() == 5).then_some(())
+        }
+    })
+    .await;
+    let id = |name: &str| format!("MachineDeployment/{}/{name}", ns.name);
+    let get = |name: &str, defaults: Value| {
+        let mut call = json!({"call": "GetOptions", "group": id(name)});
+        if !defaults.is_null() {
+            call["defaults"] = defaults;
+        }
+        let ca = &ca;
+        async move { ca.call(call).await }
+    };
+    let expect_value = |result: &Value, expected: Value, what: &str| {
+        assert_ok(result);
+        assert_eq!(
+            result["value"],
+            as_seen_by(release, expected),
+            "CA {release}, {what}"
+        );
+    };
+
+    steps.at("options: groups without receivable overrides");
+    // No overrides, or only one no protocol field carries: UNIMPLEMENTED, CA's defaults.
+    assert_not_implemented(&get("plain", Value::Null).await);
+    assert_not_implemented(&get("startup", Value::Null).await);
+
+    steps.at("options: per-group overrides");
+    // Every other reply is whole: the overrides, the rest echoed from CA's defaults.
+    expect_value(
+        &get("zom", Value::Null).await,
+        with(flag_defaults(), json!({"zeroOrMaxNodeScaling": true})),
+        "zeroOrMaxNodeScaling set on the group",
+    );
+    expect_value(
+        &get("ids", Value::Null).await,
+        with(
+            flag_defaults(),
+            json!({"ignoreDaemonSetsUtilization": true}),
+        ),
+        "ignoreDaemonSetsUtilization set on the group",
+    );
+    expect_value(
+        &get("every", Value::Null).await,
+        with(
+            flag_defaults(),
+            json!({
+                "scaleDownUtilizationThreshold": 0.4,
+                "scaleDownGpuUtilizationThreshold": 0.6,
+                "scaleDownUnneededTime": "2m0s",
+                "scaleDownUnreadyTime": "3m0s",
+                "maxNodeProvisionTime": "4m0s",
+                "zeroOrMaxNodeScaling": true,
+                "ignoreDaemonSetsUtilization": true
+            }),
+        ),
+        "every option set on the group",
+    );
+
+    steps.at("options: defaults echoed");
+    // Other defaults (CA's flags changed): echoed field by field, in the fields this release
+    // reads. Before 1.33 the client does not send ignoreDaemonSetsUtilization: false.
+    let changed = json!({
+        "scaleDownUtilizationThreshold": 0.1,
+        "scaleDownGpuUtilizationThreshold": 0.2,
+        "scaleDownUnneededTime": "11m",
+        "scaleDownUnreadyTime": "12m",
+        "maxNodeProvisionTime": "13m",
+        "ignoreDaemonSetsUtilization": true
+    });
+    expect_value(
+        &get("zom", changed).await,
+        with(
+            flag_defaults(),
+            json!({
+                "scaleDownUtilizationThreshold": 0.1,
+                "scaleDownGpuUtilizationThreshold": 0.2,
+                "scaleDownUnneededTime": "11m0s",
+                "scaleDownUnreadyTime": "12m0s",
+                "maxNodeProvisionTime": "13m0s",
+                "zeroOrMaxNodeScaling": true,
+                "ignoreDaemonSetsUtilization": true
+            }),
+        ),
+        "changed defaults",
+    );
+    // Zero defaults are still sent and answered (before 1.35 a reply without the duration
+    // fields would crash CA's client).
+    let zeros = json!({
+        "scaleDownUtilizationThreshold": 0,
+        "scaleDownGpuUtilizationThreshold": 0,
+        "scaleDownUnneededTime": "0s",
+        "scaleDownUnreadyTime": "0s",
+        "maxNodeProvisionTime": "0s"
+    });
+    expect_value(
+        &get("ids", zeros.clone()).await,
+        with(
+            flag_defaults(),
+            with(zeros, json!({"ignoreDaemonSetsUtilization": true})),
+        ),
+        "zero defaults",
+    );
+
+    steps.at("options: default fields without a protocol field");
+    // Defaults the client cannot send: options of releases without the config field are not
+    // even expressible; later releases drop them, and the reply leaves them zero.
+    let startup = get("zom", json!({"maxNodeStartupTime": "1m"})).await;
+    if release.has_max_node_startup_option() {
+        expect_value(
+            &startup,
+            with(flag_defaults(), json!({"zeroOrMaxNodeScaling": true})),
+            "maxNodeStartupTime default",
+        );
+    } else {
+        assert_unsupported(release, &startup);
+    }
+    let non_atomic = get("zom", json!({"allowNonAtomicScaleUpToMax": true})).await;
+    if release.has_allow_non_atomic_option() {
+        expect_value(
+            &non_atomic,
+            with(flag_defaults(), json!({"zeroOrMaxNodeScaling": true})),
+            "allowNonAtomicScaleUpToMax default",
+        );
+    } else {
+        assert_unsupported(release, &non_atomic);
+    }
+
+    steps.at("options: negative default durations");
+    // CA takes any duration flag, negative ones too, and sends it as a default. The reply must
+    // echo it like any other: before 1.35 CA's client dereferences the reply's duration fields
+    // unchecked, so a reply without them crashes CA.
+    let negative = get("zom", json!({"scaleDownUnreadyTime": "-1m"})).await;
+    assert_eq!(
+        negative["panic"],
+        Value::Null,
+        "CA {release}'s client panicked (CA would crash): {negative:#}"
+    );
+    expect_value(
+        &negative,
+        with(
+            flag_defaults(),
+            json!({"scaleDownUnreadyTime": "-1m0s", "zeroOrMaxNodeScaling": true}),
+        ),
+        "a negative default",
+    );
+
+    ca.finish().await.unwrap();
+    operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn options_ca_1_29_5() {
+    options_view(CA_1_29_5, Steps::default()).await;
+}
+
+#[tokio::test]
+async fn options_ca_1_34_1() {
+    options_view(CA_1_34_1, Steps::default()).await;
+}
+
+#[tokio::test]
+async fn options_ca_1_36_1() {
+    options_view(CA_1_36_1, Steps::default()).await;
 }
 
 /// Round trips as CA makes them (one RPC at a time, many per loop: NodeGroupForNode for every
@@ -619,7 +1178,7 @@ async fn round_trips_are_not_held_back_by_delayed_acks() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let operator = pki.operator(&ns).await;
-    let ca = start_ca(dir.path(), operator.grpc_address, &pki.client()).await;
+    let ca = start_ca(CA_1_36_1, dir.path(), operator.grpc_address, &pki.client()).await;
     let id = format!("MachineDeployment/{}/tuned", ns.name);
     eventually("group served", WAIT, || {
         let ca = &ca;
@@ -653,4 +1212,155 @@ async fn round_trips_are_not_held_back_by_delayed_acks() {
         "median RPC latency {median} ms: replies wait for delayed ACKs (TCP_NODELAY not set?)"
     );
     operator.shutdown().await.unwrap();
+}
+
+/// The compatibility table's file and the markers around its generated part.
+const COMPAT_DOC: &str = "docs/compatibility.md";
+const COMPAT_BEGIN: &str = "<!-- BEGIN GENERATED compat -->";
+const COMPAT_END: &str = "<!-- END GENERATED compat -->";
+
+/// Runs the client view and the options scenario through `release`'s client: "pass", or the
+/// step where an assertion failed (printed in full on stderr).
+async fn compat_result(release: Release) -> String {
+    let steps = Steps::default();
+    let run = tokio::spawn({
+        let steps = steps.clone();
+        async move {
+            client_view(release, steps.clone()).await;
+            options_view(release, steps).await;
+        }
+    });
+    match run.await {
+        Ok(()) => "pass".to_string(),
+        Err(e) => {
+            eprintln!("CA {release}: failed at {}: {e}", steps.current());
+            format!("FAIL at {}", steps.current())
+        }
+    }
+}
+
+/// One row of the table: the release, its result, and its differences with what the operator
+/// does about each (numbered alike in both columns).
+fn compat_row(release: Release, result: &str) -> String {
+    let differences = release.differences();
+    let cell = |pick: fn(&(&'static str, &'static str)) -> &'static str| {
+        if differences.is_empty() {
+            return "none".to_string();
+        }
+        differences
+            .iter()
+            .enumerate()
+            .map(|(i, d)| format!("{}. {}", i + 1, pick(d)))
+            .collect::<Vec<_>>()
+            .join("<br>")
+    };
+    let row = format!(
+        "| {release} | {result} | {} | {} |",
+        cell(|d| d.0),
+        cell(|d| d.1)
+    );
+    assert_eq!(row.matches('|').count(), 5, "a cell has a '|': {row}");
+    row
+}
+
+/// The generated part of docs/compatibility.md, markers included.
+fn compat_section(rows: &[String]) -> String {
+    let mut out = vec![
+        COMPAT_BEGIN.to_string(),
+        "| CA client | result | what differs from the 1.35/1.36 client (read in its source) | what the operator does |".to_string(),
+        "|---|---|---|---|".to_string(),
+    ];
+    out.extend(rows.iter().cloned());
+    out.push(COMPAT_END.to_string());
+    out.join("\n")
+}
+
+/// The generated part of `doc` (markers included), and the result column of each row in it.
+fn committed_section(doc: &str) -> (&str, BTreeMap<Release, String>) {
+    let start = doc
+        .find(COMPAT_BEGIN)
+        .unwrap_or_else(|| panic!("{COMPAT_DOC} has no {COMPAT_BEGIN}"));
+    let end = doc
+        .find(COMPAT_END)
+        .unwrap_or_else(|| panic!("{COMPAT_DOC} has no {COMPAT_END}"))
+        + COMPAT_END.len();
+    let section = &doc[start..end];
+    let results = section
+        .lines()
+        .filter(|l| l.starts_with("| 1."))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (Release::parse(cells[1]), cells[2].to_string())
+        })
+        .collect();
+    (section, results)
+}
+
+/// The compatibility table of docs/compatibility.md: one row per release of
+/// `CONFORMANCE_ALL_VERSIONS`, with the result of the scenarios above through its client.
+///
+/// With `NGO_COMPAT=1` (`make compat`, after `tests/upstream/build.sh conformance-all`) every
+/// release runs and the generated part of the file is rewritten; the test then fails if any
+/// release failed. Otherwise only `CONFORMANCE_TEST_VERSIONS` run, and the committed table must
+/// be what they produce for their rows (and what [`Release::differences`] says for every row),
+/// so the table cannot drift from the tests.
+#[tokio::test]
+async fn compat_matrix() {
+    let all = versions_env("CONFORMANCE_ALL_VERSIONS");
+    let tested = versions_env("CONFORMANCE_TEST_VERSIONS");
+    assert_eq!(
+        tested,
+        [CA_1_29_5, CA_1_34_1, CA_1_36_1],
+        "the per-release tests of this file run CONFORMANCE_TEST_VERSIONS"
+    );
+    assert!(
+        tested.iter().all(|r| all.contains(r)),
+        "{tested:?} in {all:?}"
+    );
+    let regenerate = std::env::var("NGO_COMPAT").is_ok_and(|v| v == "1");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(COMPAT_DOC);
+    let doc = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let (committed, committed_results) = committed_section(&doc);
+
+    let run = if regenerate { &all } else { &tested };
+    let mut results = BTreeMap::new();
+    // Three at a time: each is an operator and a CA client on a shared 2-core machine.
+    for chunk in run.chunks(3) {
+        let done = futures::future::join_all(chunk.iter().map(|&r| compat_result(r))).await;
+        results.extend(chunk.iter().copied().zip(done));
+    }
+    let rows: Vec<String> = all
+        .iter()
+        .map(|r| {
+            let result = results
+                .get(r)
+                .or(committed_results.get(r))
+                .map_or("not run", String::as_str);
+            compat_row(*r, result)
+        })
+        .collect();
+    let section = compat_section(&rows);
+    eprintln!("{section}");
+
+    if regenerate {
+        std::fs::write(&path, doc.replacen(committed, &section, 1))
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        eprintln!("wrote {}", path.display());
+        let failed: Vec<String> = results
+            .iter()
+            .filter(|(_, result)| *result != "pass")
+            .map(|(r, result)| format!("CA {r}: {result}"))
+            .collect();
+        assert!(failed.is_empty(), "written, with failures: {failed:?}");
+    } else {
+        let tested: Vec<String> = tested.iter().map(Release::to_string).collect();
+        assert_eq!(
+            committed,
+            section,
+            "{COMPAT_DOC}'s generated table is not what the test releases ({}) give for their \
+             rows (or what Release::differences says): run `make compat`",
+            tested.join(", ")
+        );
+    }
 }

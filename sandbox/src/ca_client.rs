@@ -1,9 +1,14 @@
 //! cluster-autoscaler's own `externalgrpc` client as a process: `nodegroup-conformance`
-//! (tests/upstream/conformance) links CA 1.36.1's `cloudprovider/externalgrpc` package, builds
-//! the provider from a real cloud-config with `BuildExternalGrpc` and calls CA's
+//! (tests/upstream/conformance) links one CA release's `cloudprovider/externalgrpc` package,
+//! builds the provider from a real cloud-config with `BuildExternalGrpc` and calls CA's
 //! `CloudProvider` / `NodeGroup` methods one JSON line at a time, answering each with what
 //! the method returned. One process is one provider: its caches last until the next
 //! `Refresh`, as in CA.
+//!
+//! `tests/upstream/build.sh` builds one binary per release, `nodegroup-conformance-<version>`
+//! (`conformance` builds `CONFORMANCE_TEST_VERSIONS` of tests/upstream/versions.env,
+//! `conformance-all` every release from 1.29.5 on); the unsuffixed `nodegroup-conformance` is
+//! the pinned release (`CA_VERSION`, 1.36.1), which [`CaClient::start`] runs.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -26,15 +31,44 @@ pub struct CaClient {
 }
 
 impl CaClient {
-    /// Starts the client with `cloud_config`, logging to `log`.
+    /// Starts the pinned release's client (`CA_VERSION`, 1.36.1) with `cloud_config`, logging
+    /// to `log`.
     pub fn start(cloud_config: &Path, log: &Path) -> std::io::Result<Self> {
-        let bin = upstream_bin("nodegroup-conformance");
+        Self::spawn(
+            upstream_bin("nodegroup-conformance"),
+            "conformance",
+            cloud_config,
+            log,
+        )
+    }
+
+    /// Starts the client of CA release `version` (for example "1.29.5"; one of
+    /// `CONFORMANCE_ALL_VERSIONS` in tests/upstream/versions.env) with `cloud_config`, logging
+    /// to `log`.
+    pub fn start_version(version: &str, cloud_config: &Path, log: &Path) -> std::io::Result<Self> {
+        Self::spawn(
+            upstream_bin(&format!("nodegroup-conformance-{version}")),
+            &format!("conformance-{version}"),
+            cloud_config,
+            log,
+        )
+    }
+
+    /// Runs `bin` (built by `tests/upstream/build.sh <component>`).
+    fn spawn(
+        bin: PathBuf,
+        component: &str,
+        cloud_config: &Path,
+        log: &Path,
+    ) -> std::io::Result<Self> {
         if !bin.exists() {
             return Err(std::io::Error::other(format!(
-                "{} is missing: run tests/upstream/build.sh conformance",
+                "{} is missing: run tests/upstream/build.sh {component}",
                 bin.display()
             )));
         }
+        let log_file = std::fs::File::create(log)
+            .map_err(|e| std::io::Error::other(format!("creating {}: {e}", log.display())))?;
         let mut child = Command::new(&bin)
             .arg("--cloud-config")
             .arg(cloud_config)
@@ -42,9 +76,10 @@ impl CaClient {
             .env("NO_PROXY", "127.0.0.1,localhost")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(log)?)
+            .stderr(log_file)
             .kill_on_drop(true)
-            .spawn()?;
+            .spawn()
+            .map_err(|e| std::io::Error::other(format!("starting {}: {e}", bin.display())))?;
         let stdin = child
             .stdin
             .take()
@@ -61,9 +96,10 @@ impl CaClient {
     }
 
     /// Calls one CA method, e.g. `{"call": "TargetSize", "group": id}`, and returns its
-    /// result: `value`, `error`, `notImplemented`, `code` (the gRPC status in the error) and
-    /// `ms`. Panics (with CA's log) when the program ends or does not answer within 60 s:
-    /// callers are tests.
+    /// result: `value`, `error`, `notImplemented`, `code` (the gRPC status in the error),
+    /// `unsupported` (this release's client has no such method or option field), `panic`
+    /// (CA's method panicked: CA would crash) and `ms`. Panics (with CA's log) when the program
+    /// ends or does not answer within 60 s: callers are tests.
     pub async fn call(&self, call: Value) -> Value {
         let mut io = self.io.lock().await;
         let (stdin, stdout) = &mut *io;

@@ -5,7 +5,9 @@
 #   tests/upstream/build.sh                 # all (the list in ALL below)
 #   tests/upstream/build.sh etcd kube       # just these
 #   tests/upstream/build.sh cluster-autoscaler example-server   # from ../shared/upstream tarballs
-#   tests/upstream/build.sh conformance     # nodegroup-conformance (imports CA's externalgrpc client)
+#   tests/upstream/build.sh conformance     # nodegroup-conformance (CA's externalgrpc client) for
+#                                           # CONFORMANCE_TEST_VERSIONS; conformance-all: every
+#                                           # CONFORMANCE_ALL_VERSIONS; conformance-1.31.5: one
 #   tests/upstream/build.sh cherry-check    # cherrygo and CA's in-tree cherryservers provider vs the emulator
 #   tests/upstream/build.sh alicloud-check  # CA's in-tree alicloud provider (vendored SDK) vs the emulator
 #   tests/upstream/build.sh ca-source       # only extract CA's source (its Helm chart, for tests/chart.rs)
@@ -15,8 +17,8 @@
 # Output (fixed paths, symlinks into the versioned dirs):
 #   target/upstream/bin/{etcd,kube-apiserver,kube-controller-manager,kube-scheduler,kubectl,
 #                        capi-manager,cluster-autoscaler,externalgrpc-example-server,kwok,helm,
-#                        nodegroup-conformance, cherry-check, cherry-check-intree,
-#                        alicloud-check-intree}
+#                        nodegroup-conformance(-<CA version>), cherry-check,
+#                        cherry-check-intree, alicloud-check-intree}
 #   target/upstream/capi-crds/*.yaml     Cluster API core CRDs
 #   target/upstream/kwok-stages/*.yaml   kwok Stage YAMLs (default.yaml = the kwokctl default set)
 #   target/upstream/ecosystem-crds/*.yaml ServiceMonitor, PrometheusRule, Certificate, Issuer CRDs
@@ -56,13 +58,19 @@ KEY_example=externalgrpc-example-server-$EXAMPLE_CA_VERSION-${EXAMPLE_CA_COMMIT:
 KEY_kwok=kwok-v$KWOK_VERSION
 KEY_helm=helm-v$HELM_VERSION
 KEY_ecosystem=ecosystem-crds-po$PROMETHEUS_OPERATOR_VERSION-cm$CERT_MANAGER_VERSION
-# conformance-<hash of tests/upstream/conformance/{*.go,go.mod,go.sum}>: any source change gives a
-# new key and so a rebuild (go's build cache keeps that quick).
-conformance_hash() {
-  ( cd "$HERE/conformance" 2>/dev/null && find . -maxdepth 1 -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) \
-      | LC_ALL=C sort | xargs -r sha256sum | sha256sum | cut -c1-12 )
+# nodegroup-conformance, one per CA release (comma-separated lists in versions.env)
+IFS=, read -r -a CONFORMANCE_TEST <<<"$CONFORMANCE_TEST_VERSIONS"
+IFS=, read -r -a CONFORMANCE_ALL <<<"$CONFORMANCE_ALL_VERSIONS"
+# conformance-<version>-<hash of tests/upstream/conformance/{*.go,ca-<version>/go.mod,go.sum} and
+# the build tags>: any source change gives a new key and so a rebuild (go's build cache keeps
+# that quick).
+conformance_key() {
+  local h
+  h=$( cd "$HERE/conformance" 2>/dev/null && { find . -maxdepth 1 -type f -name '*.go'; \
+         find "./ca-$1" -maxdepth 1 -type f \( -name go.mod -o -name go.sum \) 2>/dev/null; } \
+      | LC_ALL=C sort | xargs -r sha256sum; conformance_tags "$1" )
+  printf 'conformance-%s-%s\n' "$1" "$(sha256sum <<<"$h" | cut -c1-12)"
 }
-KEY_conformance=conformance-$(conformance_hash)
 
 log() { printf '%s\n' "$*" >&2; }
 die() { log "build.sh: $*"; exit 1; }
@@ -326,43 +334,158 @@ build_helm() {
   link_bin "$key" helm
 }
 
-# nodegroup-conformance: our own Go module in tests/upstream/conformance (main package, go.mod and
-# go.sum committed; no wrapper generation) that runs CA's own externalgrpc client, i.e. imports
-# k8s.io/autoscaler/cluster-autoscaler/cloudprovider/externalgrpc. The proxy does not serve CA, so
-# go.mod replaces it with the extracted source tree, which the scratch copy $WORK/conformance sits
-# next to. Built with -mod=readonly: the committed go.sum is the pin, and an untidy go.mod is an
-# error here rather than a silent change. Checked before building: grpc-go is
-# CONFORMANCE_GRPC_VERSION, and every module linked into the binary has the version CA's own
-# build list selects (k8s.io/api, apimachinery, grpc, protobuf, ...), so the client is CA's
-# down to its dependencies.
+# nodegroup-conformance-<version>: our own Go program in tests/upstream/conformance that runs CA
+# <version>'s own externalgrpc client, i.e. imports
+# k8s.io/autoscaler/cluster-autoscaler/cloudprovider/externalgrpc from that release's source.
+# main.go and views.go are common; provider_<tag>.go builds the provider the way that generation
+# of CA does (conformance_tag maps versions to tags). Each version has its own committed module
+# files, tests/upstream/conformance/ca-<version>/go.mod and go.sum: the proxy does not serve CA, so
+# go.mod replaces it with the extracted source tree, which the scratch copy
+# $WORK/conformance-<version> sits next to, and copies CA's other replace lines (a dependency's
+# replace lines do not apply). The scratch copy holds the common files, the version's provider
+# file and its go.mod/go.sum; it is built with -mod=readonly and -tags <tag>,externalgrpc (CA's
+# builder with only that provider, as CA's own externalgrpc builds): the committed go.sum
+# is the pin, and an untidy go.mod is an error here rather than a silent change. Checked before
+# building: grpc-go is the version CA's go.mod requires, and every module linked into the binary
+# has the version CA's own build list selects (k8s.io/api, apimachinery, grpc, protobuf, ...), so
+# the client is CA's down to its dependencies. A missing ca-<version>/go.mod is generated (go mod
+# tidy next to the extracted tree) and copied back for committing.
+
+# conformance_tags VERSION -> the build tags: the generation's, and externalgrpc (as CA's own
+# externalgrpc builds: cloudprovider/builder with only that provider)
+conformance_tags() {
+  printf '%s,externalgrpc\n' "$(conformance_tag "$1")"
+}
+
+# conformance_tag VERSION -> the build tag of the provider_<tag>.go file for that CA release
+conformance_tag() {
+  case $1 in
+    1.29.*|1.30.*|1.31.*|1.32.*) echo ca129 ;;  # no config/flags; BuildExternalGrpc(config.AutoscalingOptions)
+    1.33.*|1.34.*) echo ca133 ;;                # config/flags; BuildExternalGrpc(config.AutoscalingOptions)
+    1.3[5-9].*) echo ca135 ;;                   # BuildExternalGrpc(*core/options.AutoscalerOptions)
+    *) die "no nodegroup-conformance generation for CA $1 (conformance_tag in build.sh knows 1.29 to 1.39)" ;;
+  esac
+}
+
+# conformance_substitutes VERSION -> "module version" lines: the modules CA VERSION's go.mod
+# requires at a version the proxy does not serve, and the version used instead
+# (CONFORMANCE_SUBSTITUTE_<version with _> in versions.env, comma-separated module@version)
+conformance_substitutes() {
+  local var=CONFORMANCE_SUBSTITUTE_${1//./_} item
+  [ -n "${!var:-}" ] || return 0
+  IFS=, read -r -a items <<<"${!var}"
+  for item in "${items[@]}"; do printf '%s %s\n' "${item%@*}" "${item#*@}"; done
+}
+
+# gen_conformance_mod VERSION TREE: write go.mod and go.sum in the current (scratch) directory for
+# CA VERSION's extracted TREE (a sibling directory), then copy them to conformance/ca-VERSION/.
+gen_conformance_mod() {
+  local v=$1 t=$2 name=${2##*/} tidy errors
+  log "  generating tests/upstream/conformance/ca-$v/go.mod and go.sum (go mod tidy against $name)"
+  grep -q '^replace[[:space:]]*($' "$t/go.mod" && die "$t/go.mod has a replace block; gen_conformance_mod copies single replace lines only"
+  {
+    printf '// nodegroup-conformance against cluster-autoscaler %s. Generated by tests/upstream/build.sh\n' "$v"
+    printf '// (gen_conformance_mod); to regenerate, delete this file and go.sum and run build.sh.\n'
+    printf '// The module proxy does not serve CA: build.sh extracts its source tarball to\n'
+    printf '// target/upstream/work/%s, next to the scratch copy of this module\n' "$name"
+    printf '// (work/conformance-%s), hence the directory replacements. Every\n' "$v"
+    printf "// other replace line is copied from CA's go.mod (replacements of dependencies apply only in\n"
+    printf '// the main module; relative ones now point into that tree), so the build selects the\n'
+    printf '// versions CA itself builds with.\n'
+    printf 'module upstream.local/conformance\n'
+  } >go.mod
+  copy_go_lines "$t/go.mod"
+  go mod edit -require=k8s.io/autoscaler/cluster-autoscaler@v0.0.0-00010101000000-000000000000 \
+    -replace="k8s.io/autoscaler/cluster-autoscaler=../$name"
+  printf '\n// Copied from %s/go.mod:\n' "$name" >>go.mod
+  grep '^replace[[:space:]]' "$t/go.mod" | sed "s#=> \./#=> ../$name/#" >>go.mod
+  conformance_substitutes "$v" | while read -r m mv; do
+    printf '\n// %s: CA requires a version the module proxy does not serve (versions.env\n' "$m" >>go.mod
+    printf '// CONFORMANCE_SUBSTITUTE_%s); this one is used instead.\n' "${v//./_}" >>go.mod
+    printf 'replace %s => %s %s\n' "$m" "$m" "$mv" >>go.mod
+  done
+  # Seeded with CA's own go.sum (tidy keeps what the module needs), so modules CA already pins
+  # need no checksum-database lookup (some answer 404 there). The tarballs leave out
+  # cloudprovider/aws/aws-sdk-go/, which CA's cloudprovider/builder imports from 1.33 to 1.35
+  # without build tags (config/flags imports the builder); tidy reads every build tag, the
+  # build (-tags externalgrpc) never imports it: those errors, and only those, are expected.
+  cp "$t/go.sum" go.sum
+  tidy=$(GOFLAGS="-mod=mod -buildvcs=false" go mod tidy -e 2>&1) || true
+  errors=$(grep -E $'^\t[^ ]+: ' <<<"$tidy" | grep -v $'^\tk8s\\.io/autoscaler/cluster-autoscaler/cloudprovider/aws/aws-sdk-go/') || true
+  [ -z "$errors" ] || { log "$tidy"; die "go mod tidy for CA $v failed"; }
+  mkdir -p "$HERE/conformance/ca-$v"
+  cp go.mod go.sum "$HERE/conformance/ca-$v/"
+  log "  wrote tests/upstream/conformance/ca-$v/go.mod and go.sum (commit them)"
+}
+
+# conformance_scratch VERSION: a fresh scratch copy $WORK/conformance-VERSION of the common
+# sources and VERSION's provider_<tag>.go (only those: go mod tidy reads every file whatever its
+# build tags, and the other generations import CA packages this release lacks)
+conformance_scratch() {
+  local src=$HERE/conformance dst=$WORK/conformance-$1 tag f
+  tag=$(conformance_tag "$1")
+  [ -f "$src/provider_$tag.go" ] || die "tests/upstream/conformance/provider_$tag.go missing (CA $1)"
+  rm -rf "$dst"; mkdir -p "$dst"
+  for f in "$src"/*.go; do
+    case ${f##*/} in provider_*.go) ;; *) cp "$f" "$dst/" ;; esac
+  done
+  cp "$src/provider_$tag.go" "$dst/"
+}
+
+# ensure_conformance_mod VERSION: generate tests/upstream/conformance/ca-VERSION/go.mod and go.sum
+# when they are missing (before the cache key, which hashes them, is computed)
+ensure_conformance_mod() {
+  local v=$1 mod=$HERE/conformance/ca-$1 t
+  [ -f "$mod/go.mod" ] && [ -f "$mod/go.sum" ] && return 0
+  t=$(ca_source "$v")
+  conformance_scratch "$v"
+  ( cd "$WORK/conformance-$v" && gen_conformance_mod "$v" "$t" )
+}
+
 build_conformance() {
-  local key=$KEY_conformance src=$HERE/conformance dst=$WORK/conformance t got bad
+  local v=$1 key bin=nodegroup-conformance-$1 mod=$HERE/conformance/ca-$1
+  local dst=$WORK/conformance-$1 t want got bad
   local fmt='{{.Path}} {{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}'
-  if begin "$key" nodegroup-conformance; then
-    [ -f "$src/go.mod" ] && [ -f "$src/go.sum" ] || die "tests/upstream/conformance/go.mod or go.sum missing"
-    t=$(ca_source "$CA_VERSION")
-    grep -q "^replace k8s.io/autoscaler/cluster-autoscaler => \.\./${t##*/}\$" "$src/go.mod" \
-      || die "tests/upstream/conformance/go.mod must replace k8s.io/autoscaler/cluster-autoscaler => ../${t##*/} (CA_VERSION=$CA_VERSION)"
-    rm -rf "$dst"; mkdir -p "$dst"
-    cp "$src"/*.go "$src/go.mod" "$src/go.sum" "$dst/"
-    export GOFLAGS="-mod=readonly -buildvcs=false"
+  key=$(conformance_key "$v")
+  if begin "$key" "$bin"; then
+    [ -f "$mod/go.mod" ] && [ -f "$mod/go.sum" ] || die "tests/upstream/conformance/ca-$v/go.mod or go.sum missing"
+    t=$(ca_source "$v")
+    conformance_scratch "$v"
+    cp "$mod/go.mod" "$mod/go.sum" "$dst/"
+    grep -q "^replace k8s.io/autoscaler/cluster-autoscaler => \.\./${t##*/}\$" "$dst/go.mod" \
+      || die "tests/upstream/conformance/ca-$v/go.mod must replace k8s.io/autoscaler/cluster-autoscaler => ../${t##*/}"
+    export GOFLAGS="-mod=readonly -buildvcs=false -tags=$(conformance_tags "$v")"
+    want=$(sed -nE 's#^(require[[:space:]]+)?[[:space:]]*google\.golang\.org/grpc[[:space:]]+(v[^[:space:]]+).*#\2#p' "$t/go.mod" | head -1)
+    [ -n "$want" ] || die "CA $v's go.mod requires no google.golang.org/grpc"
     got=$(cd "$dst" && go list -m -f "$fmt" google.golang.org/grpc) \
-      || die "tests/upstream/conformance/go.mod is not tidy: run go mod tidy there (next to an extracted CA tree, see NOTES.md)"
-    [ "$got" = "google.golang.org/grpc v$CONFORMANCE_GRPC_VERSION" ] \
-      || die "tests/upstream/conformance/go.mod selects '$got', versions.env wants v$CONFORMANCE_GRPC_VERSION"
+      || die "tests/upstream/conformance/ca-$v/go.mod is not tidy: delete it and go.sum to regenerate them, or tidy in $dst (see NOTES.md)"
+    [ "$got" = "google.golang.org/grpc $want" ] \
+      || die "tests/upstream/conformance/ca-$v/go.mod selects '$got', CA $v's go.mod requires $want"
     # "path version" of every module providing a linked package, and of CA's build list
     ( cd "$dst" && go list -deps -f "{{with .Module}}$fmt{{end}}" . ) | LC_ALL=C sort -u >"$dst/linked.txt" \
-      || die "listing the modules nodegroup-conformance links failed"
-    ( cd "$t" && go list -m -f "$fmt" all ) | LC_ALL=C sort -u >"$dst/ca-build-list.txt" \
-      || die "listing CA $CA_VERSION's build list failed"
+      || die "listing the modules nodegroup-conformance-$v links failed"
+    # CA's build list; with substitutes, of CA's go.mod plus the same replace lines (a scratch
+    # copy, -mod=mod: CA's go.sum lacks the substitutes)
+    cp "$t/go.mod" "$dst/ca-go.mod"; cp "$t/go.sum" "$dst/ca-go.sum"
+    while read -r m mv; do
+      grep -q "^replace $m => $m $mv\$" "$dst/go.mod" \
+        || die "tests/upstream/conformance/ca-$v/go.mod must replace $m => $m $mv (versions.env CONFORMANCE_SUBSTITUTE_${v//./_})"
+      go mod edit -replace="$m=$m@$mv" "$dst/ca-go.mod"
+    done < <(conformance_substitutes "$v")
+    ( cd "$t" && GOFLAGS="-mod=mod -buildvcs=false" go list -modfile="$dst/ca-go.mod" -m -f "$fmt" all ) \
+      | LC_ALL=C sort -u >"$dst/ca-build-list.txt" \
+      || die "listing CA $v's build list failed"
     bad=$(LC_ALL=C comm -23 "$dst/linked.txt" "$dst/ca-build-list.txt" | grep -v '^upstream\.local/' | paste -sd' ') || true
-    [ -z "$bad" ] || die "nodegroup-conformance links modules at versions CA $CA_VERSION does not select: $bad"
-    ( cd "$dst" && go build -p "$JOBS" -trimpath -ldflags "-s -w" \
-        -o "$OUT/$key.tmp/bin/nodegroup-conformance" . ) \
-      || die "building nodegroup-conformance failed (go.sum incomplete? run go mod tidy in tests/upstream/conformance)"
+    [ -z "$bad" ] || die "nodegroup-conformance-$v links modules at versions CA $v does not select: $bad"
+    ( cd "$dst" && go build -p "$JOBS" -trimpath -ldflags "-s -w -X main.caVersion=$v" \
+        -o "$OUT/$key.tmp/bin/$bin" . ) \
+      || die "building nodegroup-conformance-$v failed (go.sum incomplete? tidy tests/upstream/conformance/ca-$v, see NOTES.md)"
+    [ "$("$OUT/$key.tmp/bin/$bin" --version)" = "$v" ] || die "$bin --version does not say $v"
     finish "$key"
   fi
-  link_bin "$key" nodegroup-conformance
+  link_bin "$key" "$bin"
+  # the unsuffixed name is the pinned release's client (CaClient::start)
+  [ "$v" != "$CA_VERSION" ] || ln -sfn "../$key/bin/$bin" "$OUT/bin/nodegroup-conformance"
 }
 
 layout() {
@@ -458,6 +581,16 @@ build_alicloud_check() {
 # ---------------------------------------------------------------------------------------------
 [ "${1:-}" = --layout ] && { layout; exit 0; }
 comps=("$@"); [ ${#comps[@]} -eq 0 ] || [ "${comps[0]}" = all ] && comps=("${ALL[@]}")
+# conformance and conformance-all stand for one conformance-<version> component per version
+expanded=()
+for c in "${comps[@]}"; do
+  case $c in
+    conformance) expanded+=("${CONFORMANCE_TEST[@]/#/conformance-}") ;;
+    conformance-all) expanded+=("${CONFORMANCE_ALL[@]/#/conformance-}") ;;
+    *) expanded+=("$c") ;;
+  esac
+done
+comps=("${expanded[@]}")
 
 mkdir -p "$OUT" "$WORK"
 # one build at a time per output dir (parallel test binaries may call this script)
@@ -465,6 +598,7 @@ exec 9>"$OUT/.lock"; flock 9
 
 rc=0
 for c in "${comps[@]}"; do
+  t0=$(date +%s)   # before the case: ensure_conformance_mod may generate go.mod/go.sum there
   case $c in
     etcd) fn=build_etcd key=$KEY_etcd ;;
     kube) fn=build_kube key=$KEY_kube ;;
@@ -475,12 +609,16 @@ for c in "${comps[@]}"; do
     example-server) fn=build_example key=$KEY_example ;;
     kwok) fn=build_kwok key=$KEY_kwok ;;
     helm) fn=build_helm key=$KEY_helm ;;
-    conformance) fn=build_conformance key=$KEY_conformance ;;
+    conformance-[0-9]*)
+      v=${c#conformance-}
+      [[ ",$CONFORMANCE_ALL_VERSIONS," == *",$v,"* ]] || die "unknown component '$c' (CONFORMANCE_ALL_VERSIONS: $CONFORMANCE_ALL_VERSIONS)"
+      set +e; ( set -e; ensure_conformance_mod "$v" ); s=$?; set -e
+      if [ $s -ne 0 ]; then echo "$c: FAILED generating its go.mod after $(( $(date +%s) - t0 ))s"; rc=1; continue; fi
+      fn="build_conformance $v" key=$(conformance_key "$v") ;;
     cherry-check) fn=build_cherry_check key=$KEY_cherry_check ;;
     alicloud-check) fn=build_alicloud_check key=$KEY_alicloud_check ;;
-    *) die "unknown component '$c' (known: ${ALL[*]})" ;;
+    *) die "unknown component '$c' (known: ${ALL[*]} conformance-all conformance-<version>)" ;;
   esac
-  t0=$(date +%s)
   if [ -d "$OUT/$key" ]; then state=cached; else state=built; fi
   set +e; ( set -e; $fn ); s=$?; set -e   # not in an `if`: that would switch off set -e inside
   if [ $s -eq 0 ]; then echo "$c: $state $key in $(( $(date +%s) - t0 ))s"

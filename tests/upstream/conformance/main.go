@@ -1,11 +1,20 @@
 // nodegroup-conformance drives an externalgrpc cloud-provider server through cluster-autoscaler's
-// own client, CA 1.36.1's k8s.io/autoscaler/cluster-autoscaler/cloudprovider/externalgrpc
+// own client, one CA release's k8s.io/autoscaler/cluster-autoscaler/cloudprovider/externalgrpc
 // package, and reports what CA's CloudProvider and NodeGroup methods return. Tests assert on
 // that report: it is the server as CA sees it, with CA's caches, error mapping and decoding.
+//
+// One source serves every release from 1.29 on: main.go and views.go are common, and
+// provider_ca<generation>.go, selected by a build tag, builds the provider the way that
+// generation's CA does (tests/upstream/build.sh maps each version to its tag and stamps the
+// version into caVersion). Methods a release's client does not have (NodeGroup.AtomicIncreaseSize
+// before 1.30, ForceDeleteNodes before 1.31) and option fields its config lacks
+// (AllowNonAtomicScaleUpToMax before 1.34, MaxNodeStartupTime before 1.35) answer with an error
+// "... is not in CA <version>" and "unsupported": true instead of a value.
 //
 // Usage:
 //
 //	nodegroup-conformance --cloud-config cloud-config.yaml [--scenario calls.json] [-v 5]
+//	nodegroup-conformance --version
 //
 // The cloud config is CA's own file (address, cert, key, cacert, grpc_timeout), read by
 // externalgrpc.BuildExternalGrpc as with `cluster-autoscaler --cloud-config`; on a bad one CA
@@ -17,9 +26,10 @@
 //
 // Each result is printed as one JSON line on stdout as soon as the call returns, so a test can
 // drive one provider step by step, as CA does over its lifetime. See call for the fields and
-// result for the output. -v sets klog's verbosity: CA logs the errors it swallows at 1 and every
-// RPC and cache hit at 5. Exit status: 0 at the end of the scenario, 2 on a usage or scenario
-// error.
+// result for the output. A panic inside CA's method (CA itself would crash) is reported as that
+// call's result with "panic": true, and the scenario goes on. -v sets klog's verbosity: CA logs
+// the errors it swallows at 1 and every RPC and cache hit at 5. --version prints the CA release
+// the program links. Exit status: 0 at the end of the scenario, 2 on a usage or scenario error.
 package main
 
 import (
@@ -30,19 +40,20 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"slices"
 	"time"
 
 	"google.golang.org/grpc/status"
 	apiv1 "k8s.io/api/core/v1"
 	"k8s.io/autoscaler/cluster-autoscaler/cloudprovider"
-	"k8s.io/autoscaler/cluster-autoscaler/cloudprovider/externalgrpc"
 	"k8s.io/autoscaler/cluster-autoscaler/config"
-	"k8s.io/autoscaler/cluster-autoscaler/config/flags"
-	cacontext "k8s.io/autoscaler/cluster-autoscaler/context"
-	coreoptions "k8s.io/autoscaler/cluster-autoscaler/core/options"
 	"k8s.io/klog/v2"
 )
+
+// caVersion is the CA release whose client this binary links, stamped by tests/upstream/build.sh
+// (-ldflags -X main.caVersion=<version>).
+var caVersion = "unknown"
 
 // call is one scenario step: a CloudProvider or NodeGroup method and its arguments.
 type call struct {
@@ -78,8 +89,30 @@ type result struct {
 	NotImplemented bool `json:"notImplemented"`
 	// The gRPC status code the error carries, when it carries one.
 	Code string `json:"code,omitempty"`
+	// The method does not exist in this CA release (or the call named an option field its
+	// config lacks): Error says what, and nothing reached the server.
+	Unsupported bool `json:"unsupported,omitempty"`
+	// CA's method panicked (Error has the panic value): CA itself would have crashed.
+	Panic bool `json:"panic,omitempty"`
 	// Duration of the method call alone (not the group lookup).
 	Millis float64 `json:"ms"`
+}
+
+// unsupported is the error of a call this CA release cannot make.
+type unsupported struct{ what string }
+
+func (u unsupported) Error() string {
+	return fmt.Sprintf("%s is not in CA %s", u.what, caVersion)
+}
+
+// panicked is the error of a CA method that panicked.
+type panicked struct {
+	value any
+	stack string
+}
+
+func (p panicked) Error() string {
+	return fmt.Sprintf("panic in CA %s: %v", caVersion, p.value)
 }
 
 // scenarioError is a mistake in the scenario, not something CA returned.
@@ -142,8 +175,14 @@ var groupCalls = map[string]groupCall{
 	"IncreaseSize": func(_ *session, ng cloudprovider.NodeGroup, c call) (any, error) {
 		return nil, ng.IncreaseSize(c.Delta)
 	},
+	// Not in CA 1.29's NodeGroup interface: looked up on the group, so one source builds for
+	// every release.
 	"AtomicIncreaseSize": func(_ *session, ng cloudprovider.NodeGroup, c call) (any, error) {
-		return nil, ng.AtomicIncreaseSize(c.Delta)
+		atomic, ok := ng.(interface{ AtomicIncreaseSize(int) error })
+		if !ok {
+			return nil, unsupported{"NodeGroup.AtomicIncreaseSize"}
+		}
+		return nil, atomic.AtomicIncreaseSize(c.Delta)
 	},
 	"DecreaseTargetSize": func(_ *session, ng cloudprovider.NodeGroup, c call) (any, error) {
 		return nil, ng.DecreaseTargetSize(c.Delta)
@@ -151,13 +190,20 @@ var groupCalls = map[string]groupCall{
 	"DeleteNodes": func(_ *session, ng cloudprovider.NodeGroup, c call) (any, error) {
 		return nil, ng.DeleteNodes(apiNodes(c.Nodes))
 	},
+	// Not in CA 1.29 and 1.30 (as AtomicIncreaseSize).
 	"ForceDeleteNodes": func(_ *session, ng cloudprovider.NodeGroup, c call) (any, error) {
-		return nil, ng.ForceDeleteNodes(apiNodes(c.Nodes))
+		force, ok := ng.(interface{ ForceDeleteNodes([]*apiv1.Node) error })
+		if !ok {
+			return nil, unsupported{"NodeGroup.ForceDeleteNodes"}
+		}
+		return nil, force.ForceDeleteNodes(apiNodes(c.Nodes))
 	},
 	"Nodes": func(_ *session, ng cloudprovider.NodeGroup, _ call) (any, error) {
 		instances, err := ng.Nodes()
 		return instanceViews(instances), err
 	},
+	// CA 1.29-1.31 return the scheduler's NodeInfo, 1.32 and later CA's own
+	// simulator/framework one: both have Node().
 	"TemplateNodeInfo": func(_ *session, ng cloudprovider.NodeGroup, _ call) (any, error) {
 		info, err := ng.TemplateNodeInfo()
 		if info == nil {
@@ -174,7 +220,11 @@ var groupCalls = map[string]groupCall{
 				return nil, scenarioError{fmt.Errorf("GetOptions defaults: %w", err)}
 			}
 		}
-		opts, err := ng.GetOptions(defaults.config())
+		sent, err := defaults.config()
+		if err != nil {
+			return nil, err
+		}
+		opts, err := ng.GetOptions(sent)
 		if opts == nil {
 			return nil, err
 		}
@@ -192,8 +242,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	klog.InitFlags(fs)
 	cloudConfig := fs.String("cloud-config", "", "CA's externalgrpc cloud-config file (address, cert, key, cacert, grpc_timeout)")
 	scenarioPath := fs.String("scenario", "-", "file of JSON calls; - for stdin")
+	version := fs.Bool("version", false, "print the cluster-autoscaler release whose client this is, and exit")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *version {
+		fmt.Fprintln(stdout, caVersion)
+		return 0
 	}
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "nodegroup-conformance: "+format+"\n", a...)
@@ -212,16 +267,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		in = f
 	}
 
-	// The options CA's main builds from its flags (all at their defaults here), so GetOptions
-	// gets the defaults a stock cluster-autoscaler sends.
-	opts := &coreoptions.AutoscalerOptions{AutoscalingOptions: flags.AutoscalingOptions()}
-	opts.CloudProviderName = cloudprovider.ExternalGrpcProviderName
-	opts.CloudConfig = *cloudConfig
-	s := &session{
-		provider: externalgrpc.BuildExternalGrpc(opts, cloudprovider.NodeGroupDiscoveryOptions{},
-			cacontext.NewResourceLimiterFromAutoscalingOptions(opts.AutoscalingOptions)),
-		defaults: opts.NodeGroupDefaults,
-	}
+	// The provider as CA's main builds it from its flags (all at their defaults here), so
+	// GetOptions gets the defaults a stock cluster-autoscaler of this release sends.
+	provider, defaults := buildProvider(*cloudConfig)
+	s := &session{provider: provider, defaults: defaults}
 
 	dec := json.NewDecoder(in)
 	dec.DisallowUnknownFields()
@@ -253,7 +302,7 @@ func (s *session) run(c call) (result, error) {
 	var start time.Time
 	if f, ok := providerCalls[c.Call]; ok {
 		start = time.Now()
-		value, err = f(s, c)
+		value, err = guard(func() (any, error) { return f(s, c) })
 	} else if f, ok := groupCalls[c.Call]; ok {
 		ng, lookupErr := s.group(c)
 		if lookupErr != nil {
@@ -261,7 +310,7 @@ func (s *session) run(c call) (result, error) {
 		}
 		r.Group = ng.Id()
 		start = time.Now()
-		value, err = f(s, ng, c)
+		value, err = guard(func() (any, error) { return f(s, ng, c) })
 	} else {
 		return r, fmt.Errorf("unknown call %q", c.Call)
 	}
@@ -273,11 +322,26 @@ func (s *session) run(c call) (result, error) {
 	if err != nil {
 		r.Error = err.Error()
 		r.NotImplemented = errors.Is(err, cloudprovider.ErrNotImplemented)
-		if st, ok := status.FromError(err); ok {
+		r.Unsupported = errors.As(err, &unsupported{})
+		var p panicked
+		if r.Panic = errors.As(err, &p); r.Panic {
+			klog.Errorf("%v\n%s", p, p.stack)
+		} else if st, ok := status.FromError(err); ok {
 			r.Code = st.Code().String()
 		}
 	}
 	return r, nil
+}
+
+// guard runs one CA method, turning a panic into a panicked error: CA would crash there, the
+// scenario reports it and goes on (the provider's state is whatever CA left).
+func guard(f func() (any, error)) (value any, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			value, err = nil, panicked{value: v, stack: string(debug.Stack())}
+		}
+	}()
+	return f()
 }
 
 // group finds the node group a NodeGroup method runs on, the way CA's core gets hold of groups.

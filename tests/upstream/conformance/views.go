@@ -6,6 +6,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"slices"
 	"time"
 
@@ -139,45 +140,76 @@ func viewNode(n *apiv1.Node) *nodeView {
 }
 
 // options is config.NodeGroupAutoscalingOptions with durations as Go duration strings; the
-// scenario's GetOptions defaults override its fields by these names.
+// scenario's GetOptions defaults override its fields by these names. The pointer fields exist
+// only in some CA releases' config (MaxNodeStartupTime from 1.35, AllowNonAtomicScaleUpToMax
+// from 1.34): nil, and left out of the JSON, where the release has no such field.
 type options struct {
-	ScaleDownUtilizationThreshold    float64  `json:"scaleDownUtilizationThreshold"`
-	ScaleDownGpuUtilizationThreshold float64  `json:"scaleDownGpuUtilizationThreshold"`
-	ScaleDownUnneededTime            duration `json:"scaleDownUnneededTime"`
-	ScaleDownUnreadyTime             duration `json:"scaleDownUnreadyTime"`
-	MaxNodeProvisionTime             duration `json:"maxNodeProvisionTime"`
-	MaxNodeStartupTime               duration `json:"maxNodeStartupTime"`
-	ZeroOrMaxNodeScaling             bool     `json:"zeroOrMaxNodeScaling"`
-	AllowNonAtomicScaleUpToMax       bool     `json:"allowNonAtomicScaleUpToMax"`
-	IgnoreDaemonSetsUtilization      bool     `json:"ignoreDaemonSetsUtilization"`
+	ScaleDownUtilizationThreshold    float64   `json:"scaleDownUtilizationThreshold"`
+	ScaleDownGpuUtilizationThreshold float64   `json:"scaleDownGpuUtilizationThreshold"`
+	ScaleDownUnneededTime            duration  `json:"scaleDownUnneededTime"`
+	ScaleDownUnreadyTime             duration  `json:"scaleDownUnreadyTime"`
+	MaxNodeProvisionTime             duration  `json:"maxNodeProvisionTime"`
+	MaxNodeStartupTime               *duration `json:"maxNodeStartupTime,omitempty"`
+	ZeroOrMaxNodeScaling             bool      `json:"zeroOrMaxNodeScaling"`
+	AllowNonAtomicScaleUpToMax       *bool     `json:"allowNonAtomicScaleUpToMax,omitempty"`
+	IgnoreDaemonSetsUtilization      bool      `json:"ignoreDaemonSetsUtilization"`
+}
+
+// optionalField is the field of o named name, if this CA release's config has it. Fields that
+// only some releases have are reached by name so that one views.go builds against all of them.
+func optionalField(o *config.NodeGroupAutoscalingOptions, name string) (reflect.Value, bool) {
+	f := reflect.ValueOf(o).Elem().FieldByName(name)
+	return f, f.IsValid()
 }
 
 func viewOptions(o config.NodeGroupAutoscalingOptions) options {
-	return options{
+	v := options{
 		ScaleDownUtilizationThreshold:    o.ScaleDownUtilizationThreshold,
 		ScaleDownGpuUtilizationThreshold: o.ScaleDownGpuUtilizationThreshold,
 		ScaleDownUnneededTime:            duration(o.ScaleDownUnneededTime),
 		ScaleDownUnreadyTime:             duration(o.ScaleDownUnreadyTime),
 		MaxNodeProvisionTime:             duration(o.MaxNodeProvisionTime),
-		MaxNodeStartupTime:               duration(o.MaxNodeStartupTime),
 		ZeroOrMaxNodeScaling:             o.ZeroOrMaxNodeScaling,
-		AllowNonAtomicScaleUpToMax:       o.AllowNonAtomicScaleUpToMax,
 		IgnoreDaemonSetsUtilization:      o.IgnoreDaemonSetsUtilization,
 	}
+	if f, ok := optionalField(&o, "MaxNodeStartupTime"); ok {
+		d := duration(time.Duration(f.Int()))
+		v.MaxNodeStartupTime = &d
+	}
+	if f, ok := optionalField(&o, "AllowNonAtomicScaleUpToMax"); ok {
+		b := f.Bool()
+		v.AllowNonAtomicScaleUpToMax = &b
+	}
+	return v
 }
 
-func (o options) config() config.NodeGroupAutoscalingOptions {
-	return config.NodeGroupAutoscalingOptions{
+// config is the NodeGroupAutoscalingOptions CA's core would pass; an error (unsupported) when
+// o sets a field this release's config does not have.
+func (o options) config() (config.NodeGroupAutoscalingOptions, error) {
+	c := config.NodeGroupAutoscalingOptions{
 		ScaleDownUtilizationThreshold:    o.ScaleDownUtilizationThreshold,
 		ScaleDownGpuUtilizationThreshold: o.ScaleDownGpuUtilizationThreshold,
 		ScaleDownUnneededTime:            time.Duration(o.ScaleDownUnneededTime),
 		ScaleDownUnreadyTime:             time.Duration(o.ScaleDownUnreadyTime),
 		MaxNodeProvisionTime:             time.Duration(o.MaxNodeProvisionTime),
-		MaxNodeStartupTime:               time.Duration(o.MaxNodeStartupTime),
 		ZeroOrMaxNodeScaling:             o.ZeroOrMaxNodeScaling,
-		AllowNonAtomicScaleUpToMax:       o.AllowNonAtomicScaleUpToMax,
 		IgnoreDaemonSetsUtilization:      o.IgnoreDaemonSetsUtilization,
 	}
+	if o.MaxNodeStartupTime != nil {
+		f, ok := optionalField(&c, "MaxNodeStartupTime")
+		if !ok {
+			return c, unsupported{"NodeGroupAutoscalingOptions.MaxNodeStartupTime"}
+		}
+		f.SetInt(int64(*o.MaxNodeStartupTime))
+	}
+	if o.AllowNonAtomicScaleUpToMax != nil {
+		f, ok := optionalField(&c, "AllowNonAtomicScaleUpToMax")
+		if !ok {
+			return c, unsupported{"NodeGroupAutoscalingOptions.AllowNonAtomicScaleUpToMax"}
+		}
+		f.SetBool(*o.AllowNonAtomicScaleUpToMax)
+	}
+	return c, nil
 }
 
 // duration is a time.Duration in JSON as a Go duration string ("10m0s").
