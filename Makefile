@@ -18,6 +18,27 @@ all: build
 build:
 	$(CARGO) build --release --locked
 
+## The operator's image, tagged $(IMAGE):$(VERSION) (VERSION: the crate's, the chart's appVersion),
+## with docker (BuildKit), podman or buildah, the first one installed (CONTAINER_TOOL=podman to
+## choose); PLATFORM=linux/arm64 builds for another architecture. Push it with the same tool.
+IMAGE ?= ghcr.io/nodegroup-dev/nodegroup-operator
+VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+CONTAINER_TOOL ?= $(firstword $(foreach tool,docker podman buildah,$(if $(shell command -v $(tool) 2>/dev/null),$(tool))))
+.PHONY: image
+image:
+	@if [ -z "$(CONTAINER_TOOL)" ]; then \
+	  echo "make image: no container tool found: install docker (with BuildKit), podman or buildah, or name one with CONTAINER_TOOL=..." >&2; exit 1; \
+	fi
+	@command -v "$(CONTAINER_TOOL)" >/dev/null || { echo "make image: CONTAINER_TOOL=$(CONTAINER_TOOL) is not installed" >&2; exit 1; }
+	@if [ "$(CONTAINER_TOOL)" = docker ] && ! docker info >/dev/null 2>&1; then \
+	  echo "make image: docker is installed but its daemon does not answer (docker info): start it, or use CONTAINER_TOOL=podman or buildah" >&2; exit 1; \
+	fi
+	$(CONTAINER_TOOL) build $(if $(PLATFORM),--platform=$(PLATFORM)) \
+	  --build-arg VERSION=$(VERSION) \
+	  --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+	  --build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) \
+	  -t $(IMAGE):$(VERSION) -f Dockerfile .
+
 upstream:
 	$(UPSTREAM) $(TEST_PEERS)
 

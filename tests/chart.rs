@@ -446,6 +446,29 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
             "topologySpreadConstraints=[]",
         ],
     ),
+    (
+        "a second release: own names, pinned image, tuned pod, budget and scraping",
+        &[
+            "--set",
+            "fullnameOverride=ngo-b",
+            "--set",
+            "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "--set-json",
+            r#"podSecurityContext={"runAsUser":65532,"fsGroup":65532}"#,
+            "--set-json",
+            r#"livenessProbe={"periodSeconds":20,"failureThreshold":6}"#,
+            "--set",
+            "podDisruptionBudget.maxUnavailable=50%",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "metrics.serviceMonitor.interval=1m30s",
+            "--set-json",
+            r#"metrics.serviceMonitor.metricRelabelings=[{"action":"drop","sourceLabels":["__name__"],"regex":"nodegroup_index_.*"}]"#,
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+        ],
+    ),
 ];
 
 #[test]
@@ -769,6 +792,424 @@ fn the_network_policy_admits_only_cluster_autoscaler_and_the_test_pod_to_grpc() 
 }
 
 // ---------------------------------------------------------------------------------------------
+// Releases side by side: names, labels and selectors.
+
+/// `helm template` of the chart as release `release` in `namespace` with `args`, as JSON
+/// documents (CRDs left out: every release shares them, Helm creates them once).
+fn render_release(release: &str, namespace: &str, args: &[&str]) -> Vec<serde_json::Value> {
+    let chart = chart_dir();
+    let mut all = vec![
+        "template",
+        release,
+        chart.to_str().unwrap(),
+        "-n",
+        namespace,
+    ];
+    all.extend_from_slice(args);
+    let (ok, out, err) = helm(&all);
+    assert!(ok, "helm template {release} {args:?}: {err}");
+    parse_docs(&out)
+}
+
+/// Each object as (kind, namespace, name); the namespace is empty for cluster-scoped kinds.
+fn object_keys(docs: &[serde_json::Value]) -> Vec<(String, String, String)> {
+    docs.iter()
+        .map(|d| {
+            (
+                d["kind"].as_str().unwrap().to_string(),
+                d["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                d["metadata"]["name"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn the<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind}"))
+}
+
+#[test]
+fn a_second_release_gets_names_of_its_own_and_the_first_keeps_its_names() {
+    // The first release, as installed before the overrides existed: every name is the chart's.
+    let first = render_release("ngo", "ngo-system", &[]);
+    let first_keys = object_keys(&first);
+    for (kind, name) in [
+        ("Deployment", "nodegroup-operator"),
+        ("Service", "nodegroup-operator"),
+        ("ServiceAccount", "nodegroup-operator"),
+        ("ClusterRole", "nodegroup-operator"),
+        ("ClusterRoleBinding", "nodegroup-operator"),
+        ("PodDisruptionBudget", "nodegroup-operator"),
+        ("Secret", "nodegroup-operator-autoscaler-cloud-config"),
+    ] {
+        assert!(
+            first_keys.iter().any(|(k, _, n)| k == kind && n == name),
+            "{kind} {name} in {first_keys:?}"
+        );
+    }
+    assert!(
+        first_keys.contains(&(
+            "Role".into(),
+            "kube-system".into(),
+            "nodegroup-operator-bootstrap-tokens".into()
+        )),
+        "{first_keys:?}"
+    );
+
+    // (release, namespace, values, base of the names, app.kubernetes.io/name)
+    let second: &[(&str, &str, &[&str], &str, &str)] = &[
+        (
+            "ngo-b",
+            "team-b",
+            &["--set", "fullnameOverride=ngo-b"],
+            "ngo-b",
+            "nodegroup-operator",
+        ),
+        // In the first release's namespace: namespaced names must differ too.
+        (
+            "ngo-c",
+            "ngo-system",
+            &["--set", "nameOverride=operator"],
+            "ngo-c-operator",
+            "operator",
+        ),
+        // The usual rule: a release name that contains nameOverride is the base.
+        (
+            "ngo-operator",
+            "ngo-system",
+            &["--set", "nameOverride=operator"],
+            "ngo-operator",
+            "operator",
+        ),
+    ];
+    for (release, namespace, values, base, app) in second {
+        let docs = render_release(release, namespace, values);
+        let keys = object_keys(&docs);
+        let cluster_scoped: Vec<_> = keys.iter().filter(|(_, ns, _)| ns.is_empty()).collect();
+        assert_eq!(cluster_scoped.len(), 2, "ClusterRole and binding: {keys:?}");
+        let outside: Vec<_> = keys.iter().filter(|(_, ns, _)| ns != namespace).collect();
+        assert!(
+            outside.len() >= 4,
+            "cluster-scoped objects and the kube-system Role and binding: {outside:?}"
+        );
+        let collisions: Vec<_> = keys.iter().filter(|k| first_keys.contains(k)).collect();
+        assert!(
+            collisions.is_empty(),
+            "{release}: objects the first release owns: {collisions:?}"
+        );
+        for (kind, _, name) in &keys {
+            assert!(
+                name.starts_with(base),
+                "{release}: {kind} {name} is not named after {base}"
+            );
+        }
+        for doc in &docs {
+            assert_eq!(
+                doc["metadata"]["labels"]["app.kubernetes.io/instance"], *release,
+                "{}",
+                doc["metadata"]["name"]
+            );
+        }
+
+        // The Service selects this release's pods only; the binding grants this release's
+        // ServiceAccount this release's ClusterRole.
+        let deployment = the(&docs, "Deployment");
+        let selector =
+            json!({"app.kubernetes.io/name": app, "app.kubernetes.io/instance": release});
+        assert_eq!(deployment["spec"]["selector"]["matchLabels"], selector);
+        assert_eq!(the(&docs, "Service")["spec"]["selector"], selector);
+        assert_eq!(
+            the(&docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+            selector
+        );
+        let pod = &deployment["spec"]["template"];
+        for (label, value) in selector.as_object().unwrap() {
+            assert_eq!(&pod["metadata"]["labels"][label], value);
+        }
+        assert_eq!(pod["spec"]["serviceAccountName"], *base);
+        let binding = the(&docs, "ClusterRoleBinding");
+        assert_eq!(binding["roleRef"]["name"], *base);
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": base, "namespace": namespace}])
+        );
+        // Its own Lease, and cluster-autoscaler's cloud-config names its own Service.
+        let args = pod["spec"]["containers"][0]["args"].to_string();
+        assert!(
+            args.contains(&format!("\"--leader-election-lease={base}\"")),
+            "{args}"
+        );
+        let cloud_config = docs
+            .iter()
+            .find(|d| d["kind"] == "Secret")
+            .unwrap_or_else(|| panic!("{release}: cloud-config Secret"));
+        assert_eq!(
+            cloud_config["metadata"]["name"],
+            format!("{base}-autoscaler-cloud-config")
+        );
+        assert!(
+            cloud_config["stringData"]["cloud-config"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("address: \"{base}.{namespace}.svc:8086\"")),
+            "{}",
+            cloud_config["stringData"]["cloud-config"]
+        );
+        let test_pod = the(&docs, "Pod");
+        assert_eq!(
+            test_pod["spec"]["volumes"][1]["secret"]["secretName"],
+            format!("{base}-client-cluster-autoscaler")
+        );
+    }
+
+    // With cert-manager, the issued Secrets and the serving certificate's names follow too.
+    let docs = render_release(
+        "ngo-b",
+        "ngo-system",
+        &[
+            "--set",
+            "fullnameOverride=ngo-b",
+            "--set",
+            "grpc.certManager.enabled=true",
+            "--set",
+            "grpc.tlsSecretName=ngo-b-grpc-tls",
+        ],
+    );
+    let first = render_release(
+        "ngo",
+        "ngo-system",
+        &["--set", "grpc.certManager.enabled=true"],
+    );
+    let first_keys = object_keys(&first);
+    let keys = object_keys(&docs);
+    assert!(
+        keys.iter().all(|k| !first_keys.contains(k)),
+        "{keys:?} vs {first_keys:?}"
+    );
+    let server = docs
+        .iter()
+        .find(|d| d["kind"] == "Certificate" && d["metadata"]["name"] == "ngo-b-grpc-server")
+        .unwrap();
+    assert!(
+        server["spec"]["dnsNames"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("ngo-b.ngo-system.svc"))
+    );
+
+    for (value, expected) in [
+        (
+            "fullnameOverride=Bad_Name",
+            "at '/fullnameOverride': 'Bad_Name' does not match pattern",
+        ),
+        (
+            "nameOverride=-x",
+            "at '/nameOverride': '-x' does not match pattern",
+        ),
+    ] {
+        let error = template(&["--set", value]).unwrap_err();
+        assert!(error.contains(expected), "{value}: {error}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pod and the image: values over the restricted defaults.
+
+#[test]
+fn an_image_digest_pins_the_operator_and_the_test_pod() {
+    let digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let docs = render_release(
+        "ngo",
+        "ngo-system",
+        &[
+            "--set",
+            &format!("image.digest={digest}"),
+            "--set",
+            "image.tag=ignored",
+        ],
+    );
+    let expected = format!("ghcr.io/nodegroup-dev/nodegroup-operator@{digest}");
+    assert_eq!(
+        the(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"],
+        expected.as_str()
+    );
+    assert_eq!(
+        the(&docs, "Pod")["spec"]["containers"][0]["image"],
+        expected.as_str()
+    );
+    // Without a digest: repository:tag, the tag defaulting to the appVersion.
+    let docs = render_release("ngo", "ngo-system", &[]);
+    assert_eq!(
+        the(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"],
+        "ghcr.io/nodegroup-dev/nodegroup-operator:0.1.0"
+    );
+    for bad in [
+        "sha256:abc",
+        "latest",
+        "sha256:0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef",
+    ] {
+        let error = template(&["--set", &format!("image.digest={bad}")]).unwrap_err();
+        assert!(
+            error.contains("at '/image/digest'"),
+            "{bad} must be refused: {error}"
+        );
+    }
+}
+
+#[test]
+fn security_contexts_merge_over_the_restricted_profile() {
+    let restricted_pod =
+        json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}});
+    let restricted = json!({
+        "allowPrivilegeEscalation": false,
+        "readOnlyRootFilesystem": true,
+        "capabilities": {"drop": ["ALL"]}
+    });
+    let contexts = |docs: &[serde_json::Value]| {
+        let pod = &the(docs, "Deployment")["spec"]["template"]["spec"];
+        let test_pod = &the(docs, "Pod")["spec"];
+        (
+            pod["securityContext"].clone(),
+            pod["containers"][0]["securityContext"].clone(),
+            test_pod["securityContext"].clone(),
+            test_pod["containers"][0]["securityContext"].clone(),
+        )
+    };
+    let (pod, container, test_pod, test_container) =
+        contexts(&render_release("ngo", "ngo-system", &[]));
+    assert_eq!(pod, restricted_pod);
+    assert_eq!(test_pod, restricted_pod);
+    assert_eq!(container, restricted);
+    assert_eq!(test_container, restricted);
+
+    let docs = render_release(
+        "ngo",
+        "ngo-system",
+        &[
+            "--set-json",
+            r#"podSecurityContext={"runAsUser":1001,"fsGroup":1001,"seccompProfile":{"type":"Localhost","localhostProfile":"ngo.json"}}"#,
+            "--set-json",
+            r#"securityContext={"capabilities":{"add":["NET_BIND_SERVICE"]},"runAsGroup":1001}"#,
+        ],
+    );
+    let (pod, container, test_pod, test_container) = contexts(&docs);
+    let expected_pod = json!({
+        "runAsNonRoot": true,
+        "runAsUser": 1001,
+        "fsGroup": 1001,
+        "seccompProfile": {"type": "Localhost", "localhostProfile": "ngo.json"}
+    });
+    let expected = json!({
+        "allowPrivilegeEscalation": false,
+        "readOnlyRootFilesystem": true,
+        "runAsGroup": 1001,
+        "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}
+    });
+    assert_eq!(pod, expected_pod);
+    assert_eq!(test_pod, expected_pod);
+    assert_eq!(container, expected);
+    assert_eq!(test_container, expected);
+}
+
+#[test]
+fn probe_timings_and_the_disruption_budget_are_values() {
+    let docs = render_release(
+        "ngo",
+        "ngo-system",
+        &[
+            "--set-json",
+            r#"livenessProbe={"initialDelaySeconds":5,"periodSeconds":20,"timeoutSeconds":3,"failureThreshold":6}"#,
+            "--set-json",
+            r#"readinessProbe={"periodSeconds":5,"successThreshold":2}"#,
+        ],
+    );
+    let container = &the(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["livenessProbe"],
+        json!({"httpGet": {"path": "/livez", "port": "admin"}, "initialDelaySeconds": 5,
+               "periodSeconds": 20, "timeoutSeconds": 3, "failureThreshold": 6})
+    );
+    assert_eq!(
+        container["readinessProbe"],
+        json!({"httpGet": {"path": "/readyz", "port": "admin"}, "periodSeconds": 5,
+               "successThreshold": 2})
+    );
+    // The check itself stays the chart's; a liveness probe takes no successThreshold.
+    for (value, expected) in [
+        (
+            r#"livenessProbe={"httpGet":{"path":"/","port":80}}"#,
+            "additional properties 'httpGet' not allowed",
+        ),
+        (
+            r#"livenessProbe={"successThreshold":2}"#,
+            "additional properties 'successThreshold' not allowed",
+        ),
+        (
+            r#"readinessProbe={"periodSeconds":0}"#,
+            "at '/readinessProbe/periodSeconds': minimum",
+        ),
+    ] {
+        let error = template(&["--set-json", value]).unwrap_err();
+        assert!(error.contains(expected), "{value}: {error}");
+    }
+
+    let budget = |args: &[&str]| {
+        render_release("ngo", "ngo-system", args)
+            .into_iter()
+            .find(|d| d["kind"] == "PodDisruptionBudget")
+            .map(|d| d["spec"].clone())
+    };
+    let selector = json!({"matchLabels": {"app.kubernetes.io/name": "nodegroup-operator", "app.kubernetes.io/instance": "ngo"}});
+    assert_eq!(
+        budget(&[]),
+        Some(json!({"minAvailable": 1, "selector": selector}))
+    );
+    assert_eq!(
+        budget(&[
+            "--set",
+            "podDisruptionBudget.minAvailable=2",
+            "--set",
+            "replicas=3"
+        ]),
+        Some(json!({"minAvailable": 2, "selector": selector}))
+    );
+    assert_eq!(
+        budget(&["--set", "podDisruptionBudget.maxUnavailable=50%"]),
+        Some(json!({"maxUnavailable": "50%", "selector": selector}))
+    );
+    assert_eq!(
+        budget(&["--set", "podDisruptionBudget.enabled=false"]),
+        None
+    );
+    assert_eq!(
+        budget(&["--set", "replicas=1"]),
+        None,
+        "one replica: a budget would block every drain"
+    );
+    let error = template(&[
+        "--set",
+        "podDisruptionBudget.minAvailable=1",
+        "--set",
+        "podDisruptionBudget.maxUnavailable=1",
+    ])
+    .unwrap_err();
+    assert!(
+        error.contains("podDisruptionBudget: set minAvailable or maxUnavailable, not both"),
+        "{error}"
+    );
+    let error = template(&["--set", "podDisruptionBudget.minAvailable=half"]).unwrap_err();
+    assert!(
+        error.contains("at '/podDisruptionBudget/minAvailable': 'half' does not match pattern"),
+        "{error}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // Metrics: alerts and the dashboard name only what the operator exports.
 
 /// The operator's exposition with a sample in every family (the encoder leaves out families
@@ -832,9 +1273,16 @@ fn operator_exposition() -> support::promql::Exposition {
 #[test]
 fn alerts_name_only_metrics_the_operator_exports() {
     let exposition = operator_exposition();
+    // The rule needs a source of series: the ServiceMonitor (see
+    // alerts_select_the_releases_series_and_link_their_runbooks).
     let docs = rbac::render_chart(
         "ngo-system",
-        &["--set", "metrics.prometheusRule.enabled=true"],
+        &[
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+        ],
     )
     .unwrap();
     let rule = docs.iter().find(|d| d["kind"] == "PrometheusRule").unwrap();
@@ -920,6 +1368,251 @@ fn the_dashboard_queries_name_only_metrics_the_operator_exports() {
     ] {
         assert!(titles.contains(&expected), "{expected} in {titles:?}");
     }
+}
+
+/// GitHub's anchor for a heading (as sandbox/tests/docs.rs): lower case, punctuation but `-`
+/// and `_` dropped, spaces as `-`.
+fn github_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The `###` headings of the `## <section>` of a Markdown page, outside code blocks.
+fn subsections(text: &str, section: &str) -> Vec<String> {
+    let mut fenced = false;
+    let mut inside = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with("## ") {
+            inside = line[3..].trim() == section;
+        } else if !fenced && inside && line.starts_with("### ") {
+            out.push(line[4..].trim().to_string());
+        }
+    }
+    out
+}
+
+/// Every alert of a rendering's PrometheusRule.
+fn alert_rules(docs: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    the(docs, "PrometheusRule")["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap().clone())
+        .collect()
+}
+
+#[test]
+fn alerts_select_the_releases_series_and_link_their_runbooks() {
+    let exposition = operator_exposition();
+    let monitoring = [
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+    ];
+
+    // Another release's alerts select its own series: the job prometheus-operator gives the
+    // targets of the Service its ServiceMonitor selects.
+    let mut args = vec!["--set", "fullnameOverride=ngo-b"];
+    args.extend_from_slice(&monitoring);
+    let docs = render_release("ngo-b", "team-b", &args);
+    let monitor = the(&docs, "ServiceMonitor");
+    let service = the(&docs, "Service");
+    assert_eq!(service["metadata"]["name"], "ngo-b");
+    for (label, value) in monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(&service["metadata"]["labels"][label], value);
+    }
+    assert_eq!(
+        monitor["spec"]["namespaceSelector"]["matchNames"],
+        json!(["team-b"])
+    );
+    let rules = alert_rules(&docs);
+    assert!(rules.len() >= 7, "{rules:?}");
+    for rule in &rules {
+        let expr = rule["expr"].as_str().unwrap();
+        assert!(
+            expr.contains(r#"job="ngo-b",namespace="team-b""#),
+            "{}: {expr}",
+            rule["alert"]
+        );
+        assert!(!expr.contains("nodegroup-operator"), "{expr}");
+        assert!(exposition.problems(expr).is_empty(), "{expr}");
+    }
+    let no_leader = rules
+        .iter()
+        .find(|r| r["alert"] == "NodegroupOperatorNoLeader")
+        .unwrap();
+    assert!(
+        no_leader["annotations"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("team-b/ngo-b"),
+        "names the release's Lease: {}",
+        no_leader["annotations"]["description"]
+    );
+
+    // Every alert links its runbook: a section of docs/operations.md under "Alert runbooks",
+    // and that section has a runbook for every alert and nothing else.
+    let operations = std::fs::read_to_string(repo_file("docs/operations.md")).unwrap();
+    let runbooks = subsections(&operations, "Alert runbooks");
+    let base = "https://github.com/nodegroup-dev/nodegroup-operator/blob/main/docs/operations.md";
+    let mut alerts: Vec<String> = Vec::new();
+    for rule in &rules {
+        let alert = rule["alert"].as_str().unwrap();
+        let url = rule["annotations"]["runbook_url"]
+            .as_str()
+            .unwrap_or_default();
+        assert_eq!(url, format!("{base}#{}", github_anchor(alert)), "{alert}");
+        let anchor = url.split_once('#').unwrap().1;
+        assert!(
+            runbooks.iter().any(|h| github_anchor(h) == anchor),
+            "{alert}: no heading with anchor #{anchor} under 'Alert runbooks' in docs/operations.md: {runbooks:?}"
+        );
+        alerts.push(alert.to_string());
+    }
+    let mut sections = runbooks.clone();
+    sections.sort();
+    alerts.sort();
+    assert_eq!(sections, alerts, "one runbook per alert");
+    // The page can be another copy.
+    let mut args = vec![
+        "--set",
+        "metrics.prometheusRule.runbookUrl=https://wiki.example.com/ngo/runbooks",
+    ];
+    args.extend_from_slice(&monitoring);
+    for rule in alert_rules(&render_release("ngo", "ngo-system", &args)) {
+        assert!(
+            rule["annotations"]["runbook_url"]
+                .as_str()
+                .unwrap()
+                .starts_with("https://wiki.example.com/ngo/runbooks#nodegroupoperator"),
+            "{rule}"
+        );
+    }
+
+    // Without the ServiceMonitor nothing scrapes that job: the rule is refused unless the
+    // series are named explicitly, and then the alerts use that selector.
+    let error = template(&["--set", "metrics.prometheusRule.enabled=true"]).unwrap_err();
+    assert!(
+        error.contains("metrics.prometheusRule.enabled without metrics.serviceMonitor.enabled")
+            && error.contains("set metrics.prometheusRule.selector"),
+        "{error}"
+    );
+    let docs = render_release(
+        "ngo",
+        "ngo-system",
+        &[
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--set-json",
+            r#"metrics.prometheusRule.selector="job=\"kubernetes-pods\",namespace=\"ops\"""#,
+        ],
+    );
+    assert!(!docs.iter().any(|d| d["kind"] == "ServiceMonitor"));
+    for rule in alert_rules(&docs) {
+        let expr = rule["expr"].as_str().unwrap();
+        assert!(
+            expr.contains(r#"{job="kubernetes-pods",namespace="ops""#),
+            "{expr}"
+        );
+        assert!(!expr.contains("nodegroup-operator"), "{expr}");
+        assert!(exposition.problems(expr).is_empty(), "{expr}");
+    }
+    let error = template(&[
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+        "--set",
+        "metrics.prometheusRule.selector=job=ngo",
+    ])
+    .unwrap_err();
+    assert!(
+        error.contains("at '/metrics/prometheusRule/selector'"),
+        "{error}"
+    );
+}
+
+#[test]
+fn the_service_monitor_takes_relabelings_and_prometheus_durations() {
+    let docs = render_release(
+        "ngo",
+        "ngo-system",
+        &[
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "metrics.serviceMonitor.interval=1d",
+            "--set",
+            "metrics.serviceMonitor.scrapeTimeout=1m30s",
+            "--set-json",
+            r#"metrics.serviceMonitor.relabelings=[{"action":"replace","targetLabel":"cluster","replacement":"prod"}]"#,
+            "--set-json",
+            r#"metrics.serviceMonitor.metricRelabelings=[{"action":"drop","sourceLabels":["__name__"],"regex":"nodegroup_index_.*"}]"#,
+        ],
+    );
+    let endpoint = &the(&docs, "ServiceMonitor")["spec"]["endpoints"][0];
+    assert_eq!(endpoint["interval"], "1d");
+    assert_eq!(endpoint["scrapeTimeout"], "1m30s");
+    assert_eq!(
+        endpoint["relabelings"],
+        json!([{"action": "replace", "targetLabel": "cluster", "replacement": "prod"}])
+    );
+    assert_eq!(
+        endpoint["metricRelabelings"],
+        json!([{"action": "drop", "sourceLabels": ["__name__"], "regex": "nodegroup_index_.*"}])
+    );
+    // Without them, the endpoint has neither key.
+    let docs = render_release(
+        "ngo",
+        "ngo-system",
+        &["--set", "metrics.serviceMonitor.enabled=true"],
+    );
+    let endpoint = &the(&docs, "ServiceMonitor")["spec"]["endpoints"][0];
+    assert!(endpoint.get("relabelings").is_none() && endpoint.get("metricRelabelings").is_none());
+
+    // Prometheus' duration syntax (prometheus-operator's CRD pattern): units y w d h m s ms, in
+    // that order, whole numbers. Go-only forms are refused.
+    for good in ["30s", "1d", "2w", "1h30m", "500ms", "1y2w3d4h5m6s7ms"] {
+        for field in ["interval", "scrapeTimeout"] {
+            template(&[
+                "--set",
+                "metrics.serviceMonitor.enabled=true",
+                "--set",
+                &format!("metrics.serviceMonitor.{field}={good}"),
+            ])
+            .unwrap_or_else(|e| panic!("{field}={good} must be accepted: {e}"));
+        }
+    }
+    for bad in ["1.5h", "10", "5us", "1m1h", "-1s", "1h0.5m"] {
+        for field in ["interval", "scrapeTimeout"] {
+            let error = template(&[
+                "--set-string",
+                &format!("metrics.serviceMonitor.{field}={bad}"),
+            ])
+            .expect_err(&format!("{field}={bad} must be refused"));
+            assert!(
+                error.contains(&format!(
+                    "at '/metrics/serviceMonitor/{field}': '{bad}' does not match pattern"
+                )),
+                "{field}={bad}: {error}"
+            );
+        }
+    }
+    let error = template(&["--set", "metrics.serviceMonitor.interval="]).unwrap_err();
+    assert!(
+        error.contains("at '/metrics/serviceMonitor/interval': minLength"),
+        "{error}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,6 +12,10 @@
 //! `helm test`, this test stands in for the kubelet: it runs the hook Pod's container when helm
 //! creates the Pod and reports its completion on the Pod's status, which is what `helm test`
 //! waits for. `helm test` itself is the real command.
+//!
+//! Another test installs releases side by side (one with the chart's default names, others with
+//! their own), checks that a second release with the same names is refused, and runs the CRD
+//! upgrade step of docs/operations.md after a `helm upgrade` that leaves CRDs as they were.
 
 mod support;
 
@@ -43,6 +47,10 @@ const SERVICE_NAMES: &[&str] = &[
     "nodegroup-operator.ngo-system.svc",
     "nodegroup-operator.ngo-system.svc.cluster.local",
 ];
+
+/// Tests that install a release with the chart's default names (whose ClusterRole is
+/// cluster-scoped) run one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Plane {
     kubeconfig: PathBuf,
@@ -157,18 +165,40 @@ fn kubectl(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `helm <args> --kubeconfig <plane>`, which may fail: success and stdout plus stderr.
+fn try_helm(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(sandbox::upstream_bin("helm"))
+        .args(args)
+        .arg(format!("--kubeconfig={}", plane().kubeconfig.display()))
+        .output()
+        .expect("running helm");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 /// Installs `chart` as `release` with `values`: first a server-side dry run (every object
 /// validated by the API server, nothing stored), then for real. Returns the manifest helm
 /// recorded.
 fn install(release: &str, chart: &Path, values: &[String]) -> Vec<Value> {
+    install_into(release, RELEASE_NAMESPACE, chart, values)
+}
+
+/// `install` into `namespace`.
+fn install_into(release: &str, namespace: &str, chart: &Path, values: &[String]) -> Vec<Value> {
     let chart = chart.to_str().unwrap();
-    let mut args = vec!["install", release, chart, "-n", RELEASE_NAMESPACE];
+    let mut args = vec!["install", release, chart, "-n", namespace];
     args.extend(values.iter().map(String::as_str));
     let mut dry = args.clone();
     dry.push("--dry-run=server");
     helm(&dry);
     helm(&args);
-    let manifest = helm(&["get", "manifest", release, "-n", RELEASE_NAMESPACE]);
+    let manifest = helm(&["get", "manifest", release, "-n", namespace]);
     serde_yaml::Deserializer::from_str(&manifest)
         .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
         .filter(|v: &Value| !v.is_null())
@@ -432,6 +462,7 @@ async fn run_helm_test(client: &Client, log_dir: &Path) -> (bool, String, String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_operator() {
+    let _serial = SERIAL.lock().await;
     let plane = plane();
     let client = sandbox::controlplane::client_for(&plane.kubeconfig)
         .await
@@ -794,4 +825,236 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
         .await
         .unwrap();
     assert!(left.items.is_empty(), "uninstall removes the Deployments");
+}
+
+/// `kubectl <args>` against the plane, which may fail: success and stdout plus stderr.
+fn try_kubectl(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(sandbox::upstream_bin("kubectl"))
+        .arg(format!("--kubeconfig={}", plane().kubeconfig.display()))
+        .args(args)
+        .output()
+        .expect("running kubectl");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// The CRD step of docs/operations.md ("Upgrades and CRDs"): the `kubectl apply
+/// --server-side ...` line, as arguments of kubectl with the chart's `crds/` directory last.
+fn documented_crd_step() -> Vec<String> {
+    let docs = std::fs::read_to_string(repo("docs/operations.md")).unwrap();
+    let line = docs
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("kubectl apply --server-side"))
+        .expect("docs/operations.md shows the kubectl apply --server-side step");
+    let words: Vec<String> = line.split_whitespace().map(String::from).collect();
+    assert_eq!(
+        words.last().map(String::as_str),
+        Some("charts/nodegroup-operator/crds/"),
+        "{line}"
+    );
+    words[1..].to_vec()
+}
+
+/// The description of NodeGroupPolicy's `spec.minSize` as the API server has it.
+async fn min_size_description(client: &Client) -> String {
+    let crd = Api::<CustomResourceDefinition>::all(client.clone())
+        .get("nodegrouppolicies.autoscaling.nodegroup.dev")
+        .await
+        .unwrap();
+    let crd = serde_json::to_value(crd).unwrap();
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["minSize"]["description"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_install_side_by_side_and_crds_upgrade_as_documented() {
+    let _serial = SERIAL.lock().await;
+    let client = sandbox::controlplane::client_for(&plane().kubeconfig)
+        .await
+        .unwrap();
+    for namespace in ["ngo-a", "ngo-b"] {
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let chart = repo("charts/nodegroup-operator");
+    let chart_arg = chart.to_str().unwrap();
+
+    // --- A release with the chart's default names, as every release installed before the
+    // overrides existed.
+    let a = install_into("ngo-a", "ngo-a", &chart, &[]);
+    assert_created(&client, &a).await;
+    let named = |docs: &[Value], kind: &str| -> Vec<String> {
+        docs.iter()
+            .filter(|d| d["kind"] == kind)
+            .map(|d| d["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(named(&a, "ClusterRole"), ["nodegroup-operator"]);
+
+    // --- A second release with the same names is refused before anything is created, naming
+    // the release that owns them and the value that gives it its own.
+    let (ok, out) = try_helm(&[
+        "install",
+        "ngo-b",
+        chart_arg,
+        "-n",
+        "ngo-b",
+        "--dry-run=server",
+    ]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(
+            "ClusterRole nodegroup-operator belongs to release ngo-a (namespace ngo-a): give release ngo-b names of its own with fullnameOverride (e.g. --set fullnameOverride=ngo-b-nodegroup-operator)"
+        ),
+        "{out}"
+    );
+
+    // --- With names of its own (the value the refusal suggests) it installs next to the first;
+    // and a third one in the first one's namespace, with nameOverride.
+    let b = install_into(
+        "ngo-b",
+        "ngo-b",
+        &chart,
+        &["--set=fullnameOverride=ngo-b-nodegroup-operator".into()],
+    );
+    assert_created(&client, &b).await;
+    let c = install_into("ngo-c", "ngo-a", &chart, &["--set=nameOverride=ngo".into()]);
+    assert_created(&client, &c).await;
+    let mut cluster_scoped = Vec::new();
+    for (release, namespace, docs, base) in [
+        ("ngo-a", "ngo-a", &a, "nodegroup-operator"),
+        ("ngo-b", "ngo-b", &b, "ngo-b-nodegroup-operator"),
+        ("ngo-c", "ngo-a", &c, "ngo-c"),
+    ] {
+        assert_eq!(named(docs, "ClusterRole"), [base]);
+        assert_eq!(named(docs, "ClusterRoleBinding"), [base]);
+        assert_eq!(named(docs, "Deployment"), [base]);
+        cluster_scoped.extend(named(docs, "ClusterRole"));
+        cluster_scoped.extend(named(docs, "ClusterRoleBinding"));
+        // What the API server stored: each binding grants its own release's ServiceAccount its
+        // own ClusterRole, and each object is owned by its release.
+        let binding = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(client.clone())
+            .get(base)
+            .await
+            .unwrap();
+        assert_eq!(binding.role_ref.name, base);
+        let subject = &binding.subjects.unwrap()[0];
+        assert_eq!(
+            (subject.name.as_str(), subject.namespace.as_deref()),
+            (base, Some(namespace))
+        );
+        let annotations = binding.metadata.annotations.unwrap_or_default();
+        assert_eq!(annotations["meta.helm.sh/release-name"], release);
+        assert_eq!(annotations["meta.helm.sh/release-namespace"], namespace);
+        let deployment = Api::<Deployment>::namespaced(client.clone(), namespace)
+            .get(base)
+            .await
+            .unwrap();
+        let selector = deployment.spec.selector.match_labels.unwrap();
+        assert_eq!(selector["app.kubernetes.io/instance"], release);
+    }
+    let distinct: std::collections::BTreeSet<&String> = cluster_scoped.iter().collect();
+    assert_eq!(distinct.len(), 3, "{cluster_scoped:?}");
+
+    // --- CRDs: `helm upgrade` with a chart whose CRD changed leaves the CRD as it was; the
+    // step docs/operations.md gives before an upgrade applies it.
+    let original = min_size_description(&client).await;
+    let upgraded = tempfile::Builder::new()
+        .prefix("ngo-chart-")
+        .tempdir()
+        .unwrap();
+    copy_dir(&chart, upgraded.path());
+    let crd_file = upgraded.path().join("crds/nodegroup-operator.yaml");
+    let text = std::fs::read_to_string(&crd_file).unwrap();
+    assert_eq!(text.matches(original.as_str()).count(), 1, "{original}");
+    let changed = format!("{original} (upgraded)");
+    std::fs::write(&crd_file, text.replace(&original, &changed)).unwrap();
+    helm(&[
+        "upgrade",
+        "ngo-a",
+        upgraded.path().to_str().unwrap(),
+        "-n",
+        "ngo-a",
+    ]);
+    assert_eq!(
+        min_size_description(&client).await,
+        original,
+        "helm upgrade does not change CRDs"
+    );
+    let step = documented_crd_step();
+    let with_crds = |dir: &Path| -> Vec<String> {
+        let mut args = step.clone();
+        *args.last_mut().unwrap() = format!("{}/", dir.join("crds").display());
+        args
+    };
+    // Why the step forces: helm created the fields, so without --force-conflicts the apply
+    // stops at each changed one, and nothing changes.
+    let at = step
+        .iter()
+        .position(|a| a == "--force-conflicts")
+        .expect("the documented step takes the fields over with --force-conflicts");
+    let mut args = with_crds(upgraded.path());
+    args.remove(at);
+    let (ok, out) = try_kubectl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        !ok && out
+            .contains(r#"Apply failed with 1 conflict: conflict with "helm": .spec.versions"#),
+        "kubectl {args:?}: {out}"
+    );
+    assert_eq!(min_size_description(&client).await, original);
+    let args = with_crds(upgraded.path());
+    let (ok, out) = try_kubectl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "kubectl {args:?}: {out}");
+    assert_eq!(min_size_description(&client).await, changed, "{out}");
+    // Back to the chart's CRDs, the same way.
+    let args = with_crds(&chart);
+    let (ok, out) = try_kubectl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "kubectl {args:?}: {out}");
+    assert_eq!(min_size_description(&client).await, original);
+
+    // --- Uninstalling one release leaves the others' objects; uninstalling all leaves no
+    // cluster-scoped object of theirs.
+    helm(&["uninstall", "ngo-b", "-n", "ngo-b"]);
+    let roles = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(client.clone());
+    for name in ["nodegroup-operator", "ngo-c"] {
+        roles
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("{name} after uninstalling ngo-b: {e}"));
+    }
+    helm(&["uninstall", "ngo-c", "-n", "ngo-a"]);
+    helm(&["uninstall", "ngo-a", "-n", "ngo-a"]);
+    let left = roles
+        .list(&ListParams::default().labels("app.kubernetes.io/instance in (ngo-a,ngo-b,ngo-c)"))
+        .await
+        .unwrap();
+    assert!(left.items.is_empty(), "{:?}", left.items);
 }
