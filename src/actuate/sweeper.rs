@@ -107,31 +107,22 @@ pub async fn sweep(actuator: &CapiActuator, snapshot: &Snapshot, margin: i64) ->
     report
 }
 
-/// Sweeps whenever this replica leads: once on becoming leader, then every `interval`, until
-/// `shutdown`.
+/// Sweeps for one leadership term (see `runtime::leader::while_leading`): once at its start,
+/// then every `interval`, until `term` is cancelled.
 pub async fn run(
     actuator: Arc<CapiActuator>,
     snapshots: SnapshotHandle,
-    mut leader: tokio::sync::watch::Receiver<bool>,
     metrics: Arc<Metrics>,
     interval: Duration,
     margin: i64,
-    shutdown: CancellationToken,
+    term: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
+            _ = term.cancelled() => return Ok(()),
             _ = ticker.tick() => {}
-            changed = leader.changed() => {
-                if changed.is_err() {
-                    return Ok(());
-                }
-            }
-        }
-        if !*leader.borrow() {
-            continue;
         }
         let Some(snapshot) = snapshots.current() else {
             continue;

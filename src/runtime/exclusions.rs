@@ -103,22 +103,19 @@ fn findings(snapshot: &Snapshot) -> Vec<Finding> {
     out
 }
 
-/// Watches snapshots until `shutdown` and reports new or changed problems.
+/// Watches snapshots for one leadership term (see `leader::while_leading`), until `term` is
+/// cancelled, and reports new or changed problems (each once per term).
 pub async fn report(
     mut snapshots: SnapshotHandle,
     resources: CapiResources,
     events: EventPublisher,
-    leader: tokio::sync::watch::Receiver<bool>,
-    shutdown: CancellationToken,
+    term: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut reported: HashMap<String, String> = HashMap::new();
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
+            _ = term.cancelled() => return Ok(()),
             alive = snapshots.changed() => if !alive { return Ok(()) },
-        }
-        if !*leader.borrow() {
-            continue;
         }
         let Some(snapshot) = snapshots.current() else {
             continue;

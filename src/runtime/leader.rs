@@ -1,6 +1,8 @@
 //! Lease-based leader election (coordination.k8s.io/v1). Every replica serves gRPC; only the
-//! leader writes status and reports configuration problems.
+//! leader writes status, reports configuration problems, sweeps scale-down records and
+//! reconciles NodePools: each of those runs through [`while_leading`], one term at a time.
 
+use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -78,6 +80,57 @@ pub async fn run(
     Ok(())
 }
 
+/// Runs `term` for every term this replica leads, until `shutdown`. `term` gets a token that is
+/// cancelled when leadership is lost or at shutdown; it should stop starting work then, finish
+/// or give up what it started, and return. The next term starts with a fresh call once this
+/// replica leads again. Returns when `shutdown` is cancelled (after the running term returned),
+/// when the leadership channel closes, or with the error a term returned. A term that returns
+/// on its own while still leading ends the task: there is nothing left for it to do.
+pub async fn while_leading<F, Fut>(
+    task: &'static str,
+    mut leading: watch::Receiver<bool>,
+    shutdown: CancellationToken,
+    mut term: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut(CancellationToken) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    loop {
+        while !*leading.borrow_and_update() {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                changed = leading.changed() => if changed.is_err() { return Ok(()) },
+            }
+        }
+        tracing::debug!(task, "leading: term starts");
+        let ends = shutdown.child_token();
+        let run = term(ends.clone());
+        tokio::pin!(run);
+        let lost = async {
+            loop {
+                if leading.changed().await.is_err() || !*leading.borrow() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            result = &mut run => {
+                tracing::debug!(task, "term ended on its own");
+                return result;
+            }
+            () = lost => {}
+            () = shutdown.cancelled() => {}
+        }
+        ends.cancel();
+        run.await?;
+        tracing::debug!(task, "leadership lost or shutting down: term ended");
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+    }
+}
+
 async fn try_acquire_or_renew(
     api: &Api<Lease>,
     config: &LeaderConfig,
@@ -149,5 +202,72 @@ async fn release(api: &Api<Lease>, config: &LeaderConfig) {
                 tracing::warn!(%error, "could not release the leader lease");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Terms start only while leading, each ends when leadership is lost, a new one starts
+    /// when it comes back, and shutdown ends the running one before returning.
+    #[tokio::test]
+    async fn a_term_runs_per_leadership_and_ends_with_it() {
+        let (leading, receiver) = watch::channel(false);
+        let shutdown = CancellationToken::new();
+        let started = Arc::new(AtomicUsize::new(0));
+        let ended = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn(while_leading("test", receiver, shutdown.clone(), {
+            let (started, ended) = (started.clone(), ended.clone());
+            move |term: CancellationToken| {
+                let (started, ended) = (started.clone(), ended.clone());
+                async move {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    term.cancelled().await;
+                    ended.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                }
+            }
+        }));
+        let settle = || tokio::time::sleep(Duration::from_millis(50));
+        settle().await;
+        assert_eq!(started.load(Ordering::SeqCst), 0, "not leading: no term");
+        leading.send_replace(true);
+        settle().await;
+        assert_eq!(
+            (started.load(Ordering::SeqCst), ended.load(Ordering::SeqCst)),
+            (1, 0)
+        );
+        leading.send_replace(false);
+        settle().await;
+        assert_eq!(
+            ended.load(Ordering::SeqCst),
+            1,
+            "leadership lost: term ended"
+        );
+        leading.send_replace(true);
+        settle().await;
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            2,
+            "leading again: a new term"
+        );
+        shutdown.cancel();
+        task.await.expect("joined").expect("no error");
+        assert_eq!(ended.load(Ordering::SeqCst), 2, "shutdown ended the term");
+    }
+
+    /// A term's error ends the task with it.
+    #[tokio::test]
+    async fn a_failing_term_ends_the_task_with_its_error() {
+        let (_leading, receiver) = watch::channel(true);
+        let result = while_leading("test", receiver, CancellationToken::new(), |_| async {
+            anyhow::bail!("broken")
+        })
+        .await;
+        assert_eq!(result.expect_err("the term's error").to_string(), "broken");
     }
 }

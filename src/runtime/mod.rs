@@ -365,25 +365,34 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         metrics.clone(),
         shutdown.clone(),
     ));
-    tasks.spawn(exclusions::report(
-        snapshots.clone(),
-        resources.clone(),
-        events.clone(),
+    tasks.spawn(leader::while_leading(
+        "configuration problem reports",
         leading.clone(),
         shutdown.clone(),
+        {
+            let (snapshots, resources, events) =
+                (snapshots.clone(), resources.clone(), events.clone());
+            move |term| {
+                exclusions::report(snapshots.clone(), resources.clone(), events.clone(), term)
+            }
+        },
     ));
     let activity = Arc::new(ActivityLog::default());
     if with_policies {
         let policies_of = watches.clone();
-        let writer = StatusWriter {
+        let writer = Arc::new(StatusWriter {
             client: client.clone(),
             policies: Box::new(move || policies_of.policies()),
             snapshots: snapshots.clone(),
             activity: activity.clone(),
             events: events.clone(),
-            leader: leading.clone(),
-        };
-        tasks.spawn(writer.run(shutdown.clone()));
+        });
+        tasks.spawn(leader::while_leading(
+            "NodeGroupPolicy status",
+            leading.clone(),
+            shutdown.clone(),
+            move |term| writer.clone().run(term),
+        ));
     }
 
     let instance = config
@@ -398,14 +407,25 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         activity,
         instance.clone(),
     ));
-    tasks.spawn(crate::actuate::sweeper::run(
-        actuator.clone(),
-        snapshots.clone(),
+    tasks.spawn(leader::while_leading(
+        "scale-down sweeper",
         leading.clone(),
-        metrics.clone(),
-        config.sweep_interval,
-        config.sweep_clock_margin_secs,
         shutdown.clone(),
+        {
+            let (actuator, snapshots, metrics) =
+                (actuator.clone(), snapshots.clone(), metrics.clone());
+            let (interval, margin) = (config.sweep_interval, config.sweep_clock_margin_secs);
+            move |term| {
+                crate::actuate::sweeper::run(
+                    actuator.clone(),
+                    snapshots.clone(),
+                    metrics.clone(),
+                    interval,
+                    margin,
+                    term,
+                )
+            }
+        },
     ));
     if our_kinds.node_pools {
         let pools = Arc::new(pools::PoolController::new(
@@ -420,7 +440,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             },
             crate::backends::connectors(),
         ));
-        let run = pools.run(snapshots.clone(), leading.clone(), shutdown.clone());
+        let run =
+            leader::while_leading("NodePool reconciler", leading.clone(), shutdown.clone(), {
+                let snapshots = snapshots.clone();
+                move |term| pools.clone().run(snapshots.clone(), term)
+            });
         let ended = pools_ended.clone().drop_guard();
         tasks.spawn(async move {
             let _ended = ended;

@@ -192,14 +192,16 @@ impl PoolController {
         }
     }
 
-    /// Reconciles every pool while this replica leads, until `shutdown`. Pools are passed
-    /// over side by side (up to [`PoolControllerOptions::concurrency`] at once, one pass per
-    /// pool at a time), so a pool whose cloud does not answer holds back no other pool.
+    /// Reconciles every pool for one leadership term (see [`super::leader::while_leading`]),
+    /// until `term` is cancelled; then lets the passes still running end (up to
+    /// [`SHUTDOWN_GRACE`]). Pools are passed over side by side (up to
+    /// [`PoolControllerOptions::concurrency`] at once, one pass per pool at a time), so a pool
+    /// whose cloud does not answer holds back no other pool. A term starts with a pass over
+    /// every pool.
     pub async fn run(
         self: Arc<Self>,
         mut snapshots: SnapshotHandle,
-        mut leader: tokio::sync::watch::Receiver<bool>,
-        shutdown: CancellationToken,
+        term: CancellationToken,
     ) -> anyhow::Result<()> {
         let mut schedule = PassSchedule::new(self.options.concurrency);
         let mut passes: JoinSet<()> = JoinSet::new();
@@ -207,39 +209,37 @@ impl PoolController {
         let mut last_full = Instant::now() - self.options.interval;
         let mut token_sweeps = TokenSweeps::default();
         loop {
-            if *leader.borrow() {
-                let pools = self.watches.node_pools();
-                let full = last_full.elapsed() >= self.options.interval;
-                if full {
-                    last_full = Instant::now();
+            let pools = self.watches.node_pools();
+            let full = last_full.elapsed() >= self.options.interval;
+            if full {
+                last_full = Instant::now();
+            }
+            let keyed = pools.iter().map(|p| (pool_key(p), fingerprint(p)));
+            for gone in schedule.observe(keyed, full) {
+                self.metrics.forget_pool(&gone);
+                for connector in &self.connectors {
+                    connector.forget(&gone);
                 }
-                let keyed = pools.iter().map(|p| (pool_key(p), fingerprint(p)));
-                for gone in schedule.observe(keyed, full) {
-                    self.metrics.forget_pool(&gone);
-                    for connector in &self.connectors {
-                        connector.forget(&gone);
-                    }
-                }
-                for key in schedule.start() {
-                    let Some(pool) = pools.iter().find(|p| pool_key(p) == key) else {
-                        schedule.finished(&key);
-                        continue;
-                    };
-                    let outside_backend = outside_backend(&snapshots, pool);
-                    let (namespace, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
-                    let this = self.clone();
-                    let task = passes.spawn(async move {
-                        this.reconcile(&namespace, &name, outside_backend).await;
-                    });
-                    pass_of.insert(task.id(), key);
-                }
-                if full {
-                    self.sweep_expired_tokens(&pools, &mut token_sweeps);
-                }
+            }
+            for key in schedule.start() {
+                let Some(pool) = pools.iter().find(|p| pool_key(p) == key) else {
+                    schedule.finished(&key);
+                    continue;
+                };
+                let outside_backend = outside_backend(&snapshots, pool);
+                let (namespace, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
+                let this = self.clone();
+                let task = passes.spawn(async move {
+                    this.reconcile(&namespace, &name, outside_backend).await;
+                });
+                pass_of.insert(task.id(), key);
+            }
+            if full {
+                self.sweep_expired_tokens(&pools, &mut token_sweeps);
             }
             let wait = self.options.interval.saturating_sub(last_full.elapsed());
             tokio::select! {
-                _ = shutdown.cancelled() => {
+                _ = term.cancelled() => {
                     Self::finish_passes(passes, pass_of).await;
                     return Ok(());
                 }
@@ -255,13 +255,7 @@ impl PoolController {
                         schedule.finished(&key);
                     }
                 }
-                changed = leader.changed() => {
-                    if changed.is_err() {
-                        Self::finish_passes(passes, pass_of).await;
-                        return Ok(());
-                    }
-                }
-                _ = tokio::time::sleep(wait), if *leader.borrow() => {}
+                _ = tokio::time::sleep(wait) => {}
                 alive = snapshots.changed() => {
                     if !alive {
                         Self::finish_passes(passes, pass_of).await;

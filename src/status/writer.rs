@@ -1,6 +1,7 @@
 //! Writes NodeGroupPolicy status (server-side apply, own field manager) and Events on the
-//! policy for spec problems. Runs on the leader only; re-checks on every snapshot and every
-//! `RESYNC` so activity (scale-up times, failures) shows up too.
+//! policy for spec problems. Runs on the leader only, one term at a time
+//! (`runtime::leader::while_leading`); re-checks on every snapshot and every `RESYNC` so
+//! activity (scale-up times, failures) shows up too.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,7 +11,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::actuate::ActivityLog;
@@ -34,26 +34,26 @@ pub struct StatusWriter {
     pub activity: Arc<ActivityLog>,
     /// Events.
     pub events: EventPublisher,
-    /// True while this replica leads.
-    pub leader: watch::Receiver<bool>,
 }
 
 impl StatusWriter {
-    /// Runs until `shutdown`.
-    pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
+    /// Runs for one leadership term, until `term` is cancelled.
+    pub async fn run(self: Arc<Self>, term: CancellationToken) -> anyhow::Result<()> {
+        let mut snapshots = self.snapshots.clone();
         let mut reported_invalid: HashMap<String, String> = HashMap::new();
         let mut reported_unreachable: HashMap<String, String> = HashMap::new();
+        // A term starts with a pass: the new leader writes what changed while it did not lead.
+        let mut first = true;
         loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
-                alive = self.snapshots.changed() => if !alive { return Ok(()) },
-                _ = self.leader.changed() => {},
-                _ = tokio::time::sleep(RESYNC) => {},
+            if !first {
+                tokio::select! {
+                    _ = term.cancelled() => return Ok(()),
+                    alive = snapshots.changed() => if !alive { return Ok(()) },
+                    _ = tokio::time::sleep(RESYNC) => {},
+                }
             }
-            if !*self.leader.borrow() {
-                continue;
-            }
-            let Some(snapshot) = self.snapshots.current() else {
+            first = false;
+            let Some(snapshot) = snapshots.current() else {
                 continue;
             };
             let now = Time(jiff::Timestamp::now());
