@@ -220,14 +220,20 @@ async fn up(sandbox: Sandbox, namespace: &str, started: Instant) -> anyhow::Resu
         .with_context(|| format!("writing {}", path.display()))?;
     let kubectl = ngo_sandbox::upstream_bin("kubectl");
     say("sandbox up: nodegroup-operator and cluster-autoscaler (externalgrpc, mTLS) are running");
+    let examples = ngo_sandbox::workspace_root().join("examples");
     println!(
         "\n  export KUBECONFIG={kubeconfig}\n  alias kubectl={kubectl}\n\n\
          Cluster {namespace}/{namespace} is ready for MachineDeployments that use the \
-         TestMachineTemplate '{WORKER_TEMPLATE}' (4 CPU, 16Gi kwok nodes), e.g.:\n\n  \
+         TestMachineTemplate '{WORKER_TEMPLATE}' (4 CPU, 16Gi kwok nodes). Autoscale one: a \
+         group of 1 to 5 nodes, then pods that need 4:\n\n  \
+         kubectl apply -f {md}\n  \
+         kubectl apply -f {pods}\n  \
          kubectl -n {namespace} get cluster,machinedeployments,machines,ngp\n  \
          kubectl get nodes\n\nLogs: {logs}\nStop with Ctrl-C or `ngo-sandbox down`.",
         kubeconfig = state.kubeconfig.display(),
         kubectl = kubectl.display(),
+        md = examples.join("machinedeployment.yaml").display(),
+        pods = examples.join("pending-pods.yaml").display(),
         logs = sandbox.log_dir().display(),
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

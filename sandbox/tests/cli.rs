@@ -93,6 +93,15 @@ fn the_cherry_demo_scales_a_node_pool_of_emulated_servers() {
     }
 }
 
+/// The lines printed so far (waits briefly for the rest of a burst).
+fn printed_so_far(lines: &std::sync::mpsc::Receiver<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_millis(500)) {
+        out.push(line);
+    }
+    out
+}
+
 #[test]
 fn up_serves_a_kubeconfig_until_down_stops_it() {
     let _one = ONE_SANDBOX_AT_A_TIME
@@ -105,6 +114,7 @@ fn up_serves_a_kubeconfig_until_down_stops_it() {
         .expect("ngo-sandbox up starts");
     let stdout = up.stdout.take().expect("stdout");
     let (tx, rx) = std::sync::mpsc::channel();
+    let (line_tx, rx_lines) = std::sync::mpsc::channel();
     // Keep reading to the end: `up` prints while it stops, too.
     let reader = std::thread::spawn(move || {
         let mut all = Vec::new();
@@ -113,6 +123,7 @@ fn up_serves_a_kubeconfig_until_down_stops_it() {
             if let Some(path) = line.trim().strip_prefix("export KUBECONFIG=") {
                 let _ = tx.send(PathBuf::from(path));
             }
+            let _ = line_tx.send(line.clone());
             all.push(line);
         }
         all
@@ -151,6 +162,40 @@ fn up_serves_a_kubeconfig_until_down_stops_it() {
         crds.contains("machinedeployments.cluster.x-k8s.io"),
         "{crds}"
     );
+
+    // The examples `up` names apply as printed, and cluster-autoscaler scales the group.
+    let applies: Vec<String> = printed_so_far(&rx_lines)
+        .into_iter()
+        .filter_map(|l| l.trim().strip_prefix("kubectl apply -f ").map(String::from))
+        .collect();
+    assert_eq!(
+        applies.len(),
+        2,
+        "up prints two examples to apply: {applies:?}"
+    );
+    for file in &applies {
+        kubectl(&["apply", "-f", file]);
+    }
+    let started = std::time::Instant::now();
+    loop {
+        let replicas = kubectl(&[
+            "-n",
+            "sandbox",
+            "get",
+            "machinedeployments.cluster.x-k8s.io",
+            "workers",
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ]);
+        if replicas.trim().parse::<i32>().is_ok_and(|r| r > 1) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "cluster-autoscaler scaled the example MachineDeployment up (replicas {replicas:?})"
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
 
     let down = ngo_sandbox()
         .arg("down")
