@@ -172,6 +172,17 @@ struct RunArgs {
     /// Prefix of the identity naming a Cluster in client certificates.
     #[arg(long, default_value = nodegroup_operator::server::identity::DEFAULT_PREFIX)]
     client_identity_prefix: String,
+    /// Serve only this Cluster (`<namespace>/<name>`) to every client, whatever it presents:
+    /// the co-located mode, beside one cluster-autoscaler in its pod. Excludes
+    /// --client-identity=uri-san and common-name.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    cluster: Option<String>,
+    /// Also serve externalgrpc in plaintext on this Unix socket (created with mode 0660; a
+    /// stale one is replaced), for a cluster-autoscaler in the same pod dialing
+    /// `unix://<path>`. Needs --cluster or --client-identity=off: a socket's clients present no
+    /// certificate.
+    #[arg(long, value_name = "PATH")]
+    grpc_unix_socket: Option<PathBuf>,
     /// With `--workload-nodes=cluster-secrets` and `--client-identity=off`: serve every client
     /// every workload cluster (refused without this flag; logged as an error at start).
     #[arg(long)]
@@ -191,6 +202,27 @@ struct RunArgs {
 }
 
 impl RunArgs {
+    /// How callers are scoped: to the `--cluster`, or by their certificate.
+    fn client_identity(&self) -> anyhow::Result<IdentitySource> {
+        let identity = match &self.cluster {
+            Some(_) if self.client_identity != "off" => anyhow::bail!(
+                "--cluster scopes every client by configuration; it excludes --client-identity={}",
+                self.client_identity
+            ),
+            Some(cluster) => IdentitySource::fixed(cluster),
+            None => IdentitySource::parse(&self.client_identity, &self.client_identity_prefix),
+        }
+        .map_err(|e| anyhow::anyhow!(e))?;
+        if self.grpc_unix_socket.is_some() && identity.needs_certificate() {
+            anyhow::bail!(
+                "--grpc-unix-socket: clients on a Unix socket present no certificate, so \
+                 --client-identity={} cannot scope them; pass --cluster <namespace>/<name> instead",
+                self.client_identity
+            );
+        }
+        Ok(identity)
+    }
+
     fn config(&self) -> anyhow::Result<Config> {
         let unscoped_management =
             self.workload_nodes == "cluster-secrets" && self.client_identity == "off";
@@ -237,11 +269,8 @@ impl RunArgs {
                 "kubeconfig" => WorkloadNodes::Kubeconfig(self.workload_kubeconfig.clone()),
                 _ => WorkloadNodes::SameCluster,
             },
-            client_identity: IdentitySource::parse(
-                &self.client_identity,
-                &self.client_identity_prefix,
-            )
-            .map_err(|e| anyhow::anyhow!(e))?,
+            client_identity: self.client_identity()?,
+            grpc_unix_socket: self.grpc_unix_socket.clone(),
             leader_election: self
                 .leader_election_namespace
                 .clone()
@@ -355,6 +384,40 @@ mod tests {
             .is_ok()
         );
         assert!(parse(&["--workload-nodes=same-cluster"]).is_ok());
+    }
+
+    #[test]
+    fn the_co_located_mode_scopes_by_configuration_and_refuses_certificate_scoping() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["nodegroup-operator", "--insecure"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args).expect("flags parse").run.config()
+        };
+        let config = parse(&[
+            "--cluster=tenants/c1",
+            "--grpc-unix-socket=/run/ngo/grpc.sock",
+        ])
+        .expect("co-located");
+        assert_eq!(
+            config.client_identity,
+            IdentitySource::fixed("tenants/c1").expect("cluster")
+        );
+        assert_eq!(
+            config.grpc_unix_socket.as_deref(),
+            Some(std::path::Path::new("/run/ngo/grpc.sock"))
+        );
+        let error = parse(&["--cluster=tenants/c1", "--client-identity=uri-san"])
+            .expect_err("two ways of scoping");
+        assert!(error.to_string().contains("excludes"), "{error}");
+        let error = parse(&["--grpc-unix-socket=/s", "--client-identity=common-name"])
+            .expect_err("no certificate on a socket");
+        assert!(error.to_string().contains("--cluster"), "{error}");
+        let error = parse(&["--cluster=c1"]).expect_err("not namespace/name");
+        assert!(error.to_string().contains("<namespace>/<name>"), "{error}");
+        assert!(
+            parse(&["--grpc-unix-socket=/s"]).is_ok(),
+            "unscoped, one cluster"
+        );
     }
 
     #[test]

@@ -326,8 +326,13 @@ impl Pki {
 
 /// Writes CA's cloud-config for `address` and `auth` into `dir` and starts `release`'s client.
 async fn start_ca(release: Release, dir: &Path, address: SocketAddr, auth: &Auth<'_>) -> CaClient {
+    start_ca_at(release, dir, &address.to_string(), auth).await
+}
+
+/// [`start_ca`] for any gRPC target CA's cloud-config takes (`host:port`, `unix://<path>`).
+async fn start_ca_at(release: Release, dir: &Path, address: &str, auth: &Auth<'_>) -> CaClient {
     let name = format!("ca-{release}-{}", rand::random::<u32>());
-    let mut config = json!({"address": address.to_string(), "grpc_timeout": "10s"});
+    let mut config = json!({"address": address, "grpc_timeout": "10s"});
     if let Auth::Mtls { cert, key, cacert } = auth {
         config["cert"] = json!(cert);
         config["key"] = json!(key);
@@ -1363,4 +1368,96 @@ async fn compat_matrix() {
             tested.join(", ")
         );
     }
+}
+
+/// The co-located mode: the operator beside one cluster-autoscaler (a container of its pod),
+/// serving plaintext on a Unix socket and scoped to one Cluster by configuration (`--cluster`),
+/// not by certificate. CA 1.36.1's own client dials `unix://<path>` from a cloud-config without
+/// certificates, sees that Cluster's node groups and scales one; an operator configured for a
+/// Cluster it does not serve refuses the client instead of showing it nothing.
+#[tokio::test]
+async fn co_located_over_a_unix_socket_scoped_by_configuration() {
+    use std::os::unix::fs::PermissionsExt;
+
+    use nodegroup_operator::server::identity::IdentitySource;
+
+    let ns = TestNs::new("conform-colocated").await;
+    let n = ns.name.clone();
+    let cluster: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("cluster.x-k8s.io/{CAPI_VERSION}"), "kind": "Cluster",
+        "metadata": {"name": "c1", "namespace": n},
+        "spec": {"paused": true}
+    }))
+    .unwrap();
+    ns.api(&capi("Cluster", "clusters"))
+        .create(&kube::api::PostParams::default(), &cluster)
+        .await
+        .expect("Cluster c1");
+    ns.machine_deployment("md", 1, bounds(1, 3)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let start = |cluster: &str, socket: PathBuf| {
+        let mut config = operator_config_as(&n, shared().kubeconfig.clone(), None);
+        config.grpc_unix_socket = Some(socket);
+        config.client_identity = IdentitySource::fixed(&format!("{n}/{cluster}")).unwrap();
+        config.leader_election = None;
+        nodegroup_operator::runtime::start(config)
+    };
+    let socket = dir.path().join("ngo.sock");
+    let _operator = start("c1", socket.clone()).await.expect("operator starts");
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(
+        mode & 0o777,
+        0o660,
+        "owner and group (the pod's fsGroup) only"
+    );
+    let ca = start_ca_at(
+        CA_1_36_1,
+        dir.path(),
+        &format!("unix://{}", socket.display()),
+        &Auth::Plaintext,
+    )
+    .await;
+    let id = format!("MachineDeployment/{n}/md");
+    eventually("the Cluster's group over the socket", WAIT, || {
+        let (ca, id) = (&ca, &id);
+        async move {
+            ca.call(json!({"call": "Refresh"})).await;
+            let groups = ca.call(json!({"call": "NodeGroups"})).await;
+            groups.to_string().contains(id.as_str()).then_some(())
+        }
+    })
+    .await;
+    assert_ok(
+        &ca.call(json!({"call": "IncreaseSize", "group": id, "delta": 1}))
+            .await,
+    );
+    eventually("the MachineDeployment scaled to 2", WAIT, || {
+        let ns = &ns;
+        async move { (ns.replicas(&machine_deployments(), "md").await == 2).then_some(()) }
+    })
+    .await;
+
+    // Configured for a Cluster it does not serve: the client is refused, not shown nothing.
+    let other = dir.path().join("other.sock");
+    let _stray = start("c2", other.clone()).await.expect("operator starts");
+    let stray = start_ca_at(
+        CA_1_36_1,
+        dir.path(),
+        &format!("unix://{}", other.display()),
+        &Auth::Plaintext,
+    )
+    .await;
+    let refused = eventually("the stray operator synced", WAIT, || {
+        let stray = &stray;
+        async move {
+            let refresh = stray.call(json!({"call": "Refresh"})).await;
+            (refresh["code"] == "PermissionDenied").then_some(refresh)
+        }
+    })
+    .await;
+    assert_eq!(refused["code"], "PermissionDenied", "{refused:#}");
+    assert!(
+        refused["error"].as_str().unwrap_or_default().contains("c2"),
+        "{refused:#}"
+    );
 }

@@ -78,6 +78,8 @@ pub struct Config {
     pub workload_nodes: WorkloadNodes,
     /// Scoping of clients to Clusters by their certificate.
     pub client_identity: crate::server::identity::IdentitySource,
+    /// Also serve externalgrpc in plaintext on this Unix socket (co-located mode).
+    pub grpc_unix_socket: Option<PathBuf>,
 }
 
 /// Where Nodes come from: the topology the operator runs in.
@@ -232,6 +234,26 @@ async fn our_kinds_served(client: &Client) -> OurKinds {
 
 /// After the gRPC server has drained its RPCs: waits for mutations still running detached
 /// (each is bounded by its own deadline).
+/// Binds `path` as a Unix socket readable and writable by the owner and group (the containers
+/// of one pod share an fsGroup), replacing a socket a previous process left.
+fn unix_socket(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        anyhow::ensure!(
+            meta.file_type().is_socket(),
+            "--grpc-unix-socket {} exists and is not a socket",
+            path.display()
+        );
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale socket {}", path.display()))?;
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding the Unix socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .with_context(|| format!("setting the mode of {}", path.display()))?;
+    Ok(listener)
+}
+
 async fn drain_mutations(mutations: tokio_util::task::TaskTracker) {
     mutations.close();
     if !mutations.is_empty() {
@@ -461,13 +483,34 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         mutations.clone(),
     )
     .scoped(config.client_identity.clone());
+    let service = Arc::new(service);
 
     let grpc_listener = TcpListener::bind(config.grpc_address)
         .await
         .with_context(|| format!("binding gRPC address {}", config.grpc_address))?;
     let grpc_address = grpc_listener.local_addr()?;
-    let router = tonic::transport::Server::builder().add_service(CloudProviderServer::new(service));
+    let router = tonic::transport::Server::builder()
+        .add_service(CloudProviderServer::from_arc(service.clone()));
     let grpc_shutdown = shutdown.clone();
+    if let Some(path) = &config.grpc_unix_socket {
+        let listener = unix_socket(path)?;
+        tracing::info!(socket = %path.display(), scope = ?config.client_identity,
+            "serving externalgrpc in plaintext on a Unix socket (co-located mode)");
+        let router =
+            tonic::transport::Server::builder().add_service(CloudProviderServer::from_arc(service));
+        let (shutdown, mutations) = (shutdown.clone(), mutations.clone());
+        tasks.spawn(async move {
+            let served = router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    shutdown.cancelled_owned(),
+                )
+                .await
+                .context("gRPC server on the Unix socket");
+            drain_mutations(mutations).await;
+            served
+        });
+    }
     match &config.tls {
         Some(files) => {
             let tls = ReloadingTls::load(files.clone()).context("loading gRPC TLS files")?;

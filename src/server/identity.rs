@@ -26,6 +26,9 @@ pub enum IdentitySource {
         /// Prefix before `<namespace>/<name>`.
         prefix: String,
     },
+    /// Every client is this Cluster, whatever it presents: the co-located mode, where the
+    /// operator runs beside one cluster-autoscaler (in its pod) and is scoped by configuration.
+    Fixed(ClusterKey),
 }
 
 impl IdentitySource {
@@ -43,6 +46,19 @@ impl IdentitySource {
                 "unknown client identity mode {other:?} (off, uri-san, common-name)"
             )),
         }
+    }
+
+    /// Every client scoped to `cluster` (`<namespace>/<name>`).
+    pub fn fixed(cluster: &str) -> Result<Self, String> {
+        cluster_of(cluster, "").map(Self::Fixed).ok_or_else(|| {
+            format!("cluster {cluster:?} is not <namespace>/<name> of a Cluster API Cluster")
+        })
+    }
+
+    /// Whether the scope comes from the client's certificate (so a client without one, as on
+    /// a Unix socket, cannot be scoped).
+    pub fn needs_certificate(&self) -> bool {
+        matches!(self, Self::UriSan { .. } | Self::CommonName { .. })
     }
 }
 
@@ -95,6 +111,7 @@ pub fn scope(
 ) -> Result<Scope, IdentityError> {
     let (what, prefix) = match source {
         IdentitySource::Off => return Ok(Scope::All),
+        IdentitySource::Fixed(cluster) => return Ok(Scope::Cluster(cluster.clone())),
         IdentitySource::UriSan { prefix } => ("URI SAN", prefix),
         IdentitySource::CommonName { prefix } => ("common name", prefix),
     };
@@ -221,6 +238,17 @@ mod tests {
     #[test]
     fn scoping_off_sees_everything_without_looking() {
         assert_eq!(scope(&IdentitySource::Off, None), Ok(Scope::All));
+        let fixed = IdentitySource::fixed("tenants/c1").unwrap();
+        assert_eq!(
+            scope(&fixed, None),
+            Ok(Scope::Cluster(ClusterKey {
+                namespace: "tenants".into(),
+                name: "c1".into()
+            }))
+        );
+        assert!(!fixed.needs_certificate());
+        assert!(IdentitySource::fixed("c1").is_err());
+        assert!(IdentitySource::fixed("a/b/c").is_err());
         assert!(IdentitySource::parse("nope", "").is_err());
     }
 }

@@ -97,7 +97,7 @@ impl CloudProviderService {
         if let Scope::Cluster(cluster) = &scope {
             if !snapshot.clusters.contains(cluster) {
                 return Err(ProviderError::PermissionDenied(format!(
-                    "the client certificate names Cluster {cluster}, which this operator does not serve"
+                    "the caller is scoped to Cluster {cluster} (by its client certificate, or --cluster), which this operator does not serve"
                 )));
             }
             if snapshot.deleting_clusters.contains(cluster) {

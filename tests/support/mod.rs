@@ -476,6 +476,7 @@ pub fn operator_config_as(namespace: &str, kubeconfig: PathBuf, tls: Option<TlsF
         node_pool_interval: Duration::from_secs(2),
         workload_nodes: Default::default(),
         client_identity: nodegroup_operator::server::identity::IdentitySource::Off,
+        grpc_unix_socket: None,
         leader_election: Some(nodegroup_operator::runtime::leader::LeaderConfig {
             namespace: namespace.to_string(),
             name: "nodegroup-operator".into(),
