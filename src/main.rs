@@ -420,6 +420,33 @@ mod tests {
         );
     }
 
+    /// The sidecar in `examples/cluster-autoscaler-colocated-values.yaml` runs with flags this
+    /// binary takes, in the co-located mode.
+    #[test]
+    fn the_co_located_example_runs_with_these_flags() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/cluster-autoscaler-colocated-values.yaml"
+        );
+        let values: serde_yaml::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(path).expect("the example")).unwrap();
+        let args: Vec<String> = values["initContainers"][0]["args"]
+            .as_sequence()
+            .expect("the sidecar's args")
+            .iter()
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect();
+        let cli =
+            Cli::try_parse_from(std::iter::once("nodegroup-operator".to_string()).chain(args))
+                .expect("flags parse");
+        let Some(Command::Run(run)) = cli.command else {
+            panic!("the example runs `run`");
+        };
+        let config = run.config().expect("a valid configuration");
+        assert!(config.grpc_unix_socket.is_some());
+        assert!(matches!(config.client_identity, IdentitySource::Fixed(_)));
+    }
+
     #[test]
     fn an_unknown_default_architecture_falls_back_to_amd64_as_upstream() {
         assert_eq!(arch("x86_64"), "amd64");

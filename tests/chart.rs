@@ -1636,6 +1636,85 @@ fn the_readme_shows_the_cluster_autoscaler_values_the_tests_use() {
     );
 }
 
+/// The co-located values: the upstream chart renders the operator as a native sidecar of
+/// cluster-autoscaler's pod, both containers mount the socket's directory, and the
+/// cloud-config CA reads names that socket (the operator's `--grpc-unix-socket`).
+#[test]
+fn the_upstream_chart_with_the_co_located_values_puts_the_operator_beside_cluster_autoscaler() {
+    let values = repo_file("examples/cluster-autoscaler-colocated-values.yaml");
+    let (ok, out, err) = helm(&[
+        "template",
+        "cluster-autoscaler",
+        upstream_ca_chart().to_str().unwrap(),
+        "-n",
+        "kube-system",
+        "-f",
+        values.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let docs = parse_docs(&out);
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment");
+    let spec = &deployment["spec"]["template"]["spec"];
+    let sidecar = &spec["initContainers"][0];
+    assert_eq!(sidecar["restartPolicy"], "Always", "a native sidecar");
+    let args: Vec<&str> = sidecar["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    let socket = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--grpc-unix-socket="))
+        .expect("the operator serves a socket");
+    assert!(args.iter().any(|a| a.starts_with("--cluster=")), "{args:?}");
+    let directory = std::path::Path::new(socket)
+        .parent()
+        .and_then(|d| d.to_str())
+        .expect("socket directory");
+    let mounts_socket = |container: &serde_json::Value| {
+        container["volumeMounts"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["mountPath"] == directory))
+    };
+    assert!(mounts_socket(sidecar), "the operator mounts {directory}");
+    assert!(
+        mounts_socket(&spec["containers"][0]),
+        "cluster-autoscaler mounts {directory}"
+    );
+    assert!(
+        spec["securityContext"]["fsGroup"].is_number(),
+        "a shared group for the 0660 socket: {}",
+        spec["securityContext"]
+    );
+    let config_map = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "ConfigMap" && d["metadata"]["name"] == "cluster-autoscaler-cloud-config"
+        })
+        .expect("the cloud-config");
+    let cloud_config: serde_json::Value =
+        serde_yaml::from_str(config_map["data"]["cloud-config"].as_str().expect("text")).unwrap();
+    assert_eq!(cloud_config["address"], format!("unix://{socket}"));
+    assert!(
+        cloud_config.get("cert").is_none(),
+        "plaintext on the socket"
+    );
+    let command: Vec<&str> = spec["containers"][0]["command"]
+        .as_array()
+        .expect("command")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert!(
+        command.contains(&"--cloud-config=/etc/cluster-autoscaler/cloud-config"),
+        "{command:?}"
+    );
+}
+
 #[test]
 fn the_upstream_cluster_autoscaler_chart_with_the_readme_values_reaches_the_operator() {
     let values = repo_file("examples/cluster-autoscaler-values.yaml");
