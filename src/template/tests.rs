@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use k8s_pb::api::core::v1 as pb;
 use prost::Message;
 
+use super::TemplateInputs;
 use super::*;
 use crate::capi::annotations::CapacityHints;
 use crate::capi::objects::InfraTemplate;
-use super::TemplateInputs;
 
 fn inputs(hints: CapacityHints, infra: Option<InfraTemplate>) -> TemplateInputs {
     TemplateInputs {

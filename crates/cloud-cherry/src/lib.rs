@@ -21,4 +21,3 @@ mod types;
 pub use client::{CherryClient, ClientConfig, DEFAULT_BASE_URL, PAGE_SIZE};
 pub use error::CherryError;
 pub use types::{CreateServer, Plan, PlanMemory, PlanRegion, Server};
-

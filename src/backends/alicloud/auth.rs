@@ -13,12 +13,12 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::ByteString;
 
+use super::Error;
 use super::client::{RetryPolicy, TransportOptions};
 use super::credentials::{
     Credentials, CredentialsProvider, EcsRamRoleCredentials, METADATA_ENDPOINT, OidcRoleConfig,
     OidcRoleCredentials, RefreshPolicy, StaticCredentials,
 };
-use super::Error;
 use crate::api::nodepool::{AliCloudCredentialsMode, AliCloudSpec};
 
 /// `RoleSessionName` when the Secret has no `session-name`.
