@@ -854,7 +854,7 @@ async fn admin_endpoints_report_health_and_metrics() {
     assert_eq!(code, 200);
     assert!(
         metrics.contains(
-            r#"nodegroup_grpc_request_duration_seconds_count{method="NodeGroups",code="Ok"}"#
+            r#"nodegroup_grpc_request_duration_seconds_count{method="NodeGroups",code="OK"}"#
         ),
         "{metrics}"
     );
@@ -865,12 +865,12 @@ async fn admin_endpoints_report_health_and_metrics() {
     let group = format!("MachineDeployment/{}/md", ns.name);
     assert!(
         metrics.contains(&format!(
-            r#"nodegroup_node_group_size{{node_group="{group}",size="target"}} 2"#
+            r#"nodegroup_node_group_target_size{{node_group="{group}"}} 2"#
         )),
         "{metrics}"
     );
     assert!(
-        metrics.contains(r#"nodegroup_index_objects{kind="node_groups"} 1"#),
+        metrics.lines().any(|l| l == "nodegroup_node_groups 1"),
         "{metrics}"
     );
     operator.shutdown().await.unwrap();
@@ -911,4 +911,173 @@ async fn v1beta1_can_be_chosen_with_capi_version() {
     };
     assert!(error.contains("does not serve version v9"), "{error}");
     operator.shutdown().await.unwrap();
+}
+
+/// A CloudProvider service on loopback whose Kubernetes API server accepts connections and
+/// never answers, so that its mutating RPCs wait until the client gives up; it serves one
+/// group, `MachineDeployment/ns/slow`. Returns the service's address and its metrics.
+async fn service_with_a_silent_api_server() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<nodegroup_operator::metrics::Metrics>,
+) {
+    use nodegroup_operator::actuate::CapiActuator;
+    use nodegroup_operator::capi::resources::CapiResources;
+    use nodegroup_operator::capi::{CapiKeys, ScalableKind};
+    use nodegroup_operator::index::{
+        ClusterKey, IndexInputs, NodeGroup, SnapshotHandle, Source, build_snapshot,
+    };
+    use std::sync::Arc;
+
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api_address = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let mut config = kube::Config::new(format!("http://{api_address}").parse().unwrap());
+    config.read_timeout = Some(Duration::from_secs(5));
+    let client = kube::Client::try_from(config).unwrap();
+    let resource = |kind: &str, plural: &str| {
+        kube::discovery::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("cluster.x-k8s.io", CAPI_VERSION, kind),
+            plural,
+        )
+    };
+    let resources = CapiResources {
+        group: "cluster.x-k8s.io".into(),
+        version: CAPI_VERSION.into(),
+        machine_deployments: Some(resource("MachineDeployment", "machinedeployments")),
+        machine_sets: resource("MachineSet", "machinesets"),
+        machine_pools: Some(resource("MachinePool", "machinepools")),
+        machines: resource("Machine", "machines"),
+        clusters: None,
+    };
+    let actuator = CapiActuator::new(
+        client,
+        resources,
+        CapiKeys::default(),
+        None,
+        Arc::default(),
+        "deadline-test".into(),
+    );
+    let mut snapshot = build_snapshot(&IndexInputs::default());
+    let group = NodeGroup {
+        id: "MachineDeployment/ns/slow".into(),
+        kind: ScalableKind::MachineDeployment,
+        namespace: "ns".into(),
+        name: "slow".into(),
+        cluster: ClusterKey::default(),
+        uid: String::new(),
+        min: 0,
+        max: 10,
+        min_source: Source::Annotation,
+        max_source: Source::Annotation,
+        target: 1,
+        instances: Vec::new(),
+        registered: 0,
+        ready: 0,
+        options: Default::default(),
+        template: None,
+        provider_id_list: None,
+        policy: None,
+        pricing: None,
+        node_capacity: Default::default(),
+        warnings: Vec::new(),
+        scale_down_claim: None,
+    };
+    snapshot.groups.insert(group.id.clone(), Arc::new(group));
+    let metrics = Arc::new(nodegroup_operator::metrics::Metrics::new());
+    let service = nodegroup_operator::server::CloudProviderService::new(
+        SnapshotHandle::fixed(snapshot),
+        Arc::new(actuator),
+        metrics.clone(),
+        Default::default(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(proto::cloud_provider_server::CloudProviderServer::new(
+                service,
+            ))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    (address, metrics)
+}
+
+/// The value of the exposition line that starts with `series ` (a sample without a timestamp).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test]
+async fn rpcs_cut_off_by_the_client_are_counted_with_the_reason_and_the_time_taken() {
+    let (address, metrics) = service_with_a_silent_api_server().await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = proto::cloud_provider_client::CloudProviderClient::new(channel);
+    let increase = || proto::NodeGroupIncreaseSizeRequest {
+        id: "MachineDeployment/ns/slow".into(),
+        delta: 1,
+    };
+
+    // The client's deadline (its grpc-timeout) passes while the handler waits for the API
+    // server: the server drops the handler's future.
+    let mut request = tonic::Request::new(increase());
+    request.set_timeout(Duration::from_millis(300));
+    let started = Instant::now();
+    let status = client
+        .node_group_increase_size(request)
+        .await
+        .expect_err("the API server never answers");
+    assert!(
+        matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded),
+        "{status:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(290));
+
+    // A client that gives up well before its deadline: its stream is reset.
+    let mut request = tonic::Request::new(increase());
+    request.set_timeout(Duration::from_secs(30));
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(300),
+        client.node_group_increase_size(request),
+    )
+    .await;
+    assert!(abandoned.is_err(), "{abandoned:?}");
+
+    let deadline = r#"nodegroup_grpc_request_duration_seconds_count{method="NodeGroupIncreaseSize",code="DeadlineExceeded"}"#;
+    let canceled = r#"nodegroup_grpc_request_duration_seconds_count{method="NodeGroupIncreaseSize",code="Canceled"}"#;
+    // The server notices the reset and drops the handler a moment later.
+    let waited = Instant::now();
+    let text = loop {
+        let text = metrics.encode();
+        if sample(&text, deadline) == Some(1.0) && sample(&text, canceled) == Some(1.0) {
+            break text;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(5),
+            "one DeadlineExceeded and one Canceled NodeGroupIncreaseSize, counted:\n{}",
+            text.lines()
+                .filter(|l| l.contains("grpc_request_duration_seconds_count"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let took = sample(
+        &text,
+        r#"nodegroup_grpc_request_duration_seconds_sum{method="NodeGroupIncreaseSize",code="DeadlineExceeded"}"#,
+    )
+    .expect("a latency sum");
+    assert!(
+        (0.25..5.0).contains(&took),
+        "the time until the deadline is observed: {took}s\n{text}"
+    );
 }

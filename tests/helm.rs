@@ -677,7 +677,7 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
     );
     let exposition = Exposition::parse(&text);
     assert!(
-        exposition.families["nodegroup_node_group_size"]
+        exposition.families["nodegroup_node_group_target_size"]
             .labels
             .is_some()
     );

@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::NodePool;
-use crate::api::conditions::{DesiredCondition, merge};
+use crate::api::conditions::{ConditionStatus, DesiredCondition, merge};
 use crate::api::nodepool::{
     InstanceErrorStatus, InstanceStateName, NO_BACKEND, NodePoolStatus, PoolInstance,
 };
@@ -1194,6 +1194,14 @@ impl ServerSpec {
     }
 }
 
+/// The pool's conditions after a pass that ended with `blocked` (see
+/// [`NodePoolStatus::conditions`] for their polarity). What the pass did not get to check is
+/// Unknown: a pass blocked before it connected the backend (`report.backend` unset: the spec
+/// names no usable backend, or the credentials Secret could not be read) leaves the backend's
+/// availability Unknown (`NotConnected`), and a Kubernetes API error before connecting leaves
+/// the spec's credentials unchecked (`InvalidSpec` Unknown, `NotChecked`). A pass that
+/// connected got the backend's members and bounds before anything else could block it, so
+/// the backend is then known to answer.
 fn conditions(
     blocked: &Option<Blocked>,
     report: &PassReport,
@@ -1202,20 +1210,36 @@ fn conditions(
     replicas: usize,
     ready: usize,
 ) -> Vec<DesiredCondition> {
-    let condition = |type_, status, reason: &str, message: String| DesiredCondition {
-        type_,
-        status,
-        reason: reason.into(),
-        message,
-    };
+    let condition =
+        |type_, status: ConditionStatus, reason: &str, message: String| DesiredCondition {
+            type_,
+            status,
+            reason: reason.into(),
+            message,
+        };
+    let connected = report.backend.is_some();
     let invalid = match (blocked, &report.size_violation) {
-        (Some(Blocked::Spec(reason, message)), _) => {
-            condition("InvalidSpec", true, reason, message.clone())
-        }
-        (_, Some(message)) => condition("InvalidSpec", true, SIZE_OUTSIDE_BACKEND, message.clone()),
+        (Some(Blocked::Spec(reason, message)), _) => condition(
+            "InvalidSpec",
+            ConditionStatus::True,
+            reason,
+            message.clone(),
+        ),
+        (_, Some(message)) => condition(
+            "InvalidSpec",
+            ConditionStatus::True,
+            SIZE_OUTSIDE_BACKEND,
+            message.clone(),
+        ),
+        (Some(Blocked::Api(message)), None) if !connected => condition(
+            "InvalidSpec",
+            ConditionStatus::Unknown,
+            "NotChecked",
+            format!("the pool's credentials could not be read: {message}"),
+        ),
         _ => condition(
             "InvalidSpec",
-            false,
+            ConditionStatus::False,
             "Valid",
             "the pool's spec and credentials can be acted on".into(),
         ),
@@ -1223,62 +1247,75 @@ fn conditions(
     let backend = match blocked {
         Some(Blocked::Backend(e)) => condition(
             "BackendUnavailable",
-            true,
+            ConditionStatus::True,
             e.kind.as_str(),
             e.message.clone(),
         ),
-        Some(Blocked::Spec(..)) => condition(
+        Some(Blocked::Spec(..)) if !connected => condition(
             "BackendUnavailable",
-            true,
+            ConditionStatus::Unknown,
             "NotConnected",
             "the backend is not called while the spec is invalid".into(),
         ),
+        Some(Blocked::Api(_)) if !connected => condition(
+            "BackendUnavailable",
+            ConditionStatus::Unknown,
+            "NotConnected",
+            "the backend is not called before the pool's credentials are read".into(),
+        ),
         _ => condition(
             "BackendUnavailable",
-            false,
+            ConditionStatus::False,
             "Available",
             "the backend answers".into(),
         ),
     };
     // Kept until the next scale-up, so a failure stays visible after the pass that saw it.
     let scale_up = match (&report.create_failure, report.created, previous_scale_up) {
-        (Some((code, message)), _, _) => condition("ScaleUpFailed", true, code, message.clone()),
+        (Some((code, message)), _, _) => condition(
+            "ScaleUpFailed",
+            ConditionStatus::True,
+            code,
+            message.clone(),
+        ),
         (None, true, _) | (None, false, None) => condition(
             "ScaleUpFailed",
-            false,
+            ConditionStatus::False,
             "NoFailure",
             "the last scale-up ordered every server it needed".into(),
         ),
         (None, false, Some(previous)) => DesiredCondition {
             type_: "ScaleUpFailed",
-            status: previous.status == "True",
+            status: ConditionStatus::parse(&previous.status),
             reason: previous.reason.clone(),
             message: previous.message.clone(),
         },
     };
     let ready_condition = match blocked {
-        Some(Blocked::Api(message)) => condition("Ready", false, "ApiError", message.clone()),
+        Some(Blocked::Api(message)) => {
+            condition("Ready", ConditionStatus::False, "ApiError", message.clone())
+        }
         Some(_) => condition(
             "Ready",
-            false,
+            ConditionStatus::False,
             "Blocked",
             "see the InvalidSpec and BackendUnavailable conditions".into(),
         ),
         None if replicas != desired => condition(
             "Ready",
-            false,
+            ConditionStatus::False,
             "Scaling",
             format!("{replicas} of {desired} servers"),
         ),
         None if ready < desired => condition(
             "Ready",
-            false,
+            ConditionStatus::False,
             "WaitingForNodes",
             format!("{ready} of {desired} Nodes Ready"),
         ),
         None => condition(
             "Ready",
-            true,
+            ConditionStatus::True,
             "Ready",
             format!("{desired} servers with Ready Nodes"),
         ),
@@ -1431,11 +1468,11 @@ fn reference(pool: &NodePool) -> ObjectReference {
 mod tests {
     use super::*;
 
-    /// The conditions as (type, status, reason), and the message of `type_`.
+    /// The conditions as (type, whether True, reason), and the message of `type_`.
     fn summary(conditions: &[DesiredCondition]) -> Vec<(&'static str, bool, String)> {
         conditions
             .iter()
-            .map(|c| (c.type_, c.status, c.reason.clone()))
+            .map(|c| (c.type_, c.status == ConditionStatus::True, c.reason.clone()))
             .collect()
     }
 
@@ -1545,8 +1582,13 @@ mod tests {
             [
                 ("Ready", false, "Blocked".into()),
                 ("InvalidSpec", true, "MissingSecret".into()),
-                ("BackendUnavailable", true, "NotConnected".into()),
+                ("BackendUnavailable", false, "NotConnected".into()),
             ]
+        );
+        assert_eq!(
+            conditions(&spec, &report, None, 1, 1, 1)[2].status,
+            ConditionStatus::Unknown,
+            "the backend is not called while the spec is invalid"
         );
         let backend = Some(Blocked::Backend(BackendError {
             kind: crate::nodepool::backend::BackendErrorKind::Unauthorized,
@@ -1620,6 +1662,74 @@ mod tests {
         assert_eq!(
             summary(&conditions(&None, &ordered, Some(&previous), 2, 2, 1))[3],
             ("ScaleUpFailed", false, "NoFailure".into())
+        );
+    }
+
+    #[test]
+    fn what_a_pass_did_not_get_to_check_is_unknown() {
+        let now = Time(jiff::Timestamp::UNIX_EPOCH);
+        let statuses = |blocked: Option<Blocked>, report: &PassReport| {
+            merge(
+                &[],
+                &conditions(&blocked, report, None, 1, 1, 1),
+                None,
+                &now,
+            )
+            .into_iter()
+            .map(|c| (c.type_, c.status, c.reason))
+            .collect::<Vec<_>>()
+        };
+        let triple = |t: &str, s: &str, r: &str| (t.to_string(), s.to_string(), r.to_string());
+        // Blocked before the backend was connected: the credentials Secret could not be read.
+        let unconnected = PassReport::default();
+        let api = statuses(
+            Some(Blocked::Api("reading Secret ns/s: 500".into())),
+            &unconnected,
+        );
+        assert_eq!(api[1], triple("InvalidSpec", "Unknown", "NotChecked"));
+        assert_eq!(
+            api[2],
+            triple("BackendUnavailable", "Unknown", "NotConnected")
+        );
+        // An invalid spec: the backend is not called, so its availability is not known.
+        let spec = statuses(
+            Some(Blocked::Spec("NoBackend", NO_BACKEND.into())),
+            &unconnected,
+        );
+        assert_eq!(spec[1], triple("InvalidSpec", "True", "NoBackend"));
+        assert_eq!(
+            spec[2],
+            triple("BackendUnavailable", "Unknown", "NotConnected")
+        );
+        // The backend answered (list and bounds), then the pass stopped: it is available.
+        let connected = PassReport {
+            backend: Some("cherryServers"),
+            ..Default::default()
+        };
+        let late_api = statuses(
+            Some(Blocked::Api("adding finalizer: 409".into())),
+            &connected,
+        );
+        assert_eq!(late_api[0], triple("Ready", "False", "ApiError"));
+        assert_eq!(late_api[1], triple("InvalidSpec", "False", "Valid"));
+        assert_eq!(
+            late_api[2],
+            triple("BackendUnavailable", "False", "Available")
+        );
+        let late_spec = statuses(
+            Some(Blocked::Spec(
+                "NodesUnreachable",
+                "cannot read Nodes".into(),
+            )),
+            &connected,
+        );
+        assert_eq!(
+            late_spec[1],
+            triple("InvalidSpec", "True", "NodesUnreachable")
+        );
+        assert_eq!(
+            late_spec[2],
+            triple("BackendUnavailable", "False", "Available")
         );
     }
 

@@ -47,6 +47,23 @@ pub struct CloudProviderService {
 
 type RpcResult<T> = Result<Response<T>, Status>;
 
+/// Who calls an RPC and how long it waits for the answer. Reads as its scope (`Deref`), which
+/// is what the handlers check.
+struct Caller {
+    /// The scope the client certificate grants, or why it grants none.
+    scope: Result<Scope, IdentityError>,
+    /// The client's `grpc-timeout`, if it sent one.
+    timeout: Option<std::time::Duration>,
+}
+
+impl std::ops::Deref for Caller {
+    type Target = Result<Scope, IdentityError>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.scope
+    }
+}
+
 impl CloudProviderService {
     /// A service reading `snapshots` and writing through `actuator`.
     /// Mutations are spawned on `mutations`, which shutdown waits for. With scoping off, every
@@ -73,14 +90,28 @@ impl CloudProviderService {
         self
     }
 
-    /// The scope a request's client certificate grants (certificates are parsed here, before
-    /// the request is consumed).
-    fn caller<T>(&self, request: &Request<T>) -> Result<Scope, IdentityError> {
-        if self.identity == IdentitySource::Off {
-            return Ok(Scope::All);
+    /// Who calls and how long it waits: the scope a request's client certificate grants
+    /// (certificates are parsed here, before the request is consumed) and its `grpc-timeout`.
+    fn caller<T>(&self, request: &Request<T>) -> Caller {
+        let scope = if self.identity == IdentitySource::Off {
+            Ok(Scope::All)
+        } else {
+            let certs = request.peer_certs();
+            identity::scope(&self.identity, certs.as_deref().map(Vec::as_slice))
+        };
+        Caller {
+            scope,
+            timeout: Self::client_timeout(request),
         }
-        let certs = request.peer_certs();
-        identity::scope(&self.identity, certs.as_deref().map(Vec::as_slice))
+    }
+
+    /// The time the client allows `request` (its `grpc-timeout`), if it says.
+    fn client_timeout<T>(request: &Request<T>) -> Option<std::time::Duration> {
+        request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_grpc_timeout)
     }
 
     /// Checks the caller's scope against what is served: its Cluster must exist, must not be
@@ -138,12 +169,7 @@ impl CloudProviderService {
 
     /// The bounds of a mutation asked for by `request` (its `grpc-timeout`).
     fn deadline<T>(request: &Request<T>) -> MutationDeadline {
-        let timeout = request
-            .metadata()
-            .get("grpc-timeout")
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_grpc_timeout);
-        MutationDeadline::new(timeout)
+        MutationDeadline::new(Self::client_timeout(request))
     }
 
     /// The current snapshot and what the caller may see in it.
@@ -203,18 +229,19 @@ impl CloudProviderService {
 
     /// Runs one RPC body, records its latency and code, and logs failures, and mutations
     /// carried out, with who called (`caller`) and what it asked for (`asked`, mutations only).
-    /// An RPC dropped before it answers (the client's deadline, a reset stream, shutdown) is
-    /// recorded as `Cancelled`.
+    /// An RPC dropped before it answers is recorded too: as `DeadlineExceeded` when the
+    /// client's deadline had passed, as `Canceled` (a reset stream, shutdown) otherwise.
     async fn rpc<T>(
         &self,
         method: &'static str,
-        caller: &Result<Scope, IdentityError>,
+        caller: &Caller,
         asked: Option<String>,
         body: impl Future<Output = Result<T, ProviderError>>,
     ) -> RpcResult<T> {
         let start = Instant::now();
-        let mut unanswered = crate::metrics::UnansweredRpc::new(&self.metrics, method);
-        let who = || match caller {
+        let mut unanswered = crate::metrics::UnansweredRpc::new(&self.metrics, method)
+            .client_deadline(caller.timeout);
+        let who = || match &caller.scope {
             Ok(Scope::All) => "a client (scoping off)".to_string(),
             Ok(Scope::Cluster(cluster)) => format!("Cluster {cluster}"),
             Err(_) => "an unidentified client".to_string(),

@@ -8,22 +8,31 @@ use kube::ResourceExt;
 
 use crate::actuate::ActivityLog;
 use crate::actuate::activity::Direction;
-use crate::api::conditions::{self, DesiredCondition};
+use crate::api::conditions::{self, ConditionStatus, DesiredCondition};
 use crate::api::policy::{GroupStatus, NodeGroupPolicy, NodeGroupPolicyStatus};
 use crate::index::{PolicyReport, Snapshot, Source, WorkloadState};
 
-/// Condition type: the policy governs at least one served group and nothing is failing.
+/// Condition type (normal-true): the policy governs at least one served group and nothing is
+/// failing.
 pub const READY: &str = "Ready";
-/// Condition type: some selected resources are governed by an older policy.
+/// Condition type (abnormal-true): some selected resources are governed by an older policy.
+/// Always written: False (`NoConflict`) when no other policy governs a selected resource, so a
+/// conflict that is resolved turns False instead of disappearing.
 pub const CONFLICT: &str = "Conflict";
-/// Condition type: every governed resource has valid autoscaler configuration. False when a
-/// resource is not served for it (`InvalidConfiguration`) or when served groups have values
-/// that were ignored (`InvalidValuesIgnored`).
+/// Condition type (normal-true): every governed resource has valid autoscaler configuration.
+/// False when a resource is not served for it (`InvalidConfiguration`) or when served groups
+/// have values that were ignored (`InvalidValuesIgnored`).
 pub const RESOURCES_VALID: &str = "ResourcesValid";
 
-/// Condition type: the workload clusters of the governed groups can be read (management
-/// topology; always True when Nodes come from one cluster).
+/// Condition type (normal-true): the workload clusters of the governed groups can be read
+/// (management topology; always True when Nodes come from one cluster). Unknown (`FirstRead`)
+/// while a cluster's Nodes are being read for the first time and no cluster is known to be
+/// unreachable.
 pub const WORKLOAD_CLUSTERS_REACHABLE: &str = "WorkloadClustersReachable";
+
+/// The reason of every condition of a policy the index has not taken in yet (the status
+/// writer's cache has it, the snapshot does not): none of them is known.
+pub const NOT_INDEXED_YET: &str = "NotIndexedYet";
 
 fn source(s: Source) -> String {
     format!("{s:?}")
@@ -41,9 +50,15 @@ pub fn compute(
         policy.namespace().unwrap_or_default(),
         policy.name_any()
     );
-    let empty = PolicyReport::default();
-    let report = snapshot.policies.get(&key).unwrap_or(&empty);
     let generation = policy.metadata.generation;
+    let previous = policy
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let Some(report) = snapshot.policies.get(&key) else {
+        return not_indexed_yet(previous, generation, now);
+    };
     let to_time = |t: jiff::Timestamp| Time(t);
 
     let mut groups = Vec::new();
@@ -88,14 +103,14 @@ pub fn compute(
     let ready = if let Some(reason) = &report.invalid {
         DesiredCondition {
             type_: READY,
-            status: false,
+            status: ConditionStatus::False,
             reason: "InvalidSpec".into(),
             message: reason.clone(),
         }
     } else if served == 0 && report.excluded.is_empty() && !report.conflicts.is_empty() {
         DesiredCondition {
             type_: READY,
-            status: false,
+            status: ConditionStatus::False,
             reason: "Conflict".into(),
             message: format!(
                 "every selected resource is governed by an older policy: {}",
@@ -105,7 +120,7 @@ pub fn compute(
     } else if served == 0 && report.excluded.is_empty() {
         DesiredCondition {
             type_: READY,
-            status: false,
+            status: ConditionStatus::False,
             reason: "NoMatchingResources".into(),
             message: format!(
                 "the selector matches no MachineDeployment, MachineSet or MachinePool in namespace {}",
@@ -115,7 +130,7 @@ pub fn compute(
     } else if served == 0 {
         DesiredCondition {
             type_: READY,
-            status: false,
+            status: ConditionStatus::False,
             reason: "NoServedGroups".into(),
             message: format!(
                 "no selected resource is served: {}",
@@ -125,14 +140,14 @@ pub fn compute(
     } else if !failures.is_empty() {
         DesiredCondition {
             type_: READY,
-            status: false,
+            status: ConditionStatus::False,
             reason: "ScaleUpFailed".into(),
             message: failures.join("; "),
         }
     } else if report.excluded.is_empty() {
         DesiredCondition {
             type_: READY,
-            status: true,
+            status: ConditionStatus::True,
             reason: "GroupsServed".into(),
             message: format!("serving {served} node group(s)"),
         }
@@ -141,7 +156,7 @@ pub fn compute(
         // `kubectl get ngp -o wide` says why without reading status.groups.
         DesiredCondition {
             type_: READY,
-            status: true,
+            status: ConditionStatus::True,
             reason: "GroupsServed".into(),
             message: format!(
                 "serving {served} node group(s); not served: {}",
@@ -152,14 +167,14 @@ pub fn compute(
     let conflict = if report.conflicts.is_empty() {
         DesiredCondition {
             type_: CONFLICT,
-            status: false,
+            status: ConditionStatus::False,
             reason: "NoConflict".into(),
             message: "no other policy governs a selected resource".into(),
         }
     } else {
         DesiredCondition {
             type_: CONFLICT,
-            status: true,
+            status: ConditionStatus::True,
             reason: "OlderPolicyGoverns".into(),
             message: format!(
                 "governed by older policies instead: {}",
@@ -181,7 +196,7 @@ pub fn compute(
     let valid = if !invalid.is_empty() {
         DesiredCondition {
             type_: RESOURCES_VALID,
-            status: false,
+            status: ConditionStatus::False,
             reason: "InvalidConfiguration".into(),
             message: invalid
                 .iter()
@@ -193,7 +208,7 @@ pub fn compute(
     } else if !report.warnings.is_empty() {
         DesiredCondition {
             type_: RESOURCES_VALID,
-            status: false,
+            status: ConditionStatus::False,
             reason: "InvalidValuesIgnored".into(),
             message: format!(
                 "served with defaults for values that could not be used: {}",
@@ -203,17 +218,12 @@ pub fn compute(
     } else {
         DesiredCondition {
             type_: RESOURCES_VALID,
-            status: true,
+            status: ConditionStatus::True,
             reason: "AllValid".into(),
             message: "every governed resource is valid".into(),
         }
     };
     let reachable = workload_condition(report, snapshot);
-    let previous = policy
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
     NodeGroupPolicyStatus {
         observed_generation: generation,
         conditions: conditions::merge(
@@ -231,13 +241,43 @@ pub fn compute(
     }
 }
 
+/// The status of a policy the index has not taken in yet: every condition Unknown, nothing
+/// counted.
+fn not_indexed_yet(
+    previous: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    generation: Option<i64>,
+    now: &Time,
+) -> NodeGroupPolicyStatus {
+    let unknown = |type_| DesiredCondition {
+        type_,
+        status: ConditionStatus::Unknown,
+        reason: NOT_INDEXED_YET.into(),
+        message: "the operator's index has not taken this policy in yet".into(),
+    };
+    NodeGroupPolicyStatus {
+        observed_generation: generation,
+        conditions: conditions::merge(
+            previous,
+            &[
+                unknown(READY),
+                unknown(CONFLICT),
+                unknown(RESOURCES_VALID),
+                unknown(WORKLOAD_CLUSTERS_REACHABLE),
+            ],
+            generation,
+            now,
+        ),
+        ..Default::default()
+    }
+}
+
 /// Whether the workload clusters of the groups a policy governs (served, or held back because
 /// their cluster was never read) can be read.
 fn workload_condition(report: &PolicyReport, snapshot: &Snapshot) -> DesiredCondition {
     if !snapshot.nodes_per_cluster {
         return DesiredCondition {
             type_: WORKLOAD_CLUSTERS_REACHABLE,
-            status: true,
+            status: ConditionStatus::True,
             reason: "SameCluster".into(),
             message: "Nodes are read from the cluster that holds the Cluster API objects".into(),
         };
@@ -257,24 +297,35 @@ fn workload_condition(report: &PolicyReport, snapshot: &Snapshot) -> DesiredCond
                 .cloned(),
         );
     }
-    let problems: Vec<String> = clusters
-        .iter()
-        .filter_map(|c| match snapshot.workload.get(c) {
-            Some(WorkloadState::Synced) => None,
-            Some(WorkloadState::Unreachable(reason)) => Some(format!(
+    let mut problems = Vec::new();
+    let mut first_reads = Vec::new();
+    for c in &clusters {
+        match snapshot.workload.get(c) {
+            Some(WorkloadState::Synced) => {}
+            Some(WorkloadState::Unreachable(reason)) => problems.push(format!(
                 "{c} is unreachable ({reason}); its groups are served from the last known Nodes"
             )),
-            Some(WorkloadState::NeverSynced(reason)) => Some(format!(
+            Some(WorkloadState::NeverSynced(reason)) => problems.push(format!(
                 "{c} cannot be read ({reason}); its groups are not served"
             )),
-            Some(WorkloadState::Syncing) => Some(format!("{c} is being read for the first time")),
-            None => Some(format!("{c} is not a known Cluster")),
-        })
-        .collect();
-    if problems.is_empty() {
+            Some(WorkloadState::Syncing) => {
+                first_reads.push(format!("{c} is being read for the first time"));
+            }
+            None => problems.push(format!("{c} is not a known Cluster")),
+        }
+    }
+    if problems.is_empty() && !first_reads.is_empty() {
+        // Not unreachable: not known yet.
         DesiredCondition {
             type_: WORKLOAD_CLUSTERS_REACHABLE,
-            status: true,
+            status: ConditionStatus::Unknown,
+            reason: "FirstRead".into(),
+            message: first_reads.join("; "),
+        }
+    } else if problems.is_empty() {
+        DesiredCondition {
+            type_: WORKLOAD_CLUSTERS_REACHABLE,
+            status: ConditionStatus::True,
             reason: "Reachable".into(),
             message: format!(
                 "the Nodes of {} workload cluster(s) are read",
@@ -284,9 +335,13 @@ fn workload_condition(report: &PolicyReport, snapshot: &Snapshot) -> DesiredCond
     } else {
         DesiredCondition {
             type_: WORKLOAD_CLUSTERS_REACHABLE,
-            status: false,
+            status: ConditionStatus::False,
             reason: "WorkloadClusterUnreachable".into(),
-            message: problems.join("; "),
+            message: problems
+                .into_iter()
+                .chain(first_reads)
+                .collect::<Vec<_>>()
+                .join("; "),
         }
     }
 }

@@ -229,3 +229,97 @@ fn served_groups_with_ignored_values_keep_the_policy_ready_and_list_the_warnings
     assert_eq!(status.groups[0].problem, None);
     assert_eq!(condition(&status, READY).status, "True");
 }
+
+#[test]
+fn a_policy_the_index_has_not_taken_in_yet_has_unknown_conditions() {
+    let status = compute(
+        &policy(),
+        &Snapshot::default(),
+        &ActivityLog::default(),
+        &now(),
+    );
+    for type_ in [
+        READY,
+        CONFLICT,
+        RESOURCES_VALID,
+        WORKLOAD_CLUSTERS_REACHABLE,
+    ] {
+        let c = condition(&status, type_);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("Unknown", "NotIndexedYet"),
+            "{type_}"
+        );
+    }
+}
+
+#[test]
+fn a_workload_cluster_read_for_the_first_time_is_unknown_not_unreachable() {
+    let id = "MachineDeployment/ns/md";
+    let cluster = crate::index::ClusterKey {
+        namespace: "ns".into(),
+        name: "c1".into(),
+    };
+    let mut r = report();
+    r.governed = vec![id.into()];
+    let mut s = snapshot(r, &[]);
+    let mut g = group(id);
+    g.cluster = cluster.clone();
+    s.groups.insert(id.into(), Arc::new(g));
+    s.nodes_per_cluster = true;
+    s.workload.insert(cluster.clone(), WorkloadState::Syncing);
+    let status = compute(&policy(), &s, &ActivityLog::default(), &now());
+    let reachable = condition(&status, WORKLOAD_CLUSTERS_REACHABLE);
+    assert_eq!(
+        (reachable.status.as_str(), reachable.reason.as_str()),
+        ("Unknown", "FirstRead")
+    );
+    assert!(
+        reachable
+            .message
+            .contains("ns/c1 is being read for the first time"),
+        "{}",
+        reachable.message
+    );
+    s.workload
+        .insert(cluster, WorkloadState::NeverSynced("Secret missing".into()));
+    let status = compute(&policy(), &s, &ActivityLog::default(), &now());
+    assert_eq!(
+        condition(&status, WORKLOAD_CLUSTERS_REACHABLE).status,
+        "False",
+        "a cluster that cannot be read is known unreachable"
+    );
+}
+
+#[test]
+fn a_conflict_that_no_longer_applies_turns_false_and_is_not_dropped() {
+    let mut r = report();
+    r.governed = vec!["MachineDeployment/ns/md".into()];
+    r.conflicts = vec![("MachineDeployment/ns/other".into(), "ns/older".into())];
+    let mut p = policy();
+    let conflicting = compute(
+        &p,
+        &snapshot(r.clone(), &["MachineDeployment/ns/md"]),
+        &ActivityLog::default(),
+        &now(),
+    );
+    assert_eq!(condition(&conflicting, CONFLICT).status, "True");
+    p.status = Some(conflicting);
+    r.conflicts.clear();
+    let later = Time(jiff::Timestamp::from_second(2_000).unwrap());
+    let resolved = compute(
+        &p,
+        &snapshot(r, &["MachineDeployment/ns/md"]),
+        &ActivityLog::default(),
+        &later,
+    );
+    let conflict = condition(&resolved, CONFLICT);
+    assert_eq!(
+        (conflict.status.as_str(), conflict.reason.as_str()),
+        ("False", "NoConflict")
+    );
+    assert_eq!(
+        conflict.last_transition_time, later,
+        "the flip is a transition"
+    );
+}

@@ -97,7 +97,8 @@ impl StatusWriter {
     }
 
     /// A Warning Event on the policy when its workload clusters become unreachable (or their
-    /// problem changes), a Normal one when they are reachable again.
+    /// problem changes), a Normal one when they are reachable again (not while the condition
+    /// is Unknown: a cluster read afresh is not known reachable yet).
     async fn report_workload(
         &self,
         policy: &NodeGroupPolicy,
@@ -128,7 +129,7 @@ impl StatusWriter {
                 );
                 reported.insert(key.to_string(), condition.message.clone());
             }
-        } else if reported.remove(key).is_some() {
+        } else if condition.status == "True" && reported.remove(key).is_some() {
             self.events.queue(
                 &reference,
                 Severity::Normal,

@@ -1,16 +1,60 @@
 //! Status conditions following the Kubernetes API conventions: one function merges the
 //! previous conditions with freshly computed ones, moving `lastTransitionTime` only when a
-//! condition's status flips.
+//! condition's status changes.
+//!
+//! A writer computes every condition type it owns on every pass and passes all of them to
+//! [`merge`]: a condition that no longer applies is written `False` (or `Unknown`), never
+//! left out, so that readers tell "no longer true" from "not reported" and the time it
+//! stopped is kept. A condition whose truth the writer cannot tell yet (it has not observed
+//! what the condition is about) is `Unknown`, not `False` and not absent.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// A condition's `status`: one of the three values the API conventions allow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConditionStatus {
+    /// The condition holds.
+    True,
+    /// The condition does not hold.
+    False,
+    /// The writer cannot tell yet (it has not observed what the condition is about).
+    Unknown,
+}
+
+impl ConditionStatus {
+    /// The value as written in `status` (`True`, `False`, `Unknown`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::True => "True",
+            Self::False => "False",
+            Self::Unknown => "Unknown",
+        }
+    }
+
+    /// Reads a written `status`; anything but `True` or `False` is `Unknown`, as the
+    /// conventions say of a missing or unrecognised value.
+    pub fn parse(status: &str) -> Self {
+        match status {
+            "True" => Self::True,
+            "False" => Self::False,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+impl From<bool> for ConditionStatus {
+    fn from(holds: bool) -> Self {
+        if holds { Self::True } else { Self::False }
+    }
+}
 
 /// A freshly computed condition (no transition time yet).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredCondition {
     /// Condition type, e.g. `Ready`.
     pub type_: &'static str,
-    /// True or False.
-    pub status: bool,
+    /// True, False, or Unknown while the writer cannot tell.
+    pub status: ConditionStatus,
     /// CamelCase reason.
     pub reason: String,
     /// Human-readable message.
@@ -18,7 +62,9 @@ pub struct DesiredCondition {
 }
 
 /// Merges `desired` into `previous`: conditions keep their `lastTransitionTime` unless their
-/// status changed; conditions no longer desired are dropped.
+/// status changed (to or from `Unknown` included). The result holds exactly the `desired`
+/// conditions, in their order: the caller passes every type it owns (see the module
+/// documentation), so a condition is dropped only when its writer no longer has that type.
 pub fn merge(
     previous: &[Condition],
     desired: &[DesiredCondition],
@@ -28,7 +74,7 @@ pub fn merge(
     desired
         .iter()
         .map(|d| {
-            let status = if d.status { "True" } else { "False" };
+            let status = d.status.as_str();
             let last_transition_time = previous
                 .iter()
                 .find(|p| p.type_ == d.type_ && p.status == status)
@@ -57,7 +103,7 @@ mod tests {
     fn ready(status: bool, reason: &str) -> DesiredCondition {
         DesiredCondition {
             type_: "Ready",
-            status,
+            status: status.into(),
             reason: reason.into(),
             message: "m".into(),
         }
@@ -94,7 +140,7 @@ mod tests {
     fn conditions_no_longer_desired_are_dropped() {
         let conflict = DesiredCondition {
             type_: "Conflict",
-            status: true,
+            status: ConditionStatus::True,
             reason: "Conflict".into(),
             message: "x".into(),
         };
@@ -109,5 +155,42 @@ mod tests {
             merge(&both, &[ready(true, "GroupsServed")], None, &time(2)).len(),
             1
         );
+    }
+
+    #[test]
+    fn unknown_is_written_as_such_and_leaving_it_is_a_transition() {
+        let pending = DesiredCondition {
+            type_: "Ready",
+            status: ConditionStatus::Unknown,
+            reason: "NotIndexedYet".into(),
+            message: "m".into(),
+        };
+        let first = merge(&[], std::slice::from_ref(&pending), None, &time(100));
+        assert_eq!(first[0].status, "Unknown");
+        let still = merge(&first, &[pending], None, &time(200));
+        assert_eq!(still[0].last_transition_time, time(100));
+        let known = merge(
+            &still,
+            &[ready(false, "NoMatchingResources")],
+            None,
+            &time(300),
+        );
+        assert_eq!(
+            (known[0].status.as_str(), &known[0].last_transition_time),
+            ("False", &time(300))
+        );
+    }
+
+    #[test]
+    fn written_statuses_read_back() {
+        for status in [
+            ConditionStatus::True,
+            ConditionStatus::False,
+            ConditionStatus::Unknown,
+        ] {
+            assert_eq!(ConditionStatus::parse(status.as_str()), status);
+        }
+        assert_eq!(ConditionStatus::parse(""), ConditionStatus::Unknown);
+        assert_eq!(ConditionStatus::from(true), ConditionStatus::True);
     }
 }

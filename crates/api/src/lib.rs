@@ -29,3 +29,30 @@ pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conditions_are_a_list_map_keyed_by_type() {
+        for crd in crds() {
+            let crd = serde_json::to_value(&crd).expect("serialise");
+            let conditions = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+                ["status"]["properties"]["conditions"];
+            let kind = &crd["spec"]["names"]["kind"];
+            assert_eq!(conditions["x-kubernetes-list-type"], "map", "{kind}");
+            assert_eq!(
+                conditions["x-kubernetes-list-map-keys"],
+                serde_json::json!(["type"]),
+                "{kind}"
+            );
+            assert!(
+                conditions["items"]["required"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|k| k == "type")),
+                "{kind}: a list-map key must be required"
+            );
+        }
+    }
+}

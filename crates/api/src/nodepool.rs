@@ -340,15 +340,26 @@ pub struct AliCloudEndpoints {
 }
 
 /// Observed state, written by the leader.
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodePoolStatus {
     /// Generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`, `BackendUnavailable`, `ScaleUpFailed`, `InvalidSpec` (`SizeOutsideScalingGroup`
-    /// when min/max lie outside the backend's bounds).
+    /// One condition per type (a map keyed by `type`). Polarity, as the Kubernetes API
+    /// conventions allow it: `Ready` is normal-true (True when every server `spec.replicas`
+    /// asks for exists and its Node is Ready); `InvalidSpec`, `BackendUnavailable` and
+    /// `ScaleUpFailed` report problems and are abnormal-true (True while the problem is
+    /// present, so alert on `status == "True"`; False once it is gone, never removed).
+    /// `InvalidSpec`: the spec or the credentials it names cannot be acted on (the reason
+    /// says why), or min/max lie outside the backend's bounds (`SizeOutsideScalingGroup`);
+    /// Unknown (`NotChecked`) when the pass could not read the credentials Secret.
+    /// `BackendUnavailable`: the backend refused or did not answer; Unknown (`NotConnected`)
+    /// when the last pass did not call it (spec invalid, credentials not read), since its
+    /// availability is then not known. `ScaleUpFailed`: the last scale-up could not order
+    /// every server; it stays until a later scale-up orders them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
     /// Backend in use (`cherryServers` or `aliCloud`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -287,14 +287,23 @@ pub struct Pricing {
 }
 
 /// Observed state, written by the leader.
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeGroupPolicyStatus {
     /// Generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready` and `Conflict`, following the Kubernetes API conventions.
+    /// One condition per type (a map keyed by `type`), following the Kubernetes API
+    /// conventions. `Ready` (the policy serves at least one group and no scale-up of them
+    /// failed), `ResourcesValid` (every governed resource's autoscaler configuration is
+    /// usable) and `WorkloadClustersReachable` (the Nodes of the governed groups' clusters
+    /// can be read) are normal-true. `Conflict` is abnormal-true: True while an older policy
+    /// governs some of the resources this one selects, False (not removed) once none does.
+    /// All four are Unknown (`NotIndexedYet`) until the operator's index has taken the policy
+    /// in; `WorkloadClustersReachable` is Unknown (`FirstRead`) while a cluster's Nodes are
+    /// being read for the first time and no other cluster is known unreachable.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
     /// Node groups governed.
     #[serde(default)]
