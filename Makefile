@@ -5,7 +5,7 @@ CARGO ?= cargo
 UPSTREAM := tests/upstream/build.sh
 # Upstream peers the tests run against (cluster-autoscaler and the example server are built from
 # the source in ../shared/upstream; the rest from the Go module proxy).
-TEST_PEERS ?= etcd kube capi kwok helm ca-source ecosystem-crds cluster-autoscaler example-server conformance cherry-check alicloud-check
+TEST_PEERS ?= etcd kube capi kwok helm ca-source ecosystem-crds cluster-autoscaler cluster-autoscaler-test example-server conformance cherry-check alicloud-check
 # What `make demo` needs.
 DEMO_PEERS ?= etcd kube capi kwok cluster-autoscaler
 # What `make bench` needs.
@@ -70,15 +70,16 @@ fmt:
 	$(CARGO) fmt --all
 
 ## The compatibility matrix (docs/compatibility.md): builds CA's externalgrpc client of every
-## release in CONFORMANCE_ALL_VERSIONS (tests/upstream/versions.env), runs the conformance
-## scenarios through each and rewrites the generated table; fails if a release fails. Not part of
-## `make test`, which checks the table's rows of the three test releases.
+## release in CONFORMANCE_ALL_VERSIONS and the cluster-autoscaler binary of every release in
+## CA_BINARY_ALL_VERSIONS (tests/upstream/versions.env), runs the conformance scenarios through
+## each client and a scale-up-and-down through each binary, and rewrites both generated tables;
+## fails if a release fails. Not part of `make test`, which checks the rows of the test releases
+## (clients 1.29.5, 1.34.1, 1.36.1; binaries 1.29.5, 1.36.1).
 .PHONY: compat
 compat:
 	$(UPSTREAM) etcd kube capi conformance-all
 	NGO_COMPAT=1 $(CARGO) test --locked --test conformance compat_matrix -- --nocapture
-# The real cluster-autoscaler binaries' part of the matrix (the compat-ca-binaries section of
-# docs/compatibility.md) is not generated yet: its recipe line goes above this comment.
+	$(UPSTREAM) kwok cluster-autoscaler-all && NGO_COMPAT=1 $(CARGO) test --locked --features nodegroup-operator/fault-injection --test e2e_ca compat_ca_binaries -- --nocapture
 
 ## Side by side with the upstream peers (CA's example externalgrpc server, CA's in-tree clusterapi
 ## provider) on fresh API servers, same load client for all: optimized builds of ours and theirs.

@@ -1,19 +1,32 @@
-//! End to end with the real cluster-autoscaler 1.36.1: one sandbox per test binary (etcd,
+//! End to end with the real cluster-autoscaler: one sandbox per test binary (etcd,
 //! kube-apiserver, kube-controller-manager, kube-scheduler, the Cluster API manager, kwok),
 //! and per test a namespace with its own Cluster, the `nodegroup-operator` binary serving it
 //! over mTLS, and cluster-autoscaler (`--cloud-provider=externalgrpc`) with short intervals.
 //! Pods are pinned to a test's node groups by a node label, so tests running side by side
 //! never feed each other's autoscalers. Every test asserts what users see: replicas in the
 //! API server, Nodes and Pods, cluster-autoscaler's status ConfigMap and its Events.
+//!
+//! The scenarios of scale-up, scale-down to min, scale from zero and per-group options run
+//! with the binaries of the oldest and the newest supported release (`CA_BINARY_TEST_VERSIONS`
+//! of tests/upstream/versions.env: 1.29.5 and 1.36.1, modules `ca_1_29_5` and `ca_1_36_1`); the
+//! other tests with the pinned release (`CA_VERSION`, 1.36.1). 1.29 to 1.34.1 read the
+//! per-group durations only in the legacy fields 3-5 of the options answer (the operator fills
+//! them), and 1.29 to 1.32 do not know fields 6/7 (zero-or-max scaling, ignoring DaemonSets'
+//! utilization), so the per-group scenario uses `scaledownunneededtime`, which every release
+//! honours. `compat_ca_binaries` runs a short
+//! scenario through each release's binary for docs/compatibility.md (`make compat`).
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
-use ngo_sandbox::autoscaler::{AutoscalerOptions, NodeGroupStatus};
+use ngo_sandbox::autoscaler::{
+    Autoscaler, AutoscalerOptions, CaRelease, CloudProvider, NodeGroupStatus,
+};
 use ngo_sandbox::capi;
 use ngo_sandbox::environment::{SandboxInfo, start_for_process};
 use ngo_sandbox::infra_provider::{self, PROVISION_DELAY_ANNOTATION};
@@ -67,19 +80,36 @@ fn merged(mut a: Value, b: Value) -> Value {
     a
 }
 
+/// The oldest supported release, and the pinned (newest) one.
+const CA_1_29_5: CaRelease = CaRelease::new(29, 5);
+const CA_1_36_1: CaRelease = CaRelease::new(36, 1);
+
 /// One test's world: a namespace with a Cluster, the operator binary and (once started)
 /// cluster-autoscaler.
 struct World {
     cluster: AutoscaledCluster,
     client: Client,
     started: Instant,
+    /// The cluster-autoscaler release to run; `None`: the pinned one.
+    release: Option<CaRelease>,
 }
 
 impl World {
-    /// The namespace `<prefix>-<random>`, its Cluster, and the operator serving it.
+    /// The namespace `<prefix>-<random>`, its Cluster, and the operator serving it; the
+    /// pinned cluster-autoscaler release.
     async fn new(prefix: &str) -> Self {
+        Self::start(format!("{prefix}-"), None).await
+    }
+
+    /// The same for cluster-autoscaler `release`, in namespace `<prefix>-1-29-5-<random>`.
+    async fn for_release(prefix: &str, release: CaRelease) -> Self {
+        let tag = release.to_string().replace('.', "-");
+        Self::start(format!("{prefix}-{tag}-"), Some(release)).await
+    }
+
+    async fn start(prefix: String, release: Option<CaRelease>) -> Self {
         let started = Instant::now();
-        let namespace = format!("{prefix}-{}", rand::random::<u32>() % 100_000);
+        let namespace = format!("{prefix}{}", rand::random::<u32>() % 100_000);
         let mut cluster = AutoscaledCluster::create(sandbox(), &namespace, "c1", json!({}))
             .await
             .unwrap_or_else(|e| panic!("creating {namespace}: {e:#}"));
@@ -93,6 +123,7 @@ impl World {
             cluster,
             client,
             started,
+            release,
         };
         world.log("namespace, Cluster and operator ready");
         world
@@ -125,11 +156,16 @@ impl World {
             .cluster
             .externalgrpc_autoscaler()
             .expect("cloud-config");
+        options.release = self.release;
         tweak(&mut options);
         self.cluster
             .start_autoscaler(&options)
             .unwrap_or_else(|e| panic!("starting cluster-autoscaler: {e}"));
-        self.log("cluster-autoscaler started");
+        let release = self.cluster.autoscaler().map(|a| a.release);
+        self.log(&format!(
+            "cluster-autoscaler {} started",
+            release.map(|r| r.to_string()).unwrap_or_default()
+        ));
     }
 
     async fn create(&self, object: DynamicObject, resource: &kube::discovery::ApiResource) {
@@ -393,9 +429,40 @@ impl World {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pending_pods_scale_up_then_only_the_idle_nodes_go_back_to_min() {
-    let mut w = World::new("ca-up").await;
+/// The scenarios both the oldest and the newest supported release run, as tests
+/// `<module>::<scenario>`.
+macro_rules! release_scenarios {
+    ($module:ident, $release:expr) => {
+        mod $module {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn pending_pods_scale_up_then_only_the_idle_nodes_go_back_to_min() {
+                super::pending_pods_scale_up_then_only_the_idle_nodes_go_back_to_min($release).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn scale_up_stops_at_max_and_touches_nothing_else() {
+                super::scale_up_stops_at_max_and_touches_nothing_else($release).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn scale_from_zero_and_back_from_annotations_and_from_a_policy() {
+                super::scale_from_zero_and_back_from_annotations_and_from_a_policy($release).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn each_group_scales_down_after_its_own_unneeded_time() {
+                super::each_group_scales_down_after_its_own_unneeded_time($release).await
+            }
+        }
+    };
+}
+
+release_scenarios!(ca_1_29_5, super::CA_1_29_5);
+release_scenarios!(ca_1_36_1, super::CA_1_36_1);
+
+/// Pending pods raise a group, and only the idle nodes go back to min.
+async fn pending_pods_scale_up_then_only_the_idle_nodes_go_back_to_min(release: CaRelease) {
+    let mut w = World::for_release("ca-up", release).await;
     let id = w.md("w", 1, bounds(1, 5)).await;
     // Pods created before cluster-autoscaler starts: it decides on all of them at once.
     w.app_settled("load", 3, "w", 1).await;
@@ -434,9 +501,9 @@ async fn pending_pods_scale_up_then_only_the_idle_nodes_go_back_to_min() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scale_up_stops_at_max_and_touches_nothing_else() {
-    let mut w = World::new("ca-max").await;
+/// Scale-up stops at the group's max; the other group stays as it is.
+async fn scale_up_stops_at_max_and_touches_nothing_else(release: CaRelease) {
+    let mut w = World::for_release("ca-max", release).await;
     let capped = w.md("capped", 1, bounds(1, 3)).await;
     let other = w.md("other", 1, bounds(1, 5)).await;
     w.app_settled("load", 5, "capped", 1).await;
@@ -467,9 +534,9 @@ async fn scale_up_stops_at_max_and_touches_nothing_else() {
     assert_eq!((pods.running, pods.pending), (3, 2));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scale_from_zero_and_back_from_annotations_and_from_a_policy() {
-    let mut w = World::new("ca-zero").await;
+/// Scale from zero and back, from capacity annotations and from a NodeGroupPolicy.
+async fn scale_from_zero_and_back_from_annotations_and_from_a_policy(release: CaRelease) {
+    let mut w = World::for_release("ca-zero", release).await;
     // From capacity annotations on the MachineDeployment.
     let annotated = w
         .md(
@@ -669,9 +736,11 @@ async fn a_bad_annotation_on_one_deployment_leaves_another_scaling() {
     w.wait_group_size(&good, 1).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_group_scales_down_after_its_own_unneeded_time() {
-    let mut w = World::new("ca-opts").await;
+/// Per-group `scaledownunneededtime` (annotation on one group, a NodeGroupPolicy on the
+/// other) beats cluster-autoscaler's own flag. Every supported release honours it: 1.29 to
+/// 1.34.1 read it in the legacy field 3 of the options answer, which the operator fills.
+async fn each_group_scales_down_after_its_own_unneeded_time(release: CaRelease) {
+    let mut w = World::for_release("ca-opts", release).await;
     // Annotation on one group, a NodeGroupPolicy on the other, and cluster-autoscaler's
     // own flag (2 minutes) longer than the test waits. Both keep a minimum of one node (a
     // group at 0 without scale-from-zero information is not a node group, as upstream).
@@ -911,4 +980,319 @@ fn policies() -> kube::discovery::ApiResource {
         ),
         "nodegrouppolicies",
     )
+}
+
+/// The launcher's table of flags only some releases define ([`CaRelease::knows_flag`]) is what
+/// each built binary lists in its own `--help`, for every flag any of them lists: the launcher
+/// refuses exactly the flags a release would reject. The test releases must be built; the
+/// others are checked when built (`make compat`).
+#[test]
+fn each_binary_defines_the_flags_the_launcher_expects() {
+    let tested = CaRelease::test_releases().expect("CA_BINARY_TEST_VERSIONS");
+    let mut listed = BTreeMap::new();
+    for release in CaRelease::all_releases().expect("CA_BINARY_ALL_VERSIONS") {
+        let binary = release.binary().expect("binary path");
+        if !binary.exists() {
+            assert!(
+                !tested.contains(&release),
+                "{} is missing: tests/upstream/build.sh {}",
+                binary.display(),
+                release.component().expect("component")
+            );
+            continue;
+        }
+        // pflag prints the usage and exits (2 up to 1.32, 0 after) on --help.
+        let out = std::process::Command::new(&binary)
+            .arg("--help")
+            .output()
+            .unwrap_or_else(|e| panic!("{} --help: {e}", binary.display()));
+        let text = String::from_utf8_lossy(&out.stderr).to_string()
+            + &String::from_utf8_lossy(&out.stdout);
+        let flags: std::collections::BTreeSet<String> = text
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim_start();
+                let l = l
+                    .get(4..)
+                    .filter(|_| l.starts_with('-') && l.get(2..4) == Some(", "))
+                    .unwrap_or(l);
+                l.strip_prefix("--")
+            })
+            .filter_map(|l| l.split([' ', '=']).next())
+            // Ginkgo's test-runner flags, which a dependency registers in 1.36's binary: no
+            // one passes them to CA.
+            .filter(|f| *f != "ginkgo" && !f.starts_with("ginkgo."))
+            .map(str::to_string)
+            .collect();
+        assert!(
+            flags.len() > 100 && flags.contains("cloud-provider"),
+            "{release}: {text}"
+        );
+        listed.insert(release, flags);
+    }
+    let every: std::collections::BTreeSet<&String> = listed.values().flatten().collect();
+    let wrong: Vec<String> = listed
+        .iter()
+        .flat_map(|(release, flags)| {
+            every
+                .iter()
+                .filter(|f| release.knows_flag(f) != flags.contains(**f))
+                .map(move |f| format!("{release} --{f}: binary {}", flags.contains(*f)))
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "RELEASE_FLAGS disagrees with the binaries: {wrong:#?}"
+    );
+}
+
+/// The launcher refuses, before starting anything, what an old release's binary cannot take: a
+/// flag it does not define, and the in-tree clusterapi provider its build lacks.
+#[test]
+fn options_a_release_cannot_take_are_refused_before_it_starts() {
+    let logs = std::env::temp_dir();
+    let mut options = AutoscalerOptions::new(
+        CloudProvider::ExternalGrpc {
+            cloud_config: "/nonexistent/cloud-config.yaml".into(),
+        },
+        std::path::Path::new("/nonexistent/kubeconfig"),
+        "default",
+    );
+    options.release = Some(CA_1_29_5);
+    options.extra_args = vec!["--max-node-startup-time=5m".into()];
+    let refused = Autoscaler::start(&options, &logs)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        refused.contains(
+            "cluster-autoscaler 1.29.5 does not define --max-node-startup-time (defined by the \
+             built releases: 1.35.2 and later)"
+        ),
+        "{refused}"
+    );
+    options.extra_args.clear();
+    options.provider = CloudProvider::ClusterApi {
+        auto_discovery: vec!["clusterapi:namespace=default".into()],
+        management_kubeconfig: None,
+    };
+    let refused = Autoscaler::start(&options, &logs)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        refused.contains("cluster-autoscaler 1.29.5 is built with the externalgrpc provider only"),
+        "{refused}"
+    );
+}
+
+/// Where a compatibility run is, for its table row: a failing release's row names the step
+/// (the panic message itself has run-specific names and timings).
+#[derive(Clone, Default)]
+struct Steps(Arc<Mutex<&'static str>>);
+
+impl Steps {
+    fn at(&self, step: &'static str) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = step;
+    }
+
+    fn current(&self) -> &'static str {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// How long one release's binary took in the short scenario: from its start to the scale-up
+/// decision and to both pods running, and from the pods' removal to no node left.
+#[derive(Clone, Copy, Debug)]
+struct Timings {
+    decided: Duration,
+    running: Duration,
+    down: Duration,
+}
+
+/// The short scenario of the real-binaries table: a MachineDeployment at 0 (min 0, max 2, scale
+/// from zero by capacity annotations), two pending pods created before cluster-autoscaler
+/// `release` starts; it must raise the group 0->2, the pods must run, and once they are gone
+/// the group must come back to 0 nodes.
+async fn up_from_zero_and_down(release: CaRelease, steps: Steps) -> Timings {
+    steps.at("operator up");
+    let mut w = World::for_release("ca-compat", release).await;
+    steps.at("node group at 0");
+    let id = w
+        .md("w", 0, merged(bounds(0, 2), zero_capacity(&w.pool("w"))))
+        .await;
+    w.app_settled("load", 2, "w", 0).await;
+    steps.at("cluster-autoscaler start");
+    w.start_autoscaler(|_| {});
+    let start = Instant::now();
+    steps.at("scale-up decision 0->2");
+    w.wait_decision("TriggeredScaleUp", &format!("{id} 0->2 (max: 2)"))
+        .await;
+    let decided = start.elapsed();
+    steps.at("pods running");
+    w.wait_running("load", 2).await;
+    let running = start.elapsed();
+    steps.at("group at 2");
+    w.wait_group_size(&id, 2).await;
+    assert_eq!(w.replicas(&capi::machine_deployments(), "w").await, 2);
+    steps.at("scale-down to 0");
+    w.scale_app("load", 0).await;
+    let removed = Instant::now();
+    w.wait_group_size(&id, 0).await;
+    w.wait_nodes("w", 0).await;
+    let down = removed.elapsed();
+    assert_eq!(w.replicas(&capi::machine_deployments(), "w").await, 0);
+    Timings {
+        decided,
+        running,
+        down,
+    }
+}
+
+/// The file and the markers around the generated real-binaries table.
+const COMPAT_DOC: &str = "docs/compatibility.md";
+const BINARIES_BEGIN: &str = "<!-- BEGIN GENERATED compat-ca-binaries -->";
+const BINARIES_END: &str = "<!-- END GENERATED compat-ca-binaries -->";
+const BINARIES_HEADER: &str =
+    "| CA binary | result | scale-up decided | both pods running | back to 0 nodes |";
+
+/// One row: the release, "pass" or the step that failed, and the timings.
+fn binaries_row(release: CaRelease, result: &str, timings: Option<Timings>) -> String {
+    let secs = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+    let (decided, running, down) = timings.map_or_else(
+        || ("-".to_string(), "-".to_string(), "-".to_string()),
+        |t| (secs(t.decided), secs(t.running), secs(t.down)),
+    );
+    format!("| {release} | {result} | {decided} | {running} | {down} |")
+}
+
+/// The rows of the generated part of `doc`, by release; panics without the markers.
+fn committed_binaries_rows(doc: &str) -> (&str, BTreeMap<CaRelease, String>) {
+    let start = doc
+        .find(BINARIES_BEGIN)
+        .unwrap_or_else(|| panic!("{COMPAT_DOC} has no {BINARIES_BEGIN}"));
+    let end = doc
+        .find(BINARIES_END)
+        .unwrap_or_else(|| panic!("{COMPAT_DOC} has no {BINARIES_END}"))
+        + BINARIES_END.len();
+    let section = &doc[start..end];
+    let rows = section
+        .lines()
+        .filter(|l| l.starts_with("| 1."))
+        .map(|l| {
+            let release = l.split('|').nth(1).unwrap_or_default().trim();
+            let release = CaRelease::parse(release)
+                .unwrap_or_else(|e| panic!("{COMPAT_DOC}, row {l:?}: {e}"));
+            (release, l.to_string())
+        })
+        .collect();
+    (section, rows)
+}
+
+/// The result column of a row.
+fn row_result(row: &str) -> &str {
+    row.split('|').nth(2).unwrap_or_default().trim()
+}
+
+/// The real cluster-autoscaler binaries' table of docs/compatibility.md (section
+/// `compat-ca-binaries`): one row per release of `CA_BINARY_ALL_VERSIONS`, with the result and
+/// timings of [`up_from_zero_and_down`] through that release's whole binary against the
+/// operator.
+///
+/// With `NGO_COMPAT=1` (`make compat`, after `tests/upstream/build.sh cluster-autoscaler-all`)
+/// every release runs, three at a time, and the section is rewritten; the test then fails if
+/// any release failed. Otherwise only `CA_BINARY_TEST_VERSIONS` (1.29.5, 1.36.1) run, and the
+/// committed table must list every release and have their results (timings vary from run to
+/// run and are not compared).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compat_ca_binaries() {
+    let all = CaRelease::all_releases().expect("CA_BINARY_ALL_VERSIONS");
+    let tested = CaRelease::test_releases().expect("CA_BINARY_TEST_VERSIONS");
+    assert_eq!(
+        tested,
+        [CA_1_29_5, CA_1_36_1],
+        "the ca_1_29_5 and ca_1_36_1 modules of this file run CA_BINARY_TEST_VERSIONS"
+    );
+    assert_eq!(CaRelease::pinned().ok(), Some(CA_1_36_1), "CA_VERSION");
+    let regenerate = std::env::var("NGO_COMPAT").is_ok_and(|v| v == "1");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(COMPAT_DOC);
+    let doc = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let (committed, committed_rows) = committed_binaries_rows(&doc);
+
+    let run = if regenerate { &all } else { &tested };
+    let mut rows = BTreeMap::new();
+    // Three at a time: each is an operator, a cluster-autoscaler and nodes on a 2-core machine.
+    for chunk in run.chunks(3) {
+        let done = futures::future::join_all(chunk.iter().map(|&release| async move {
+            let steps = Steps::default();
+            let started = Instant::now();
+            let run = tokio::spawn(up_from_zero_and_down(release, steps.clone())).await;
+            let row = match run {
+                Ok(timings) => binaries_row(release, "pass", Some(timings)),
+                Err(e) => {
+                    eprintln!("CA {release}: failed at {}: {e}", steps.current());
+                    binaries_row(release, &format!("FAIL at {}", steps.current()), None)
+                }
+            };
+            eprintln!(
+                "CA {release}: {row} ({:.1}s in all)",
+                started.elapsed().as_secs_f64()
+            );
+            (release, row)
+        }))
+        .await;
+        rows.extend(done);
+    }
+    let lines: Vec<String> = all
+        .iter()
+        .map(|r| {
+            rows.get(r)
+                .or(committed_rows.get(r))
+                .cloned()
+                .unwrap_or_else(|| binaries_row(*r, "not run", None))
+        })
+        .collect();
+    let section = [
+        BINARIES_BEGIN.to_string(),
+        BINARIES_HEADER.to_string(),
+        "|---|---|---|---|---|".to_string(),
+    ]
+    .into_iter()
+    .chain(lines)
+    .chain([BINARIES_END.to_string()])
+    .collect::<Vec<_>>()
+    .join("\n");
+    eprintln!("{section}");
+
+    if regenerate {
+        std::fs::write(&path, doc.replacen(committed, &section, 1))
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        eprintln!("wrote {}", path.display());
+        let failed: Vec<String> = rows
+            .iter()
+            .filter(|(_, row)| row_result(row) != "pass")
+            .map(|(r, row)| format!("CA {r}: {}", row_result(row)))
+            .collect();
+        assert!(failed.is_empty(), "written, with failures: {failed:?}");
+    } else {
+        let results = |rows: &BTreeMap<CaRelease, String>| -> Vec<(CaRelease, String)> {
+            rows.iter()
+                .map(|(r, row)| (*r, row_result(row).to_string()))
+                .collect()
+        };
+        let (_, generated_rows) = committed_binaries_rows(&section);
+        assert!(
+            committed.contains(BINARIES_HEADER)
+                && results(&committed_rows) == results(&generated_rows),
+            "{COMPAT_DOC}'s real-binaries table is not what the test releases ({}) give for \
+             their rows, or does not list every release of CA_BINARY_ALL_VERSIONS: run `make \
+             compat`\ncommitted:\n{committed}\nthis run:\n{section}",
+            tested
+                .iter()
+                .map(CaRelease::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
 }

@@ -1,7 +1,14 @@
-//! The real cluster-autoscaler (built by `tests/upstream/build.sh cluster-autoscaler` from the
-//! pinned upstream source) as a sandbox process, with intervals short enough for tests and
+//! The real cluster-autoscaler as a sandbox process, with intervals short enough for tests and
 //! demos, and readers for what it reports: its status ConfigMap and its Prometheus metrics.
+//!
+//! Any release `tests/upstream/build.sh` builds can run ([`CaRelease`]): the pinned one
+//! (`CA_VERSION` in tests/upstream/versions.env, `build.sh cluster-autoscaler`,
+//! `bin/cluster-autoscaler`) by default, and every other release of `CA_BINARY_ALL_VERSIONS`
+//! (`build.sh cluster-autoscaler-<version>`, `bin/cluster-autoscaler-<version>`). Older releases
+//! lack some flags: the launcher passes only flags the release defines and refuses, before
+//! starting anything, options that release cannot take.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,6 +19,236 @@ use serde::Deserialize;
 
 use crate::process::{ManagedProcess, ProcessError, free_port, http_get, http_ok};
 use crate::upstream_bin;
+
+/// tests/upstream/versions.env, read when this crate is built: the pinned release and the lists
+/// of the releases `tests/upstream/build.sh` builds binaries of.
+const VERSIONS_ENV: &str = include_str!("../../tests/upstream/versions.env");
+
+/// A cluster-autoscaler release, `1.<minor>.<patch>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CaRelease {
+    /// The minor version (29 for 1.29.5).
+    pub minor: u32,
+    /// The patch version (5 for 1.29.5).
+    pub patch: u32,
+}
+
+/// A release name or a list of them in tests/upstream/versions.env that the sandbox cannot use.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    /// Not of the form `1.<minor>.<patch>`.
+    #[error("{0:?} is not a cluster-autoscaler release (1.<minor>.<patch>)")]
+    Malformed(String),
+    /// tests/upstream/versions.env lacks the key.
+    #[error("tests/upstream/versions.env has no {0}")]
+    MissingKey(&'static str),
+}
+
+impl CaRelease {
+    /// `1.<minor>.<patch>`.
+    pub const fn new(minor: u32, patch: u32) -> Self {
+        Self { minor, patch }
+    }
+
+    /// Parses `1.<minor>.<patch>` (for example "1.29.5").
+    pub fn parse(text: &str) -> Result<Self, ReleaseError> {
+        let malformed = || ReleaseError::Malformed(text.to_string());
+        let mut parts = text.trim().split('.');
+        let (Some("1"), Some(minor), Some(patch), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(malformed());
+        };
+        Ok(Self {
+            minor: minor.parse().map_err(|_| malformed())?,
+            patch: patch.parse().map_err(|_| malformed())?,
+        })
+    }
+
+    /// The pinned release, `CA_VERSION` of tests/upstream/versions.env: what runs unless
+    /// [`AutoscalerOptions::release`] says otherwise.
+    pub fn pinned() -> Result<Self, ReleaseError> {
+        Self::parse(versions_env("CA_VERSION")?)
+    }
+
+    /// The releases `make test` runs end to end (`CA_BINARY_TEST_VERSIONS`: the oldest and the
+    /// newest supported).
+    pub fn test_releases() -> Result<Vec<Self>, ReleaseError> {
+        Self::list(versions_env("CA_BINARY_TEST_VERSIONS")?)
+    }
+
+    /// Every release whose binary `tests/upstream/build.sh cluster-autoscaler-all` builds
+    /// (`CA_BINARY_ALL_VERSIONS`), oldest first.
+    pub fn all_releases() -> Result<Vec<Self>, ReleaseError> {
+        Self::list(versions_env("CA_BINARY_ALL_VERSIONS")?)
+    }
+
+    fn list(value: &str) -> Result<Vec<Self>, ReleaseError> {
+        value.split(',').map(Self::parse).collect()
+    }
+
+    /// The `tests/upstream/build.sh` component that builds this release's binary.
+    pub fn component(&self) -> Result<String, ReleaseError> {
+        Ok(if *self == Self::pinned()? {
+            "cluster-autoscaler".to_string()
+        } else {
+            format!("cluster-autoscaler-{self}")
+        })
+    }
+
+    /// Where `tests/upstream/build.sh` puts this release's binary: `bin/cluster-autoscaler` for
+    /// the pinned release, `bin/cluster-autoscaler-<version>` for the others.
+    pub fn binary(&self) -> Result<PathBuf, ReleaseError> {
+        Ok(upstream_bin(&self.component()?))
+    }
+
+    /// Whether this release's binary has CA's in-tree `clusterapi` provider besides
+    /// `externalgrpc`. Up to 1.35 CA's `cloudprovider/builder` compiles one provider per build
+    /// (each `builder_<provider>.go` defines the same `buildCloudProvider`), so `build.sh`
+    /// (`ca_binary_tags`) builds those with `externalgrpc` alone; from 1.36 providers register
+    /// through `cloudprovider/router` and both are built in.
+    pub fn has_clusterapi(&self) -> bool {
+        *self >= Self::new(36, 0)
+    }
+
+    /// Whether this release defines the command-line flag `name` (without dashes). Flags not in
+    /// [`RELEASE_FLAGS`] are defined by every release from 1.29.5 to 1.36.1.
+    pub fn knows_flag(&self, name: &str) -> bool {
+        RELEASE_FLAGS
+            .iter()
+            .find(|f| f.name == name)
+            .is_none_or(|f| {
+                f.since.is_none_or(|s| *self >= s) && f.until.is_none_or(|u| *self <= u)
+            })
+    }
+
+    /// Fails with a message naming every flag of `args` (`--name=value`, `--name value`,
+    /// `--name`) this release does not define, and the releases that do.
+    pub fn check_flags(&self, args: &[String]) -> Result<(), String> {
+        let unknown: Vec<String> = args
+            .iter()
+            .filter_map(|a| a.strip_prefix("--").or_else(|| a.strip_prefix('-')))
+            .map(|a| a.split_once('=').map_or(a, |(name, _)| name))
+            .filter(|name| !self.knows_flag(name))
+            .map(|name| {
+                let known = RELEASE_FLAGS.iter().find(|f| f.name == name);
+                let range = match known.map(|f| (f.since, f.until)) {
+                    Some((Some(since), None)) => format!("{since} and later"),
+                    Some((None, Some(until))) => format!("up to {until}"),
+                    Some((Some(since), Some(until))) => format!("{since} to {until}"),
+                    _ => "none".to_string(),
+                };
+                format!("--{name} (defined by the built releases: {range})")
+            })
+            .collect();
+        if unknown.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "cluster-autoscaler {self} does not define {}",
+                unknown.join(", ")
+            ))
+        }
+    }
+}
+
+impl fmt::Display for CaRelease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "1.{}.{}", self.minor, self.patch)
+    }
+}
+
+/// The value of `key` in tests/upstream/versions.env.
+fn versions_env(key: &'static str) -> Result<&'static str, ReleaseError> {
+    VERSIONS_ENV
+        .lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|rest| rest.strip_prefix('=')))
+        .map(str::trim)
+        .ok_or(ReleaseError::MissingKey(key))
+}
+
+/// A command-line flag that not every release `tests/upstream/build.sh` builds defines.
+#[derive(Clone, Copy, Debug)]
+pub struct ReleaseFlag {
+    /// The flag, without dashes.
+    pub name: &'static str,
+    /// The oldest of the built releases defining it (`None`: 1.29.5 already does).
+    pub since: Option<CaRelease>,
+    /// The newest of the built releases defining it (`None`: 1.36.1 still does).
+    pub until: Option<CaRelease>,
+}
+
+const fn since(name: &'static str, minor: u32, patch: u32) -> ReleaseFlag {
+    ReleaseFlag {
+        name,
+        since: Some(CaRelease::new(minor, patch)),
+        until: None,
+    }
+}
+
+const fn until(name: &'static str, minor: u32, patch: u32) -> ReleaseFlag {
+    ReleaseFlag {
+        name,
+        since: None,
+        until: Some(CaRelease::new(minor, patch)),
+    }
+}
+
+/// The flags that only some of the releases of `CA_BINARY_ALL_VERSIONS` (1.29.5, 1.30.7, 1.31.5,
+/// 1.32.7, 1.33.6, 1.34.1, 1.34.5, 1.35.2, 1.36.1) define: CA's own, read in each release's flag
+/// definitions (`main.go` up to 1.32, `config/flags/flags.go` from 1.33), and the last four,
+/// logging flags of the klog and component-base versions each release links (its `--help`; the
+/// leader election flags are common to all). `tests/e2e_ca.rs` checks the table against every
+/// built binary's `--help`. Bounds are the built releases, not the upstream release that added
+/// or removed a flag (a flag "since 1.35.2" may be in 1.35.0 too).
+pub const RELEASE_FLAGS: &[ReleaseFlag] = &[
+    since("enable-provisioning-requests", 30, 7),
+    since("frequent-loops-enabled", 30, 7),
+    since("async-node-groups", 31, 5),
+    since("bulk-mig-instances-listing-enabled", 31, 5),
+    since("enable-proactive-scaleup", 31, 5),
+    since("force-delete-failed-nodes", 31, 5),
+    since("max-binpacking-time", 31, 5),
+    since("pod-injection-limit", 31, 5),
+    since("check-capacity-batch-processing", 32, 7),
+    since("check-capacity-provisioning-request-batch-timebox", 32, 7),
+    since("check-capacity-provisioning-request-max-batch-size", 32, 7),
+    since("enable-dynamic-resource-allocation", 32, 7),
+    since("force-delete-unregistered-nodes", 32, 7),
+    since("provisioning-request-initial-backoff-time", 32, 7),
+    since("provisioning-request-max-backoff-cache-size", 32, 7),
+    since("provisioning-request-max-backoff-time", 32, 7),
+    since("blocking-system-pod-distruption-timeout", 33, 6),
+    since("check-capacity-processor-instance", 33, 6),
+    since("cluster-snapshot-parallelism", 33, 6),
+    since("capacity-buffer-controller-enabled", 34, 1),
+    since("capacity-buffer-pod-injection-enabled", 34, 1),
+    since("node-deletion-candidate-ttl", 34, 1),
+    since("allowed-scheduler-names", 35, 2),
+    since("enable-csi-node-aware-scheduling", 35, 2),
+    since("max-node-skip-eval-time-tracker-enabled", 35, 2),
+    since("max-node-startup-time", 35, 2),
+    since("node-removal-latency-tracking-enabled", 35, 2),
+    since("predicate-parallelism", 35, 2),
+    since("scale-from-unschedulable", 35, 2),
+    since("capacity-buffer-pod-dry-run-enabled", 36, 1),
+    since("capacity-quotas-enabled", 36, 1),
+    since("fastpath-binpacking-enabled", 36, 1),
+    since("max-startup-time", 36, 1),
+    since("salvo-scale-up", 36, 1),
+    since("salvo-scale-up-budget", 36, 1),
+    since("scaleup-simulation-for-skipped-node-groups-enabled", 36, 1),
+    since("startup-taint-prefix", 36, 1),
+    until("parallel-drain", 31, 5),
+    until("gce-expander-ephemeral-storage-support", 32, 7),
+    until("max-autoprovisioned-node-group-count", 32, 7),
+    until("max-empty-bulk-delete", 32, 7),
+    until("node-autoprovisioning-enabled", 32, 7),
+    since("log-text-info-buffer-size", 30, 7),
+    since("log-text-split-stream", 30, 7),
+    since("alsologtostderrthreshold", 36, 1),
+    since("legacy-stderr-threshold-behavior", 36, 1),
+];
 
 /// Which cloud provider cluster-autoscaler runs with.
 #[derive(Clone, Debug)]
@@ -65,6 +302,8 @@ pub struct AutoscalerOptions {
     pub extra_args: Vec<String>,
     /// Name of the process and its log file.
     pub name: String,
+    /// The release to run; `None`: the pinned one ([`CaRelease::pinned`]).
+    pub release: Option<CaRelease>,
 }
 
 impl AutoscalerOptions {
@@ -84,7 +323,28 @@ impl AutoscalerOptions {
             verbosity: 2,
             extra_args: Vec::new(),
             name: "cluster-autoscaler".into(),
+            release: None,
         }
+    }
+
+    /// The release these options run.
+    pub fn release(&self) -> Result<CaRelease, ReleaseError> {
+        self.release.map_or_else(CaRelease::pinned, Ok)
+    }
+
+    /// What `release` cannot run of these options: a provider its binary lacks, or flags it
+    /// does not define (from the typed options or [`AutoscalerOptions::extra_args`]). Every
+    /// sandbox default is a flag all built releases define.
+    pub fn unsupported(&self, release: CaRelease) -> Option<String> {
+        if matches!(self.provider, CloudProvider::ClusterApi { .. }) && !release.has_clusterapi() {
+            return Some(format!(
+                "cluster-autoscaler {release} is built with the externalgrpc provider only \
+                 (tests/upstream/build.sh ca_binary_tags: up to 1.35 a build has one provider), \
+                 not clusterapi"
+            ));
+        }
+        let placeholder: SocketAddr = ([127, 0, 0, 1], 0).into();
+        release.check_flags(&self.args(placeholder)).err()
     }
 
     fn args(&self, metrics_address: SocketAddr) -> Vec<String> {
@@ -159,12 +419,47 @@ pub struct Autoscaler {
     pub namespace: String,
     /// Its status ConfigMap name.
     pub status_config_map: String,
+    /// The release running.
+    pub release: CaRelease,
 }
 
 impl Autoscaler {
-    /// Starts cluster-autoscaler and waits until it serves `/health-check`. Blocking; spawn
-    /// from a thread that outlives the process.
+    /// Starts cluster-autoscaler of [`AutoscalerOptions::release`] and waits until it serves
+    /// `/health-check`. Blocking; spawn from a thread that outlives the process. Fails without
+    /// starting anything when that release's binary is not built or cannot take the options
+    /// ([`AutoscalerOptions::unsupported`]), and after the start when the binary logs another
+    /// release than asked for (at `--v` 1 and above).
     pub fn start(options: &AutoscalerOptions, log_dir: &Path) -> Result<Self, ProcessError> {
+        let refuse = |kind: std::io::ErrorKind, message: String| ProcessError::Spawn {
+            name: options.name.clone(),
+            source: std::io::Error::new(kind, message),
+        };
+        let invalid = std::io::ErrorKind::InvalidInput;
+        let release = options
+            .release()
+            .map_err(|e| refuse(invalid, format!("choosing the release: {e}")))?;
+        let (binary, component) = release
+            .binary()
+            .and_then(|b| Ok((b, release.component()?)))
+            .map_err(|e| {
+                refuse(
+                    invalid,
+                    format!("locating cluster-autoscaler {release}: {e}"),
+                )
+            })?;
+        if !binary.exists() {
+            return Err(refuse(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "{} (cluster-autoscaler {release}) is missing: run tests/upstream/build.sh \
+                     {component}",
+                    binary.display()
+                ),
+            ));
+        }
+        if let Some(reason) = options.unsupported(release) {
+            return Err(refuse(invalid, reason));
+        }
         let port = free_port().map_err(|source| ProcessError::Spawn {
             name: options.name.clone(),
             source,
@@ -172,7 +467,7 @@ impl Autoscaler {
         let metrics_address: SocketAddr = ([127, 0, 0, 1], port).into();
         let mut process = ManagedProcess::spawn(
             &options.name,
-            &upstream_bin("cluster-autoscaler"),
+            &binary,
             &options.args(metrics_address),
             &[],
             log_dir,
@@ -180,11 +475,31 @@ impl Autoscaler {
         process.wait_ready(Duration::from_secs(60), || {
             http_ok(metrics_address, "/health-check")
         })?;
+        if options.verbosity >= 1 {
+            // main.go of every release logs `Cluster Autoscaler <version>` at V(1) before it
+            // serves the health check.
+            let log = std::fs::read_to_string(process.log_path()).unwrap_or_default();
+            let banner = format!("Cluster Autoscaler {release}");
+            if !log.lines().any(|l| l.trim_end().ends_with(&banner)) {
+                let said: Vec<&str> = log
+                    .lines()
+                    .filter(|l| l.contains("Cluster Autoscaler "))
+                    .collect();
+                return Err(refuse(
+                    invalid,
+                    format!(
+                        "{} does not say {banner:?} in its log (it says {said:?})",
+                        binary.display()
+                    ),
+                ));
+            }
+        }
         Ok(Self {
             process,
             metrics_address,
             namespace: options.namespace.clone(),
             status_config_map: options.status_config_map.clone(),
+            release,
         })
     }
 
@@ -216,7 +531,7 @@ impl Autoscaler {
         let Some(text) = cm.data.and_then(|mut d| d.remove("status")) else {
             return Ok(None);
         };
-        serde_yaml::from_str(&text)
+        parse_status(&text)
             .map(Some)
             .map_err(|source| StatusError::Parse { text, source })
     }
@@ -233,7 +548,8 @@ pub enum StatusError {
     /// The API call failed.
     #[error("reading cluster-autoscaler's status ConfigMap: {0}")]
     Read(#[source] kube::Error),
-    /// The content is not what cluster-autoscaler 1.36 writes.
+    /// The content is neither what cluster-autoscaler writes from 1.30 (YAML) nor the text of
+    /// 1.29.
     #[error("parsing cluster-autoscaler's status {text:?}: {source}")]
     Parse {
         /// The text found.
@@ -242,6 +558,99 @@ pub enum StatusError {
         #[source]
         source: serde_yaml::Error,
     },
+}
+
+/// Parses the status cluster-autoscaler writes into its ConfigMap: YAML from 1.30
+/// (`clusterstate/api/types.go`), the readable text of 1.29 otherwise ([`parse_legacy_status`]).
+pub fn parse_status(text: &str) -> Result<AutoscalerStatus, serde_yaml::Error> {
+    if text.starts_with(LEGACY_STATUS_PREFIX) {
+        Ok(parse_legacy_status(text))
+    } else {
+        serde_yaml::from_str(text)
+    }
+}
+
+/// How `WriteStatusConfigMap` (`clusterstate/utils/status.go`) of 1.29 starts the status.
+const LEGACY_STATUS_PREFIX: &str = "Cluster-autoscaler status at ";
+
+/// The status text of cluster-autoscaler 1.29 (`GetReadableString` in
+/// `clusterstate/api/utils.go`, messages from `clusterstate/clusterstate.go`): `Initializing`
+/// until the first loop, then a `Cluster-wide:` block and a `NodeGroups:` block of lines such as
+/// `  Health:      Healthy (ready=1 unready=0 (resourceUnready=0) notStarted=0 longNotStarted=0
+/// registered=1 longUnregistered=0 cloudProviderTarget=1 (minSize=1, maxSize=5))`. It has no
+/// count of instances without a Node (only of long-unregistered ones) nor of nodes being
+/// deleted: those stay 0.
+pub fn parse_legacy_status(text: &str) -> AutoscalerStatus {
+    let mut status = AutoscalerStatus::default();
+    let body = text.split_once('\n').map_or("", |(_, rest)| rest);
+    if body.trim() == "Initializing" {
+        status.autoscaler_status = "Initializing".into();
+        return status;
+    }
+    status.autoscaler_status = "Running".into();
+    let mut in_groups = false;
+    for line in body.lines() {
+        match line.trim() {
+            "Cluster-wide:" => in_groups = false,
+            "NodeGroups:" => in_groups = true,
+            _ => {}
+        }
+        let Some((key, rest)) = line.trim().split_once(':') else {
+            continue;
+        };
+        let rest = rest.trim();
+        if key == "Name" && in_groups {
+            status.node_groups.push(NodeGroupStatus {
+                name: rest.to_string(),
+                ..NodeGroupStatus::default()
+            });
+            continue;
+        }
+        let word = rest
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let (health, scale_up, scale_down) = match status.node_groups.last_mut() {
+            Some(group) if in_groups => (
+                &mut group.health,
+                &mut group.scale_up,
+                &mut group.scale_down,
+            ),
+            _ => (
+                &mut status.cluster_wide.health,
+                &mut status.cluster_wide.scale_up,
+                &mut status.cluster_wide.scale_down,
+            ),
+        };
+        match key {
+            "Health" => {
+                let counts = legacy_counts(rest);
+                let get = |k: &str| counts.iter().find(|(n, _)| *n == k).map_or(0, |(_, v)| *v);
+                health.status = word;
+                health.node_counts.registered.total = get("registered");
+                health.node_counts.registered.ready = get("ready");
+                health.node_counts.registered.not_started = get("notStarted");
+                health.node_counts.long_unregistered = get("longUnregistered");
+                health.cloud_provider_target = get("cloudProviderTarget");
+                health.min_size = get("minSize");
+                health.max_size = get("maxSize");
+            }
+            "ScaleUp" => scale_up.status = word,
+            "ScaleDown" => scale_down.status = word,
+            _ => {}
+        }
+    }
+    status
+}
+
+/// The `name=number` pairs of a 1.29 status message.
+fn legacy_counts(message: &str) -> Vec<(&str, i64)> {
+    message
+        .split(|c: char| c.is_whitespace() || matches!(c, '(' | ')' | ','))
+        .filter_map(|token| token.split_once('='))
+        .filter_map(|(name, value)| Some((name, value.parse().ok()?)))
+        .collect()
 }
 
 /// What cluster-autoscaler writes into its status ConfigMap (key `status`), reduced to
@@ -402,6 +811,153 @@ nodeGroups:
         assert_eq!(group.health.node_counts.registered.ready, 1);
         assert_eq!(group.health.node_counts.unregistered, 1);
         assert_eq!(group.scale_up.status, "InProgress");
+    }
+
+    #[test]
+    fn reads_the_status_text_of_1_29() {
+        // As clusterstate/api/utils.go GetReadableString of 1.29.5 writes it.
+        let text = "Cluster-autoscaler status at 2026-11-26 12:00:00.000 +0000 UTC:
+Cluster-wide:
+  Health:      Healthy (ready=3 unready=0 (resourceUnready=0) notStarted=1 longNotStarted=0 registered=4 longUnregistered=0)
+               LastProbeTime:      2026-11-26 12:00:00 +0000 UTC
+               LastTransitionTime: 2026-11-26 11:59:00 +0000 UTC
+  ScaleUp:     InProgress (ready=3 registered=4)
+               LastProbeTime:      2026-11-26 12:00:00 +0000 UTC
+               LastTransitionTime: 2026-11-26 11:59:00 +0000 UTC
+  ScaleDown:   NoCandidates (candidates=0)
+               LastProbeTime:      2026-11-26 12:00:00 +0000 UTC
+               LastTransitionTime: 2026-11-26 11:59:00 +0000 UTC
+
+NodeGroups:
+  Name:        MachineDeployment/demo/workers
+  Health:      Healthy (ready=1 unready=0 (resourceUnready=0) notStarted=1 longNotStarted=0 registered=2 longUnregistered=1 cloudProviderTarget=3 (minSize=1, maxSize=5))
+               LastProbeTime:      2026-11-26 12:00:00 +0000 UTC
+               LastTransitionTime: 2026-11-26 11:59:00 +0000 UTC
+  ScaleUp:     InProgress (ready=1 cloudProviderTarget=3)
+               LastProbeTime:      2026-11-26 12:00:00 +0000 UTC
+               LastTransitionTime: 2026-11-26 11:59:00 +0000 UTC
+  ScaleDown:   CandidatesPresent (candidates=1)
+               LastProbeTime:      2026-11-26 12:00:00 +0000 UTC
+               LastTransitionTime: 0001-01-01 00:00:00 +0000 UTC
+
+  Name:        MachineSet/demo/other
+  Health:      Unhealthy (ready=0 unready=0 (resourceUnready=0) notStarted=0 longNotStarted=0 registered=0 longUnregistered=0 cloudProviderTarget=0 (minSize=0, maxSize=2))
+               LastProbeTime:      2026-11-26 12:00:00 +0000 UTC
+               LastTransitionTime: 2026-11-26 11:59:00 +0000 UTC
+  ScaleUp:     Backoff (ready=0 cloudProviderTarget=0)
+               LastProbeTime:      2026-11-26 12:00:00 +0000 UTC
+               LastTransitionTime: 2026-11-26 11:59:00 +0000 UTC
+  ScaleDown:   NoCandidates (candidates=0)
+               LastProbeTime:      2026-11-26 12:00:00 +0000 UTC
+               LastTransitionTime: 0001-01-01 00:00:00 +0000 UTC
+
+";
+        let status = parse_status(text).expect("parses");
+        assert_eq!(status.autoscaler_status, "Running");
+        assert_eq!(status.cluster_wide.health.status, "Healthy");
+        assert_eq!(status.cluster_wide.health.node_counts.registered.total, 4);
+        assert_eq!(status.cluster_wide.scale_up.status, "InProgress");
+        assert_eq!(status.cluster_wide.scale_down.status, "NoCandidates");
+        assert_eq!(status.node_groups.len(), 2);
+        let group = &status.node_groups[0];
+        assert_eq!(group.name, "MachineDeployment/demo/workers");
+        assert_eq!(group.health.status, "Healthy");
+        assert_eq!(group.health.cloud_provider_target, 3);
+        assert_eq!((group.health.min_size, group.health.max_size), (1, 5));
+        let counts = &group.health.node_counts;
+        assert_eq!(
+            (
+                counts.registered.total,
+                counts.registered.ready,
+                counts.registered.not_started
+            ),
+            (2, 1, 1)
+        );
+        assert_eq!(counts.long_unregistered, 1);
+        assert_eq!(group.scale_up.status, "InProgress");
+        assert_eq!(group.scale_down.status, "CandidatesPresent");
+        let other = &status.node_groups[1];
+        assert_eq!(other.name, "MachineSet/demo/other");
+        assert_eq!(
+            (other.health.status.as_str(), other.health.max_size),
+            ("Unhealthy", 2)
+        );
+        assert_eq!(other.scale_up.status, "Backoff");
+
+        let first = parse_status(
+            "Cluster-autoscaler status at 2026-11-26 12:00:00.000 +0000 UTC:\nInitializing",
+        )
+        .expect("parses");
+        assert_eq!(first.autoscaler_status, "Initializing");
+        assert!(first.node_groups.is_empty());
+    }
+
+    #[test]
+    fn releases_parse_and_order() {
+        let old = CaRelease::parse("1.29.5").expect("parses");
+        assert_eq!(old, CaRelease::new(29, 5));
+        assert_eq!(old.to_string(), "1.29.5");
+        assert!(old < CaRelease::new(30, 0) && CaRelease::new(34, 1) < CaRelease::new(34, 5));
+        for bad in ["1.29", "2.29.5", "1.29.x", "1.29.5.1", ""] {
+            assert!(CaRelease::parse(bad).is_err(), "{bad}");
+        }
+        let all = CaRelease::all_releases().expect("CA_BINARY_ALL_VERSIONS");
+        let pinned = CaRelease::pinned().expect("CA_VERSION");
+        assert_eq!(all.first(), Some(&old), "the oldest supported release");
+        assert_eq!(all.last(), Some(&pinned), "the newest is the pinned one");
+        assert!(all.windows(2).all(|w| w[0] < w[1]), "{all:?}");
+        let tested = CaRelease::test_releases().expect("CA_BINARY_TEST_VERSIONS");
+        assert!(tested.iter().all(|r| all.contains(r)), "{tested:?}");
+        assert_eq!(pinned.component().expect("pinned"), "cluster-autoscaler");
+        assert_eq!(old.component().expect("old"), "cluster-autoscaler-1.29.5");
+        assert!(pinned.has_clusterapi() && !old.has_clusterapi());
+    }
+
+    #[test]
+    fn every_release_takes_the_sandbox_defaults_and_old_ones_refuse_new_flags() {
+        let config = PathBuf::from("/cloud-config");
+        let external = || {
+            AutoscalerOptions::new(
+                CloudProvider::ExternalGrpc {
+                    cloud_config: config.clone(),
+                },
+                Path::new("/kubeconfig"),
+                "ns",
+            )
+        };
+        for release in CaRelease::all_releases().expect("CA_BINARY_ALL_VERSIONS") {
+            assert_eq!(external().unsupported(release), None, "{release}");
+        }
+        let old = CaRelease::new(29, 5);
+        let mut options = external();
+        options.extra_args.extend([
+            "--max-node-startup-time=1m".into(),
+            "--frequent-loops-enabled".into(),
+        ]);
+        let refused = options.unsupported(old).expect("refused");
+        assert!(
+            refused.contains("cluster-autoscaler 1.29.5 does not define --max-node-startup-time (defined by the built releases: 1.35.2 and later), --frequent-loops-enabled"),
+            "{refused}"
+        );
+        assert_eq!(options.unsupported(CaRelease::new(36, 1)), None);
+        options.extra_args = vec!["--max-empty-bulk-delete=5".into()];
+        assert_eq!(options.unsupported(CaRelease::new(32, 7)), None);
+        let gone = options.unsupported(CaRelease::new(33, 6)).expect("refused");
+        assert!(gone.contains("up to 1.32.7"), "{gone}");
+        let in_tree = AutoscalerOptions::new(
+            CloudProvider::ClusterApi {
+                auto_discovery: vec!["clusterapi:namespace=ns".into()],
+                management_kubeconfig: None,
+            },
+            Path::new("/kubeconfig"),
+            "ns",
+        );
+        assert!(
+            in_tree
+                .unsupported(old)
+                .is_some_and(|r| r.contains("externalgrpc provider only")),
+        );
+        assert_eq!(in_tree.unsupported(CaRelease::new(36, 1)), None);
     }
 
     #[test]

@@ -5,6 +5,9 @@
 #   tests/upstream/build.sh                 # all (the list in ALL below)
 #   tests/upstream/build.sh etcd kube       # just these
 #   tests/upstream/build.sh cluster-autoscaler example-server   # from ../shared/upstream tarballs
+#   tests/upstream/build.sh cluster-autoscaler-1.29.5   # the real CA binary of another release;
+#                                           # cluster-autoscaler-test: CA_BINARY_TEST_VERSIONS,
+#                                           # cluster-autoscaler-all: CA_BINARY_ALL_VERSIONS
 #   tests/upstream/build.sh conformance     # nodegroup-conformance (CA's externalgrpc client) for
 #                                           # CONFORMANCE_TEST_VERSIONS; conformance-all: every
 #                                           # CONFORMANCE_ALL_VERSIONS; conformance-1.31.5: one
@@ -16,7 +19,8 @@
 #
 # Output (fixed paths, symlinks into the versioned dirs):
 #   target/upstream/bin/{etcd,kube-apiserver,kube-controller-manager,kube-scheduler,kubectl,
-#                        capi-manager,cluster-autoscaler,externalgrpc-example-server,kwok,helm,
+#                        capi-manager,cluster-autoscaler(-<CA version>),
+#                        externalgrpc-example-server,kwok,helm,
 #                        nodegroup-conformance(-<CA version>), cherry-check,
 #                        cherry-check-intree, alicloud-check-intree}
 #   target/upstream/capi-crds/*.yaml     Cluster API core CRDs
@@ -48,7 +52,7 @@ export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=fa
 # committed go.sum pins the hash and no checksum-database lookup happens.
 export GONOSUMDB=${GONOSUMDB:-k8s.io/kubernetes}
 
-ALL=(etcd kube capi kwok helm ca-source ecosystem-crds cluster-autoscaler example-server conformance cherry-check alicloud-check)
+ALL=(etcd kube capi kwok helm ca-source ecosystem-crds cluster-autoscaler cluster-autoscaler-test example-server conformance cherry-check alicloud-check)
 
 KEY_etcd=etcd-v$ETCD_VERSION
 KEY_kube=kube-v$KUBERNETES_VERSION
@@ -61,6 +65,9 @@ KEY_ecosystem=ecosystem-crds-po$PROMETHEUS_OPERATOR_VERSION-cm$CERT_MANAGER_VERS
 # nodegroup-conformance, one per CA release (comma-separated lists in versions.env)
 IFS=, read -r -a CONFORMANCE_TEST <<<"$CONFORMANCE_TEST_VERSIONS"
 IFS=, read -r -a CONFORMANCE_ALL <<<"$CONFORMANCE_ALL_VERSIONS"
+# cluster-autoscaler-<version>, the real binary of one CA release (comma-separated lists)
+IFS=, read -r -a CA_BINARY_TEST <<<"$CA_BINARY_TEST_VERSIONS"
+IFS=, read -r -a CA_BINARY_ALL <<<"$CA_BINARY_ALL_VERSIONS"
 # conformance-<version>-<hash of tests/upstream/conformance/{*.go,ca-<version>/go.mod,go.sum} and
 # the build tags>: any source change gives a new key and so a rebuild (go's build cache keeps
 # that quick).
@@ -281,6 +288,70 @@ build_ca() {
     finish "$key"
   fi
   link_bin "$key" cluster-autoscaler
+}
+
+# cluster-autoscaler-<version>: the real binary of CA release <version> (one of
+# CA_BINARY_ALL_VERSIONS), bin/cluster-autoscaler-<version>, for the end-to-end tests and
+# `make compat` against older releases. Built like build_ca: from that release's checksum-verified
+# tarball, in its own tree, with its own go.mod and go.sum (-mod=readonly; no release vendors its
+# dependencies), -trimpath -ldflags "-s -w". The CA_VERSION release is build_ca itself (same
+# key, bin/cluster-autoscaler, which the sandbox runs for it).
+# A dependency the module proxy refuses (CONFORMANCE_SUBSTITUTE_<version>, versions.env: only
+# k8s.io/kubernetes v1.32.12 of CA 1.32.7) is replaced by the same substitute as in that release's
+# conformance client: the build reads a scratch copy of CA's go.mod with the replace line added
+# and CA's go.sum plus the substitute's two lines from the committed
+# tests/upstream/conformance/ca-<version>/go.sum (-modfile; the tree itself stays untouched).
+
+# ca_binary_tags VERSION -> the providers compiled in. Up to 1.35, cloudprovider/builder has one
+# builder_<provider>.go per build tag, each defining AvailableCloudProviders, DefaultCloudProvider
+# and buildCloudProvider, so a build takes one provider tag (two do not compile): externalgrpc.
+# From 1.36 providers register themselves (cloudprovider/router) and combine: clusterapi too, as
+# in build_ca (the in-tree provider the migration test compares with).
+ca_binary_tags() {
+  case $1 in
+    1.29.*|1.3[0-5].*) echo externalgrpc ;;
+    *) echo externalgrpc,clusterapi ;;
+  esac
+}
+
+# ca_binary_key VERSION -> cluster-autoscaler-<version>-<hash of the tarball's checksum, the tags
+# and the substitutes>; KEY_ca for CA_VERSION.
+ca_binary_key() {
+  local v=$1 sum=none f=$SHARED_UPSTREAM/cluster-autoscaler-$1.tar.xz.sha256
+  if [ "$v" = "$CA_VERSION" ]; then echo "$KEY_ca"; return 0; fi
+  [ -f "$f" ] && sum=$(cut -d' ' -f1 "$f")
+  printf 'cluster-autoscaler-%s-%s\n' "$v" \
+    "$( { echo "$sum"; ca_binary_tags "$v"; conformance_substitutes "$v"; } | sha256sum | cut -c1-12)"
+}
+
+build_ca_binary() {
+  local v=$1 key bin=cluster-autoscaler-$1 t tags d m mv sums modfile=()
+  if [ "$v" = "$CA_VERSION" ]; then build_ca; return 0; fi
+  key=$(ca_binary_key "$v")
+  tags=$(ca_binary_tags "$v")
+  if begin "$key" "$bin"; then
+    t=$(ca_source "$v")
+    grep -q "^const ClusterAutoscalerVersion = \"$v\"\$" "$t/version/version.go" \
+      || die "$t/version/version.go does not say $v"
+    if [ -n "$(conformance_substitutes "$v")" ]; then
+      d=$WORK/cluster-autoscaler-$v-modfile
+      rm -rf "$d"; mkdir -p "$d"
+      cp "$t/go.mod" "$t/go.sum" "$d/"; chmod u+w "$d/go.mod" "$d/go.sum"
+      while read -r m mv; do
+        go mod edit -replace="$m=$m@$mv" "$d/go.mod"
+        sums=$(grep -F -e "$m $mv h1:" -e "$m $mv/go.mod h1:" "$HERE/conformance/ca-$v/go.sum") || true
+        [ "$(grep -c . <<<"$sums")" -eq 2 ] \
+          || die "tests/upstream/conformance/ca-$v/go.sum has no hashes of $m $mv (the pin of CONFORMANCE_SUBSTITUTE_${v//./_}): build conformance-$v first"
+        printf '%s\n' "$sums" >>"$d/go.sum"
+      done < <(conformance_substitutes "$v")
+      modfile=(-modfile="$d/go.mod")
+    fi
+    ( cd "$t" && GOFLAGS="-mod=readonly -buildvcs=false" go build "${modfile[@]}" -p "$JOBS" -trimpath \
+        -tags "$tags" -ldflags "-s -w" -o "$OUT/$key.tmp/bin/$bin" . ) \
+      || die "building cluster-autoscaler $v (-tags $tags) failed"
+    finish "$key"
+  fi
+  link_bin "$key" "$bin"
 }
 
 # The upstream example externalgrpc server wrapping the in-tree clusterapi provider: the
@@ -587,6 +658,8 @@ for c in "${comps[@]}"; do
   case $c in
     conformance) expanded+=("${CONFORMANCE_TEST[@]/#/conformance-}") ;;
     conformance-all) expanded+=("${CONFORMANCE_ALL[@]/#/conformance-}") ;;
+    cluster-autoscaler-test) expanded+=("${CA_BINARY_TEST[@]/#/cluster-autoscaler-}") ;;
+    cluster-autoscaler-all) expanded+=("${CA_BINARY_ALL[@]/#/cluster-autoscaler-}") ;;
     *) expanded+=("$c") ;;
   esac
 done
@@ -604,6 +677,10 @@ for c in "${comps[@]}"; do
     kube) fn=build_kube key=$KEY_kube ;;
     capi) fn=build_capi key=$KEY_capi ;;
     cluster-autoscaler|ca) fn=build_ca key=$KEY_ca ;;
+    cluster-autoscaler-[0-9]*)
+      v=${c#cluster-autoscaler-}
+      [[ ",$CA_BINARY_ALL_VERSIONS," == *",$v,"* ]] || die "unknown component '$c' (CA_BINARY_ALL_VERSIONS: $CA_BINARY_ALL_VERSIONS)"
+      fn="build_ca_binary $v" key=$(ca_binary_key "$v") ;;
     ca-source) fn=build_ca_source key=work/cluster-autoscaler-$CA_VERSION ;;
     ecosystem-crds) fn=build_ecosystem_crds key=$KEY_ecosystem ;;
     example-server) fn=build_example key=$KEY_example ;;
@@ -617,7 +694,7 @@ for c in "${comps[@]}"; do
       fn="build_conformance $v" key=$(conformance_key "$v") ;;
     cherry-check) fn=build_cherry_check key=$KEY_cherry_check ;;
     alicloud-check) fn=build_alicloud_check key=$KEY_alicloud_check ;;
-    *) die "unknown component '$c' (known: ${ALL[*]} conformance-all conformance-<version>)" ;;
+    *) die "unknown component '$c' (known: ${ALL[*]} conformance-all conformance-<version> cluster-autoscaler-all cluster-autoscaler-<version>)" ;;
   esac
   if [ -d "$OUT/$key" ]; then state=cached; else state=built; fi
   set +e; ( set -e; $fn ); s=$?; set -e   # not in an `if`: that would switch off set -e inside
