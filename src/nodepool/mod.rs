@@ -10,5 +10,4 @@ pub mod deletions;
 #[cfg(test)]
 mod model;
 pub mod render;
-pub mod schedule;
 pub mod view;

@@ -9,7 +9,8 @@
 //! the create call (a lost answer is matched by the server's request tag), a deletion before
 //! the delete call. Pools are deleted with their servers (finalizer).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,8 +18,12 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
+use futures::StreamExt;
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::utils::PredicateConfig;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::json;
-use tokio::task::JoinSet;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::NodePool;
@@ -36,7 +41,6 @@ use crate::nodepool::backend::{
     NewServer, PoolBackend, Secrets, pool_key,
 };
 use crate::nodepool::converge::{self, Decision, Dropped, Observed, SeenNode};
-use crate::nodepool::schedule::PassSchedule;
 use crate::nodepool::{bootstrap, deletions, render, view};
 
 use super::nodes::WatchedNode;
@@ -44,6 +48,8 @@ use super::watches::Watches;
 use crate::index::{BACKEND_BOUNDS_FIELD, ClusterKey, SnapshotHandle};
 use crate::metrics::Metrics;
 
+/// How long a burst of changes to one pool is collected into one pass.
+const COALESCE: Duration = Duration::from_millis(200);
 /// How long shutdown waits for running passes.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 /// Longest one cluster's sweep of expired bootstrap tokens may take; one that takes longer is
@@ -159,6 +165,112 @@ impl Drop for TokenSweeps {
     }
 }
 
+/// Shared by the passes of one leadership term.
+struct PassContext {
+    controller: Arc<PoolController>,
+    snapshots: SnapshotHandle,
+    /// Bounds the passes running at once over every watched scope.
+    permits: Semaphore,
+    /// Failed passes in a row, per pool, for [`retry_after`].
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl PassContext {
+    /// How many passes hold a permit, out of `concurrency`.
+    fn permits_in_use(&self, concurrency: usize) -> usize {
+        concurrency.saturating_sub(self.permits.available_permits())
+    }
+
+    /// Records a pass's outcome; returns the failures in a row so far.
+    fn record(&self, key: &str, failed: bool) -> u32 {
+        let mut failures = self
+            .failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if failed {
+            let count = failures.entry(key.to_string()).or_default();
+            *count = count.saturating_add(1);
+            *count
+        } else {
+            failures.remove(key);
+            0
+        }
+    }
+}
+
+/// Why a pass asks to be retried before its pool's next regular pass.
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    /// The pool could not be read.
+    #[error("reading the NodePool: {0}")]
+    Read(#[source] kube::Error),
+    /// The status could not be written.
+    #[error("writing the NodePool status: {0}")]
+    Status(#[source] kube::Error),
+    /// The Kubernetes API failed during the pass.
+    #[error("{0}")]
+    Api(String),
+    /// The cloud refused or did not answer.
+    #[error("{0}")]
+    Backend(String),
+}
+
+/// First wait before retrying a failed pass; doubled per failure in a row, up to the
+/// controller's interval.
+const FIRST_RETRY: Duration = Duration::from_secs(2);
+
+/// The controller's reconcile function: one pass over `pool`, after a permit.
+async fn run_pass(pool: Arc<NodePool>, context: Arc<PassContext>) -> Result<Action, PassError> {
+    let Ok(_permit) = context.permits.acquire().await else {
+        return Ok(Action::await_change());
+    };
+    let this = &context.controller;
+    let outside_backend = outside_backend(&context.snapshots, &pool);
+    let (namespace, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
+    let outcome = this.reconcile(&namespace, &name, outside_backend).await;
+    context.record(&pool_key(&pool), outcome.is_err());
+    outcome.map(|()| Action::requeue(this.options.interval))
+}
+
+/// The controller's error policy: retries a failed pass after [`FIRST_RETRY`], doubled for
+/// each failure in a row, at most the regular interval.
+fn retry_after(pool: Arc<NodePool>, error: &PassError, context: Arc<PassContext>) -> Action {
+    let failures = context
+        .failures
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(&pool_key(&pool))
+        .copied()
+        .unwrap_or(1);
+    let wait = backoff(failures, context.controller.options.interval);
+    tracing::warn!(pool = %pool_key(&pool), %error, retry_in = ?wait, "NodePool pass failed");
+    Action::requeue(wait)
+}
+
+/// The wait before retrying after `failures` failed passes in a row: [`FIRST_RETRY`] doubled
+/// per failure after the first, at most `interval`.
+fn backoff(failures: u32, interval: Duration) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    FIRST_RETRY.saturating_mul(1 << doublings).min(interval)
+}
+
+/// Logs what the controller reports besides passes: watch errors, and passes for pools no
+/// longer cached. Failed passes are logged by [`retry_after`].
+fn log_controller_error(error: &controller::Error<PassError, watcher::Error>) {
+    match error {
+        controller::Error::ReconcilerFailed(..) => {}
+        controller::Error::ObjectNotFound(object) => {
+            tracing::debug!(%object, "NodePool gone before its pass");
+        }
+        controller::Error::QueueError(error) => {
+            tracing::warn!(%error, "watching NodePools failed; retrying");
+        }
+        controller::Error::RunnerError(error) => {
+            tracing::error!(%error, "the NodePool controller's scheduler failed");
+        }
+    }
+}
+
 /// Why a pass stopped early; reported on the pool.
 #[derive(Debug)]
 enum Blocked {
@@ -193,99 +305,94 @@ impl PoolController {
     }
 
     /// Reconciles every pool for one leadership term (see [`super::leader::while_leading`]),
-    /// until `term` is cancelled; then lets the passes still running end (up to
-    /// [`SHUTDOWN_GRACE`]). Pools are passed over side by side (up to
-    /// [`PoolControllerOptions::concurrency`] at once, one pass per pool at a time), so a pool
-    /// whose cloud does not answer holds back no other pool. A term starts with a pass over
-    /// every pool.
+    /// until `term` is cancelled, with one kube-runtime [`Controller`] per watched scope:
+    /// - a pass is due when a pool's generation, scale-down ledger or deletion changes
+    ///   ([`pass_trigger`]; the pass's own status writes do not trigger one), and
+    ///   [`PoolControllerOptions::interval`] after the last pass otherwise;
+    /// - up to [`PoolControllerOptions::concurrency`] passes run at once over all scopes, never
+    ///   two over one pool, so a pool whose cloud does not answer holds back no other pool;
+    /// - a pass that fails on the Kubernetes API or the cloud is retried with a per-pool
+    ///   backoff ([`retry_after`]);
+    /// - at the end of the term no new pass starts and running passes get up to
+    ///   [`SHUTDOWN_GRACE`] to end; the rest are dropped, which their pools' next pass (on any
+    ///   replica) finishes like a crash.
+    ///
+    /// A term starts with a pass over every pool.
     pub async fn run(
         self: Arc<Self>,
-        mut snapshots: SnapshotHandle,
+        snapshots: SnapshotHandle,
         term: CancellationToken,
     ) -> anyhow::Result<()> {
-        let mut schedule = PassSchedule::new(self.options.concurrency);
-        let mut passes: JoinSet<()> = JoinSet::new();
-        let mut pass_of: HashMap<tokio::task::Id, String> = HashMap::new();
-        let mut last_full = Instant::now() - self.options.interval;
-        let mut token_sweeps = TokenSweeps::default();
-        loop {
-            let pools = self.watches.node_pools();
-            let full = last_full.elapsed() >= self.options.interval;
-            if full {
-                last_full = Instant::now();
-            }
-            let keyed = pools.iter().map(|p| (pool_key(p), fingerprint(p)));
-            for gone in schedule.observe(keyed, full) {
-                self.metrics.forget_pool(&gone);
-                for connector in &self.connectors {
-                    connector.forget(&gone);
-                }
-            }
-            for key in schedule.start() {
-                let Some(pool) = pools.iter().find(|p| pool_key(p) == key) else {
-                    schedule.finished(&key);
-                    continue;
-                };
-                let outside_backend = outside_backend(&snapshots, pool);
-                let (namespace, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
-                let this = self.clone();
-                let task = passes.spawn(async move {
-                    this.reconcile(&namespace, &name, outside_backend).await;
-                });
-                pass_of.insert(task.id(), key);
-            }
-            if full {
-                self.sweep_expired_tokens(&pools, &mut token_sweeps);
-            }
-            let wait = self.options.interval.saturating_sub(last_full.elapsed());
-            tokio::select! {
-                _ = term.cancelled() => {
-                    Self::finish_passes(passes, pass_of).await;
-                    return Ok(());
-                }
-                Some(ended) = passes.join_next_with_id() => {
-                    let id = match &ended {
-                        Ok((id, ())) => *id,
-                        Err(error) => {
-                            tracing::error!(%error, "a NodePool pass failed");
-                            error.id()
-                        }
-                    };
-                    if let Some(key) = pass_of.remove(&id) {
-                        schedule.finished(&key);
+        let concurrency = self.options.concurrency.max(1);
+        let context = Arc::new(PassContext {
+            controller: self.clone(),
+            snapshots,
+            permits: Semaphore::new(concurrency),
+            failures: Mutex::default(),
+        });
+        let controllers = self.watches.node_pool_apis().into_iter().map(|api| {
+            let (reader, writer) = reflector::store();
+            let trigger = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .modify(|pool: &mut NodePool| pool.managed_fields_mut().clear())
+                .reflect(writer)
+                .applied_objects()
+                .predicate_filter(pass_trigger, PredicateConfig::default());
+            Controller::for_stream(trigger, reader)
+                .with_config(
+                    controller::Config::default()
+                        .concurrency(u16::try_from(concurrency).unwrap_or(u16::MAX))
+                        .debounce(COALESCE),
+                )
+                .graceful_shutdown_on(term.clone().cancelled_owned())
+                .run(run_pass, retry_after, context.clone())
+                .for_each(|outcome| async move {
+                    if let Err(error) = outcome {
+                        log_controller_error(&error);
                     }
-                }
-                _ = tokio::time::sleep(wait) => {}
-                alive = snapshots.changed() => {
-                    if !alive {
-                        Self::finish_passes(passes, pass_of).await;
-                        return Ok(());
-                    }
-                    // Coalesce bursts of changes.
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
+                })
+        });
+        let controllers = futures::future::join_all(controllers);
+        tokio::pin!(controllers);
+        tokio::select! {
+            _ = &mut controllers => return Ok(()),
+            () = self.housekeeping(&context, &term) => {}
         }
-    }
-
-    /// Lets the passes still running end, for up to [`SHUTDOWN_GRACE`]; the rest are
-    /// dropped, which their pools' next pass (on any replica) finishes like a crash.
-    async fn finish_passes(mut passes: JoinSet<()>, mut pass_of: HashMap<tokio::task::Id, String>) {
-        let all_ended = async {
-            while let Some(ended) = passes.join_next_with_id().await {
-                let id = match ended {
-                    Ok((id, ())) => id,
-                    Err(error) => error.id(),
-                };
-                pass_of.remove(&id);
-            }
-        };
-        if tokio::time::timeout(SHUTDOWN_GRACE, all_ended)
+        // The term ended: no new pass starts; running ones get the grace period.
+        if tokio::time::timeout(SHUTDOWN_GRACE, controllers)
             .await
             .is_err()
         {
-            let cut: Vec<&String> = pass_of.values().collect();
-            tracing::warn!(pools = ?cut, grace = ?SHUTDOWN_GRACE, "NodePool passes still running at shutdown are cut off");
+            let running = context.permits_in_use(concurrency);
+            tracing::warn!(running, grace = ?SHUTDOWN_GRACE, "NodePool passes still running at shutdown are cut off");
+        }
+        Ok(())
+    }
+
+    /// Every [`PoolControllerOptions::interval`] until `term` ends: forgets the pools that are
+    /// gone (their metrics, failure counts and cached backend connections) and sweeps expired
+    /// bootstrap tokens.
+    async fn housekeeping(&self, context: &PassContext, term: &CancellationToken) {
+        let mut known: HashSet<String> = HashSet::new();
+        let mut token_sweeps = TokenSweeps::default();
+        let mut ticks = tokio::time::interval(self.options.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = term.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            let pools = self.watches.node_pools();
+            let current: HashSet<String> = pools.iter().map(|p| pool_key(p)).collect();
+            for gone in known.difference(&current) {
+                context.record(gone, false);
+                self.metrics.forget_pool(gone);
+                for connector in &self.connectors {
+                    connector.forget(gone);
+                }
+            }
+            known = current;
+            self.sweep_expired_tokens(&pools, &mut token_sweeps);
         }
     }
 
@@ -318,21 +425,19 @@ impl PoolController {
 
     /// One pass over pool `namespace/name`; every outcome is reported on the pool.
     /// `outside_backend` says how the index had to clamp its served bounds into the
-    /// backend's (`None` when the pool is not served: its spec is checked instead).
+    /// backend's (`None` when the pool is not served: its spec is checked instead). An error
+    /// says the pass should be retried soon: the Kubernetes API or the cloud failed.
     pub async fn reconcile(
         &self,
         namespace: &str,
         name: &str,
         outside_backend: Option<Vec<String>>,
-    ) {
+    ) -> Result<(), PassError> {
         let api: Api<NodePool> = Api::namespaced(self.client.clone(), namespace);
         let pool = match api.get_opt(name).await {
             Ok(Some(pool)) => pool,
-            Ok(None) => return,
-            Err(error) => {
-                tracing::warn!(%error, namespace, name, "cannot read NodePool; retrying next pass");
-                return;
-            }
+            Ok(None) => return Ok(()),
+            Err(error) => return Err(PassError::Read(error)),
         };
         let mut report = PassReport {
             outside_backend,
@@ -348,9 +453,15 @@ impl PoolController {
         if let Err(blocked) = &outcome {
             self.report_blocked(&pool, blocked);
         }
-        if let Err(error) = self.write_status(&api, &pool, &report, outcome.err()).await {
-            tracing::warn!(%error, namespace, name, "cannot write NodePool status; retrying next pass");
-        }
+        let retry = match &outcome {
+            Err(Blocked::Backend(error)) => Some(PassError::Backend(error.to_string())),
+            Err(Blocked::Api(message)) => Some(PassError::Api(message.clone())),
+            Ok(()) | Err(Blocked::Spec(..)) => None,
+        };
+        self.write_status(&api, &pool, &report, outcome.err())
+            .await
+            .map_err(PassError::Status)?;
+        retry.map_or(Ok(()), Err)
     }
 
     async fn pass(
@@ -1450,14 +1561,18 @@ fn outside_backend(snapshots: &SnapshotHandle, pool: &NodePool) -> Option<Vec<St
     })
 }
 
-/// What makes a pass due at once: a spec change (generation), the ledger, deletion.
-fn fingerprint(pool: &NodePool) -> String {
-    format!(
-        "{:?}|{:?}|{}",
+/// What makes a pass due, as a hash: the pool's generation (its spec), its scale-down ledger
+/// and whether it is being deleted. Status writes, including the pass's own, change none of
+/// them.
+fn pass_trigger(pool: &NodePool) -> Option<u64> {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (
         pool.metadata.generation,
         pool.annotations().get(LEDGER_ANNOTATION),
-        pool.metadata.deletion_timestamp.is_some()
+        pool.metadata.deletion_timestamp.is_some(),
     )
+        .hash(&mut hasher);
+    Some(hasher.finish())
 }
 
 fn reference(pool: &NodePool) -> ObjectReference {
@@ -1504,6 +1619,42 @@ mod tests {
             Err(other) => panic!("not a spec problem: {other:?}"),
             Ok(_) => panic!("accepted"),
         }
+    }
+
+    #[test]
+    fn a_failed_pass_is_retried_sooner_than_the_interval_and_backs_off_up_to_it() {
+        let interval = Duration::from_secs(15);
+        let waits: Vec<u64> = [1, 2, 3, 4, 5, 40, u32::MAX]
+            .into_iter()
+            .map(|failures| backoff(failures, interval).as_secs())
+            .collect();
+        assert_eq!(waits, [2, 4, 8, 15, 15, 15, 15]);
+    }
+
+    #[test]
+    fn only_the_spec_the_ledger_and_deletion_make_a_pass_due() {
+        let pool = cherry_pool(json!({"projectId": 1}), json!({}));
+        let trigger = pass_trigger(&pool);
+        let mut written = pool.clone();
+        written.status = Some(NodePoolStatus {
+            replicas: 3,
+            ..Default::default()
+        });
+        written.metadata.resource_version = Some("42".into());
+        written.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        assert_eq!(pass_trigger(&written), trigger, "status and finalizer writes");
+
+        let mut changed = pool.clone();
+        changed.metadata.generation = Some(2);
+        assert_ne!(pass_trigger(&changed), trigger, "a new generation");
+        let mut ledger = pool.clone();
+        ledger
+            .annotations_mut()
+            .insert(LEDGER_ANNOTATION.into(), "{}".into());
+        assert_ne!(pass_trigger(&ledger), trigger, "a ledger entry");
+        let mut deleting = pool;
+        deleting.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::now()));
+        assert_ne!(pass_trigger(&deleting), trigger, "deletion");
     }
 
     #[test]

@@ -31,7 +31,7 @@ use crate::capi::objects::{
     InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource, SharedApiResource,
     WatchedMachine,
 };
-use crate::capi::resources::CapiResources;
+use crate::discovery::CapiResources;
 use crate::index::state::{IndexState, NodeKey, ResourceKey};
 use crate::index::{
     ClusterKey, IndexInputs, NodeView, Snapshot, SnapshotPublisher, TemplateKey, TemplateKindState,
@@ -608,6 +608,19 @@ impl Watches {
             .as_ref()
             .map(Stores::state)
             .unwrap_or_default()
+    }
+
+    /// One NodePool API per watched scope (each watched namespace, or all namespaces), for a
+    /// controller that runs its own watch of pools.
+    pub fn node_pool_apis(&self) -> Vec<Api<NodePool>> {
+        let client = self.inner.client.clone();
+        match &self.inner.namespaces {
+            Some(namespaces) => namespaces
+                .iter()
+                .map(|ns| Api::namespaced(client.clone(), ns))
+                .collect(),
+            None => vec![Api::all(client)],
+        }
     }
 
     /// The cached NodePools.
