@@ -1,8 +1,8 @@
 //! The NodePool reconciler: on the leader, converges each pool's servers towards
 //! `spec.replicas` through its backend ([`converge`] decides, this module observes, acts and
-//! reports). It wakes when a pool's spec or scale-down ledger changes and every
-//! [`PoolControllerOptions::interval`] otherwise; pools are passed over side by side
-//! ([`crate::nodepool::schedule`]).
+//! reports). kube-runtime's [`Controller`] runs the passes: when a pool's spec or scale-down
+//! ledger changes and every [`PoolControllerOptions::interval`] otherwise, side by side over
+//! pools and one at a time per pool ([`PoolController::run`]).
 //!
 //! Intent is written before it is acted on, so a pass killed at any point is finished by the
 //! next one, on this replica or another: a creation is recorded in `status.instances` before
