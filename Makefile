@@ -50,7 +50,7 @@ test: upstream
 ## protocol's model at a larger bound, and 200 rounds of scale-down through the fault proxy.
 NGO_FAULT_ROUNDS ?= 200
 safety: upstream
-	$(CARGO) test --locked --features fault-injection --lib protocol_model -- --include-ignored
+	$(CARGO) test --locked -p ngo-index --lib protocol_model -- --include-ignored
 	NGO_FAULT_ROUNDS=$(NGO_FAULT_ROUNDS) $(CARGO) test --locked --features fault-injection --test safety
 
 ## End to end with the real Cluster API manager, kwok and a test infrastructure provider, and

@@ -7,21 +7,19 @@
 
 pub mod actuate;
 pub mod backends;
-pub mod capi;
-pub mod duration;
+pub mod discovery;
 pub mod events;
 pub mod fault;
-pub mod index;
 pub mod metrics;
 pub mod nodepool;
 pub mod pricing;
 pub mod probe;
 pub mod proto;
-pub mod quantity;
 pub mod runtime;
 pub mod server;
 pub mod status;
-pub mod template;
 
 /// The CRD types (crate `ngo-api`).
 pub use ngo_api as api;
+/// The index and the pure Cluster API model (crate `ngo-index`).
+pub use ngo_index::{capi, duration, index, quantity, template};

@@ -791,7 +791,7 @@ async fn annotation_changes_reach_answers_within_a_loop() {
 async fn every_rpc_is_unavailable_until_caches_sync() {
     use nodegroup_operator::proto::cloud_provider_server::CloudProvider;
     let client = admin_client().await;
-    let resources = nodegroup_operator::capi::resources::CapiResources::discover(
+    let resources = nodegroup_operator::discovery::CapiResources::discover(
         &client,
         "cluster.x-k8s.io",
         None,
@@ -921,7 +921,7 @@ async fn service_with_a_silent_api_server() -> (
     std::sync::Arc<nodegroup_operator::metrics::Metrics>,
 ) {
     use nodegroup_operator::actuate::CapiActuator;
-    use nodegroup_operator::capi::resources::CapiResources;
+    use nodegroup_operator::discovery::CapiResources;
     use nodegroup_operator::capi::{CapiKeys, ScalableKind};
     use nodegroup_operator::index::{
         ClusterKey, IndexInputs, NodeGroup, SnapshotHandle, Source, build_snapshot,

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use tokio_util::sync::CancellationToken;
 
 use crate::capi::ScalableKind;
-use crate::capi::resources::CapiResources;
+use crate::discovery::CapiResources;
 use crate::events::{EventPublisher, Severity};
 use crate::index::{ConfigWarning, ExclusionReason, PolicyRef, Snapshot, SnapshotHandle};
 

@@ -28,7 +28,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::actuate::{ActivityLog, CapiActuator};
 use crate::capi::CapiKeys;
 use crate::capi::autodiscovery::DiscoveryFilter;
-use crate::capi::resources::CapiResources;
+use crate::discovery::CapiResources;
 use crate::events::EventPublisher;
 use crate::index;
 use crate::metrics::Metrics;

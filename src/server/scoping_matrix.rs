@@ -20,7 +20,7 @@ use super::tls::{self, ReloadingTls, TlsFiles};
 use crate::actuate::CapiActuator;
 use crate::capi::keys::CapiKeys;
 use crate::capi::objects::{Machine, ScalableKind, ScalableResource};
-use crate::capi::resources::CapiResources;
+use crate::discovery::CapiResources;
 use crate::index::PriceList;
 use crate::index::{ClusterKey, IndexInputs, NodeView, Snapshot, SnapshotHandle, WorkloadState};
 use crate::proto::{self, cloud_provider_client::CloudProviderClient};

@@ -26,7 +26,7 @@ use super::activity::{ActivityLog, Direction};
 use super::deadline::MutationDeadline;
 use super::error::ActuateError;
 use crate::capi::objects::ScalableKind;
-use crate::capi::resources::CapiResources;
+use crate::discovery::CapiResources;
 use crate::capi::scale_down::protocol::{self, Decrement};
 use crate::capi::scale_down::{ScaleDownMark, pool_instance_key};
 use crate::capi::{CapiKeys, providerid};

@@ -911,7 +911,7 @@ mod tests {
 
     const NS: &str = "ns";
 
-    fn dynamic(v: Value) -> kube::api::DynamicObject {
+    fn dynamic(v: Value) -> kube::core::DynamicObject {
         serde_json::from_value(v).expect("fixture")
     }
 

@@ -5,7 +5,7 @@ use kube::Client;
 use kube::discovery::{ApiResource, Discovery};
 use thiserror::Error;
 
-use super::objects::ScalableKind;
+use crate::capi::ScalableKind;
 
 /// Discovery failed or the group is not served.
 #[derive(Debug, Error)]

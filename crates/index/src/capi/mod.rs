@@ -1,7 +1,7 @@
 //! Cluster API facts: annotation keys, object views, annotation parsing and auto-discovery.
 //!
 //! Everything here is pure: it reads `serde_json` values and strings and never talks to the
-//! API server. Discovery of the served group/version lives in `runtime`.
+//! API server. Discovery of the served group/version lives in the operator crate.
 
 pub mod annotations;
 pub mod autodiscovery;
@@ -9,7 +9,6 @@ pub mod groups;
 pub mod keys;
 pub mod objects;
 pub mod providerid;
-pub mod resources;
 pub mod scale_down;
 
 pub use keys::CapiKeys;

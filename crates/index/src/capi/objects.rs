@@ -10,7 +10,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{ApiResource, DynamicObject};
+use kube::core::{ApiResource, DynamicObject};
 use kube::core::DynamicResourceScope;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;

@@ -12,7 +12,7 @@ use crate::index::{ExclusionReason, InstanceState, NodeGroupLookup};
 const MIN: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";
 const MAX: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size";
 
-fn dynamic(v: Value) -> kube::api::DynamicObject {
+fn dynamic(v: Value) -> kube::core::DynamicObject {
     serde_json::from_value(v).unwrap()
 }
 
