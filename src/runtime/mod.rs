@@ -254,6 +254,34 @@ fn unix_socket(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListene
     Ok(listener)
 }
 
+/// Serves externalgrpc with `service` on the connections `incoming` yields until `shutdown`,
+/// then waits for the detached mutations still running; `what` names the server in errors.
+async fn serve_grpc<IO, IE>(
+    what: &'static str,
+    service: Arc<CloudProviderService>,
+    incoming: impl futures::Stream<Item = Result<IO, IE>>,
+    shutdown: CancellationToken,
+    mutations: tokio_util::task::TaskTracker,
+) -> anyhow::Result<()>
+where
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+    IO::ConnectInfo: Clone + Send + Sync + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let served = tonic::transport::Server::builder()
+        .add_service(CloudProviderServer::from_arc(service))
+        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+        .await
+        .context(what);
+    drain_mutations(mutations).await;
+    served
+}
+
 async fn drain_mutations(mutations: tokio_util::task::TaskTracker) {
     mutations.close();
     if !mutations.is_empty() {
@@ -489,27 +517,17 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .await
         .with_context(|| format!("binding gRPC address {}", config.grpc_address))?;
     let grpc_address = grpc_listener.local_addr()?;
-    let router = tonic::transport::Server::builder()
-        .add_service(CloudProviderServer::from_arc(service.clone()));
-    let grpc_shutdown = shutdown.clone();
     if let Some(path) = &config.grpc_unix_socket {
         let listener = unix_socket(path)?;
         tracing::info!(socket = %path.display(), scope = ?config.client_identity,
             "serving externalgrpc in plaintext on a Unix socket (co-located mode)");
-        let router =
-            tonic::transport::Server::builder().add_service(CloudProviderServer::from_arc(service));
-        let (shutdown, mutations) = (shutdown.clone(), mutations.clone());
-        tasks.spawn(async move {
-            let served = router
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(listener),
-                    shutdown.cancelled_owned(),
-                )
-                .await
-                .context("gRPC server on the Unix socket");
-            drain_mutations(mutations).await;
-            served
-        });
+        tasks.spawn(serve_grpc(
+            "gRPC server on the Unix socket",
+            service.clone(),
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            shutdown.clone(),
+            mutations.clone(),
+        ));
     }
     match &config.tls {
         Some(files) => {
@@ -520,29 +538,24 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             );
             let incoming = tls::incoming(grpc_listener, tls, shutdown.clone());
             tracing::info!(address = %grpc_address, "serving externalgrpc with mTLS (client certificates required)");
-            tasks.spawn(async move {
-                let served = router
-                    .serve_with_incoming_shutdown(incoming, grpc_shutdown.cancelled_owned())
-                    .await
-                    .context("gRPC server");
-                drain_mutations(mutations).await;
-                served
-            });
+            tasks.spawn(serve_grpc(
+                "gRPC server",
+                service,
+                incoming,
+                shutdown.clone(),
+                mutations,
+            ));
         }
         None => {
             tracing::warn!(address = %grpc_address,
                 "serving externalgrpc WITHOUT TLS (--insecure): anything that reaches this port can scale node groups");
-            tasks.spawn(async move {
-                let served = router
-                    .serve_with_incoming_shutdown(
-                        TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-                        grpc_shutdown.cancelled_owned(),
-                    )
-                    .await
-                    .context("gRPC server");
-                drain_mutations(mutations).await;
-                served
-            });
+            tasks.spawn(serve_grpc(
+                "gRPC server",
+                service,
+                TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+                shutdown.clone(),
+                mutations,
+            ));
         }
     }
 
