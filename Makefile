@@ -56,7 +56,7 @@ safety: upstream
 ## End to end with the real Cluster API manager, kwok and a test infrastructure provider, and
 ## NodePools on the Cherry Servers and Alibaba Cloud emulators with the real cluster-autoscaler.
 e2e: upstream
-	$(CARGO) test --locked --features nodegroup-operator/fault-injection --test e2e_capi --test e2e_ca --test cherry --test alicloud
+	$(CARGO) test --locked --features nodegroup-operator/fault-injection --test e2e_capi --test e2e_ca --test clouds
 
 unit:
 	$(CARGO) test --locked --workspace --lib
@@ -78,7 +78,7 @@ fmt:
 .PHONY: compat
 compat:
 	$(UPSTREAM) etcd kube capi conformance-all
-	NGO_COMPAT=1 $(CARGO) test --locked --test conformance compat_matrix -- --nocapture
+	NGO_COMPAT=1 $(CARGO) test --locked --test operator conformance::compat_matrix -- --nocapture
 	$(UPSTREAM) kwok cluster-autoscaler-all && NGO_COMPAT=1 $(CARGO) test --locked --features nodegroup-operator/fault-injection --test e2e_ca compat_ca_binaries -- --nocapture
 
 ## Side by side with the upstream peers (CA's example externalgrpc server, CA's in-tree clusterapi

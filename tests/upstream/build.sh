@@ -13,8 +13,8 @@
 #                                           # CONFORMANCE_ALL_VERSIONS; conformance-1.31.5: one
 #   tests/upstream/build.sh cherry-check    # cherrygo and CA's in-tree cherryservers provider vs the emulator
 #   tests/upstream/build.sh alicloud-check  # CA's in-tree alicloud provider (vendored SDK) vs the emulator
-#   tests/upstream/build.sh ca-source       # only extract CA's source (its Helm chart, for tests/chart.rs)
-#   tests/upstream/build.sh ecosystem-crds  # prometheus-operator and cert-manager CRDs (tests/helm.rs)
+#   tests/upstream/build.sh ca-source       # only extract CA's source (its Helm chart, for tests/packaging/chart.rs)
+#   tests/upstream/build.sh ecosystem-crds  # prometheus-operator and cert-manager CRDs (tests/packaging/helm.rs)
 #   tests/upstream/build.sh --layout        # print the fixed paths only
 #
 # Output (fixed paths, symlinks into the versioned dirs):
@@ -570,7 +570,7 @@ layout() {
 }
 
 # cherry-check: our own Go module in tests/upstream/cherry-check (go.mod and go.sum committed) that
-# drives the Cherry Servers emulator with the official clients (tests/cherry_api.rs runs both):
+# drives the Cherry Servers emulator with the official clients (tests/clouds/cherry_api.rs runs both):
 #   bin/cherry-check         main.go, with cherrygo $CHERRYGO_VERSION, Cherry Servers' Go client;
 #   bin/cherry-check-intree  intree/emulator_check_test.go compiled (go test -c) as a test of CA's
 #                            in-tree cloudprovider/cherryservers package, whose non-test files are
@@ -616,7 +616,7 @@ build_cherry_check() {
 
 # alicloud-check: our own Go module in tests/upstream/alicloud-check (go.mod and go.sum committed)
 # that drives the Alibaba Cloud ESS/ECS emulator with cluster-autoscaler's in-tree alicloud
-# provider and the SDK it vendors (tests/alicloud_api.rs runs it):
+# provider and the SDK it vendors (tests/clouds/alicloud_api.rs runs it):
 #   bin/alicloud-check-intree  intree/emulator_check_test.go compiled (go test -c) as a test of CA's
 #                              in-tree cloudprovider/alicloud package, whose non-test files are
 #                              copied unmodified from the extracted CA tree next to it.

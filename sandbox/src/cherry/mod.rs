@@ -49,7 +49,7 @@
 //!   whole seconds.
 //!
 //! cherrygo v4.2.0 and cluster-autoscaler's in-tree `cherryservers` provider read every one of
-//! these answers in `tests/cherry_api.rs` (`tests/upstream/cherry-check`), and Cherry Servers'
+//! these answers in `tests/clouds/cherry_api.rs` (`tests/upstream/cherry-check`), and Cherry Servers'
 //! published examples (`tests/fixtures/cherry`) are checked to have the emulator's shape.
 //!
 //! When given a cluster ([`CherryOptions::cluster`]), a server that reaches `active` boots:

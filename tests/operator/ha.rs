@@ -1,12 +1,10 @@
 //! Several replicas: every one serves gRPC from its own cache; one Lease elects the leader that
 //! writes status, and another takes over when it stops.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 #[tokio::test]
 async fn one_replica_leads_and_another_takes_over_when_it_stops() {

@@ -1,16 +1,14 @@
 //! mTLS on the gRPC endpoint: client certificates are required, must chain to the configured
 //! CA and be within their validity; rotated files take effect without a restart.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use ngo_sandbox::pki::{CertificateAuthority, IssuedCert};
 use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
 use nodegroup_operator::server::tls::{
     HandshakeLimits, Listener, ReloadingTls, TlsFiles, incoming_with,
 };
-use support::*;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 async fn call(

@@ -1,13 +1,11 @@
 //! NodeGroupPolicy end to end against a real kube-apiserver: validation by the API server,
 //! rules merged with annotations, conflicts, status, printer columns, events, pricing, options.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use nodegroup_operator::proto;
 use serde_json::json;
-use support::*;
 use tonic::Code;
 
 const WAIT: Duration = Duration::from_secs(20);

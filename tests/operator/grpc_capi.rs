@@ -1,16 +1,14 @@
 //! The externalgrpc server against a real kube-apiserver with the Cluster API CRDs: every RPC
 //! over real gRPC, scaling writes observed in the API server.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use k8s_pb::api::core::v1 as pb;
 use nodegroup_operator::proto::{self, ExternalGrpcNode};
 use prost::Message;
 use serde_json::json;
-use support::*;
 use tonic::Code;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -791,13 +789,10 @@ async fn annotation_changes_reach_answers_within_a_loop() {
 async fn every_rpc_is_unavailable_until_caches_sync() {
     use nodegroup_operator::proto::cloud_provider_server::CloudProvider;
     let client = admin_client().await;
-    let resources = nodegroup_operator::discovery::CapiResources::discover(
-        &client,
-        "cluster.x-k8s.io",
-        None,
-    )
-    .await
-    .unwrap();
+    let resources =
+        nodegroup_operator::discovery::CapiResources::discover(&client, "cluster.x-k8s.io", None)
+            .await
+            .unwrap();
     let actuator = nodegroup_operator::actuate::CapiActuator::new(
         client,
         resources,
@@ -921,8 +916,8 @@ async fn service_with_a_silent_api_server() -> (
     std::sync::Arc<nodegroup_operator::metrics::Metrics>,
 ) {
     use nodegroup_operator::actuate::CapiActuator;
-    use nodegroup_operator::discovery::CapiResources;
     use nodegroup_operator::capi::{CapiKeys, ScalableKind};
+    use nodegroup_operator::discovery::CapiResources;
     use nodegroup_operator::index::{
         ClusterKey, IndexInputs, NodeGroup, SnapshotHandle, Source, build_snapshot,
     };

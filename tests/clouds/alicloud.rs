@@ -7,16 +7,16 @@
 //! instances, activities and desired capacity, Nodes, Pods and Events.
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+
 use std::time::{Duration, Instant};
 
+use crate::sandbox;
 use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use ngo_sandbox::alicloud::{
     AccessKey, AliCloudEmulator, AliCloudOptions, FaultAction, InstanceState, ScalingGroupSpec,
 };
-use ngo_sandbox::environment::{SandboxInfo, start_for_process};
 use ngo_sandbox::proxy::LatencyProxy;
 use ngo_sandbox::stack::AutoscaledCluster;
 use ngo_sandbox::workload;
@@ -37,20 +37,6 @@ const WAIT: Duration = Duration::from_secs(150);
 const USER_DATA: &str = "#!/bin/bash\n\
 KUBELET_EXTRA_ARGS=\"--cloud-provider=external --provider-id=${REGION_ID}.${INSTANCE_ID} --node-labels={{.NodeLabels}}\"\n\
 kubeadm join --discovery-token-unsafe-skip-ca-verification --token {{.BootstrapTokenID}}.{{.BootstrapTokenSecret}} {{.APIServerEndpoint}}\n";
-
-fn sandbox() -> &'static SandboxInfo {
-    static SANDBOX: OnceLock<SandboxInfo> = OnceLock::new();
-    SANDBOX.get_or_init(|| {
-        let started = Instant::now();
-        let info = start_for_process().unwrap_or_else(|e| panic!("{e:#}"));
-        eprintln!(
-            "sandbox up in {:.1}s (logs: {})",
-            started.elapsed().as_secs_f64(),
-            info.log_dir.display()
-        );
-        info
-    })
-}
 
 /// One test's world: a namespace with a Cluster, the operator binary, an ESS emulator
 /// with scaling groups whose instances join the sandbox, and the credentials Secret.

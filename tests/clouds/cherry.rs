@@ -7,16 +7,16 @@
 //! decisions.
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+
 use std::time::{Duration, Instant};
 
+use crate::sandbox;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use ngo_sandbox::autoscaler::AutoscalerOptions;
 use ngo_sandbox::cherry::{CherryEmulator, CherryOptions, Lifecycle};
-use ngo_sandbox::environment::{SandboxInfo, start_for_process};
 use ngo_sandbox::stack::AutoscaledCluster;
 use ngo_sandbox::workload;
 use nodegroup_operator::api::NodePool;
@@ -36,20 +36,6 @@ const WAIT: Duration = Duration::from_secs(150);
 const USER_DATA: &str = "#!/bin/bash\n\
 KUBELET_EXTRA_ARGS=\"--cloud-provider=external --node-labels={{.NodeLabels}}\"\n\
 kubeadm join --discovery-token-unsafe-skip-ca-verification --token {{.BootstrapTokenID}}.{{.BootstrapTokenSecret}} {{.APIServerEndpoint}}\n";
-
-fn sandbox() -> &'static SandboxInfo {
-    static SANDBOX: OnceLock<SandboxInfo> = OnceLock::new();
-    SANDBOX.get_or_init(|| {
-        let started = Instant::now();
-        let info = start_for_process().unwrap_or_else(|e| panic!("{e:#}"));
-        eprintln!(
-            "sandbox up in {:.1}s (logs: {})",
-            started.elapsed().as_secs_f64(),
-            info.log_dir.display()
-        );
-        info
-    })
-}
 
 /// One test's world: a namespace with a Cluster, the operator binary, a Cherry Servers
 /// emulator whose servers join the sandbox, and the credentials Secret for it.

@@ -17,7 +17,7 @@
 //! their own), checks that a second release with the same names is refused, and runs the CRD
 //! upgrade step of docs/operations.md after a `helm upgrade` that leaves CRDs as they were.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,6 +25,8 @@ use std::process::Stdio;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::support::promql::Exposition;
+use crate::support::{TestNs, bounds, upstream_ca_chart};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
@@ -34,8 +36,6 @@ use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use ngo_sandbox::localpod::{self, LocalPod};
 use ngo_sandbox::{self as sandbox, CertificateAuthority, ControlPlane, ControlPlaneOptions};
 use serde_json::{Value, json};
-use support::promql::Exposition;
-use support::{TestNs, bounds, upstream_ca_chart};
 
 const RELEASE_NAMESPACE: &str = "ngo-system";
 /// The operator image's user (Dockerfile: `USER 65532:65532`).
@@ -668,7 +668,7 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
     ca.stop(Duration::from_secs(5));
 
     // --- The operator's live /metrics: the dashboard's queries use the labels the series have
-    // (names are checked against every family in tests/chart.rs; a live endpoint leaves out
+    // (names are checked against every family in tests/packaging/chart.rs; a live endpoint leaves out
     // families without samples).
     let text = sandbox::process::http_get(admin, "/metrics").unwrap();
     assert!(

@@ -19,8 +19,6 @@
 //! for every release of `CONFORMANCE_ALL_VERSIONS`, rewriting the table; otherwise it checks that
 //! the committed table is what the test releases produce.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
@@ -28,11 +26,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::*;
 use ngo_sandbox::ca_client::CaClient;
 use ngo_sandbox::pki::CertificateAuthority;
 use nodegroup_operator::server::tls::TlsFiles;
 use serde_json::{Value, json};
-use support::*;
 
 const WAIT: Duration = Duration::from_secs(30);
 const CAPACITY: &str = "capacity.cluster-autoscaler.kubernetes.io/";

@@ -2,18 +2,18 @@
 //! every operation (the whole suite runs the operator as the chart's ServiceAccount, see
 //! `support::rbac`); a permission taken away is reported as PermissionDenied naming it.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::support::*;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, PostParams};
 use nodegroup_operator::proto;
 use serde_json::json;
-use support::*;
 use tonic::Code;
 
 #[test]
@@ -563,7 +563,7 @@ fn bad_values_fail_with_the_value_and_the_reason() {
 }
 
 /// The golden rendering of the defaults. To update it after a deliberate chart change:
-/// `NGO_UPDATE_GOLDEN=1 cargo test --test chart default_rendering_matches_the_golden_file`,
+/// `NGO_UPDATE_GOLDEN=1 cargo test --test packaging chart::default_rendering_matches_the_golden_file`,
 /// then review the diff.
 #[test]
 fn default_rendering_matches_the_golden_file() {
@@ -588,7 +588,7 @@ fn default_rendering_matches_the_golden_file() {
             .collect();
         panic!(
             "the default rendering differs from tests/golden/chart-defaults.yaml ({} vs {} lines):\n{}\n\
-             If the change is intended: NGO_UPDATE_GOLDEN=1 cargo test --test chart default_rendering_matches_the_golden_file",
+             If the change is intended: NGO_UPDATE_GOLDEN=1 cargo test --test packaging chart::default_rendering_matches_the_golden_file",
             rendered.lines().count(),
             expected.lines().count(),
             diff.join("\n")

@@ -1,12 +1,11 @@
 //! Hostile and malformed input: every answer is an honest gRPC status with a precise message,
 //! nothing changes in the API server, and the server keeps serving the next real client.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use k8s_pb::api::core::v1 as pb;
 use kube::ResourceExt;
 use ngo_sandbox::pki::{CertificateAuthority, IssuedCert};
@@ -16,7 +15,6 @@ use nodegroup_operator::proto::{
 use nodegroup_operator::server::tls::TlsFiles;
 use prost::Message as _;
 use serde_json::json;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Code, Status};

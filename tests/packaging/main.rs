@@ -1,0 +1,10 @@
+//! What users install and what cluster-autoscaler compiles against: the Helm chart (rendered
+//! and installed), the checked-in CRDs and examples, and the externalgrpc protocol file.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod chart;
+mod crds;
+mod helm;
+mod proto;
