@@ -31,12 +31,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode, header};
-use http_body_util::{BodyExt as _, Full};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client as HyperClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use rustls::pki_types::CertificateDer;
+use http_body_util::Full;
+use ngo_cloud_http::{CertificateDer, HttpClient, HttpOptions, SendError};
 use serde::de::DeserializeOwned;
 
 use super::credentials::{Credentials, CredentialsProvider};
@@ -176,11 +172,11 @@ impl RetryPolicy {
     }
 }
 
-/// The HTTP layer: a pooled hyper client speaking HTTP/1.1 over plain TCP or rustls, and the
-/// retry loop. Cheap to clone.
+/// The HTTP layer: the pooled client over plain TCP or rustls ([`HttpClient`]), the
+/// `User-Agent`, and the retry loop. Cheap to clone.
 #[derive(Clone)]
 pub struct Transport {
-    http: HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    http: HttpClient,
     options: TransportOptions,
 }
 
@@ -195,35 +191,11 @@ pub(crate) enum Sent {
 impl Transport {
     /// A transport trusting the system's roots plus `extra_root_certificates`.
     pub fn new(options: TransportOptions) -> Result<Self, Error> {
-        let mut roots = rustls::RootCertStore::empty();
-        let native = rustls_native_certs::load_native_certs();
-        for e in &native.errors {
-            tracing::debug!(error = %e, "loading a system root certificate");
-        }
-        roots.add_parsable_certificates(native.certs);
-        let (_, rejected) =
-            roots.add_parsable_certificates(options.extra_root_certificates.clone());
-        if rejected > 0 {
-            return Err(Error::Config(format!(
-                "{rejected} extra root certificates do not parse"
-            )));
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Config(format!("TLS: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let http = HyperClient::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        let http = HttpClient::new(&HttpOptions {
+            extra_root_certificates: options.extra_root_certificates.clone(),
+            ..HttpOptions::new(options.timeout)
+        })
+        .map_err(|e| Error::Config(e.to_string()))?;
         Ok(Self { http, options })
     }
 
@@ -236,30 +208,15 @@ impl Transport {
         if let Ok(agent) = header::HeaderValue::from_str(&self.options.user_agent) {
             request.headers_mut().insert(header::USER_AGENT, agent);
         }
-        let exchange = async {
-            let response = self
-                .http
-                .request(request)
-                .await
-                .map_err(|e| Error::Transport {
+        match self.http.send(request).await {
+            Ok(answer) => Ok(Sent::Answer(answer.status, answer.body)),
+            Err(SendError::Timeout(_)) => Ok(Sent::Timeout),
+            Err(SendError::Connect(message) | SendError::Broken(message)) => {
+                Err(Error::Transport {
                     action: action.to_string(),
-                    message: error_chain(&e),
-                })?;
-            let status = response.status();
-            let body = response
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| Error::Transport {
-                    action: action.to_string(),
-                    message: format!("reading the answer: {}", error_chain(&e)),
-                })?
-                .to_bytes();
-            Ok::<_, Error>(Sent::Answer(status, body))
-        };
-        match tokio::time::timeout(self.options.timeout, exchange).await {
-            Ok(result) => result,
-            Err(_) => Ok(Sent::Timeout),
+                    message,
+                })
+            }
         }
     }
 
@@ -328,17 +285,6 @@ impl Transport {
             }
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// Everything [`Client::new`] needs.

@@ -28,11 +28,11 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use http::{Method, Request};
 use http_body_util::Full;
+use ngo_cloud_http::lenient;
 use serde::Deserialize;
 
 use super::client::{RetryPolicy, Sent, Transport, TransportOptions};
 use super::error::Error;
-use super::fuzzy;
 use super::sts::{self, AssumeRoleWithOidc};
 
 /// An AccessKey pair, with the STS token and expiry of temporary credentials.
@@ -351,20 +351,17 @@ pub const METADATA_ENDPOINT: &str = "http://100.100.100.200";
 const METADATA_ATTEMPTS: u32 = 5;
 
 #[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase", default)]
 struct RoleAuth {
-    #[serde(rename = "Code", default, deserialize_with = "fuzzy::string")]
+    #[serde(deserialize_with = "lenient::string")]
     code: String,
-    #[serde(rename = "AccessKeyId", default, deserialize_with = "fuzzy::string")]
+    #[serde(deserialize_with = "lenient::string")]
     access_key_id: String,
-    #[serde(
-        rename = "AccessKeySecret",
-        default,
-        deserialize_with = "fuzzy::string"
-    )]
+    #[serde(deserialize_with = "lenient::string")]
     access_key_secret: String,
-    #[serde(rename = "SecurityToken", default, deserialize_with = "fuzzy::string")]
+    #[serde(deserialize_with = "lenient::string")]
     security_token: String,
-    #[serde(rename = "Expiration", default, deserialize_with = "fuzzy::string")]
+    #[serde(deserialize_with = "lenient::string")]
     expiration: String,
 }
 

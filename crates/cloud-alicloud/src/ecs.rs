@@ -6,11 +6,11 @@
 
 use std::collections::HashSet;
 
+use ngo_cloud_http::lenient;
 use serde::Deserialize;
 
 use super::client::{Client, Product};
 use super::error::Error;
-use super::fuzzy;
 use super::model::InstanceType;
 
 /// Most types one call may name (`InstanceTypes.N`, N in 1..=10).
@@ -87,42 +87,37 @@ mod wire {
     use super::*;
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct DescribeInstanceTypes {
-        #[serde(rename = "NextToken", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub next_token: Option<String>,
-        #[serde(rename = "InstanceTypes", default, deserialize_with = "fuzzy::object")]
+        #[serde(rename = "InstanceTypes", deserialize_with = "lenient::object")]
         pub types: InstanceTypes,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct InstanceTypes {
-        #[serde(rename = "InstanceType", default, deserialize_with = "fuzzy::list")]
+        #[serde(rename = "InstanceType", deserialize_with = "lenient::list")]
         pub items: Vec<InstanceType>,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct InstanceType {
-        #[serde(rename = "InstanceTypeId", default, deserialize_with = "fuzzy::string")]
+        #[serde(rename = "InstanceTypeId", deserialize_with = "lenient::string")]
         pub id: String,
-        #[serde(
-            rename = "InstanceTypeFamily",
-            default,
-            deserialize_with = "fuzzy::string"
-        )]
+        #[serde(rename = "InstanceTypeFamily", deserialize_with = "lenient::string")]
         pub family: String,
-        #[serde(rename = "CpuCoreCount", default, deserialize_with = "fuzzy::u32")]
+        #[serde(rename = "CpuCoreCount", deserialize_with = "lenient::int")]
         pub cpu_cores: u32,
-        #[serde(rename = "MemorySize", default, deserialize_with = "fuzzy::f64")]
+        #[serde(rename = "MemorySize", deserialize_with = "lenient::float")]
         pub memory_gib: f64,
-        #[serde(rename = "GPUAmount", default, deserialize_with = "fuzzy::u32")]
+        #[serde(rename = "GPUAmount", deserialize_with = "lenient::int")]
         pub gpu_amount: u32,
-        #[serde(rename = "GPUSpec", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(rename = "GPUSpec", deserialize_with = "lenient::opt_string")]
         pub gpu_spec: Option<String>,
-        #[serde(
-            rename = "CpuArchitecture",
-            default,
-            deserialize_with = "fuzzy::opt_string"
-        )]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub cpu_architecture: Option<String>,
     }
 }

@@ -5,10 +5,10 @@
 use std::fmt;
 use std::time::Duration;
 
+use ngo_cloud_http::lenient;
 use serde::Deserialize;
 
 use super::credentials::CredentialsError;
-use super::fuzzy;
 
 /// An error response: HTTP status plus the JSON body `{RequestId, HostId, Code, Message,
 /// Recommend}` (every field optional), as the SDK's `NewServerError`
@@ -29,17 +29,18 @@ pub struct ApiError {
     pub recommend: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase", default)]
 struct ErrorBody {
-    #[serde(rename = "Code", default, deserialize_with = "fuzzy::string")]
+    #[serde(deserialize_with = "lenient::string")]
     code: String,
-    #[serde(rename = "Message", default, deserialize_with = "fuzzy::string")]
+    #[serde(deserialize_with = "lenient::string")]
     message: String,
-    #[serde(rename = "RequestId", default, deserialize_with = "fuzzy::opt_string")]
+    #[serde(deserialize_with = "lenient::opt_string")]
     request_id: Option<String>,
-    #[serde(rename = "HostId", default, deserialize_with = "fuzzy::opt_string")]
+    #[serde(deserialize_with = "lenient::opt_string")]
     host_id: Option<String>,
-    #[serde(rename = "Recommend", default, deserialize_with = "fuzzy::opt_string")]
+    #[serde(deserialize_with = "lenient::opt_string")]
     recommend: Option<String>,
 }
 

@@ -10,11 +10,11 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use ngo_cloud_http::lenient;
 use serde::Deserialize;
 
 use super::client::{Client, Product, nonce};
 use super::error::Error;
-use super::fuzzy;
 use super::model::{
     ActivityStatus, GroupLifecycleState, InstanceLifecycleState, RemovalFailure,
     RemovalFailureReason, RemovalReport, RemoveOptions, ScaleOutStarted, ScalingActivity,
@@ -530,7 +530,7 @@ fn fail_all(
     }
 }
 
-/// The JSON shapes, tolerant per [`fuzzy`].
+/// The JSON shapes, tolerant per [`lenient`] (see the crate's documentation).
 pub(super) mod wire {
     use super::*;
 
@@ -539,310 +539,239 @@ pub(super) mod wire {
     pub struct Empty {}
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct ScaleStarted {
-        #[serde(
-            rename = "ScalingActivityId",
-            default,
-            deserialize_with = "fuzzy::opt_string"
-        )]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub scaling_activity_id: Option<String>,
-        #[serde(
-            rename = "ActivityType",
-            default,
-            deserialize_with = "fuzzy::opt_string"
-        )]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub activity_type: Option<String>,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct ActivityStarted {
-        #[serde(
-            rename = "ScalingActivityId",
-            default,
-            deserialize_with = "fuzzy::opt_string"
-        )]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub scaling_activity_id: Option<String>,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct DescribeScalingGroups {
-        #[serde(rename = "ScalingGroups", default, deserialize_with = "fuzzy::object")]
+        #[serde(rename = "ScalingGroups", deserialize_with = "lenient::object")]
         pub groups: ScalingGroups,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct ScalingGroups {
-        #[serde(rename = "ScalingGroup", default, deserialize_with = "fuzzy::list")]
+        #[serde(rename = "ScalingGroup", deserialize_with = "lenient::list")]
         pub items: Vec<ScalingGroup>,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct ScalingGroup {
-        #[serde(rename = "ScalingGroupId", default, deserialize_with = "fuzzy::string")]
+        #[serde(rename = "ScalingGroupId", deserialize_with = "lenient::string")]
         pub id: String,
-        #[serde(
-            rename = "ScalingGroupName",
-            default,
-            deserialize_with = "fuzzy::string"
-        )]
+        #[serde(rename = "ScalingGroupName", deserialize_with = "lenient::string")]
         pub name: String,
-        #[serde(rename = "RegionId", default, deserialize_with = "fuzzy::string")]
+        #[serde(deserialize_with = "lenient::string")]
         pub region_id: String,
-        #[serde(rename = "LifecycleState", default, deserialize_with = "fuzzy::string")]
+        #[serde(deserialize_with = "lenient::string")]
         pub lifecycle_state: String,
-        #[serde(rename = "MinSize", default, deserialize_with = "fuzzy::u32")]
+        #[serde(deserialize_with = "lenient::int")]
         pub min_size: u32,
-        #[serde(rename = "MaxSize", default, deserialize_with = "fuzzy::u32")]
+        #[serde(deserialize_with = "lenient::int")]
         pub max_size: u32,
-        #[serde(
-            rename = "DesiredCapacity",
-            default,
-            deserialize_with = "fuzzy::opt_u32"
-        )]
+        #[serde(deserialize_with = "lenient::opt_int")]
         pub desired_capacity: Option<u32>,
-        #[serde(
-            rename = "EnableDesiredCapacity",
-            default,
-            deserialize_with = "fuzzy::opt_bool"
-        )]
+        #[serde(deserialize_with = "lenient::opt_bool")]
         pub enable_desired_capacity: Option<bool>,
-        #[serde(rename = "TotalCapacity", default, deserialize_with = "fuzzy::u32")]
+        #[serde(deserialize_with = "lenient::int")]
         pub total_capacity: u32,
-        #[serde(rename = "ActiveCapacity", default, deserialize_with = "fuzzy::u32")]
+        #[serde(deserialize_with = "lenient::int")]
         pub active_capacity: u32,
-        #[serde(rename = "PendingCapacity", default, deserialize_with = "fuzzy::u32")]
+        #[serde(deserialize_with = "lenient::int")]
         pub pending_capacity: u32,
-        #[serde(rename = "RemovingCapacity", default, deserialize_with = "fuzzy::u32")]
+        #[serde(deserialize_with = "lenient::int")]
         pub removing_capacity: u32,
-        #[serde(rename = "InitCapacity", default, deserialize_with = "fuzzy::u32")]
+        #[serde(deserialize_with = "lenient::int")]
         pub init_capacity: u32,
-        #[serde(rename = "StandbyCapacity", default, deserialize_with = "fuzzy::u32")]
+        #[serde(deserialize_with = "lenient::int")]
         pub standby_capacity: u32,
-        #[serde(
-            rename = "ActiveScalingConfigurationId",
-            default,
-            deserialize_with = "fuzzy::opt_string"
-        )]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub active_scaling_configuration_id: Option<String>,
-        #[serde(
-            rename = "LaunchTemplateId",
-            default,
-            deserialize_with = "fuzzy::opt_string"
-        )]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub launch_template_id: Option<String>,
-        #[serde(rename = "VSwitchId", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(rename = "VSwitchId", deserialize_with = "lenient::opt_string")]
         pub vswitch_id: Option<String>,
-        #[serde(rename = "VSwitchIds", default, deserialize_with = "fuzzy::object")]
+        #[serde(rename = "VSwitchIds", deserialize_with = "lenient::object")]
         pub vswitch_ids: VSwitchIds,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct VSwitchIds {
-        #[serde(rename = "VSwitchId", default, deserialize_with = "fuzzy::list")]
+        #[serde(rename = "VSwitchId", deserialize_with = "lenient::list")]
         pub items: Vec<String>,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct DescribeScalingInstances {
-        #[serde(rename = "TotalCount", default, deserialize_with = "fuzzy::u32")]
+        #[serde(deserialize_with = "lenient::int")]
         pub total_count: u32,
-        #[serde(
-            rename = "ScalingInstances",
-            default,
-            deserialize_with = "fuzzy::object"
-        )]
+        #[serde(rename = "ScalingInstances", deserialize_with = "lenient::object")]
         pub instances: ScalingInstances,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct ScalingInstances {
-        #[serde(rename = "ScalingInstance", default, deserialize_with = "fuzzy::list")]
+        #[serde(rename = "ScalingInstance", deserialize_with = "lenient::list")]
         pub items: Vec<ScalingInstance>,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct ScalingInstance {
-        #[serde(rename = "InstanceId", default, deserialize_with = "fuzzy::string")]
+        #[serde(deserialize_with = "lenient::string")]
         pub instance_id: String,
-        #[serde(rename = "LifecycleState", default, deserialize_with = "fuzzy::string")]
+        #[serde(deserialize_with = "lenient::string")]
         pub lifecycle_state: String,
-        #[serde(rename = "HealthStatus", default, deserialize_with = "fuzzy::string")]
+        #[serde(deserialize_with = "lenient::string")]
         pub health_status: String,
-        #[serde(rename = "CreationType", default, deserialize_with = "fuzzy::string")]
+        #[serde(deserialize_with = "lenient::string")]
         pub creation_type: String,
-        #[serde(rename = "ZoneId", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub zone_id: Option<String>,
-        #[serde(
-            rename = "InstanceType",
-            default,
-            deserialize_with = "fuzzy::opt_string"
-        )]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub instance_type: Option<String>,
-        #[serde(
-            rename = "ScalingConfigurationId",
-            default,
-            deserialize_with = "fuzzy::opt_string"
-        )]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub scaling_configuration_id: Option<String>,
-        #[serde(
-            rename = "ScalingActivityId",
-            default,
-            deserialize_with = "fuzzy::opt_string"
-        )]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub scaling_activity_id: Option<String>,
-        #[serde(
-            rename = "CreationTime",
-            default,
-            deserialize_with = "fuzzy::opt_string"
-        )]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub creation_time: Option<String>,
-        #[serde(rename = "Entrusted", default, deserialize_with = "fuzzy::bool")]
+        #[serde(deserialize_with = "lenient::bool")]
         pub entrusted: bool,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct DescribeScalingConfigurations {
-        #[serde(
-            rename = "ScalingConfigurations",
-            default,
-            deserialize_with = "fuzzy::object"
-        )]
+        #[serde(rename = "ScalingConfigurations", deserialize_with = "lenient::object")]
         pub configurations: ScalingConfigurations,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct ScalingConfigurations {
-        #[serde(
-            rename = "ScalingConfiguration",
-            default,
-            deserialize_with = "fuzzy::list"
-        )]
+        #[serde(rename = "ScalingConfiguration", deserialize_with = "lenient::list")]
         pub items: Vec<ScalingConfiguration>,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct ScalingConfiguration {
         #[serde(
             rename = "ScalingConfigurationId",
-            default,
-            deserialize_with = "fuzzy::string"
+            deserialize_with = "lenient::string"
         )]
         pub id: String,
         #[serde(
             rename = "ScalingConfigurationName",
-            default,
-            deserialize_with = "fuzzy::string"
+            deserialize_with = "lenient::string"
         )]
         pub name: String,
-        #[serde(rename = "LifecycleState", default, deserialize_with = "fuzzy::string")]
+        #[serde(deserialize_with = "lenient::string")]
         pub lifecycle_state: String,
-        #[serde(
-            rename = "InstanceType",
-            default,
-            deserialize_with = "fuzzy::opt_string"
-        )]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub instance_type: Option<String>,
-        #[serde(rename = "InstanceTypes", default, deserialize_with = "fuzzy::object")]
+        #[serde(deserialize_with = "lenient::object")]
         pub instance_types: InstanceTypes,
-        #[serde(rename = "ImageId", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub image_id: Option<String>,
-        #[serde(rename = "Tags", default, deserialize_with = "fuzzy::object")]
+        #[serde(deserialize_with = "lenient::object")]
         pub tags: Tags,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct InstanceTypes {
-        #[serde(rename = "InstanceType", default, deserialize_with = "fuzzy::list")]
+        #[serde(rename = "InstanceType", deserialize_with = "lenient::list")]
         pub items: Vec<String>,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct Tags {
-        #[serde(rename = "Tag", default, deserialize_with = "fuzzy::list")]
+        #[serde(rename = "Tag", deserialize_with = "lenient::list")]
         pub items: Vec<Tag>,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct Tag {
-        #[serde(rename = "Key", default, deserialize_with = "fuzzy::string")]
+        #[serde(deserialize_with = "lenient::string")]
         pub key: String,
-        #[serde(rename = "Value", default, deserialize_with = "fuzzy::string")]
+        #[serde(deserialize_with = "lenient::string")]
         pub value: String,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct DescribeScalingActivities {
-        #[serde(rename = "TotalCount", default, deserialize_with = "fuzzy::u32")]
+        #[serde(deserialize_with = "lenient::int")]
         pub total_count: u32,
-        #[serde(
-            rename = "ScalingActivities",
-            default,
-            deserialize_with = "fuzzy::object"
-        )]
+        #[serde(rename = "ScalingActivities", deserialize_with = "lenient::object")]
         pub activities: ScalingActivities,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct ScalingActivities {
-        #[serde(rename = "ScalingActivity", default, deserialize_with = "fuzzy::list")]
+        #[serde(rename = "ScalingActivity", deserialize_with = "lenient::list")]
         pub items: Vec<ScalingActivity>,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct ScalingActivity {
-        #[serde(
-            rename = "ScalingActivityId",
-            default,
-            deserialize_with = "fuzzy::string"
-        )]
+        #[serde(rename = "ScalingActivityId", deserialize_with = "lenient::string")]
         pub id: String,
-        #[serde(rename = "StatusCode", default, deserialize_with = "fuzzy::string")]
+        #[serde(deserialize_with = "lenient::string")]
         pub status_code: String,
-        #[serde(rename = "StatusMessage", default, deserialize_with = "fuzzy::string")]
+        #[serde(deserialize_with = "lenient::string")]
         pub status_message: String,
-        #[serde(rename = "Cause", default, deserialize_with = "fuzzy::string")]
+        #[serde(deserialize_with = "lenient::string")]
         pub cause: String,
-        #[serde(rename = "Description", default, deserialize_with = "fuzzy::string")]
+        #[serde(deserialize_with = "lenient::string")]
         pub description: String,
-        #[serde(rename = "StartTime", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub start_time: Option<String>,
-        #[serde(rename = "EndTime", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub end_time: Option<String>,
-        #[serde(rename = "Progress", default, deserialize_with = "fuzzy::u32")]
+        #[serde(deserialize_with = "lenient::int")]
         pub progress: u32,
-        #[serde(rename = "ErrorCode", default, deserialize_with = "fuzzy::opt_string")]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub error_code: Option<String>,
-        #[serde(
-            rename = "ErrorMessage",
-            default,
-            deserialize_with = "fuzzy::opt_string"
-        )]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub error_message: Option<String>,
-        #[serde(
-            rename = "ActivityMetadata",
-            default,
-            deserialize_with = "fuzzy::opt_string"
-        )]
+        #[serde(deserialize_with = "lenient::opt_string")]
         pub activity_metadata: Option<String>,
-        #[serde(
-            rename = "CreatedInstances",
-            default,
-            deserialize_with = "fuzzy::object"
-        )]
+        #[serde(deserialize_with = "lenient::object")]
         pub created_instances: CreatedInstances,
-        #[serde(
-            rename = "ScalingInstanceNumber",
-            default,
-            deserialize_with = "fuzzy::u32"
-        )]
+        #[serde(deserialize_with = "lenient::int")]
         pub scaling_instance_number: u32,
-        #[serde(rename = "CreatedCapacity", default, deserialize_with = "fuzzy::u32")]
+        #[serde(deserialize_with = "lenient::int")]
         pub created_capacity: u32,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct CreatedInstances {
-        #[serde(rename = "CreatedInstance", default, deserialize_with = "fuzzy::list")]
+        #[serde(rename = "CreatedInstance", deserialize_with = "lenient::list")]
         pub items: Vec<String>,
     }
 }

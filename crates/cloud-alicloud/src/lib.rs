@@ -39,6 +39,16 @@
 //! [`ApiErrorKind`]: `ScalingActivityInProgress`, `IncorrectCapacity`, throttling...), and
 //! [`Error::is_transient`] says whether requeueing unchanged makes sense.
 //!
+//! Answers are read as tolerantly as the SDK's fuzzy decoders read them
+//! (`sdk/responses/json_parser.go` `registerBetterFuzzyDecoder`), through
+//! [`ngo_cloud_http::lenient`]: the API reference types numbers as strings while its samples
+//! show numbers, so strings accept numbers and booleans, integers and floats accept numeric
+//! strings and booleans, booleans accept `"true"`/`"false"` and numbers, and `null` or `""`
+//! is the zero value. Beyond the SDK, a wrapped list (`{"ScalingGroup": [...]}`) may be
+//! missing, `null`, `""` or an empty array in place of its wrapper object (the SDK has such a
+//! decoder, `tolerateEmptyArrayDecoder`, but never registers it), and a list may be a lone
+//! object, as XML-to-JSON gateways render one-element lists.
+//!
 //! Credentials ([`credentials`]): a static AccessKey, RRSA (`AssumeRoleWithOIDC` with the
 //! projected service-account token) or the ECS instance's RAM role; temporary ones are
 //! cached and refreshed before they expire. [`Client::set_credentials`] swaps the provider
@@ -49,7 +59,6 @@ pub mod credentials;
 pub mod ecs;
 mod error;
 pub mod ess;
-pub mod fuzzy;
 mod model;
 pub mod signature;
 pub mod sts;

@@ -7,12 +7,12 @@
 use bytes::Bytes;
 use http::{Method, Request, header};
 use http_body_util::Full;
+use ngo_cloud_http::lenient;
 use serde::Deserialize;
 
 use super::client::{RetryPolicy, Transport, nonce, timestamp_now};
 use super::credentials::Credentials;
 use super::error::Error;
-use super::fuzzy;
 use super::signature::percent_encode;
 
 /// STS API version.
@@ -45,24 +45,22 @@ impl std::fmt::Debug for AssumeRoleWithOidc {
 }
 
 #[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase", default)]
 struct Response {
-    #[serde(rename = "Credentials", default, deserialize_with = "fuzzy::object")]
+    #[serde(deserialize_with = "lenient::object")]
     credentials: WireCredentials,
 }
 
 #[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase", default)]
 struct WireCredentials {
-    #[serde(rename = "AccessKeyId", default, deserialize_with = "fuzzy::string")]
+    #[serde(deserialize_with = "lenient::string")]
     access_key_id: String,
-    #[serde(
-        rename = "AccessKeySecret",
-        default,
-        deserialize_with = "fuzzy::string"
-    )]
+    #[serde(deserialize_with = "lenient::string")]
     access_key_secret: String,
-    #[serde(rename = "SecurityToken", default, deserialize_with = "fuzzy::string")]
+    #[serde(deserialize_with = "lenient::string")]
     security_token: String,
-    #[serde(rename = "Expiration", default, deserialize_with = "fuzzy::string")]
+    #[serde(deserialize_with = "lenient::string")]
     expiration: String,
 }
 

@@ -4,11 +4,11 @@
 //! instance exists (cluster-autoscaler's alicloud provider leaves the zone label empty,
 //! `alicloud_manager.go` `buildNodeFromTemplate`).
 
+use ngo_cloud_http::lenient;
 use serde::Deserialize;
 
 use super::client::{Client, Product};
 use super::error::Error;
-use super::fuzzy;
 
 /// Typed VPC calls; from [`Client::vpc`].
 #[derive(Clone)]
@@ -50,22 +50,25 @@ mod wire {
     use super::*;
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct DescribeVSwitches {
-        #[serde(rename = "VSwitches", default, deserialize_with = "fuzzy::object")]
+        #[serde(rename = "VSwitches", deserialize_with = "lenient::object")]
         pub vswitches: VSwitches,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct VSwitches {
-        #[serde(rename = "VSwitch", default, deserialize_with = "fuzzy::list")]
+        #[serde(rename = "VSwitch", deserialize_with = "lenient::list")]
         pub items: Vec<VSwitch>,
     }
 
     #[derive(Deserialize, Default)]
+    #[serde(rename_all = "PascalCase", default)]
     pub struct VSwitch {
-        #[serde(rename = "VSwitchId", default, deserialize_with = "fuzzy::string")]
+        #[serde(rename = "VSwitchId", deserialize_with = "lenient::string")]
         pub id: String,
-        #[serde(rename = "ZoneId", default, deserialize_with = "fuzzy::string")]
+        #[serde(deserialize_with = "lenient::string")]
         pub zone_id: String,
     }
 }

@@ -18,11 +18,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client as HyperClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use http_body_util::Full;
+use ngo_cloud_http::{HttpClient, HttpOptions, SendError};
 use serde::de::DeserializeOwned;
 
 use super::error::CherryError;
@@ -83,20 +80,17 @@ impl fmt::Debug for ClientConfig {
     }
 }
 
-/// The pooled HTTP/1.1 client over plain TCP or rustls.
-type Http = HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
 /// A Cherry Servers API client. Clones share the connection pool and the pacing.
 #[derive(Clone)]
 pub struct CherryClient {
-    http: Http,
+    /// Pooled, with the configured timeout per request.
+    http: HttpClient,
     /// Base URL, ending with `/`; request paths are appended to it.
     base: String,
     /// Path part of `base`, for messages.
     base_path: String,
     /// Sent with every request; the `Authorization` value is marked sensitive.
     headers: Arc<HeaderMap>,
-    timeout: Duration,
     pacer: Arc<Pacer>,
 }
 
@@ -104,7 +98,7 @@ impl fmt::Debug for CherryClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CherryClient")
             .field("base", &self.base)
-            .field("timeout", &self.timeout)
+            .field("timeout", &self.http.timeout())
             .finish_non_exhaustive()
     }
 }
@@ -134,16 +128,6 @@ struct Answer {
     body: Bytes,
     /// `METHOD /path?query`, for messages.
     request: String,
-}
-
-/// Why one attempt got no answer.
-enum Failure {
-    /// Nothing within the configured timeout.
-    Timeout,
-    /// No connection (refused, DNS, TLS handshake).
-    Connect(String),
-    /// The connection broke while sending or reading.
-    Broken(String),
 }
 
 impl CherryClient {
@@ -196,12 +180,15 @@ impl CherryClient {
             (header::ACCEPT, json),
             (header::USER_AGENT, agent),
         ]);
+        // A pooled client trusting the system's root certificates (rustls with ring, as the
+        // rest of the operator).
+        let http = HttpClient::new(&HttpOptions::new(config.timeout))
+            .map_err(|e| invalid(e.to_string()))?;
         Ok(Self {
-            http: http_client()?,
+            http,
             base,
             base_path,
             headers: Arc::new(headers),
-            timeout: config.timeout,
             pacer: Arc::new(Pacer::new(config.requests_per_second)),
         })
     }
@@ -396,7 +383,11 @@ impl CherryClient {
                     tracing::debug!(request, attempt, error = %message, "cherry request failed");
                     return Err(CherryError::Unavailable(message));
                 }
-                Ok((status, headers, body)) => {
+                Ok(ngo_cloud_http::Answer {
+                    status,
+                    headers,
+                    body,
+                }) => {
                     tracing::debug!(
                         request,
                         attempt,
@@ -442,86 +433,32 @@ impl CherryClient {
         }
     }
 
-    /// One request and its whole answer, within the timeout. Dropping the future (or the
-    /// timeout firing) closes the connection; the pool never reuses a half-read one.
+    /// One request and its whole answer, within the timeout.
     async fn exchange(
         &self,
         call: &Call<'_>,
         uri: Uri,
-    ) -> Result<(StatusCode, HeaderMap, Bytes), Failure> {
+    ) -> Result<ngo_cloud_http::Answer, SendError> {
         let body = call.body.clone().map(Bytes::from).unwrap_or_default();
         let mut request = Request::new(Full::new(body));
         *request.method_mut() = call.method.clone();
         *request.uri_mut() = uri;
         *request.headers_mut() = (*self.headers).clone();
-        let exchange = async {
-            let response = self.http.request(request).await.map_err(|e| {
-                if e.is_connect() {
-                    Failure::Connect(source_chain(&e))
-                } else {
-                    Failure::Broken(source_chain(&e))
-                }
-            })?;
-            let (parts, body) = response.into_parts();
-            let body = body
-                .collect()
-                .await
-                .map_err(|e| Failure::Broken(format!("reading the answer: {}", source_chain(&e))))?
-                .to_bytes();
-            Ok((parts.status, parts.headers, body))
-        };
-        tokio::time::timeout(self.timeout, exchange)
-            .await
-            .unwrap_or(Err(Failure::Timeout))
+        self.http.send(request).await
     }
 
     fn path_of(&self, relative: &str) -> String {
         format!("{}{relative}", self.base_path)
     }
 
-    fn failure_message(&self, request: &str, call: &Call<'_>, failure: &Failure) -> String {
-        let what = match failure {
-            Failure::Timeout => format!("no answer within {:?}", self.timeout),
-            Failure::Connect(e) => format!("cannot connect: {e}"),
-            Failure::Broken(e) => e.clone(),
-        };
+    fn failure_message(&self, request: &str, call: &Call<'_>, failure: &SendError) -> String {
         match call.repeat {
-            Repeat::Safe => format!("{request}: {what}"),
+            Repeat::Safe => format!("{request}: {failure}"),
             Repeat::Never => format!(
-                "{request}: {what}; the request may have been carried out (list to find out)"
+                "{request}: {failure}; the request may have been carried out (list to find out)"
             ),
         }
     }
-}
-
-/// A pooled client trusting the system's root certificates (rustls with ring, as the rest
-/// of the operator).
-fn http_client() -> Result<Http, CherryError> {
-    let mut roots = rustls::RootCertStore::empty();
-    let native = rustls_native_certs::load_native_certs();
-    for e in &native.errors {
-        tracing::debug!(error = %e, "loading a system root certificate");
-    }
-    roots.add_parsable_certificates(native.certs);
-    if roots.is_empty() {
-        tracing::warn!("no system root certificates: HTTPS to the Cherry Servers API will fail");
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| CherryError::InvalidConfig(format!("TLS: {e}")))?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .build();
-    Ok(HyperClient::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector))
 }
 
 /// Whether a list is complete after a page of `count` items that brought the items seen to
@@ -550,17 +487,6 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let at = jiff::fmt::rfc2822::parse(value).ok()?.timestamp();
     let wait = at.duration_since(jiff::Timestamp::now());
     Some(Duration::try_from(wait).unwrap_or(Duration::ZERO))
-}
-
-fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut message = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }
 
 /// Turns a non-2xx answer into the error it stands for.

@@ -4,21 +4,23 @@
 //! The JSON shapes are those of the API as its SDKs model them (cherrygo `servers.go`,
 //! `plans.go`, `regions.go`; cherryservers-sdk-python `servers.py`, `plans.py`) and as
 //! cluster-autoscaler reads them (`cherry_types.go`). Decoding keeps only what callers use and
-//! is lenient where the API is loose: unknown fields are ignored, `tags` may be `{}`, `[]` or
-//! `null`, numbers may come as integers, floats or numeric strings, `plan` and `region` may
-//! be objects or bare slugs. A value of a different kind (an object where a list must be, a
-//! string for `id`) is an error.
+//! is lenient where the API is loose ([`lenient`], plus the shapes of [`shapes`]): unknown
+//! fields are ignored, `tags` may be `{}`, `[]` or `null`, numbers may come as integers,
+//! floats or numeric strings, `null` and `""` read as absent, a list of one may be its lone
+//! object (a server's `pricing` is one), `plan` and `region` may be objects or bare slugs. A
+//! value of a different kind (a word for `id`, a number for `region`) is an error.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
+use ngo_cloud_http::lenient;
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// A server (bare metal or VPS) in a project.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct Server {
     /// Server id; `cherryservers://<id>` is its Node's providerID (cloud-provider-cherry).
-    #[serde(deserialize_with = "lenient::int")]
+    #[serde(deserialize_with = "lenient::required_int")]
     pub id: i64,
     /// Hostname requested at create time (the Node name when it joins).
     #[serde(default, deserialize_with = "lenient::string")]
@@ -29,13 +31,13 @@ pub struct Server {
     #[serde(default, deserialize_with = "lenient::string")]
     pub state: String,
     /// Plan slug (from the nested `plan` object).
-    #[serde(default, deserialize_with = "lenient::slug_of")]
+    #[serde(default, deserialize_with = "shapes::slug_of")]
     pub plan: Option<String>,
     /// Region slug (from the nested `region` object).
-    #[serde(default, deserialize_with = "lenient::slug_of")]
+    #[serde(default, deserialize_with = "shapes::slug_of")]
     pub region: Option<String>,
     /// Tags; `[]` and `null` read as none.
-    #[serde(default, deserialize_with = "lenient::tags")]
+    #[serde(default, deserialize_with = "shapes::tags")]
     pub tags: BTreeMap<String, String>,
     /// Creation time as the API writes it (RFC 3339).
     #[serde(default, deserialize_with = "lenient::opt_string")]
@@ -268,7 +270,7 @@ struct WirePlan {
     name: String,
     #[serde(default)]
     specs: Option<WireSpecs>,
-    #[serde(default, deserialize_with = "lenient::one_or_many")]
+    #[serde(default, deserialize_with = "lenient::list")]
     pricing: Vec<WirePrice>,
     #[serde(default, deserialize_with = "lenient::list")]
     available_regions: Vec<PlanRegion>,
@@ -280,19 +282,19 @@ struct WireSpecs {
     cpus: Option<WireCpus>,
     #[serde(default)]
     memory: Option<WireMemory>,
-    #[serde(default, deserialize_with = "lenient::gpu_count")]
+    #[serde(default, deserialize_with = "shapes::gpu_count")]
     gpus: i64,
 }
 
 #[derive(Deserialize)]
 struct WireCpus {
-    #[serde(default, deserialize_with = "lenient::int_or_zero")]
+    #[serde(default, deserialize_with = "lenient::int")]
     cores: i64,
 }
 
 #[derive(Deserialize)]
 struct WireMemory {
-    #[serde(default, deserialize_with = "lenient::number_or_zero")]
+    #[serde(default, deserialize_with = "lenient::float")]
     total: f64,
     #[serde(default, deserialize_with = "lenient::opt_string")]
     unit: Option<String>,
@@ -300,7 +302,7 @@ struct WireMemory {
 
 #[derive(Deserialize)]
 struct WirePrice {
-    #[serde(default, deserialize_with = "lenient::opt_number")]
+    #[serde(default, deserialize_with = "lenient::opt_float")]
     price: Option<f64>,
     #[serde(default, deserialize_with = "lenient::opt_string")]
     currency: Option<String>,
@@ -308,98 +310,15 @@ struct WirePrice {
     unit: Option<String>,
 }
 
-/// Field decoders that accept the spellings the API uses and reject other kinds of value.
-mod lenient {
+/// Decoders of the shapes only this API has; the scalar and list tolerances are
+/// [`lenient`]'s.
+mod shapes {
     use std::collections::BTreeMap;
 
-    use serde::de::{DeserializeOwned, Error as _};
+    use ngo_cloud_http::lenient::{as_int, kind};
+    use serde::de::Error as _;
     use serde::{Deserialize, Deserializer};
     use serde_json::Value;
-
-    fn kind(v: &Value) -> &'static str {
-        match v {
-            Value::Null => "null",
-            Value::Bool(_) => "a boolean",
-            Value::Number(_) => "a number",
-            Value::String(_) => "a string",
-            Value::Array(_) => "a list",
-            Value::Object(_) => "an object",
-        }
-    }
-
-    fn as_int(v: &Value) -> Option<i64> {
-        match v {
-            Value::Number(n) => n.as_i64().or_else(|| {
-                n.as_f64()
-                    .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
-                    .map(|f| f as i64)
-            }),
-            Value::String(s) => s.trim().parse().ok(),
-            _ => None,
-        }
-    }
-
-    fn as_number(v: &Value) -> Option<f64> {
-        match v {
-            Value::Number(n) => n.as_f64(),
-            Value::String(s) => s.trim().parse().ok(),
-            _ => None,
-        }
-    }
-
-    /// A required integer: `5`, `5.0` or `"5"`.
-    pub(super) fn int<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
-        let v = Value::deserialize(d)?;
-        as_int(&v).ok_or_else(|| D::Error::custom(format!("expected an integer, got {v}")))
-    }
-
-    /// An optional integer; `null` is none.
-    pub(super) fn opt_int<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
-        match Value::deserialize(d)? {
-            Value::Null => Ok(None),
-            v => as_int(&v)
-                .map(Some)
-                .ok_or_else(|| D::Error::custom(format!("expected an integer, got {v}"))),
-        }
-    }
-
-    /// An integer, `null` being 0.
-    pub(super) fn int_or_zero<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
-        opt_int(d).map(Option::unwrap_or_default)
-    }
-
-    /// An optional number; `null` is none.
-    pub(super) fn opt_number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-        match Value::deserialize(d)? {
-            Value::Null => Ok(None),
-            v => as_number(&v)
-                .map(Some)
-                .ok_or_else(|| D::Error::custom(format!("expected a number, got {v}"))),
-        }
-    }
-
-    /// A number, `null` being 0.
-    pub(super) fn number_or_zero<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-        opt_number(d).map(Option::unwrap_or_default)
-    }
-
-    /// An optional string; `null` is none, a number is written out.
-    pub(super) fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-        match Value::deserialize(d)? {
-            Value::Null => Ok(None),
-            Value::String(s) => Ok(Some(s)),
-            Value::Number(n) => Ok(Some(n.to_string())),
-            v => Err(D::Error::custom(format!(
-                "expected a string, got {}",
-                kind(&v)
-            ))),
-        }
-    }
-
-    /// A string, `null` being empty.
-    pub(super) fn string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-        opt_string(d).map(Option::unwrap_or_default)
-    }
 
     /// The slug of a nested object (`"plan": {"slug": ..}`), or a bare slug string.
     pub(super) fn slug_of<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
@@ -443,35 +362,6 @@ mod lenient {
                 .collect(),
             v => Err(D::Error::custom(format!(
                 "tags: expected an object, [] or null, got {}",
-                kind(&v)
-            ))),
-        }
-    }
-
-    /// A list; `null` is empty.
-    pub(super) fn list<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
-    where
-        D: Deserializer<'de>,
-        T: DeserializeOwned,
-    {
-        Option::<Vec<T>>::deserialize(d).map(Option::unwrap_or_default)
-    }
-
-    /// A list, or one object standing for a list of one (a server's `pricing` is an object,
-    /// a plan's a list); `null` is empty.
-    pub(super) fn one_or_many<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
-    where
-        D: Deserializer<'de>,
-        T: DeserializeOwned,
-    {
-        match Value::deserialize(d)? {
-            Value::Null => Ok(Vec::new()),
-            v @ Value::Array(_) => serde_json::from_value(v).map_err(D::Error::custom),
-            v @ Value::Object(_) => serde_json::from_value(v)
-                .map(|one| vec![one])
-                .map_err(D::Error::custom),
-            v => Err(D::Error::custom(format!(
-                "expected a list or an object, got {}",
                 kind(&v)
             ))),
         }

@@ -1,0 +1,317 @@
+//! The pooled HTTP/1.1 client: connections over plain TCP or rustls, trusting the system's
+//! root certificates and any extra ones, kept open between requests, each exchange bounded
+//! by one timeout.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt as _, Full};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::pki_types::CertificateDer;
+use thiserror::Error;
+
+/// How long an unused pooled connection stays open unless [`HttpOptions`] says otherwise.
+pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How an [`HttpClient`] connects and how long it waits.
+#[derive(Clone, Debug)]
+pub struct HttpOptions {
+    /// Limit per exchange, from sending the request to the last byte of the answer.
+    pub timeout: Duration,
+    /// Trusted in addition to the system's roots (a private gateway's CA). One that does not
+    /// parse fails [`HttpClient::new`].
+    pub extra_root_certificates: Vec<CertificateDer<'static>>,
+    /// How long an unused pooled connection stays open.
+    pub pool_idle_timeout: Duration,
+}
+
+impl HttpOptions {
+    /// `timeout` per exchange, the system's roots only, [`DEFAULT_POOL_IDLE_TIMEOUT`].
+    pub fn new(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            extra_root_certificates: Vec::new(),
+            pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
+        }
+    }
+}
+
+/// Why [`HttpClient::new`] cannot make a client.
+#[derive(Debug, Error)]
+pub enum BuildError {
+    /// Some of [`HttpOptions::extra_root_certificates`] are not certificates.
+    #[error("{0} extra root certificates do not parse")]
+    ExtraRoots(usize),
+    /// rustls refused the configuration.
+    #[error("TLS: {0}")]
+    Tls(rustls::Error),
+}
+
+/// Why an exchange got no whole answer. The request may have reached the server in every
+/// case but [`SendError::Connect`].
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum SendError {
+    /// No whole answer within the timeout; the connection is closed, never reused.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// No connection: refused, DNS, TLS handshake. The request was not sent.
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    /// The connection broke while sending or reading.
+    #[error("{0}")]
+    Broken(String),
+}
+
+/// An HTTP answer, read whole.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    /// Status.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// The whole body.
+    pub body: Bytes,
+}
+
+/// A pooled HTTP/1.1 client for `http://` and `https://` URLs (rustls with ring). Cheap to
+/// clone; clones share the pool.
+#[derive(Clone)]
+pub struct HttpClient {
+    http: HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpClient")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpClient {
+    /// Builds a client; opens no connection. The system's root certificates that do not load
+    /// are logged and skipped.
+    pub fn new(options: &HttpOptions) -> Result<Self, BuildError> {
+        let mut roots = rustls::RootCertStore::empty();
+        let native = rustls_native_certs::load_native_certs();
+        for e in &native.errors {
+            tracing::debug!(error = %e, "loading a system root certificate");
+        }
+        roots.add_parsable_certificates(native.certs);
+        let (_, rejected) =
+            roots.add_parsable_certificates(options.extra_root_certificates.iter().cloned());
+        if rejected > 0 {
+            return Err(BuildError::ExtraRoots(rejected));
+        }
+        if roots.is_empty() {
+            tracing::warn!("no root certificates: HTTPS requests will fail");
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(BuildError::Tls)?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let http = HyperClient::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(options.pool_idle_timeout)
+            .build(connector);
+        Ok(Self {
+            http,
+            timeout: options.timeout,
+        })
+    }
+
+    /// The limit of one exchange.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sends `request` and reads the whole answer, within the timeout. Dropping the future
+    /// (or the timeout firing) closes the connection; the pool never reuses a half-read one.
+    pub async fn send(&self, request: Request<Full<Bytes>>) -> Result<Answer, SendError> {
+        let exchange = async {
+            let response = self.http.request(request).await.map_err(|e| {
+                if e.is_connect() {
+                    SendError::Connect(error_chain(&e))
+                } else {
+                    SendError::Broken(error_chain(&e))
+                }
+            })?;
+            let (parts, body) = response.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map_err(|e| SendError::Broken(format!("reading the answer: {}", error_chain(&e))))?
+                .to_bytes();
+            Ok(Answer {
+                status: parts.status,
+                headers: parts.headers,
+                body,
+            })
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .unwrap_or(Err(SendError::Timeout(self.timeout)))
+    }
+}
+
+/// `e` and its sources, `: `-separated.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    fn client(timeout: Duration) -> HttpClient {
+        HttpClient::new(&HttpOptions::new(timeout)).unwrap()
+    }
+
+    fn get(addr: SocketAddr) -> Request<Full<Bytes>> {
+        Request::get(format!("http://{addr}/v1/things"))
+            .body(Full::default())
+            .unwrap()
+    }
+
+    /// Reads one request head (the tests send no bodies); `false` at the end of the stream.
+    async fn read_head(stream: &mut TcpStream) -> bool {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            match stream.read(&mut byte).await {
+                Ok(1) => head.push(byte[0]),
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// A server answering every request on a connection with `reply`, counting connections.
+    async fn serve(reply: &'static str) -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    while read_head(&mut stream).await {
+                        if stream.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, connections)
+    }
+
+    #[tokio::test]
+    async fn answers_are_read_whole_and_connections_reused() {
+        let (addr, connections) = serve(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"id\": 42}\n",
+        )
+        .await;
+        let client = client(Duration::from_secs(5));
+        for _ in 0..2 {
+            let answer = client.send(get(addr)).await.unwrap();
+            assert_eq!(answer.status, StatusCode::OK);
+            assert_eq!(answer.headers["content-type"], "application/json");
+            assert_eq!(&answer.body[..], b"{\"id\": 42}\n");
+        }
+        assert_eq!(connections.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_is_a_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            read_head(&mut stream).await;
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        });
+        let timeout = Duration::from_millis(100);
+        assert_eq!(
+            client(timeout).send(get(addr)).await.unwrap_err(),
+            SendError::Timeout(timeout)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_not_a_broken_one() {
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let err = client(Duration::from_secs(5))
+            .send(get(addr))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, SendError::Connect(_)), "{err:?}");
+        assert!(err.to_string().starts_with("cannot connect: "), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_cut_short_is_broken() {
+        // Two bytes of the hundred announced, then the connection closes.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            read_head(&mut stream).await;
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{}")
+                .await;
+        });
+        let err = client(Duration::from_secs(5))
+            .send(get(addr))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, SendError::Broken(m) if m.starts_with("reading the answer: ")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn extra_roots_that_do_not_parse_are_refused() {
+        let options = HttpOptions {
+            extra_root_certificates: vec![CertificateDer::from(b"not a certificate".to_vec())],
+            ..HttpOptions::new(Duration::from_secs(1))
+        };
+        let err = HttpClient::new(&options).unwrap_err();
+        assert!(matches!(err, BuildError::ExtraRoots(1)), "{err:?}");
+        assert_eq!(err.to_string(), "1 extra root certificates do not parse");
+    }
+}
