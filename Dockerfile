@@ -27,7 +27,7 @@ WORKDIR /src
 COPY . .
 RUN set -eu; \
     mkdir -p /skeleton; \
-    cp Cargo.toml Cargo.lock build.rs /skeleton/; \
+    cp Cargo.toml Cargo.lock /skeleton/; \
     cp -r proto /skeleton/proto; \
     for manifest in $(find . -maxdepth 3 -name Cargo.toml -not -path ./Cargo.toml | sort); do \
       dir=$(dirname "$manifest"); \

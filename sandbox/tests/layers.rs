@@ -1,8 +1,13 @@
-//! The product crate's modules import each other without circles: the graph of `crate::<module>`
-//! paths between the top-level modules of `src/` (comments and unit tests left out: `mod tests`
-//! blocks and `tests.rs` files) has
-//! no cycle but the ones listed in [`KNOWN_CYCLES`], which may only shrink. A new circle fails
-//! this test, and so does a listed one that is gone (so the list is kept true).
+//! The layers hold.
+//!
+//! - Inside each crate of the workspace (`src/` and `crates/*/src`), the top-level modules import
+//!   each other without circles: the graph of `crate::<module>` paths between them (comments and
+//!   unit tests left out: `mod tests` blocks and `tests.rs` files) has no cycle but the ones
+//!   listed in [`KNOWN_CYCLES`], which may only shrink. A new circle fails, and so does a listed
+//!   one that is gone (so the list is kept true).
+//! - Between crates the compiler forbids upward imports; the manifests are checked for what the
+//!   compiler cannot see: the cloud crates depend on no workspace crate but the shared HTTP one,
+//!   and the index links no Kubernetes client.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -10,11 +15,33 @@ use std::path::{Path, PathBuf};
 /// Cycles not broken yet, each as its sorted modules.
 const KNOWN_CYCLES: &[&[&str]] = &[];
 
-fn src() -> PathBuf {
+fn repository() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the sandbox crate sits in the repository")
-        .join("src")
+        .to_path_buf()
+}
+
+/// The product crate's sources.
+fn src() -> PathBuf {
+    repository().join("src")
+}
+
+/// The source directory of every crate whose modules are checked: the operator's and each
+/// one under `crates/`.
+fn crate_sources() -> Vec<PathBuf> {
+    let mut sources = vec![src()];
+    for entry in std::fs::read_dir(repository().join("crates"))
+        .expect("crates/")
+        .flatten()
+    {
+        let dir = entry.path().join("src");
+        if dir.is_dir() {
+            sources.push(dir);
+        }
+    }
+    sources.sort();
+    sources
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -28,9 +55,10 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The top-level module a file of `src/` belongs to (`None` for the crate roots).
-fn module_of(file: &Path) -> Option<String> {
-    let relative = file.strip_prefix(src()).ok()?;
+/// The top-level module a file of the crate whose sources are `root` belongs to (`None` for
+/// the crate roots).
+fn module_of(root: &Path, file: &Path) -> Option<String> {
+    let relative = file.strip_prefix(root).ok()?;
     let first = relative.components().next()?.as_os_str().to_str()?;
     let name = first.trim_end_matches(".rs");
     (!matches!(name, "lib" | "main")).then(|| name.to_string())
@@ -69,12 +97,13 @@ fn imports(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
-fn graph() -> BTreeMap<String, BTreeSet<String>> {
+/// The import graph between the top-level modules of the crate whose sources are `root`.
+fn graph(root: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
-    rust_files(&src(), &mut files);
+    rust_files(root, &mut files);
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in files {
-        let Some(module) = module_of(&file) else {
+        let Some(module) = module_of(root, &file) else {
             continue;
         };
         if file.file_name().is_some_and(|n| n == "tests.rs") {
@@ -144,32 +173,95 @@ fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<Vec<String>> {
 }
 
 #[test]
-fn product_modules_import_each_other_without_new_circles() {
-    let graph = graph();
-    assert!(graph.contains_key("runtime") && graph.contains_key("index"));
-    let found = cycles(&graph);
+fn the_modules_of_every_crate_import_each_other_without_new_circles() {
+    let sources = crate_sources();
+    let graphs: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = sources
+        .iter()
+        .map(|root| {
+            let name = root
+                .strip_prefix(repository())
+                .expect("inside the repository")
+                .display()
+                .to_string();
+            (name, graph(root))
+        })
+        .collect();
+    for (crate_src, modules) in [
+        ("src", ["runtime", "nodepool"]),
+        ("crates/index/src", ["index", "capi"]),
+        ("crates/service/src", ["server", "actuate"]),
+    ] {
+        let graph = graphs.get(crate_src).expect("the crate is found");
+        assert!(
+            modules.iter().all(|m| graph.contains_key(*m)),
+            "{crate_src} has modules {modules:?}"
+        );
+    }
     let known: BTreeSet<Vec<String>> = KNOWN_CYCLES
         .iter()
         .map(|c| c.iter().map(|m| m.to_string()).collect())
         .collect();
-    let edges = |cycle: &Vec<String>| -> Vec<String> {
-        cycle
-            .iter()
-            .flat_map(|a| {
-                graph[a]
-                    .iter()
-                    .filter(|b| cycle.contains(b))
-                    .map(move |b| format!("{a} -> {b}"))
-            })
-            .collect()
-    };
-    let new: Vec<_> = found.difference(&known).map(|c| (c, edges(c))).collect();
-    assert!(new.is_empty(), "new import circles: {new:#?}");
-    let gone: Vec<_> = known.difference(&found).collect();
+    let mut found_anywhere = BTreeSet::new();
+    for (crate_src, graph) in &graphs {
+        let found = cycles(graph);
+        let edges = |cycle: &Vec<String>| -> Vec<String> {
+            cycle
+                .iter()
+                .flat_map(|a| {
+                    graph[a]
+                        .iter()
+                        .filter(|b| cycle.contains(b))
+                        .map(move |b| format!("{a} -> {b}"))
+                })
+                .collect()
+        };
+        let new: Vec<_> = found.difference(&known).map(|c| (c, edges(c))).collect();
+        assert!(
+            new.is_empty(),
+            "new import circles in {crate_src}: {new:#?}"
+        );
+        found_anywhere.extend(found);
+    }
+    let gone: Vec<_> = known.difference(&found_anywhere).collect();
     assert!(
         gone.is_empty(),
         "circles broken, take them off KNOWN_CYCLES: {gone:?}"
     );
+}
+
+/// The index is a pure function of cached objects: its crate may use kube's types but not its
+/// client (`kube` without default features or `client`, and no `kube-client`).
+#[test]
+fn the_index_links_no_kubernetes_client() {
+    let manifest = std::fs::read_to_string(repository().join("crates/index/Cargo.toml"))
+        .expect("crates/index/Cargo.toml");
+    assert!(
+        no_kubernetes_client(&manifest),
+        "crates/index/Cargo.toml:\n{manifest}"
+    );
+    assert!(!no_kubernetes_client(
+        "[dependencies]\nkube = { version = \"5\", default-features = false, features = [\"client\"] }\n"
+    ));
+    assert!(!no_kubernetes_client("[dependencies]\nkube = \"5\"\n"));
+    assert!(!no_kubernetes_client(
+        "[dependencies]\nkube = { version = \"5\", default-features = false }\nkube-client = \"5\"\n"
+    ));
+}
+
+/// Whether a manifest's `kube` dependency leaves the client out.
+fn no_kubernetes_client(manifest: &str) -> bool {
+    let squeezed = |l: &str| -> String { l.chars().filter(|c| !c.is_whitespace()).collect() };
+    let lines: Vec<String> = manifest
+        .lines()
+        .map(|l| squeezed(l.split('#').next().unwrap_or("")))
+        .collect();
+    let kube: Vec<&String> = lines.iter().filter(|l| l.starts_with("kube=")).collect();
+    kube.len() == 1
+        && kube[0].contains("default-features=false")
+        && !kube[0].contains("\"client\"")
+        && !lines
+            .iter()
+            .any(|l| l.starts_with("kube-client") || l.starts_with("kube-runtime"))
 }
 
 #[test]
@@ -199,27 +291,77 @@ fn a_circle_is_found_and_a_chain_is_not() {
     );
 }
 
-/// The cloud API clients (`crates/cloud-*`) are leaves: they depend on no crate of the
-/// workspace, so they cannot know NodePools or anything above them.
+/// The cloud API clients (`crates/cloud-*`) are leaves: the one workspace crate they may
+/// depend on is `ngo-cloud-http` (`crates/cloud-http`, the HTTP client and decoders they
+/// share), which depends on none, so none of them can know NodePools or anything above them.
 #[test]
-fn cloud_client_crates_depend_on_no_workspace_crate() {
-    let crates = src().parent().expect("repository").join("crates");
-    let mut seen = 0;
+fn cloud_crates_depend_on_no_workspace_crate_but_the_shared_http_one() {
+    let crates = repository().join("crates");
+    let mut seen = BTreeSet::new();
     for entry in std::fs::read_dir(&crates).expect("crates/").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
         let manifest = entry.path().join("Cargo.toml");
         let Ok(text) = std::fs::read_to_string(&manifest) else {
             continue;
         };
-        if !entry.file_name().to_string_lossy().starts_with("cloud-") {
+        if !name.starts_with("cloud-") {
             continue;
         }
-        seen += 1;
-        let local: Vec<&str> = text.lines().filter(|l| l.contains("path =")).collect();
+        let local: Vec<&str> = path_dependencies(&text)
+            .into_iter()
+            .filter(|l| name == "cloud-http" || !is_shared_http(l))
+            .collect();
         assert!(
             local.is_empty(),
             "{} depends on workspace crates: {local:?}",
             manifest.display()
         );
+        seen.insert(name);
     }
-    assert!(seen >= 2, "the Cherry and Alibaba client crates are found");
+    assert!(
+        ["cloud-alicloud", "cloud-cherry", "cloud-http"]
+            .iter()
+            .all(|c| seen.contains(*c)),
+        "the Alibaba, Cherry and shared HTTP crates are found: {seen:?}"
+    );
+}
+
+/// The lines of a manifest that name a path (a dependency on a crate of the workspace).
+fn path_dependencies(manifest: &str) -> Vec<&str> {
+    manifest
+        .lines()
+        .filter(|l| {
+            let code = l.split('#').next().unwrap_or("");
+            let squeezed: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+            squeezed.contains("path=")
+        })
+        .collect()
+}
+
+/// Whether a manifest line is exactly the dependency on the shared HTTP crate.
+fn is_shared_http(line: &str) -> bool {
+    let squeezed: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+    squeezed == r#"ngo-cloud-http={path="../cloud-http"}"#
+}
+
+#[test]
+fn only_the_shared_http_crate_passes_as_a_cloud_crates_path_dependency() {
+    let manifest = r#"
+[dependencies]
+ngo-cloud-http = { path = "../cloud-http" }
+serde.workspace = true
+"#;
+    let deps = path_dependencies(manifest);
+    assert_eq!(deps.len(), 1);
+    assert!(is_shared_http(deps[0]));
+    for other in [
+        r#"ngo-api = { path = "../api" }"#,
+        r#"ngo-cloud-http = { path = "../api" }"#,
+        r#"http = { package = "ngo-index", path="../index" }"#,
+        r#"ngo-cloud-http = { path = "../cloud-http", features = ["x"] }"#,
+    ] {
+        let deps = path_dependencies(other);
+        assert_eq!(deps.len(), 1, "{other}");
+        assert!(!is_shared_http(deps[0]), "{other}");
+    }
 }

@@ -14,14 +14,14 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
-use kube::{Client, Resource, ResourceExt};
-use futures::StreamExt;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::utils::PredicateConfig;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -1642,7 +1642,11 @@ mod tests {
         });
         written.metadata.resource_version = Some("42".into());
         written.metadata.finalizers = Some(vec![FINALIZER.into()]);
-        assert_eq!(pass_trigger(&written), trigger, "status and finalizer writes");
+        assert_eq!(
+            pass_trigger(&written),
+            trigger,
+            "status and finalizer writes"
+        );
 
         let mut changed = pool.clone();
         changed.metadata.generation = Some(2);

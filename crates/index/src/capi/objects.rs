@@ -10,8 +10,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::{ApiResource, DynamicObject};
 use kube::core::DynamicResourceScope;
+use kube::core::{ApiResource, DynamicObject};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 

@@ -1,9 +1,10 @@
 //! Compiles `proto/externalgrpc.proto` with protox (no system `protoc` needed).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "proto/externalgrpc.proto";
+    // The protocol file lives at the repository root, beside the tests that compare it.
+    let proto = "../../proto/externalgrpc.proto";
     println!("cargo:rerun-if-changed={proto}");
-    let descriptors = protox::compile([proto], ["proto"])?;
+    let descriptors = protox::compile([proto], ["../../proto"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
