@@ -43,6 +43,9 @@ pub enum ProviderError {
     /// The caller's workload cluster has not been read yet.
     #[error("{0}")]
     ClusterNotSynced(String),
+    /// The answer is larger than cluster-autoscaler's client receives.
+    #[error("{0}")]
+    TooLarge(String),
     /// A bug: a mutation task failed without an answer.
     #[error("internal error: {0}")]
     Internal(String),
@@ -60,6 +63,7 @@ impl ProviderError {
             ProviderError::NotImplemented(_) => Code::Unimplemented,
             ProviderError::FailedPrecondition(_) => Code::FailedPrecondition,
             ProviderError::Internal(_) => Code::Internal,
+            ProviderError::TooLarge(_) => Code::ResourceExhausted,
             ProviderError::PermissionDenied(_) => Code::PermissionDenied,
             ProviderError::ClusterNotSynced(_) => Code::Unavailable,
             ProviderError::Actuate(e) => match e {

@@ -330,13 +330,19 @@ impl CloudProvider for CloudProviderService {
         let caller = self.caller(&request);
         self.rpc("NodeGroups", &caller, None, async {
             let (snapshot, scope) = self.visible_snapshot(&caller)?;
-            Ok(proto::NodeGroupsResponse {
+            let answer = proto::NodeGroupsResponse {
                 node_groups: snapshot
                     .groups
                     .values()
                     .filter(|g| Self::visible(&scope, g))
                     .map(|g| convert::node_group(g))
                     .collect(),
+            };
+            convert::receivable(answer, || {
+                format!(
+                    "the caller's Cluster has {} node groups",
+                    snapshot.groups.len()
+                )
             })
         })
         .await
@@ -656,8 +662,15 @@ impl CloudProvider for CloudProviderService {
         let request = request.into_inner();
         self.rpc("NodeGroupNodes", &caller, None, async {
             let (_, group) = self.scoped_group(&caller, &request.id)?;
-            Ok(proto::NodeGroupNodesResponse {
+            let answer = proto::NodeGroupNodesResponse {
                 instances: group.instances.iter().map(convert::instance).collect(),
+            };
+            convert::receivable(answer, || {
+                format!(
+                    "node group {} has {} instances",
+                    group.id,
+                    group.instances.len()
+                )
             })
         })
         .await
