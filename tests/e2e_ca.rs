@@ -21,28 +21,23 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
-use kube::{Client, ResourceExt};
 use ngo_sandbox::autoscaler::{
     Autoscaler, AutoscalerOptions, CaRelease, CloudProvider, NodeGroupStatus,
 };
 use ngo_sandbox::capi;
 use ngo_sandbox::environment::{SandboxInfo, start_for_process};
 use ngo_sandbox::infra_provider::{self, PROVISION_DELAY_ANNOTATION};
-use ngo_sandbox::stack::AutoscaledCluster;
 use ngo_sandbox::workload::{self, Decision, PodCounts};
+use ngo_sandbox::world::{POOL_LABEL as POOL, TestWorld};
 use serde_json::{Value, json};
 
 const MIN: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";
 const MAX: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size";
 const CAPACITY: &str = "capacity.cluster-autoscaler.kubernetes.io/";
 const OPTIONS: &str = "cluster.x-k8s.io/autoscaling-options-";
-/// Node label that pins a test's pods to one of its node groups.
-const POOL: &str = "e2e.nodegroup.dev/pool";
-/// Each pod asks for 3 of a node's 4 CPUs: one pod per node.
-const POD_CPU: &str = "3";
-const WAIT: Duration = Duration::from_secs(150);
 
 fn sandbox() -> &'static SandboxInfo {
     static SANDBOX: OnceLock<SandboxInfo> = OnceLock::new();
@@ -87,85 +82,54 @@ const CA_1_36_1: CaRelease = CaRelease::new(36, 1);
 /// One test's world: a namespace with a Cluster, the operator binary and (once started)
 /// cluster-autoscaler.
 struct World {
-    cluster: AutoscaledCluster,
-    client: Client,
-    started: Instant,
+    base: TestWorld,
     /// The cluster-autoscaler release to run; `None`: the pinned one.
     release: Option<CaRelease>,
+}
+
+impl std::ops::Deref for World {
+    type Target = TestWorld;
+    fn deref(&self) -> &TestWorld {
+        &self.base
+    }
+}
+
+impl std::ops::DerefMut for World {
+    fn deref_mut(&mut self) -> &mut TestWorld {
+        &mut self.base
+    }
 }
 
 impl World {
     /// The namespace `<prefix>-<random>`, its Cluster, and the operator serving it; the
     /// pinned cluster-autoscaler release.
     async fn new(prefix: &str) -> Self {
-        Self::start(format!("{prefix}-"), None).await
+        Self::start(prefix.to_string(), None).await
     }
 
     /// The same for cluster-autoscaler `release`, in namespace `<prefix>-1-29-5-<random>`.
     async fn for_release(prefix: &str, release: CaRelease) -> Self {
         let tag = release.to_string().replace('.', "-");
-        Self::start(format!("{prefix}-{tag}-"), Some(release)).await
+        Self::start(format!("{prefix}-{tag}"), Some(release)).await
     }
 
     async fn start(prefix: String, release: Option<CaRelease>) -> Self {
-        let started = Instant::now();
-        let namespace = format!("{prefix}{}", rand::random::<u32>() % 100_000);
-        let mut cluster = AutoscaledCluster::create(sandbox(), &namespace, "c1", json!({}))
-            .await
-            .unwrap_or_else(|e| panic!("creating {namespace}: {e:#}"));
-        let mut operator = cluster.operator_options();
-        operator.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
-        cluster
-            .start_operator(&operator)
-            .unwrap_or_else(|e| panic!("starting the operator: {e:#}"));
-        let client = cluster.client().await.expect("client");
-        let world = Self {
-            cluster,
-            client,
-            started,
-            release,
-        };
+        let binary = PathBuf::from(env!("CARGO_BIN_EXE_nodegroup-operator"));
+        let base = TestWorld::start(sandbox(), &prefix, &binary, |_| {}).await;
+        let world = Self { base, release };
         world.log("namespace, Cluster and operator ready");
         world
-    }
-
-    fn ns(&self) -> &str {
-        &self.cluster.namespace
-    }
-
-    fn log(&self, what: &str) {
-        eprintln!(
-            "[{} +{:>5.1}s] {what}",
-            self.cluster.namespace,
-            self.started.elapsed().as_secs_f64()
-        );
-    }
-
-    fn pool(&self, name: &str) -> String {
-        format!("{}-{name}", self.ns())
     }
 
     fn id(&self, kind: &str, name: &str) -> String {
         format!("{kind}/{}/{name}", self.ns())
     }
 
-    /// Starts cluster-autoscaler for the operator, with `tweak` applied to the sandbox
-    /// defaults.
+    /// Starts cluster-autoscaler (this world's release) for the operator, with `tweak`
+    /// applied to the sandbox defaults.
     fn start_autoscaler(&mut self, tweak: impl FnOnce(&mut AutoscalerOptions)) {
-        let mut options = self
-            .cluster
-            .externalgrpc_autoscaler()
-            .expect("cloud-config");
-        options.release = self.release;
-        tweak(&mut options);
-        self.cluster
-            .start_autoscaler(&options)
-            .unwrap_or_else(|e| panic!("starting cluster-autoscaler: {e}"));
-        let release = self.cluster.autoscaler().map(|a| a.release);
-        self.log(&format!(
-            "cluster-autoscaler {} started",
-            release.map(|r| r.to_string()).unwrap_or_default()
-        ));
+        let release = self.release;
+        self.base.start_autoscaler(release, tweak);
     }
 
     async fn create(&self, object: DynamicObject, resource: &kube::discovery::ApiResource) {
@@ -182,7 +146,7 @@ impl World {
         let t = capi::test_machine_template(
             self.ns(),
             name,
-            json!({"nodeLabels": {POOL: self.pool(name)}}),
+            json!({"nodeLabels": {POOL: self.label(name)}}),
             machine_annotations,
         )
         .expect("template");
@@ -227,17 +191,6 @@ impl World {
             .unwrap_or_default()
     }
 
-    /// A Deployment `name` of `replicas` pods, one per node of pool `pool`.
-    async fn app(&self, name: &str, replicas: i32, pool: &str) {
-        let selector = BTreeMap::from([(POOL.to_string(), self.pool(pool))]);
-        let app = workload::deployment(self.ns(), name, replicas, POD_CPU, &selector)
-            .expect("deployment");
-        workload::create(&self.client, &app)
-            .await
-            .expect("create deployment");
-        self.log(&format!("app {name}: {replicas} pods on pool {pool}"));
-    }
-
     async fn scale_app(&self, name: &str, replicas: i32) {
         workload::scale(&self.client, self.ns(), name, replicas)
             .await
@@ -254,28 +207,12 @@ impl World {
     /// Names of the Nodes of pool `pool`, sorted.
     async fn nodes(&self, pool: &str) -> Vec<String> {
         let mut names: Vec<String> = Api::<Node>::all(self.client.clone())
-            .list(&ListParams::default().labels(&format!("{POOL}={}", self.pool(pool))))
+            .list(&ListParams::default().labels(&format!("{POOL}={}", self.label(pool))))
             .await
             .expect("nodes")
             .items
             .iter()
             .map(|n| n.name_any())
-            .collect();
-        names.sort();
-        names
-    }
-
-    /// Node names of the running pods of app `app`.
-    async fn nodes_running(&self, app: &str) -> Vec<String> {
-        let mut names: Vec<String> = Api::<Pod>::namespaced(self.client.clone(), self.ns())
-            .list(&ListParams::default().labels(&format!("app={app}")))
-            .await
-            .expect("pods")
-            .items
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-            .filter_map(|p| p.spec.and_then(|s| s.node_name))
             .collect();
         names.sort();
         names
@@ -304,22 +241,6 @@ impl World {
         workload::decisions(&self.client, self.ns())
             .await
             .expect("events")
-    }
-
-    /// Polls `check` every 250 ms until it returns `Ok`, failing after [`WAIT`] with the
-    /// last reason; the operator and cluster-autoscaler must stay alive meanwhile.
-    async fn wait<T, F, Fut>(&self, what: &str, check: F) -> T
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, String>>,
-    {
-        let (value, took) = self
-            .cluster
-            .poll(what, WAIT, check)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        self.log(&format!("{what} (after {:.1}s)", took.as_secs_f64()));
-        value
     }
 
     /// Waits until cluster-autoscaler reports group `id` with this target and as many
@@ -542,7 +463,7 @@ async fn scale_from_zero_and_back_from_annotations_and_from_a_policy(release: Ca
         .md(
             "annotated",
             0,
-            merged(bounds(0, 3), zero_capacity(&w.pool("annotated"))),
+            merged(bounds(0, 3), zero_capacity(&w.label("annotated"))),
         )
         .await;
     // From a NodeGroupPolicy: no annotation on the MachineDeployment at all.
@@ -564,7 +485,7 @@ async fn scale_from_zero_and_back_from_annotations_and_from_a_policy(release: Ca
             "minSize": 0, "maxSize": 3,
             "scaleFromZero": {
                 "capacity": {"cpu": "4", "memory": "16Gi", "pods": "110"},
-                "labels": {POOL: w.pool("policy")}
+                "labels": {POOL: w.label("policy")}
             }
         }
     }))
@@ -608,7 +529,7 @@ async fn machine_set_and_machine_pool_groups_scale_up_and_down() {
     let pool = capi::test_machine_pool(
         w.ns(),
         "mp",
-        json!({"nodeLabels": {POOL: w.pool("mp")}}),
+        json!({"nodeLabels": {POOL: w.label("mp")}}),
         json!({}),
     )
     .expect("pool");
@@ -650,7 +571,7 @@ async fn an_instance_that_never_registers_is_removed_through_its_synthetic_id() 
         .md_from(
             "ghost",
             0,
-            merged(bounds(0, 1), zero_capacity(&w.pool("ghost"))),
+            merged(bounds(0, 1), zero_capacity(&w.label("ghost"))),
             "ghost",
             json!({}),
         )
@@ -808,7 +729,7 @@ async fn the_price_expander_picks_the_cheaper_group() {
     // Both groups fit the pods (same capacity, same pool label); only the price differs.
     // The expensive one sorts first, so no order bias can pick the cheap one by accident.
     w.template("shared", json!({})).await;
-    let pool = w.pool("shared");
+    let pool = w.label("shared");
     let mut ids = BTreeMap::new();
     for (name, hourly) in [("a-pricey", 1.0), ("b-cheap", 0.1)] {
         let id = w
@@ -1119,7 +1040,7 @@ async fn up_from_zero_and_down(release: CaRelease, steps: Steps) -> Timings {
     let mut w = World::for_release("ca-compat", release).await;
     steps.at("node group at 0");
     let id = w
-        .md("w", 0, merged(bounds(0, 2), zero_capacity(&w.pool("w"))))
+        .md("w", 0, merged(bounds(0, 2), zero_capacity(&w.label("w"))))
         .await;
     w.app_settled("load", 2, "w", 0).await;
     steps.at("cluster-autoscaler start");

@@ -33,6 +33,7 @@ pub mod soak;
 pub mod stack;
 pub mod workload;
 pub mod workload_cluster;
+pub mod world;
 
 use std::path::PathBuf;
 

@@ -6,33 +6,27 @@
 //! Assertions are on what users see: NodePool spec and status, the scaling group's
 //! instances, activities and desired capacity, Nodes, Pods and Events.
 
-use std::collections::BTreeMap;
-
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::sandbox;
-use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use ngo_sandbox::alicloud::{
     AccessKey, AliCloudEmulator, AliCloudOptions, FaultAction, InstanceState, ScalingGroupSpec,
 };
 use ngo_sandbox::proxy::LatencyProxy;
-use ngo_sandbox::stack::AutoscaledCluster;
 use ngo_sandbox::workload;
+use ngo_sandbox::world::{POOL_LABEL as POOL, TestWorld};
 use nodegroup_operator::api::NodePool;
 use serde_json::{Value, json};
 
-/// Node label that pins a test's pods to its pools.
-const POOL: &str = "e2e.nodegroup.dev/pool";
-/// Each pod asks for 3 of an instance's 4 vCPUs: one pod per instance.
-const POD_CPU: &str = "3";
 /// 4 vCPUs, 16 GiB in the emulator's catalogue (listed past its first 100 types).
 const INSTANCE_TYPE: &str = "ecs.g6.xlarge";
 const REGION: &str = "cn-hangzhou";
 const KEY_ID: &str = "LTAI5tE2eSandbox";
 const KEY_SECRET: &str = "e2e-access-key-secret";
-const WAIT: Duration = Duration::from_secs(150);
 /// A kubeadm join script, as ACK-style node pools write theirs.
 const USER_DATA: &str = "#!/bin/bash\n\
 KUBELET_EXTRA_ARGS=\"--cloud-provider=external --provider-id=${REGION_ID}.${INSTANCE_ID} --node-labels={{.NodeLabels}}\"\n\
@@ -41,10 +35,21 @@ kubeadm join --discovery-token-unsafe-skip-ca-verification --token {{.BootstrapT
 /// One test's world: a namespace with a Cluster, the operator binary, an ESS emulator
 /// with scaling groups whose instances join the sandbox, and the credentials Secret.
 struct World {
-    cluster: AutoscaledCluster,
-    client: Client,
+    base: TestWorld,
     ess: AliCloudEmulator,
-    started: Instant,
+}
+
+impl std::ops::Deref for World {
+    type Target = TestWorld;
+    fn deref(&self) -> &TestWorld {
+        &self.base
+    }
+}
+
+impl std::ops::DerefMut for World {
+    fn deref_mut(&mut self) -> &mut TestWorld {
+        &mut self.base
+    }
 }
 
 impl World {
@@ -52,14 +57,14 @@ impl World {
         Self::with(prefix, groups, |_| {}).await
     }
 
-    /// [`World::new`] with the emulator's options changed by `tweak`.
     async fn with(prefix: &str, groups: &[&str], tweak: impl FnOnce(&mut AliCloudOptions)) -> Self {
-        let started = Instant::now();
-        let namespace = format!("{prefix}-{}", rand::random::<u32>() % 100_000);
-        let mut cluster = AutoscaledCluster::create(sandbox(), &namespace, "c1", json!({}))
-            .await
-            .unwrap_or_else(|e| panic!("creating {namespace}: {e:#}"));
-        let client = cluster.client().await.expect("client");
+        let binary = PathBuf::from(env!("CARGO_BIN_EXE_nodegroup-operator"));
+        let base = TestWorld::start(sandbox(), prefix, &binary, |operator| {
+            operator
+                .extra_args
+                .push("--node-pool-interval-secs=2".into());
+        })
+        .await;
         let mut options = AliCloudOptions {
             region: REGION.into(),
             access_keys: vec![AccessKey::new(KEY_ID, KEY_SECRET)],
@@ -72,7 +77,7 @@ impl World {
                 })
                 .collect(),
             activity_duration: Duration::from_millis(800),
-            cluster: Some(client.clone()),
+            cluster: Some(base.client.clone()),
             // Instance ids and private IPs unique across the tests' emulators, as a cloud's
             // are: Nodes of all tests share the sandbox.
             first_id: 0x10_0000 + u64::from(rand::random::<u32>() % 4_000) * 0x1000,
@@ -82,55 +87,19 @@ impl World {
         let ess = AliCloudEmulator::start(options)
             .await
             .expect("ESS emulator");
-        let mut operator = cluster.operator_options();
-        operator.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
-        operator
-            .extra_args
-            .push("--node-pool-interval-secs=2".into());
-        cluster
-            .start_operator(&operator)
-            .unwrap_or_else(|e| panic!("starting the operator: {e:#}"));
-        let world = Self {
-            cluster,
-            client,
-            ess,
-            started,
-        };
+        let world = Self { base, ess };
         world.secret("alicloud", KEY_ID, KEY_SECRET).await;
         world.log("namespace, Cluster, operator and ESS emulator ready");
         world
     }
 
-    fn ns(&self) -> &str {
-        &self.cluster.namespace
-    }
-
-    fn log(&self, what: &str) {
-        eprintln!(
-            "[{} +{:>5.1}s] {what}",
-            self.ns(),
-            self.started.elapsed().as_secs_f64()
-        );
-    }
-
-    fn label(&self, pool: &str) -> String {
-        format!("{}-{pool}", self.ns())
-    }
-
-    fn secrets(&self) -> Api<Secret> {
-        Api::namespaced(self.client.clone(), self.ns())
-    }
-
     async fn secret(&self, name: &str, id: &str, secret: &str) {
-        let secret: Secret = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": self.ns()},
-            "stringData": {"access-key-id": id, "access-key-secret": secret},
-        }))
-        .expect("secret");
-        self.secrets()
-            .create(&PostParams::default(), &secret)
-            .await
-            .expect("create secret");
+        self.base
+            .secret(
+                name,
+                &[("access-key-id", id), ("access-key-secret", secret)],
+            )
+            .await;
     }
 
     /// A NodePool `name` on scaling group `group` whose Nodes carry `POOL=<ns>-<name>`,
@@ -171,40 +140,11 @@ impl World {
         ));
     }
 
-    fn pools(&self) -> Api<NodePool> {
-        Api::namespaced(self.client.clone(), self.ns())
-    }
-
-    async fn get_pool(&self, name: &str) -> NodePool {
-        self.pools().get(name).await.expect("NodePool")
-    }
-
-    async fn set_replicas(&self, name: &str, replicas: i32) {
-        self.pools()
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
-            )
-            .await
-            .expect("scale NodePool");
-        self.log(&format!("NodePool {name} set to {replicas}"));
-    }
-
-    fn condition(pool: &NodePool, type_: &str) -> Option<(String, String, String)> {
-        pool.status
-            .as_ref()?
-            .conditions
-            .iter()
-            .find(|c| c.type_ == type_)
-            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-    }
-
     /// Waits until pool `name`'s condition `type_` is True with `reason`; its message.
     async fn wait_condition(&self, name: &str, type_: &str, reason: &str) -> String {
         self.wait(&format!("{name}: {type_} {reason}"), || async move {
             let p = self.get_pool(name).await;
-            match World::condition(&p, type_) {
+            match TestWorld::condition(&p, type_) {
                 Some((s, r, m)) if s == "True" && r == reason => Ok(m),
                 other => Err(format!("{other:?}")),
             }
@@ -228,77 +168,6 @@ impl World {
             .iter()
             .filter(|r| r.status == Some(200))
             .count()
-    }
-
-    async fn ready_nodes(&self, pool: &str) -> Vec<Node> {
-        let mut nodes: Vec<Node> = Api::<Node>::all(self.client.clone())
-            .list(&ListParams::default().labels(&format!("{POOL}={}", self.label(pool))))
-            .await
-            .expect("nodes")
-            .items
-            .into_iter()
-            .filter(|n| {
-                n.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
-            .collect();
-        nodes.sort_by_key(|n| n.name_any());
-        nodes
-    }
-
-    async fn events(&self, object: &str) -> Vec<(String, String)> {
-        Api::<Event>::namespaced(self.client.clone(), self.ns())
-            .list(&ListParams::default())
-            .await
-            .expect("events")
-            .items
-            .into_iter()
-            .filter(|e| e.involved_object.name.as_deref() == Some(object))
-            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-            .collect()
-    }
-
-    async fn app(&self, name: &str, replicas: i32, pool: &str) {
-        let selector = BTreeMap::from([(POOL.to_string(), self.label(pool))]);
-        let app = workload::deployment(self.ns(), name, replicas, POD_CPU, &selector)
-            .expect("deployment");
-        workload::create(&self.client, &app)
-            .await
-            .expect("create deployment");
-        self.log(&format!("app {name}: {replicas} pods on {pool}"));
-    }
-
-    async fn nodes_running(&self, app: &str) -> Vec<String> {
-        let mut names: Vec<String> = Api::<Pod>::namespaced(self.client.clone(), self.ns())
-            .list(&ListParams::default().labels(&format!("app={app}")))
-            .await
-            .expect("pods")
-            .items
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-            .filter_map(|p| p.spec.and_then(|s| s.node_name))
-            .collect();
-        names.sort();
-        names
-    }
-
-    /// Polls `check` every 250 ms until `Ok`, failing after [`WAIT`] with the last reason;
-    /// the operator (and cluster-autoscaler) must stay alive meanwhile.
-    async fn wait<T, F, Fut>(&self, what: &str, check: F) -> T
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, String>>,
-    {
-        let (value, took) = self
-            .cluster
-            .poll(what, WAIT, check)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        self.log(&format!("{what} (after {:.1}s)", took.as_secs_f64()));
-        value
     }
 
     /// Waits until pool `name` on `group` reports `n` Ready of `n` and the group has `n`
@@ -593,7 +462,7 @@ async fn bad_credentials_are_reported_and_a_fixed_secret_is_picked_up() {
         })
         .await;
         assert_eq!(
-            World::condition(&w.get_pool(pool).await, "Ready").map(|r| r.0),
+            TestWorld::condition(&w.get_pool(pool).await, "Ready").map(|r| r.0),
             Some("False".to_string()),
             "{pool} is not Ready"
         );
@@ -611,7 +480,7 @@ async fn bad_credentials_are_reported_and_a_fixed_secret_is_picked_up() {
         .expect("fix secret");
     w.log("Secret wrong fixed");
     w.wait_pool_ready("wrong", "asg-wrong", 1).await;
-    let available = World::condition(&w.get_pool("wrong").await, "BackendUnavailable");
+    let available = TestWorld::condition(&w.get_pool("wrong").await, "BackendUnavailable");
     assert_eq!(available.map(|c| c.0), Some("False".to_string()));
 
     // Scaling the good pool down to zero removes its instance and lowers the group.
@@ -738,7 +607,7 @@ async fn ecs_ram_role_credentials_come_from_the_metadata_server_and_are_renewed_
     );
     let signed = signed_by_temporary_keys(&w.ess).unwrap_or_else(|e| panic!("{e}"));
     assert!(signed > 0);
-    let available = World::condition(&w.get_pool("role").await, "BackendUnavailable");
+    let available = TestWorld::condition(&w.get_pool("role").await, "BackendUnavailable");
     assert_eq!(available.map(|c| c.0), Some("False".to_string()));
 }
 
@@ -834,7 +703,7 @@ async fn an_rrsa_pool_assumes_its_role_with_the_token_file_and_rereads_it() {
     w.log("good token written back");
     w.wait("rrsa: the backend answers again", || async {
         let p = w.get_pool("rrsa").await;
-        match World::condition(&p, "BackendUnavailable") {
+        match TestWorld::condition(&p, "BackendUnavailable") {
             Some((s, _, _)) if s == "False" => Ok(()),
             other => Err(format!("{other:?}")),
         }

@@ -6,32 +6,26 @@
 //! spec and status, servers in the cloud, Nodes, Pods, Events and cluster-autoscaler's
 //! decisions.
 
-use std::collections::BTreeMap;
-
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::sandbox;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
 use ngo_sandbox::autoscaler::AutoscalerOptions;
 use ngo_sandbox::cherry::{CherryEmulator, CherryOptions, Lifecycle};
-use ngo_sandbox::stack::AutoscaledCluster;
 use ngo_sandbox::workload;
+use ngo_sandbox::world::{POOL_LABEL as POOL, TestWorld};
 use nodegroup_operator::api::NodePool;
 use serde_json::{Value, json};
 
-/// Node label that pins a test's pods to its pools.
-const POOL: &str = "e2e.nodegroup.dev/pool";
-/// Each pod asks for 3 of a server's 4 cores: one pod per server.
-const POD_CPU: &str = "3";
 /// A plan with 4 cores and 16 GB, 0.1016 EUR/h in the emulator's catalogue.
 const SMALL: &str = "e3_1240v3";
 /// A plan with 4 cores and 64 GB, 0.2 EUR/h.
 const LARGE: &str = "e5_1620v4";
 const REGION: &str = "eu_nord_1";
-const WAIT: Duration = Duration::from_secs(150);
 /// The in-tree provider's cloud-init, as its examples write it.
 const USER_DATA: &str = "#!/bin/bash\n\
 KUBELET_EXTRA_ARGS=\"--cloud-provider=external --node-labels={{.NodeLabels}}\"\n\
@@ -40,22 +34,38 @@ kubeadm join --discovery-token-unsafe-skip-ca-verification --token {{.BootstrapT
 /// One test's world: a namespace with a Cluster, the operator binary, a Cherry Servers
 /// emulator whose servers join the sandbox, and the credentials Secret for it.
 struct World {
-    cluster: AutoscaledCluster,
-    client: Client,
+    base: TestWorld,
     cherry: CherryEmulator,
-    started: Instant,
+}
+
+impl std::ops::Deref for World {
+    type Target = TestWorld;
+    fn deref(&self) -> &TestWorld {
+        &self.base
+    }
+}
+
+impl std::ops::DerefMut for World {
+    fn deref_mut(&mut self) -> &mut TestWorld {
+        &mut self.base
+    }
 }
 
 impl World {
     async fn new(prefix: &str, operator_env: &[(&str, &str)]) -> Self {
-        let started = Instant::now();
-        let namespace = format!("{prefix}-{}", rand::random::<u32>() % 100_000);
-        let mut cluster = AutoscaledCluster::create(sandbox(), &namespace, "c1", json!({}))
-            .await
-            .unwrap_or_else(|e| panic!("creating {namespace}: {e:#}"));
-        let client = cluster.client().await.expect("client");
+        let binary = PathBuf::from(env!("CARGO_BIN_EXE_nodegroup-operator"));
+        let base = TestWorld::start(sandbox(), prefix, &binary, |operator| {
+            operator
+                .extra_args
+                .push("--node-pool-interval-secs=2".into());
+            operator.env = operator_env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        })
+        .await;
         let cherry = CherryEmulator::start(CherryOptions {
-            cluster: Some(client.clone()),
+            cluster: Some(base.client.clone()),
             // Server ids unique across the tests' emulators, as a cloud's are: Nodes of all
             // tests share the sandbox, and providerIDs must not collide.
             first_server_id: 1_000_000 + i64::from(rand::random::<u32>() % 10_000) * 1_000,
@@ -65,55 +75,14 @@ impl World {
         })
         .await
         .expect("Cherry Servers emulator");
-        let mut operator = cluster.operator_options();
-        operator.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
-        operator
-            .extra_args
-            .push("--node-pool-interval-secs=2".into());
-        operator.env = operator_env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        cluster
-            .start_operator(&operator)
-            .unwrap_or_else(|e| panic!("starting the operator: {e:#}"));
-        let world = Self {
-            cluster,
-            client,
-            cherry,
-            started,
-        };
+        let world = Self { base, cherry };
         world.secret("cherry", world.cherry.token()).await;
         world.log("namespace, Cluster, operator and Cherry Servers emulator ready");
         world
     }
 
-    fn ns(&self) -> &str {
-        &self.cluster.namespace
-    }
-
-    fn log(&self, what: &str) {
-        eprintln!(
-            "[{} +{:>5.1}s] {what}",
-            self.ns(),
-            self.started.elapsed().as_secs_f64()
-        );
-    }
-
-    fn label(&self, pool: &str) -> String {
-        format!("{}-{pool}", self.ns())
-    }
-
     async fn secret(&self, name: &str, token: &str) {
-        let secret: Secret = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": self.ns()},
-            "stringData": {"token": token},
-        }))
-        .expect("secret");
-        Api::<Secret>::namespaced(self.client.clone(), self.ns())
-            .create(&PostParams::default(), &secret)
-            .await
-            .expect("create secret");
+        self.base.secret(name, &[("token", token)]).await;
     }
 
     /// A NodePool `name` on `plan` whose Nodes carry label `POOL=<ns>-<label>`, with
@@ -161,35 +130,6 @@ impl World {
         ));
     }
 
-    fn pools(&self) -> Api<NodePool> {
-        Api::namespaced(self.client.clone(), self.ns())
-    }
-
-    async fn get_pool(&self, name: &str) -> NodePool {
-        self.pools().get(name).await.expect("NodePool")
-    }
-
-    async fn set_replicas(&self, name: &str, replicas: i32) {
-        self.pools()
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
-            )
-            .await
-            .expect("scale NodePool");
-        self.log(&format!("NodePool {name} set to {replicas}"));
-    }
-
-    fn condition(pool: &NodePool, type_: &str) -> Option<(String, String, String)> {
-        pool.status
-            .as_ref()?
-            .conditions
-            .iter()
-            .find(|c| c.type_ == type_)
-            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-    }
-
     /// Servers of pool `name` in the emulator that are not being deleted.
     fn servers(&self, name: &str) -> Vec<i64> {
         self.cherry
@@ -209,89 +149,8 @@ impl World {
             .count()
     }
 
-    /// Ready Nodes labelled for `label`, sorted by name.
-    async fn ready_nodes(&self, label: &str) -> Vec<Node> {
-        let mut nodes: Vec<Node> = Api::<Node>::all(self.client.clone())
-            .list(&ListParams::default().labels(&format!("{POOL}={}", self.label(label))))
-            .await
-            .expect("nodes")
-            .items
-            .into_iter()
-            .filter(|n| {
-                n.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
-            .collect();
-        nodes.sort_by_key(|n| n.name_any());
-        nodes
-    }
-
-    async fn events(&self, object: &str) -> Vec<(String, String)> {
-        Api::<Event>::namespaced(self.client.clone(), self.ns())
-            .list(&ListParams::default())
-            .await
-            .expect("events")
-            .items
-            .into_iter()
-            .filter(|e| e.involved_object.name.as_deref() == Some(object))
-            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-            .collect()
-    }
-
     fn start_autoscaler(&mut self, tweak: impl FnOnce(&mut AutoscalerOptions)) {
-        let mut options = self
-            .cluster
-            .externalgrpc_autoscaler()
-            .expect("cloud-config");
-        tweak(&mut options);
-        self.cluster
-            .start_autoscaler(&options)
-            .unwrap_or_else(|e| panic!("starting cluster-autoscaler: {e}"));
-        self.log("cluster-autoscaler started");
-    }
-
-    async fn app(&self, name: &str, replicas: i32, label: &str) {
-        let selector = BTreeMap::from([(POOL.to_string(), self.label(label))]);
-        let app = workload::deployment(self.ns(), name, replicas, POD_CPU, &selector)
-            .expect("deployment");
-        workload::create(&self.client, &app)
-            .await
-            .expect("create deployment");
-        self.log(&format!("app {name}: {replicas} pods on {label}"));
-    }
-
-    /// Node names of the running pods of app `app`, sorted.
-    async fn nodes_running(&self, app: &str) -> Vec<String> {
-        let mut names: Vec<String> = Api::<Pod>::namespaced(self.client.clone(), self.ns())
-            .list(&ListParams::default().labels(&format!("app={app}")))
-            .await
-            .expect("pods")
-            .items
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-            .filter_map(|p| p.spec.and_then(|s| s.node_name))
-            .collect();
-        names.sort();
-        names
-    }
-
-    /// Polls `check` every 250 ms until it returns `Ok`, failing after [`WAIT`] with the
-    /// last reason; the operator (and cluster-autoscaler) must stay alive meanwhile.
-    async fn wait<T, F, Fut>(&self, what: &str, check: F) -> T
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, String>>,
-    {
-        let (value, took) = self
-            .cluster
-            .poll(what, WAIT, check)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        self.log(&format!("{what} (after {:.1}s)", took.as_secs_f64()));
-        value
+        self.base.start_autoscaler(None, tweak);
     }
 
     /// Waits until pool `name` reports `n` ready replicas of `n` and its servers match.
@@ -493,7 +352,7 @@ async fn an_out_of_stock_plan_falls_back_to_a_second_pool() {
     let cheap = w
         .wait("the first pool back at 0, its failure reported", || async {
             let pool = w.get_pool("cheap").await;
-            let failed = World::condition(&pool, "ScaleUpFailed");
+            let failed = TestWorld::condition(&pool, "ScaleUpFailed");
             match failed {
                 Some((status, reason, _))
                     if status == "True" && reason == "OutOfStock" && pool.spec.replicas == 0 =>
@@ -788,7 +647,7 @@ async fn bad_credentials_and_a_bad_spec_are_reported_and_other_pools_keep_workin
         let message = w
             .wait(&format!("{pool}: {condition} {reason}"), || async move {
                 let p = w.get_pool(pool).await;
-                match World::condition(&p, condition) {
+                match TestWorld::condition(&p, condition) {
                     Some((status, r, message)) if status == "True" && r == reason => Ok(message),
                     other => Err(format!("{other:?}")),
                 }
@@ -808,7 +667,7 @@ async fn bad_credentials_and_a_bad_spec_are_reported_and_other_pools_keep_workin
             })
             .await;
         assert!(!events.is_empty());
-        let ready = World::condition(&w.get_pool(pool).await, "Ready");
+        let ready = TestWorld::condition(&w.get_pool(pool).await, "Ready");
         assert_eq!(
             ready.map(|r| r.0),
             Some("False".to_string()),
@@ -820,14 +679,14 @@ async fn bad_credentials_and_a_bad_spec_are_reported_and_other_pools_keep_workin
             && w.servers("refused").is_empty()
             && w.servers("badtemplate").is_empty()
     );
-    let missing = World::condition(&w.get_pool("nosecret").await, "InvalidSpec")
+    let missing = TestWorld::condition(&w.get_pool("nosecret").await, "InvalidSpec")
         .map(|c| c.2)
         .unwrap_or_default();
     assert!(
         missing.contains("missing"),
         "the message names the Secret: {missing}"
     );
-    let template = World::condition(&w.get_pool("badtemplate").await, "InvalidSpec")
+    let template = TestWorld::condition(&w.get_pool("badtemplate").await, "InvalidSpec")
         .map(|c| c.2)
         .unwrap_or_default();
     assert!(
