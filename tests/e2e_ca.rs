@@ -422,6 +422,56 @@ async fn pending_pods_scale_up_then_only_the_idle_nodes_go_back_to_min(release: 
     );
 }
 
+/// The co-located mode: the operator beside cluster-autoscaler, which dials it in plaintext on
+/// a Unix socket (`address: unix:///...` in its cloud-config, no certificates), the operator
+/// scoped to the one Cluster by `--cluster`. The real cluster-autoscaler scales a group up
+/// through it and back to min.
+#[tokio::test]
+async fn co_located_cluster_autoscaler_scales_through_a_unix_socket() {
+    let mut w = World::new("ca-sock").await;
+    let socket = std::env::temp_dir().join(format!("ngo-{}.sock", w.ns()));
+    let mut operator = w.cluster.operator_options();
+    operator.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
+    operator.extra_args.extend([
+        format!("--grpc-unix-socket={}", socket.display()),
+        format!("--cluster={}/c1", w.ns()),
+    ]);
+    w.cluster
+        .start_operator(&operator)
+        .unwrap_or_else(|e| panic!("starting the operator on a Unix socket: {e:#}"));
+    let id = w.md("w", 1, bounds(1, 5)).await;
+    w.app_settled("load", 3, "w", 1).await;
+    let options = w
+        .cluster
+        .colocated_autoscaler(&socket)
+        .expect("cloud-config");
+    w.cluster
+        .start_autoscaler(&options)
+        .unwrap_or_else(|e| panic!("starting cluster-autoscaler: {e}"));
+    w.log("cluster-autoscaler started on the Unix socket");
+    w.wait_decision("TriggeredScaleUp", &format!("{id} 1->3 (max: 5)"))
+        .await;
+    w.wait_running("load", 3).await;
+    w.wait_group_size(&id, 3).await;
+    w.scale_app("load", 1).await;
+    w.wait_group_size(&id, 1).await;
+    assert_eq!(w.replicas(&capi::machine_deployments(), "w").await, 1);
+    let config = std::fs::read_to_string(options_cloud_config(&options)).expect("cloud-config");
+    assert!(
+        config.starts_with(&format!("address: \"unix://{}\"", socket.display()))
+            && !config.contains("cert"),
+        "cluster-autoscaler knew only the socket, in plaintext:\n{config}"
+    );
+}
+
+/// The cloud-config file cluster-autoscaler was started with.
+fn options_cloud_config(options: &AutoscalerOptions) -> PathBuf {
+    match &options.provider {
+        CloudProvider::ExternalGrpc { cloud_config } => cloud_config.clone(),
+        other => panic!("not the externalgrpc provider: {other:?}"),
+    }
+}
+
 /// Scale-up stops at the group's max; the other group stays as it is.
 async fn scale_up_stops_at_max_and_touches_nothing_else(release: CaRelease) {
     let mut w = World::for_release("ca-max", release).await;

@@ -10,7 +10,7 @@
 //! thread that lives as long as the process should (a test's own thread, the main thread
 //! of `ngo-sandbox`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kube::Client;
@@ -21,6 +21,7 @@ use crate::environment::{SandboxInfo, create_cluster};
 use crate::infra_provider::InfraProvider;
 use crate::operator::{
     GrpcPki, OperatorError, OperatorOptions, OperatorProcess, write_cloud_config,
+    write_unix_socket_cloud_config,
 };
 use crate::process::ProcessError;
 use crate::workload_cluster::{SYSTEM_NAMESPACE, WorkloadClusterInfo};
@@ -186,6 +187,15 @@ impl AutoscaledCluster {
             cloud_config: self.cloud_config()?,
         };
         Ok(self.autoscaler_options(provider))
+    }
+
+    /// cluster-autoscaler options for the externalgrpc provider dialing a co-located operator
+    /// on the Unix socket `socket` (the operator runs with `--grpc-unix-socket` and
+    /// `--cluster`), watching the cluster holding the Nodes.
+    pub fn colocated_autoscaler(&self, socket: &Path) -> Result<AutoscalerOptions, OperatorError> {
+        let path = self.dir.join("cloud-config-colocated.yaml");
+        write_unix_socket_cloud_config(&path, socket, GRPC_TIMEOUT)?;
+        Ok(self.autoscaler_options(CloudProvider::ExternalGrpc { cloud_config: path }))
     }
 
     /// cluster-autoscaler options for its in-tree `clusterapi` provider, discovering node
