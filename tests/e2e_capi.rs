@@ -19,7 +19,6 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Node};
-use k8s_pb::api::core::v1 as pb;
 use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use ngo_sandbox::capi;
@@ -27,11 +26,10 @@ use ngo_sandbox::environment::{SandboxInfo, start_for_process};
 use ngo_sandbox::infra_provider::{
     self, InfraProvider, NEVER_REGISTER_ANNOTATION, PROVISION_DELAY_ANNOTATION,
 };
-use nodegroup_operator::proto::cloud_provider_client::CloudProviderClient;
-use nodegroup_operator::proto::{self, ExternalGrpcNode};
+use nodegroup_operator::proto::ExternalGrpcNode;
 use nodegroup_operator::runtime::{self, Running};
-use prost::Message;
 use serde_json::{Value, json};
+use support::rpc::Rpc;
 use support::{DELETE_MACHINE, MAX, MIN, TestNs, bounds, operator_config_as};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -66,7 +64,7 @@ fn e2e() -> &'static SandboxInfo {
 
 struct Env {
     ns: TestNs,
-    grpc: CloudProviderClient<Channel>,
+    grpc: Rpc,
     operator: Option<Running>,
     _provider: InfraProvider,
     started: Instant,
@@ -121,7 +119,7 @@ impl Env {
             .connect()
             .await
             .expect("connect");
-        let grpc = CloudProviderClient::new(channel);
+        let grpc = Rpc::from(channel);
         let env = Self {
             ns,
             grpc,
@@ -129,13 +127,8 @@ impl Env {
             _provider: provider,
             started,
         };
-        poll("operator caches synced", WAIT, || {
-            let mut c = env.grpc.clone();
-            async move {
-                c.refresh(proto::RefreshRequest {})
-                    .await
-                    .map_err(|e| e.to_string())
-            }
+        poll("operator caches synced", WAIT, || async {
+            env.grpc.refresh().await.map_err(|e| e.to_string())
         })
         .await;
         capi::wait_cluster_connected(&client, &name, CLUSTER, WAIT)
@@ -205,13 +198,11 @@ impl Env {
     }
 
     async fn group_ids(&self) -> Vec<String> {
-        let mut c = self.grpc.clone();
-        c.refresh(proto::RefreshRequest {}).await.expect("refresh");
-        c.node_groups(proto::NodeGroupsRequest {})
+        self.grpc.refresh().await.expect("refresh");
+        self.grpc
+            .node_groups()
             .await
             .expect("node groups")
-            .into_inner()
-            .node_groups
             .into_iter()
             .map(|g| g.id)
             .collect()
@@ -231,9 +222,9 @@ impl Env {
 
     /// `NodeGroupNodes`: (id, state).
     async fn instances(&self, id: &str) -> Vec<(String, i32)> {
-        let mut c = self.grpc.clone();
-        let mut v: Vec<_> = c
-            .node_group_nodes(proto::NodeGroupNodesRequest { id: id.into() })
+        let mut v: Vec<_> = self
+            .grpc
+            .node_group_nodes(id)
             .await
             .unwrap_or_else(|e| {
                 let snap = self.operator.as_ref().and_then(|o| o.snapshots.current());
@@ -242,8 +233,6 @@ impl Env {
                     snap.map(|s| s.exclusions.clone())
                 )
             })
-            .into_inner()
-            .instances
             .into_iter()
             .map(|i| (i.id, i.status.map(|s| s.instance_state).unwrap_or_default()))
             .collect();
@@ -308,12 +297,10 @@ impl Env {
     }
 
     async fn target_size(&self, id: &str) -> i32 {
-        let mut c = self.grpc.clone();
-        c.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: id.into() })
+        self.grpc
+            .node_group_target_size(id)
             .await
             .expect("target size")
-            .into_inner()
-            .target_size
     }
 
     async fn wait_target_size(&self, id: &str, want: i32) {
@@ -439,13 +426,7 @@ impl Env {
     }
 
     async fn increase_size(&self, id: &str, delta: i32) -> Result<(), tonic::Status> {
-        let mut c = self.grpc.clone();
-        c.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-            id: id.into(),
-            delta,
-        })
-        .await
-        .map(|_| ())
+        self.grpc.node_group_increase_size(id, delta).await
     }
 
     /// What CA does for nodes it removes: `NodeGroupForNode` on each node, then one
@@ -456,25 +437,16 @@ impl Env {
         id: &str,
         nodes: Vec<ExternalGrpcNode>,
     ) -> Result<(), tonic::Status> {
-        let mut c = self.grpc.clone();
         for node in &nodes {
-            let group = c
-                .node_group_for_node(proto::NodeGroupForNodeRequest {
-                    node: Some(node.clone()),
-                })
+            let group = self
+                .grpc
+                .node_group_for_node(node.clone())
                 .await?
-                .into_inner()
-                .node_group
                 .map(|g| g.id)
                 .unwrap_or_default();
             assert_eq!(group, id, "NodeGroupForNode({})", node.provider_id);
         }
-        c.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-            id: id.into(),
-            nodes,
-        })
-        .await
-        .map(|_| ())
+        self.grpc.node_group_delete_nodes(id, nodes).await
     }
 
     async fn replicas(&self, ar: &kube::discovery::ApiResource, name: &str) -> i64 {
@@ -767,12 +739,9 @@ async fn min_and_max_are_respected_both_ways() {
         .await
         .expect_err("below min");
     assert_eq!(down.code(), Code::FailedPrecondition, "{}", down.message());
-    let mut c = env.grpc.clone();
-    let decrease = c
-        .node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
-            id: id.clone(),
-            delta: -1,
-        })
+    let decrease = env
+        .grpc
+        .node_group_decrease_target_size(&id, -1)
         .await
         .expect_err("decrease below registered nodes");
     assert_eq!(
@@ -819,13 +788,11 @@ async fn scale_from_zero_and_back() {
     env.wait_group(&id).await;
     assert!(env.instances(&id).await.is_empty());
     assert_eq!(env.target_size(&id).await, 0);
-    let mut c = env.grpc.clone();
-    let template = c
-        .node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest { id: id.clone() })
+    let template = env
+        .grpc
+        .node_group_template_node_info(&id)
         .await
-        .expect("TemplateNodeInfo")
-        .into_inner();
-    let template = pb::Node::decode(template.node_bytes.as_slice()).expect("a v1.Node");
+        .expect("TemplateNodeInfo");
     let template_labels = template
         .metadata
         .as_ref()
@@ -1014,9 +981,9 @@ async fn a_bad_annotation_on_one_deployment_leaves_another_scaling() {
     let good = env.md("good", 1, bounds(1, 2), "worker").await;
     env.wait_group(&good).await;
     assert_eq!(env.group_ids().await, vec![good.clone()]);
-    let mut c = env.grpc.clone();
-    let missing = c
-        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: bad.clone() })
+    let missing = env
+        .grpc
+        .node_group_target_size(&bad)
         .await
         .expect_err("bad group is not served");
     assert_eq!(missing.code(), Code::NotFound);
@@ -1042,14 +1009,11 @@ async fn a_bad_annotation_on_one_deployment_leaves_another_scaling() {
             .ok_or_else(|| "no node outside the good group yet".to_string())
     })
     .await;
-    let group = c
-        .node_group_for_node(proto::NodeGroupForNodeRequest {
-            node: Some(ca_node(&bad_node)),
-        })
+    let group = env
+        .grpc
+        .node_group_for_node(ca_node(&bad_node))
         .await
         .expect("NodeGroupForNode")
-        .into_inner()
-        .node_group
         .map(|g| g.id)
         .unwrap_or_default();
     assert_eq!(
@@ -1235,13 +1199,10 @@ async fn decrease_target_size_removes_only_the_unregistered_machine() {
     .await;
     let pending_machine = pending.trim_start_matches(&pending_prefix).to_string();
 
-    let mut c = env.grpc.clone();
-    c.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
-        id: id.clone(),
-        delta: -1,
-    })
-    .await
-    .expect("DecreaseTargetSize(-1) over an unregistered instance");
+    env.grpc
+        .node_group_decrease_target_size(&id, -1)
+        .await
+        .expect("DecreaseTargetSize(-1) over an unregistered instance");
     assert_eq!(env.replicas(&capi::machine_deployments(), "md").await, 1);
     poll("the unregistered Machine deleted", WAIT, || async {
         let machines: Vec<String> = env.machines().await.iter().map(|m| m.name_any()).collect();
@@ -1254,11 +1215,9 @@ async fn decrease_target_size_removes_only_the_unregistered_machine() {
     .await;
     let remaining = env.wait_ready_nodes(&id, 1).await;
     assert_eq!(remaining[0].name_any(), first[0].name_any());
-    let refused = c
-        .node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
-            id: id.clone(),
-            delta: -1,
-        })
+    let refused = env
+        .grpc
+        .node_group_decrease_target_size(&id, -1)
         .await
         .expect_err("would delete a registered node");
     assert_eq!(

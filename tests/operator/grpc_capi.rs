@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::support::rpc::Rpc;
 use crate::support::*;
 use k8s_pb::api::core::v1 as pb;
 use nodegroup_operator::proto::{self, ExternalGrpcNode};
@@ -21,15 +22,8 @@ fn node_msg(provider_id: &str, name: &str) -> ExternalGrpcNode {
     }
 }
 
-async fn group_ids(
-    client: &mut proto::cloud_provider_client::CloudProviderClient<tonic::transport::Channel>,
-) -> Vec<String> {
-    let groups = client
-        .node_groups(proto::NodeGroupsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .node_groups;
+async fn group_ids(rpc: &Rpc) -> Vec<String> {
+    let groups = rpc.node_groups().await.unwrap();
     groups.into_iter().map(|g| g.id).collect()
 }
 
@@ -45,42 +39,35 @@ async fn node_groups_and_lookups_are_served_from_real_objects() {
         json!({MIN: "1", MAX: "3", "cluster.x-k8s.io/paused": "true"}),
     )
     .await;
-    let (operator, mut client) = ns.operator().await;
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
 
     let md_id = format!("MachineDeployment/{}/md", ns.name);
     let ms_id = format!("MachineSet/{}/standalone", ns.name);
-    let ids = eventually("two groups", WAIT, || {
-        let mut c = client.clone();
-        async move { Some(group_ids(&mut c).await).filter(|ids| ids.len() == 2) }
+    let ids = eventually("two groups", WAIT, || async {
+        Some(group_ids(&rpc).await).filter(|ids| ids.len() == 2)
     })
     .await;
     assert_eq!(ids, vec![md_id.clone(), ms_id.clone()]);
-    let groups = client
-        .node_groups(proto::NodeGroupsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .node_groups;
+    let groups = rpc.node_groups().await.unwrap();
     assert_eq!((groups[0].min_size, groups[0].max_size), (1, 5));
     assert_eq!(
         groups[0].debug,
         format!("{md_id} (min: 1, max: 5, replicas: 2)")
     );
 
-    let found = client
-        .node_group_for_node(proto::NodeGroupForNodeRequest {
-            node: Some(node_msg(&pids[1], "n")),
-        })
+    let found = rpc
+        .node_group_for_node(node_msg(&pids[1], "n"))
         .await
         .unwrap()
-        .into_inner()
-        .node_group
         .unwrap();
     assert_eq!(
         (found.id.as_str(), found.min_size, found.max_size),
         (md_id.as_str(), 1, 5)
     );
-    let none = client
+    // Raw: the answer carries a group with an empty id, not no group.
+    let none = rpc
+        .raw()
         .node_group_for_node(proto::NodeGroupForNodeRequest {
             node: Some(node_msg("test:////control-plane", "cp")),
         })
@@ -90,36 +77,27 @@ async fn node_groups_and_lookups_are_served_from_real_objects() {
         .node_group
         .unwrap();
     assert_eq!(none.id, "", "unmanaged nodes get the empty group");
-    let no_node = client
+    let no_node = rpc
+        .raw()
         .node_group_for_node(proto::NodeGroupForNodeRequest { node: None })
         .await
         .unwrap_err();
     assert_eq!(no_node.code(), Code::InvalidArgument);
 
-    let target = client
-        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: md_id.clone() })
-        .await
-        .unwrap();
-    assert_eq!(target.into_inner().target_size, 2);
-    let nodes = client
-        .node_group_nodes(proto::NodeGroupNodesRequest { id: md_id.clone() })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut ids: Vec<_> = nodes.instances.iter().map(|i| i.id.clone()).collect();
+    let target = rpc.node_group_target_size(&md_id).await.unwrap();
+    assert_eq!(target, 2);
+    let nodes = rpc.node_group_nodes(&md_id).await.unwrap();
+    let mut ids: Vec<_> = nodes.iter().map(|i| i.id.clone()).collect();
     ids.sort();
     assert_eq!(ids, pids);
     assert!(
         nodes
-            .instances
             .iter()
             .all(|i| i.status.as_ref().unwrap().instance_state == 1)
     );
 
-    let missing = client
-        .node_group_target_size(proto::NodeGroupTargetSizeRequest {
-            id: "MachineDeployment/x/gone".into(),
-        })
+    let missing = rpc
+        .node_group_target_size("MachineDeployment/x/gone")
         .await
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
@@ -129,27 +107,11 @@ async fn node_groups_and_lookups_are_served_from_real_objects() {
         missing.message()
     );
 
-    let label = client
-        .gpu_label(proto::GpuLabelRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .label;
+    let label = rpc.gpu_label().await.unwrap();
     assert_eq!(label, "cluster-api/accelerator");
-    client.cleanup(proto::CleanupRequest {}).await.unwrap();
-    let price = client
-        .pricing_node_price(proto::PricingNodePriceRequest {
-            node: Some(node_msg(&pids[0], "n")),
-            start_timestamp: Some(prost_types::Timestamp {
-                seconds: 0,
-                nanos: 0,
-            }),
-            end_timestamp: Some(prost_types::Timestamp {
-                seconds: 3600,
-                nanos: 0,
-            }),
-            ..Default::default()
-        })
+    rpc.cleanup().await.unwrap();
+    let price = rpc
+        .pricing_node_price(node_msg(&pids[0], "n"), 0..3600)
         .await
         .unwrap_err();
     assert_eq!(
@@ -167,9 +129,9 @@ async fn one_bad_annotation_excludes_only_its_group_and_is_reported_as_an_event(
     ns.machine_deployment("bad", 1, json!({MIN: "1", MAX: "lots"}))
         .await;
     let (operator, client) = ns.operator().await;
-    let ids = eventually("good group", WAIT, || {
-        let mut c = client.clone();
-        async move { Some(group_ids(&mut c).await).filter(|ids| !ids.is_empty()) }
+    let rpc = Rpc::from(client);
+    let ids = eventually("good group", WAIT, || async {
+        Some(group_ids(&rpc).await).filter(|ids| !ids.is_empty())
     })
     .await;
     assert_eq!(ids, vec![format!("MachineDeployment/{}/good", ns.name)]);
@@ -191,25 +153,14 @@ async fn one_bad_annotation_excludes_only_its_group_and_is_reported_as_an_event(
 async fn increase_size_writes_the_scale_subresource_within_bounds() {
     let ns = TestNs::new("increase").await;
     deployment_with_nodes(&ns, "md", 1, 4, 2).await;
-    let (operator, mut client) = ns.operator().await;
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
     let id = format!("MachineDeployment/{}/md", ns.name);
-    wait_groups(&client, 1).await;
+    wait_groups(&rpc.raw(), 1).await;
 
-    client
-        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-            id: id.clone(),
-            delta: 2,
-        })
-        .await
-        .unwrap();
+    rpc.node_group_increase_size(&id, 2).await.unwrap();
     assert_eq!(ns.replicas(&machine_deployments(), "md").await, 4);
-    let too_many = client
-        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-            id: id.clone(),
-            delta: 1,
-        })
-        .await
-        .unwrap_err();
+    let too_many = rpc.node_group_increase_size(&id, 1).await.unwrap_err();
     assert_eq!(too_many.code(), Code::FailedPrecondition);
     assert!(
         too_many
@@ -218,13 +169,7 @@ async fn increase_size_writes_the_scale_subresource_within_bounds() {
         "{}",
         too_many.message()
     );
-    let zero = client
-        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-            id: id.clone(),
-            delta: 0,
-        })
-        .await
-        .unwrap_err();
+    let zero = rpc.node_group_increase_size(&id, 0).await.unwrap_err();
     assert_eq!(zero.code(), Code::InvalidArgument);
     assert_eq!(
         ns.replicas(&machine_deployments(), "md").await,
@@ -233,12 +178,7 @@ async fn increase_size_writes_the_scale_subresource_within_bounds() {
     );
 
     // IncreaseSize returns once the watch shows the new size: TargetSize right after agrees.
-    let target = client
-        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: id.clone() })
-        .await
-        .unwrap()
-        .into_inner()
-        .target_size;
+    let target = rpc.node_group_target_size(&id).await.unwrap();
     assert_eq!(target, 4);
     let expected = |events: &[(String, String)]| {
         events
@@ -261,44 +201,22 @@ async fn decrease_target_size_never_removes_registered_nodes() {
     ns.machine("m0", &ms, Some(&pid), Some(&node), json!({}))
         .await;
     ns.machine("pending", &ms, None, None, json!({})).await;
-    let (operator, mut client) = ns.operator().await;
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
     let id = format!("MachineDeployment/{}/md", ns.name);
-    eventually("two instances", WAIT, || {
-        let mut c = client.clone();
-        let id = id.clone();
-        async move {
-            (c.node_group_nodes(proto::NodeGroupNodesRequest { id })
-                .await
-                .ok()?
-                .into_inner()
-                .instances
-                .len()
-                == 2)
-                .then_some(())
-        }
+    eventually("two instances", WAIT, || async {
+        (rpc.node_group_nodes(&id).await.ok()?.len() == 2).then_some(())
     })
     .await;
-    let positive = client
-        .node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
-            id: id.clone(),
-            delta: 1,
-        })
+    let positive = rpc
+        .node_group_decrease_target_size(&id, 1)
         .await
         .unwrap_err();
     assert_eq!(positive.code(), Code::InvalidArgument);
-    client
-        .node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
-            id: id.clone(),
-            delta: -2,
-        })
-        .await
-        .unwrap();
+    rpc.node_group_decrease_target_size(&id, -2).await.unwrap();
     assert_eq!(ns.replicas(&machine_deployments(), "md").await, 1);
-    let below = client
-        .node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
-            id: id.clone(),
-            delta: -1,
-        })
+    let below = rpc
+        .node_group_decrease_target_size(&id, -1)
         .await
         .unwrap_err();
     assert_eq!(below.code(), Code::FailedPrecondition);
@@ -317,16 +235,13 @@ async fn delete_nodes_marks_the_machine_and_decrements_once() {
     let ns = TestNs::new("delete").await;
     let pids = deployment_with_nodes(&ns, "md", 1, 5, 3).await;
     deployment_with_nodes(&ns, "other", 0, 5, 1).await;
-    let (operator, mut client) = ns.operator().await;
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
     let id = format!("MachineDeployment/{}/md", ns.name);
-    wait_groups(&client, 2).await;
+    wait_groups(&rpc.raw(), 2).await;
 
-    let request = proto::NodeGroupDeleteNodesRequest {
-        id: id.clone(),
-        nodes: vec![node_msg(&pids[2], "n2")],
-    };
-    client
-        .node_group_delete_nodes(request.clone())
+    let nodes = vec![node_msg(&pids[2], "n2")];
+    rpc.node_group_delete_nodes(&id, nodes.clone())
         .await
         .unwrap();
     assert_eq!(ns.replicas(&machine_deployments(), "md").await, 2);
@@ -343,7 +258,7 @@ async fn delete_nodes_marks_the_machine_and_decrements_once() {
 
     // CA retries after a timeout: once the cache has seen the mark, nothing is decremented again.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    client.node_group_delete_nodes(request).await.unwrap();
+    rpc.node_group_delete_nodes(&id, nodes).await.unwrap();
     assert_eq!(
         ns.replicas(&machine_deployments(), "md").await,
         2,
@@ -351,11 +266,8 @@ async fn delete_nodes_marks_the_machine_and_decrements_once() {
     );
 
     let foreign = format!("test:////{}-other-0", ns.name);
-    let wrong = client
-        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-            id: id.clone(),
-            nodes: vec![node_msg(&foreign, "x")],
-        })
+    let wrong = rpc
+        .node_group_delete_nodes(&id, vec![node_msg(&foreign, "x")])
         .await
         .unwrap_err();
     assert_eq!(wrong.code(), Code::FailedPrecondition);
@@ -364,19 +276,13 @@ async fn delete_nodes_marks_the_machine_and_decrements_once() {
         "{}",
         wrong.message()
     );
-    let unknown = client
-        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-            id: id.clone(),
-            nodes: vec![node_msg("test:////nobody", "x")],
-        })
+    let unknown = rpc
+        .node_group_delete_nodes(&id, vec![node_msg("test:////nobody", "x")])
         .await
         .unwrap_err();
     assert_eq!(unknown.code(), Code::NotFound);
-    let below_min = client
-        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-            id: id.clone(),
-            nodes: vec![node_msg(&pids[0], "a"), node_msg(&pids[1], "b")],
-        })
+    let below_min = rpc
+        .node_group_delete_nodes(&id, vec![node_msg(&pids[0], "a"), node_msg(&pids[1], "b")])
         .await
         .unwrap_err();
     assert_eq!(below_min.code(), Code::FailedPrecondition);
@@ -403,21 +309,14 @@ async fn delete_nodes_accepts_synthetic_ids_of_unregistered_machines() {
         json!({"phase": "Failed", "deprecated": {"v1beta1": {"failureMessage": "no capacity"}}}),
     )
     .await;
-    let (operator, mut client) = ns.operator().await;
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
     let id = format!("MachineDeployment/{}/md", ns.name);
-    let instances = eventually("two instances", WAIT, || {
-        let mut c = client.clone();
-        let id = id.clone();
-        async move {
-            Some(
-                c.node_group_nodes(proto::NodeGroupNodesRequest { id })
-                    .await
-                    .ok()?
-                    .into_inner()
-                    .instances,
-            )
+    let instances = eventually("two instances", WAIT, || async {
+        rpc.node_group_nodes(&id)
+            .await
+            .ok()
             .filter(|i| i.len() == 2)
-        }
     })
     .await;
     let by_id: BTreeMap<_, _> = instances
@@ -436,11 +335,7 @@ async fn delete_nodes_accepts_synthetic_ids_of_unregistered_machines() {
 
     // CA deletes unregistered instances with fake nodes whose name and providerID are the id.
     let fake = format!("pending-machine-{}_stuck", ns.name);
-    client
-        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-            id: id.clone(),
-            nodes: vec![node_msg(&fake, &fake)],
-        })
+    rpc.node_group_delete_nodes(&id, vec![node_msg(&fake, &fake)])
         .await
         .unwrap();
     assert!(
@@ -456,16 +351,14 @@ async fn delete_nodes_accepts_synthetic_ids_of_unregistered_machines() {
 async fn a_group_the_operator_may_not_write_gets_no_machine_marked() {
     let ns = TestNs::new("rollback").await;
     let pids = deployment_with_nodes(&ns, "md", 0, 5, 2).await;
-    let (operator, mut client) = ns
+    let (operator, client) = ns
         .operator_with(shared().no_scale_kubeconfig.clone(), None)
         .await;
+    let rpc = Rpc::from(client);
     let id = format!("MachineDeployment/{}/md", ns.name);
-    wait_groups(&client, 1).await;
-    let denied = client
-        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-            id: id.clone(),
-            nodes: vec![node_msg(&pids[0], "n0")],
-        })
+    wait_groups(&rpc.raw(), 1).await;
+    let denied = rpc
+        .node_group_delete_nodes(&id, vec![node_msg(&pids[0], "n0")])
         .await
         .unwrap_err();
     assert_eq!(
@@ -504,55 +397,31 @@ async fn machine_set_and_machine_pool_groups_scale_through_their_own_scale_subre
     ];
     ns.machine_pool("mp", 2, bounds(1, 4), &[&pool_ids[0], &pool_ids[1]])
         .await;
-    let (operator, mut client) = ns.operator().await;
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
     let ms_id = format!("MachineSet/{}/ms", ns.name);
     let mp_id = format!("MachinePool/{}/mp", ns.name);
-    wait_groups(&client, 2).await;
-    client
-        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-            id: ms_id.clone(),
-            delta: 1,
-        })
-        .await
-        .unwrap();
+    wait_groups(&rpc.raw(), 2).await;
+    rpc.node_group_increase_size(&ms_id, 1).await.unwrap();
     assert_eq!(ns.replicas(&machine_sets(), "ms").await, 2);
 
-    let nodes = client
-        .node_group_nodes(proto::NodeGroupNodesRequest { id: mp_id.clone() })
-        .await
-        .unwrap()
-        .into_inner();
+    let nodes = rpc.node_group_nodes(&mp_id).await.unwrap();
     assert_eq!(
-        nodes
-            .instances
-            .iter()
-            .map(|i| i.id.clone())
-            .collect::<Vec<_>>(),
+        nodes.iter().map(|i| i.id.clone()).collect::<Vec<_>>(),
         pool_ids.to_vec()
     );
-    let found = client
-        .node_group_for_node(proto::NodeGroupForNodeRequest {
-            node: Some(node_msg(&pool_ids[1], "p1")),
-        })
+    let found = rpc
+        .node_group_for_node(node_msg(&pool_ids[1], "p1"))
         .await
         .unwrap()
-        .into_inner()
-        .node_group
         .unwrap();
     assert_eq!(found.id, mp_id);
-    client
-        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-            id: mp_id.clone(),
-            nodes: vec![node_msg(&pool_ids[1], "p1")],
-        })
+    rpc.node_group_delete_nodes(&mp_id, vec![node_msg(&pool_ids[1], "p1")])
         .await
         .unwrap();
     assert_eq!(ns.replicas(&machine_pools(), "mp").await, 1);
-    let not_listed = client
-        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-            id: mp_id.clone(),
-            nodes: vec![node_msg("kwok:////elsewhere", "x")],
-        })
+    let not_listed = rpc
+        .node_group_delete_nodes(&mp_id, vec![node_msg("kwok:////elsewhere", "x")])
         .await
         .unwrap_err();
     assert_eq!(not_listed.code(), Code::NotFound);
@@ -574,30 +443,18 @@ async fn nodes_without_machine_provider_ids_resolve_through_node_annotations() {
     ]);
     let node = ns.node("vm", &pid, annotations).await;
     ns.machine("m0", &ms, None, Some(&node), json!({})).await;
-    let (operator, mut client) = ns.operator().await;
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
     let id = format!("MachineDeployment/{}/md", ns.name);
-    let found = eventually("group through node annotations", WAIT, || {
-        let mut c = client.clone();
-        let pid = pid.clone();
-        async move {
-            let g = c
-                .node_group_for_node(proto::NodeGroupForNodeRequest {
-                    node: Some(node_msg(&pid, "vm")),
-                })
-                .await
-                .ok()?;
-            Some(g.into_inner().node_group?.id).filter(|id| !id.is_empty())
-        }
+    let found = eventually("group through node annotations", WAIT, || async {
+        let group = rpc.node_group_for_node(node_msg(&pid, "vm")).await.ok()?;
+        group.map(|g| g.id)
     })
     .await;
     assert_eq!(found, id);
-    let nodes = client
-        .node_group_nodes(proto::NodeGroupNodesRequest { id })
-        .await
-        .unwrap()
-        .into_inner();
+    let nodes = rpc.node_group_nodes(&id).await.unwrap();
     assert_eq!(
-        nodes.instances[0].id, pid,
+        nodes[0].id, pid,
         "the node's provider ID, through status.nodeRef"
     );
     operator.shutdown().await.unwrap();
@@ -638,13 +495,15 @@ async fn template_node_info_comes_from_annotations_and_the_infrastructure_templa
     .await
     .unwrap();
 
-    let (operator, mut client) = ns.operator().await;
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
     let zero = format!("MachineDeployment/{}/zero", ns.name);
+    // Raw: the legacy nodeInfo field is compared with nodeBytes.
     let response = eventually(
         "template with cpu from the infrastructure template",
         WAIT,
         || {
-            let mut c = client.clone();
+            let mut c = rpc.raw();
             let id = zero.clone();
             async move {
                 let r = c
@@ -681,10 +540,8 @@ async fn template_node_info_comes_from_annotations_and_the_infrastructure_templa
         (Some("dedicated"), Some("NoSchedule"))
     );
 
-    let plain = client
-        .node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest {
-            id: format!("MachineDeployment/{}/plain", ns.name),
-        })
+    let plain = rpc
+        .node_group_template_node_info(&format!("MachineDeployment/{}/plain", ns.name))
         .await;
     // "plain" shares the template, so it can scale from zero too; a group without any template
     // data is UNIMPLEMENTED, never OK with empty bytes.
@@ -701,8 +558,9 @@ async fn get_options_echoes_defaults_and_applies_annotations() {
         json!("0.3");
     ns.machine_deployment("tuned", 1, annotations).await;
     ns.machine_deployment("default", 1, bounds(0, 3)).await;
-    let (operator, mut client) = ns.operator().await;
-    wait_groups(&client, 2).await;
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
+    wait_groups(&rpc.raw(), 2).await;
     let secs = |s| {
         Some(prost_types::Duration {
             seconds: s,
@@ -717,26 +575,17 @@ async fn get_options_echoes_defaults_and_applies_annotations() {
         max_node_provision_duration: secs(900),
         ..Default::default()
     };
-    let options = client
-        .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
-            id: format!("MachineDeployment/{}/tuned", ns.name),
-            defaults: Some(defaults),
-        })
+    let options = rpc
+        .node_group_get_options(&format!("MachineDeployment/{}/tuned", ns.name), defaults)
         .await
-        .unwrap()
-        .into_inner()
-        .node_group_autoscaling_options
         .unwrap();
     assert_eq!(options.scale_down_utilization_threshold, 0.3);
     assert_eq!(options.scale_down_gpu_utilization_threshold, 0.5);
     assert_eq!(options.scale_down_unneeded_duration, secs(60));
     assert_eq!(options.scale_down_unready_duration, secs(1200));
     assert_eq!(options.max_node_provision_duration, secs(900));
-    let none = client
-        .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
-            id: format!("MachineDeployment/{}/default", ns.name),
-            defaults: Some(defaults),
-        })
+    let none = rpc
+        .node_group_get_options(&format!("MachineDeployment/{}/default", ns.name), defaults)
         .await
         .unwrap_err();
     assert_eq!(none.code(), Code::Unimplemented);
@@ -748,8 +597,9 @@ async fn annotation_changes_reach_answers_within_a_loop() {
     let ns = TestNs::new("latency").await;
     ns.machine_deployment("md", 1, bounds(0, 3)).await;
     let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
     let id = format!("MachineDeployment/{}/md", ns.name);
-    wait_groups(&client, 1).await;
+    wait_groups(&rpc.raw(), 1).await;
     let start = Instant::now();
     ns.api(&machine_deployments())
         .patch(
@@ -759,21 +609,12 @@ async fn annotation_changes_reach_answers_within_a_loop() {
         )
         .await
         .unwrap();
-    eventually("max 7", Duration::from_secs(10), || {
-        let mut c = client.clone();
-        let id = id.clone();
-        async move {
-            let groups = c
-                .node_groups(proto::NodeGroupsRequest {})
-                .await
-                .ok()?
-                .into_inner()
-                .node_groups;
-            groups
-                .iter()
-                .find(|g| g.id == id && g.max_size == 7)
-                .map(|_| ())
-        }
+    eventually("max 7", Duration::from_secs(10), || async {
+        let groups = rpc.node_groups().await.ok()?;
+        groups
+            .iter()
+            .find(|g| g.id == id && g.max_size == 7)
+            .map(|_| ())
     })
     .await;
     let elapsed = start.elapsed();
@@ -836,13 +677,10 @@ async fn every_rpc_is_unavailable_until_caches_sync() {
 async fn admin_endpoints_report_health_and_metrics() {
     let ns = TestNs::new("admin").await;
     ns.machine_deployment("md", 2, bounds(1, 4)).await;
-    let (operator, mut client) = ns.operator().await;
-    wait_groups(&client, 1).await;
-    let _ = client
-        .node_group_target_size(proto::NodeGroupTargetSizeRequest {
-            id: "MachineDeployment/x/none".into(),
-        })
-        .await;
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
+    wait_groups(&rpc.raw(), 1).await;
+    let _ = rpc.node_group_target_size("MachineDeployment/x/none").await;
     assert_eq!(http_get(operator.admin_address, "/livez").await.0, 200);
     assert_eq!(http_get(operator.admin_address, "/readyz").await.0, 200);
     let (code, metrics) = http_get(operator.admin_address, "/metrics").await;
@@ -884,16 +722,9 @@ async fn v1beta1_can_be_chosen_with_capi_version() {
             .connect()
             .await
             .unwrap();
-    let client = proto::cloud_provider_client::CloudProviderClient::new(channel);
-    let ids = eventually("group through v1beta1", WAIT, || {
-        let mut c = client.clone();
-        async move {
-            c.node_groups(proto::NodeGroupsRequest {})
-                .await
-                .ok()
-                .map(|r| r.into_inner().node_groups)
-                .filter(|g| !g.is_empty())
-        }
+    let rpc = Rpc::from(channel);
+    let ids = eventually("group through v1beta1", WAIT, || async {
+        rpc.node_groups().await.ok().filter(|g| !g.is_empty())
     })
     .await;
     assert_eq!(ids[0].id, format!("MachineDeployment/{}/md", ns.name));

@@ -3,23 +3,13 @@
 
 use std::time::Duration;
 
+use crate::support::rpc::Rpc;
 use crate::support::*;
 use nodegroup_operator::proto;
 use serde_json::json;
 use tonic::Code;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-async fn groups(
-    client: &mut proto::cloud_provider_client::CloudProviderClient<tonic::transport::Channel>,
-) -> Vec<proto::NodeGroup> {
-    client
-        .node_groups(proto::NodeGroupsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .node_groups
-}
 
 #[tokio::test]
 async fn the_api_server_rejects_invalid_policies_with_clear_messages() {
@@ -284,9 +274,10 @@ async fn bad_option_capacity_label_and_taint_values_keep_the_group_served_and_re
     )
     .await
     .unwrap();
-    let (operator, mut client) = ns.operator().await;
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
     let id = format!("MachineDeployment/{}/md", ns.name);
-    let served = wait_groups(&client, 1).await;
+    let served = wait_groups(&rpc.raw(), 1).await;
     assert_eq!(
         (served[0].id.as_str(), served[0].max_size),
         (id.as_str(), 3)
@@ -294,14 +285,10 @@ async fn bad_option_capacity_label_and_taint_values_keep_the_group_served_and_re
 
     // Scale from zero works with cpu from the annotation and memory from the policy, the
     // good label and the taint as written.
-    let template = client
-        .node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest { id: id.clone() })
+    let node = rpc
+        .node_group_template_node_info(&id)
         .await
-        .expect("template")
-        .into_inner();
-    let node =
-        <k8s_pb::api::core::v1::Node as prost::Message>::decode(template.node_bytes.as_slice())
-            .unwrap();
+        .expect("template");
     let capacity = node.status.unwrap().capacity;
     assert_eq!(capacity["cpu"].string.as_deref(), Some("2"));
     assert_eq!(capacity["memory"].string.as_deref(), Some("8Gi"));
@@ -318,16 +305,11 @@ async fn bad_option_capacity_label_and_taint_values_keep_the_group_served_and_re
     );
 
     // No usable option override: CA's defaults apply (UNIMPLEMENTED means "use yours").
-    let options = client
-        .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
-            id: id.clone(),
-            defaults: Some(proto::NodeGroupAutoscalingOptions {
-                scale_down_utilization_threshold: 0.5,
-                ..Default::default()
-            }),
-        })
-        .await
-        .unwrap_err();
+    let defaults = proto::NodeGroupAutoscalingOptions {
+        scale_down_utilization_threshold: 0.5,
+        ..Default::default()
+    };
+    let options = rpc.node_group_get_options(&id, defaults).await.unwrap_err();
     assert_eq!(options.code(), Code::Unimplemented);
 
     let status = ns
@@ -373,19 +355,11 @@ async fn scaling_shows_in_status_and_events_on_the_policy() {
     ns.policy("p", json!({"selector": {}, "minSize": 1, "maxSize": 2}))
         .await
         .unwrap();
-    let (operator, mut client) = ns.operator().await;
-    let id = wait_groups(&client, 1).await[0].id.clone();
-    client
-        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-            id: id.clone(),
-            delta: 1,
-        })
-        .await
-        .unwrap();
-    let over = client
-        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest { id, delta: 1 })
-        .await
-        .unwrap_err();
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
+    let id = wait_groups(&rpc.raw(), 1).await[0].id.clone();
+    rpc.node_group_increase_size(&id, 1).await.unwrap();
+    let over = rpc.node_group_increase_size(&id, 1).await.unwrap_err();
     assert_eq!(over.code(), Code::FailedPrecondition);
     let status = ns
         .policy_status("p", |s| {
@@ -415,44 +389,27 @@ async fn pricing_and_options_come_from_the_policy() {
     ns.label(&machine_deployments(), "md", json!({"pool": "general"}))
         .await;
     ns.apply_example("nodegrouppolicy.yaml").await;
-    let (operator, mut client) = ns.operator().await;
-    let id = wait_groups(&client, 1).await[0].id.clone();
-    let hour = |h: i64| {
-        Some(prost_types::Timestamp {
-            seconds: h * 3600,
-            nanos: 0,
-        })
-    };
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
+    let id = wait_groups(&rpc.raw(), 1).await[0].id.clone();
+    let hour = 3600;
 
     // The template node carries its group, so CA's price expander can price it.
-    let template = client
-        .node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest { id: id.clone() })
-        .await
-        .unwrap()
-        .into_inner();
-    let node =
-        <k8s_pb::api::core::v1::Node as prost::Message>::decode(template.node_bytes.as_slice())
-            .unwrap();
+    let node = rpc.node_group_template_node_info(&id).await.unwrap();
     let meta = node.metadata.unwrap();
     assert_eq!(
         meta.labels["node.kubernetes.io/instance-type"],
         "general-4x16"
     );
-    let price = client
-        .pricing_node_price(proto::PricingNodePriceRequest {
-            node: Some(proto::ExternalGrpcNode {
-                name: "template-node".into(),
-                annotations: meta.annotations.into_iter().collect(),
-                ..Default::default()
-            }),
-            start_timestamp: hour(0),
-            end_timestamp: hour(2),
-            ..Default::default()
-        })
+    let template_node = proto::ExternalGrpcNode {
+        name: "template-node".into(),
+        annotations: meta.annotations.into_iter().collect(),
+        ..Default::default()
+    };
+    let price = rpc
+        .pricing_node_price(template_node, 0..2 * hour)
         .await
-        .unwrap()
-        .into_inner()
-        .price;
+        .unwrap();
     assert!((price - 0.38).abs() < 1e-9, "2 hours at 0.19: {price}");
     // CA <= 1.34 sends the window in the legacy metav1.Time fields.
     let legacy = |h: i64| {
@@ -461,20 +418,19 @@ async fn pricing_and_options_come_from_the_policy() {
             nanos: 0,
         })
     };
-    let node = || {
-        Some(proto::ExternalGrpcNode {
-            name: "template-node".into(),
-            annotations: [(
-                "autoscaling.nodegroup.dev/node-group".to_string(),
-                id.clone(),
-            )]
-            .into(),
-            ..Default::default()
-        })
+    let node = || proto::ExternalGrpcNode {
+        name: "template-node".into(),
+        annotations: [(
+            "autoscaling.nodegroup.dev/node-group".to_string(),
+            id.clone(),
+        )]
+        .into(),
+        ..Default::default()
     };
-    let legacy_price = client
+    let legacy_price = rpc
+        .raw()
         .pricing_node_price(proto::PricingNodePriceRequest {
-            node: node(),
+            node: Some(node()),
             start_time: legacy(0),
             end_time: legacy(1),
             ..Default::default()
@@ -484,19 +440,8 @@ async fn pricing_and_options_come_from_the_policy() {
         .into_inner()
         .price;
     assert!((legacy_price - 0.19).abs() < 1e-9, "{legacy_price}");
-    let overflow = client
-        .pricing_node_price(proto::PricingNodePriceRequest {
-            node: node(),
-            start_timestamp: Some(prost_types::Timestamp {
-                seconds: i64::MIN,
-                nanos: 0,
-            }),
-            end_timestamp: Some(prost_types::Timestamp {
-                seconds: i64::MAX,
-                nanos: 0,
-            }),
-            ..Default::default()
-        })
+    let overflow = rpc
+        .pricing_node_price(node(), i64::MIN..i64::MAX)
         .await
         .unwrap_err();
     assert_eq!(overflow.code(), Code::InvalidArgument, "{overflow:?}");
@@ -526,23 +471,21 @@ async fn pricing_and_options_come_from_the_policy() {
         }),
         ..Default::default()
     };
-    let pod_price = client
-        .pricing_pod_price(proto::PricingPodPriceRequest {
-            pod_bytes: prost::Message::encode_to_vec(&pod),
-            start_timestamp: hour(0),
-            end_timestamp: hour(1),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .price;
+    let pod_price = rpc.pricing_pod_price(&pod, 0..hour).await.unwrap();
     assert!((pod_price - 0.1).abs() < 1e-9, "{pod_price}");
-    let garbage = client
+    // Raw: bytes that are no pod.
+    let garbage = rpc
+        .raw()
         .pricing_pod_price(proto::PricingPodPriceRequest {
             pod_bytes: vec![0xff, 0xff, 0xff],
-            start_timestamp: hour(0),
-            end_timestamp: hour(1),
+            start_timestamp: Some(prost_types::Timestamp {
+                seconds: 0,
+                nanos: 0,
+            }),
+            end_timestamp: Some(prost_types::Timestamp {
+                seconds: 3600,
+                nanos: 0,
+            }),
             ..Default::default()
         })
         .await
@@ -562,16 +505,7 @@ async fn pricing_and_options_come_from_the_policy() {
         }),
         ..Default::default()
     };
-    let options = client
-        .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
-            id,
-            defaults: Some(defaults),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .node_group_autoscaling_options
-        .unwrap();
+    let options = rpc.node_group_get_options(&id, defaults).await.unwrap();
     assert_eq!(options.scale_down_utilization_threshold, 0.6);
     assert_eq!(
         options.scale_down_unneeded_duration,
@@ -598,7 +532,8 @@ async fn policy_changes_reach_answers_within_a_loop() {
         .await
         .unwrap();
     let (operator, client) = ns.operator().await;
-    wait_groups(&client, 1).await;
+    let rpc = Rpc::from(client);
+    wait_groups(&rpc.raw(), 1).await;
     let start = std::time::Instant::now();
     policies_api(&ns)
         .patch(
@@ -608,15 +543,13 @@ async fn policy_changes_reach_answers_within_a_loop() {
         )
         .await
         .unwrap();
-    eventually("max 9", Duration::from_secs(10), || {
-        let mut c = client.clone();
-        async move {
-            groups(&mut c)
-                .await
-                .first()
-                .filter(|g| g.max_size == 9)
-                .map(|_| ())
-        }
+    eventually("max 9", Duration::from_secs(10), || async {
+        rpc.node_groups()
+            .await
+            .unwrap()
+            .first()
+            .filter(|g| g.max_size == 9)
+            .map(|_| ())
     })
     .await;
     eprintln!("policy watch-to-answer latency: {:?}", start.elapsed());

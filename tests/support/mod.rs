@@ -5,6 +5,7 @@
 
 pub mod promql;
 pub mod rbac;
+pub mod rpc;
 
 use std::collections::BTreeMap;
 use std::future::Future;
