@@ -39,6 +39,9 @@ pub struct CertificateAuthority {
     pub cert_pem: String,
 }
 
+/// A calendar day, UTC: (year, month, day).
+type Day = (i32, u8, u8);
+
 /// A certificate and its key, PEM.
 #[derive(Clone, Debug)]
 pub struct IssuedCert {
@@ -74,6 +77,27 @@ impl CertificateAuthority {
         })
     }
 
+    /// This CA renewed the way cert-manager renews a CA certificate whose private key's
+    /// `rotationPolicy` is `Never`: a new certificate with the same name and key, valid until
+    /// the start of `(year, month, day)`. Certificates the old one signed chain to it.
+    pub fn renewed(&self, (year, month, day): Day) -> Result<Self, PkiError> {
+        let name = "renewed CA".to_string();
+        let err = |source| PkiError::Generate {
+            name: name.clone(),
+            source,
+        };
+        let key = KeyPair::from_pem(&self.key.serialize_pem()).map_err(err)?;
+        let mut params = self.params.clone();
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(year, month, day);
+        let cert_pem = params.self_signed(&key).map_err(err)?.pem();
+        Ok(Self {
+            params,
+            key,
+            cert_pem,
+        })
+    }
+
     /// Issues a certificate valid for server and client use. `hosts` become SANs (IPs as IP
     /// SANs); `organization` becomes O= (Kubernetes groups).
     pub fn issue(
@@ -82,7 +106,7 @@ impl CertificateAuthority {
         hosts: &[&str],
         organization: Option<&str>,
     ) -> Result<IssuedCert, PkiError> {
-        self.issue_valid(common_name, hosts, organization, false)
+        self.issue_valid(common_name, hosts, organization, None)
     }
 
     /// Like [`Self::issue`], but valid only during 2020 (expired ever since), to test that
@@ -93,17 +117,29 @@ impl CertificateAuthority {
         hosts: &[&str],
         organization: Option<&str>,
     ) -> Result<IssuedCert, PkiError> {
-        self.issue_valid(common_name, hosts, organization, true)
+        let window = ((2020, 1, 1), (2021, 1, 1));
+        self.issue_valid(common_name, hosts, organization, Some(window))
     }
 
-    /// Issues a certificate valid from 1975 to 4096 (rcgen's default), or only during 2020
-    /// when `expired`.
+    /// Like [`Self::issue`], but valid from 2020 until the start of `(year, month, day)`, UTC.
+    pub fn issue_until(
+        &self,
+        common_name: &str,
+        hosts: &[&str],
+        (year, month, day): (i32, u8, u8),
+    ) -> Result<IssuedCert, PkiError> {
+        let window = ((2020, 1, 1), (year, month, day));
+        self.issue_valid(common_name, hosts, None, Some(window))
+    }
+
+    /// Issues a certificate valid from 1975 to 4096 (rcgen's default), or during `window`
+    /// (not before, not after).
     fn issue_valid(
         &self,
         common_name: &str,
         hosts: &[&str],
         organization: Option<&str>,
-        expired: bool,
+        window: Option<(Day, Day)>,
     ) -> Result<IssuedCert, PkiError> {
         let err = |source| PkiError::Generate {
             name: common_name.into(),
@@ -124,7 +160,7 @@ impl CertificateAuthority {
                 ExtendedKeyUsagePurpose::ServerAuth,
                 ExtendedKeyUsagePurpose::ClientAuth,
             ],
-            expired,
+            window,
         )
     }
 
@@ -145,7 +181,7 @@ impl CertificateAuthority {
             sans,
             None,
             vec![ExtendedKeyUsagePurpose::ClientAuth],
-            false,
+            None,
         )
     }
 
@@ -155,7 +191,7 @@ impl CertificateAuthority {
         sans: Vec<SanType>,
         organization: Option<&str>,
         extended_key_usages: Vec<ExtendedKeyUsagePurpose>,
-        expired: bool,
+        window: Option<(Day, Day)>,
     ) -> Result<IssuedCert, PkiError> {
         let err = |source| PkiError::Generate {
             name: common_name.into(),
@@ -175,9 +211,9 @@ impl CertificateAuthority {
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
-        if expired {
-            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        if let Some(((y0, m0, d0), (y1, m1, d1))) = window {
+            params.not_before = rcgen::date_time_ymd(y0, m0, d0);
+            params.not_after = rcgen::date_time_ymd(y1, m1, d1);
         }
         params.extended_key_usages = extended_key_usages;
         let key = KeyPair::generate().map_err(err)?;

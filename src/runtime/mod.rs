@@ -532,10 +532,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     match &config.tls {
         Some(files) => {
             let tls = ReloadingTls::load(files.clone()).context("loading gRPC TLS files")?;
-            tasks.spawn(
-                tls.clone()
-                    .watch(config.tls_reload_interval, shutdown.clone()),
-            );
+            tasks.spawn(tls.clone().watch(
+                config.tls_reload_interval,
+                metrics.clone(),
+                shutdown.clone(),
+            ));
             let incoming = tls::incoming(grpc_listener, tls, shutdown.clone());
             tracing::info!(address = %grpc_address, "serving externalgrpc with mTLS (client certificates required)");
             tasks.spawn(serve_grpc(

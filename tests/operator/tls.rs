@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::support::*;
 use ngo_sandbox::pki::{CertificateAuthority, IssuedCert};
 use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
+use nodegroup_operator::runtime::Running;
 use nodegroup_operator::server::tls::{
     HandshakeLimits, Listener, ReloadingTls, TlsFiles, incoming_with,
 };
@@ -53,6 +54,41 @@ fn write_set(
     }
 }
 
+/// Unix seconds at the start of a UTC day.
+fn day(year: i16, month: i8, day: i8) -> i64 {
+    jiff::civil::date(year, month, day)
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .expect("a day")
+        .timestamp()
+        .as_second()
+}
+
+/// The expiry gauges expected with a serving certificate valid until `serving` and a client
+/// CA of rcgen's default validity (until 4096-01-01).
+fn expiries(serving: i64) -> Vec<(String, i64)> {
+    vec![
+        ("client-ca".to_string(), day(4096, 1, 1)),
+        ("serving".to_string(), serving),
+    ]
+}
+
+/// `(certificate, expiry)` of the operator's certificate expiry gauges, sorted.
+async fn certificate_expiries(operator: &Running) -> Vec<(String, i64)> {
+    let (_, text) = http_get(operator.admin_address, "/metrics").await;
+    let mut found: Vec<(String, i64)> = text
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("nodegroup_tls_certificate_expiry_timestamp_seconds{certificate=\"")
+        })
+        .filter_map(|l| {
+            let (certificate, value) = l.split_once("\"} ")?;
+            Some((certificate.to_string(), value.trim().parse().ok()?))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
 #[tokio::test]
 async fn client_certificates_are_required_and_rotation_needs_no_restart() {
     let ns = TestNs::new("mtls").await;
@@ -60,7 +96,11 @@ async fn client_certificates_are_required_and_rotation_needs_no_restart() {
     let dir = tempfile::tempdir().unwrap();
     let ca = CertificateAuthority::new("ngo-test-ca").unwrap();
     let server = ca
-        .issue("nodegroup-operator", &["127.0.0.1", "localhost"], None)
+        .issue_until(
+            "nodegroup-operator",
+            &["127.0.0.1", "localhost"],
+            (2031, 6, 1),
+        )
         .unwrap();
     let client = ca.issue("cluster-autoscaler", &[], None).unwrap();
     let files = write_set(dir.path(), &server, &ca);
@@ -80,6 +120,12 @@ async fn client_certificates_are_required_and_rotation_needs_no_restart() {
     })
     .await;
     assert_eq!(served, 1);
+    // When the certificates in use expire: the serving one's notAfter, and the client CA's
+    // (rcgen's default, 4096-01-01).
+    assert_eq!(
+        certificate_expiries(&operator).await,
+        expiries(day(2031, 6, 1))
+    );
     let anonymous = call(address, &ca.cert_pem, None).await;
     assert!(
         anonymous.is_err(),
@@ -93,10 +139,38 @@ async fn client_certificates_are_required_and_rotation_needs_no_restart() {
         "a certificate from another CA must be refused: {refused:?}"
     );
 
+    // The CA renewed over its own key, as the chart's CA is (rotationPolicy Never): the client
+    // certificate cluster-autoscaler already holds still chains to it, so no restart is needed.
+    let renewed = ca.renewed((2036, 1, 1)).unwrap();
+    write_set(dir.path(), &server, &renewed);
+    eventually(
+        "the renewed CA is in use",
+        Duration::from_secs(10),
+        || async {
+            Some(certificate_expiries(&operator).await).filter(|found| {
+                *found
+                    == [
+                        ("client-ca".to_string(), day(2036, 1, 1)),
+                        ("serving".to_string(), day(2031, 6, 1)),
+                    ]
+            })
+        },
+    )
+    .await;
+    assert_eq!(
+        call(address, &renewed.cert_pem, Some(&client)).await,
+        Ok(1),
+        "a client certificate of the CA before its renewal is accepted"
+    );
+
     // Rotate everything: new server certificate and a new client CA.
     let new_ca = CertificateAuthority::new("ngo-test-ca-2").unwrap();
     let new_server = new_ca
-        .issue("nodegroup-operator", &["127.0.0.1", "localhost"], None)
+        .issue_until(
+            "nodegroup-operator",
+            &["127.0.0.1", "localhost"],
+            (2032, 6, 1),
+        )
         .unwrap();
     let new_client = new_ca.issue("cluster-autoscaler", &[], None).unwrap();
     write_set(dir.path(), &new_server, &new_ca);
@@ -114,6 +188,15 @@ async fn client_certificates_are_required_and_rotation_needs_no_restart() {
         old.is_err(),
         "the old client CA is no longer trusted: {old:?}"
     );
+    eventually(
+        "the expiry follows the rotated files",
+        Duration::from_secs(5),
+        || async {
+            Some(certificate_expiries(&operator).await)
+                .filter(|found| *found == expiries(day(2032, 6, 1)))
+        },
+    )
+    .await;
 
     // A broken file set is refused and the current certificates stay.
     std::fs::write(dir.path().join("server.crt"), "not a certificate").unwrap();

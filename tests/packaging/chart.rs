@@ -1232,6 +1232,7 @@ fn operator_exposition() -> support::promql::Exposition {
     metrics.set_leader(true);
     metrics.observe_backend_call("cherryServers", "create", "ok");
     metrics.set_backend_available("ns/pool", true);
+    metrics.set_certificate_expiry("serving", 1_900_000_000);
     metrics.observe_sweep(&nodegroup_operator::metrics::SweepCounts::default());
     let mut snapshot = build_snapshot(&IndexInputs::default());
     snapshot.workload.insert(
@@ -1311,6 +1312,7 @@ fn alerts_name_only_metrics_the_operator_exports() {
         "NodegroupOperatorStrandedScaleDownMarks",
         "NodegroupOperatorWorkloadClusterUnreachable",
         "NodegroupOperatorBackendUnavailable",
+        "NodegroupOperatorCertificateExpiringSoon",
     ] {
         assert!(
             alerts.iter().any(|a| a == expected),
@@ -1784,6 +1786,17 @@ fn the_upstream_cluster_autoscaler_chart_with_the_readme_values_reaches_the_oper
     };
     assert_eq!(mount("cloud-config"), "/etc/cluster-autoscaler");
     let client_dir = mount("client-cert");
+    // Reloader rolls cluster-autoscaler when either Secret it reads once changes.
+    let mut reloaded: Vec<&str> =
+        deployment["metadata"]["annotations"]["secret.reloader.stakater.com/reload"]
+            .as_str()
+            .expect("the Reloader annotation")
+            .split(',')
+            .collect();
+    reloaded.sort();
+    let mut read_once = vec![secret_of("client-cert"), secret_of("cloud-config")];
+    read_once.sort();
+    assert_eq!(reloaded, read_once);
 
     // The operator's chart renders the Secrets those volumes name, with paths that match.
     for operator_values in [&[][..], &["--set", "grpc.certManager.enabled=true"][..]] {
@@ -2133,4 +2146,55 @@ fn notes_say_what_to_check_next() {
         "{insecure}"
     );
     assert!(!insecure.contains("client-cert:"), "{insecure}");
+}
+
+/// The self-signed CA lives ten years and is renewed over its own key, so the client
+/// certificate cluster-autoscaler read at start-up keeps chaining to it; leaves rotate keys.
+#[test]
+fn the_self_signed_ca_is_long_lived_and_renewed_over_its_key() {
+    let certificate = |docs: &[serde_json::Value], name: &str| -> serde_json::Value {
+        docs.iter()
+            .find(|d| d["kind"] == "Certificate" && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("Certificate {name}"))["spec"]
+            .clone()
+    };
+    let docs =
+        rbac::render_chart("ngo-system", &["--set", "grpc.certManager.enabled=true"]).unwrap();
+    let ca = certificate(&docs, "nodegroup-operator-ca");
+    assert_eq!(ca["isCA"], true);
+    assert_eq!(ca["duration"], "87600h");
+    assert_eq!(ca["privateKey"]["rotationPolicy"], "Never");
+    for leaf in [
+        "nodegroup-operator-grpc-server",
+        "nodegroup-operator-client-cluster-autoscaler",
+    ] {
+        let spec = certificate(&docs, leaf);
+        assert_eq!(spec["privateKey"]["rotationPolicy"], "Always", "{leaf}");
+        assert!(
+            spec.get("duration").is_none(),
+            "{leaf}: cert-manager's default"
+        );
+    }
+    let docs = rbac::render_chart(
+        "ngo-system",
+        &[
+            "--set",
+            "grpc.certManager.enabled=true",
+            "--set",
+            "grpc.certManager.caDuration=43800h",
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        certificate(&docs, "nodegroup-operator-ca")["duration"],
+        "43800h"
+    );
+    let error = template(&[
+        "--set",
+        "grpc.certManager.enabled=true",
+        "--set",
+        "grpc.certManager.caDuration=10y",
+    ])
+    .unwrap_err();
+    assert!(error.contains("caDuration"), "{error}");
 }

@@ -149,7 +149,13 @@ pub struct Metrics {
     leader: Gauge,
     backend_calls: Family<BackendCallLabels, Counter>,
     backend_available: Family<PoolLabels, Gauge>,
+    certificate_expiry: Family<CertificateLabels, Gauge>,
     registry: Registry,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertificateLabels {
+    certificate: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -334,9 +340,16 @@ impl Metrics {
             "1 while a NodePool's backend answers with its credentials, 0 otherwise",
             backend_available.clone(),
         );
+        let certificate_expiry = Family::<CertificateLabels, Gauge>::default();
+        registry.register(
+            "tls_certificate_expiry_timestamp_seconds",
+            "When the gRPC endpoint's certificates in use expire (notAfter, Unix seconds): certificate=serving for the serving certificate, client-ca for the first to expire of the client CA bundle",
+            certificate_expiry.clone(),
+        );
         Self {
             backend_calls,
             backend_available,
+            certificate_expiry,
             workload_reachable,
             leader,
             rpc_duration,
@@ -475,6 +488,14 @@ impl Metrics {
             }
         }
         self.config_warnings.replace(warnings);
+    }
+
+    /// Records that the gRPC endpoint's `certificate` (`serving` or `client-ca`) in use
+    /// expires at `at` (Unix seconds).
+    pub fn set_certificate_expiry(&self, certificate: &'static str, at: i64) {
+        self.certificate_expiry
+            .get_or_create(&CertificateLabels { certificate })
+            .set(at);
     }
 
     /// Records whether this replica leads.

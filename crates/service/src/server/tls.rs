@@ -28,6 +28,9 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+use crate::metrics::Metrics;
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -81,13 +84,33 @@ pub enum TlsError {
     Config(String),
 }
 
+/// When the certificates in use stop being valid (`notAfter`, Unix seconds): the serving
+/// certificate (the first of its chain), and the first to expire of the client CA bundle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expiries {
+    /// The serving certificate's.
+    pub serving: i64,
+    /// The earliest of the client CA bundle's.
+    pub client_ca: i64,
+}
+
 impl TlsFiles {
     /// Builds a rustls server config requiring client certificates from the CA bundle.
     pub fn server_config(&self) -> Result<ServerConfig, TlsError> {
+        self.load().map(|(config, _)| config)
+    }
+
+    /// The server config and when its certificates expire.
+    fn load(&self) -> Result<(ServerConfig, Expiries), TlsError> {
         let certs = read_certs("server certificate", &self.cert)?;
         let key = read_key(&self.key)?;
+        let client_cas = read_certs("client CA bundle", &self.client_ca)?;
+        let expiries = Expiries {
+            serving: not_after("server certificate", &self.cert, &certs[..1])?,
+            client_ca: not_after("client CA bundle", &self.client_ca, &client_cas)?,
+        };
         let mut roots = RootCertStore::empty();
-        for ca in read_certs("client CA bundle", &self.client_ca)? {
+        for ca in client_cas {
             roots.add(ca).map_err(|e| TlsError::Pem {
                 what: "client CA bundle",
                 path: self.client_ca.clone(),
@@ -108,7 +131,7 @@ impl TlsFiles {
                 TlsError::Config(format!("server certificate and key do not match: {e}"))
             })?;
         config.alpn_protocols = vec![b"h2".to_vec()];
-        Ok(config)
+        Ok((config, expiries))
     }
 
     fn fingerprint(&self) -> Option<u64> {
@@ -118,6 +141,29 @@ impl TlsFiles {
         }
         Some(hasher.finish())
     }
+}
+
+/// The earliest `notAfter` of `certs` read from `path`, in Unix seconds.
+fn not_after(
+    what: &'static str,
+    path: &Path,
+    certs: &[CertificateDer<'static>],
+) -> Result<i64, TlsError> {
+    let mut earliest = None;
+    for cert in certs {
+        let (_, parsed) = X509Certificate::from_der(cert).map_err(|e| TlsError::Pem {
+            what,
+            path: path.into(),
+            reason: format!("not an X.509 certificate: {e}"),
+        })?;
+        let expiry = parsed.validity().not_after.timestamp();
+        earliest = Some(earliest.map_or(expiry, |e: i64| e.min(expiry)));
+    }
+    earliest.ok_or_else(|| TlsError::Pem {
+        what,
+        path: path.into(),
+        reason: "no CERTIFICATE block".into(),
+    })
 }
 
 fn read_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -160,17 +206,30 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 pub struct ReloadingTls {
     files: TlsFiles,
     current: RwLock<(Option<u64>, Arc<ServerConfig>)>,
+    expiries: RwLock<Expiries>,
 }
 
 impl ReloadingTls {
     /// Loads the files once; fails when they are unusable.
     pub fn load(files: TlsFiles) -> Result<Arc<Self>, TlsError> {
-        let config = Arc::new(files.server_config()?);
+        let (config, expiries) = files.load()?;
         let fingerprint = files.fingerprint();
         Ok(Arc::new(Self {
             files,
-            current: RwLock::new((fingerprint, config)),
+            current: RwLock::new((fingerprint, Arc::new(config))),
+            expiries: RwLock::new(expiries),
         }))
+    }
+
+    /// When the certificates in use expire.
+    pub fn expiries(&self) -> Expiries {
+        *self.expiries.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn publish_expiries(&self, metrics: &Metrics) {
+        let expiries = self.expiries();
+        metrics.set_certificate_expiry("serving", expiries.serving);
+        metrics.set_certificate_expiry("client-ca", expiries.client_ca);
     }
 
     fn acceptor(&self) -> TlsAcceptor {
@@ -186,10 +245,11 @@ impl ReloadingTls {
         {
             return false;
         }
-        match self.files.server_config() {
-            Ok(config) => {
+        match self.files.load() {
+            Ok((config, expiries)) => {
                 *self.current.write().unwrap_or_else(|p| p.into_inner()) =
                     (fingerprint, Arc::new(config));
+                *self.expiries.write().unwrap_or_else(|p| p.into_inner()) = expiries;
                 tracing::info!(cert = %self.files.cert.display(), "reloaded gRPC TLS certificates");
                 true
             }
@@ -200,16 +260,23 @@ impl ReloadingTls {
         }
     }
 
-    /// Checks the files every `interval` until `shutdown`.
+    /// Checks the files every `interval` until `shutdown`, keeping `metrics`' certificate
+    /// expiry gauges equal to the certificates in use.
     pub async fn watch(
         self: Arc<Self>,
         interval: Duration,
+        metrics: Arc<Metrics>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
+        self.publish_expiries(&metrics);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
-                _ = tokio::time::sleep(interval) => { self.reload_if_changed(); }
+                _ = tokio::time::sleep(interval) => {
+                    if self.reload_if_changed() {
+                        self.publish_expiries(&metrics);
+                    }
+                }
             }
         }
     }
