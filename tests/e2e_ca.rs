@@ -456,12 +456,37 @@ async fn co_located_cluster_autoscaler_scales_through_a_unix_socket() {
     w.scale_app("load", 1).await;
     w.wait_group_size(&id, 1).await;
     assert_eq!(w.replicas(&capi::machine_deployments(), "w").await, 1);
+    // Who scaled what: the operator logged the scale-up in its RPC's span, with a request id
+    // and the Cluster --cluster names.
+    let log = w
+        .cluster
+        .operator()
+        .expect("operator")
+        .log_path()
+        .to_path_buf();
+    let log = std::fs::read_to_string(&log).expect("operator log");
+    let scaled = log
+        .lines()
+        .find(|l| l.contains("carried out") && l.contains("NodeGroupIncreaseSize"))
+        .unwrap_or_else(|| panic!("no scale-up logged:\n{log}"));
+    assert!(
+        scaled.contains("request_id=")
+            && scaled.contains(&format!("caller=Cluster {}/c1", w.ns()))
+            && scaled.contains(&format!("asked=\"{id} by 2\"")),
+        "{scaled}"
+    );
+    assert!(
+        !log.contains('\x1b'),
+        "plain text, no terminal colours, in a log file"
+    );
     let config = std::fs::read_to_string(options_cloud_config(&options)).expect("cloud-config");
     assert!(
         config.starts_with(&format!("address: \"unix://{}\"", socket.display()))
             && !config.contains("cert"),
         "cluster-autoscaler knew only the socket, in plaintext:\n{config}"
     );
+    w.cluster.stop_operator();
+    let _ = std::fs::remove_file(&socket);
 }
 
 /// The cloud-config file cluster-autoscaler was started with.

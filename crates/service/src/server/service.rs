@@ -10,6 +10,7 @@ use super::convert;
 use super::error::ProviderError;
 use super::identity::{self, IdentityError, IdentitySource, Scope};
 use super::options;
+use super::request_id;
 use crate::actuate::deadline::parse_grpc_timeout;
 use crate::actuate::{ActuateError, CapiActuator, MutationDeadline, NodeRef};
 use crate::capi::keys::GPU_LABEL;
@@ -18,6 +19,7 @@ use crate::metrics::Metrics;
 use crate::proto::{self, cloud_provider_server::CloudProvider};
 use crate::{pricing, template};
 use prost::Message as _;
+use tracing::Instrument as _;
 
 /// How long a mutating RPC waits, at most, for the watch to show the new target size. The
 /// protocol says mutations "should wait until node group size is updated", and CA reads
@@ -54,6 +56,8 @@ struct Caller {
     scope: Result<Scope, IdentityError>,
     /// The client's `grpc-timeout`, if it sent one.
     timeout: Option<std::time::Duration>,
+    /// The id of this request in the logs ([`request_id::of`]).
+    request_id: String,
 }
 
 impl std::ops::Deref for Caller {
@@ -102,6 +106,7 @@ impl CloudProviderService {
         Caller {
             scope,
             timeout: Self::client_timeout(request),
+            request_id: request_id::of(request),
         }
     }
 
@@ -161,7 +166,7 @@ impl CloudProviderService {
         mutation: impl Future<Output = Result<T, ActuateError>> + Send + 'static,
     ) -> Result<T, ProviderError> {
         self.mutations
-            .spawn(mutation)
+            .spawn(mutation.instrument(tracing::Span::current()))
             .await
             .map_err(|e| ProviderError::Internal(format!("mutation task failed: {e}")))?
             .map_err(ProviderError::from)
@@ -238,22 +243,25 @@ impl CloudProviderService {
         asked: Option<String>,
         body: impl Future<Output = Result<T, ProviderError>>,
     ) -> RpcResult<T> {
-        let start = Instant::now();
-        let mut unanswered = crate::metrics::UnansweredRpc::new(&self.metrics, method)
-            .client_deadline(caller.timeout);
-        let who = || match &caller.scope {
+        let who = match &caller.scope {
             Ok(Scope::All) => "a client (scoping off)".to_string(),
             Ok(Scope::Cluster(cluster)) => format!("Cluster {cluster}"),
             Err(_) => "an unidentified client".to_string(),
         };
+        let span =
+            tracing::info_span!("rpc", method, request_id = %caller.request_id, caller = %who);
+        let start = Instant::now();
+        let mut unanswered = crate::metrics::UnansweredRpc::new(&self.metrics, method)
+            .client_deadline(caller.timeout);
         let asked_text = asked.as_deref().unwrap_or_default();
-        let result = body.await.map_err(|error| {
+        let result = body.instrument(span.clone()).await.map_err(|error| {
             let status = Status::from(error);
+            let _in_rpc = span.enter();
             match status.code() {
                 tonic::Code::Unimplemented | tonic::Code::NotFound => {
-                    tracing::debug!(method, caller = who(), asked = asked_text, code = ?status.code(), message = status.message(), "rpc refused")
+                    tracing::debug!(asked = asked_text, code = ?status.code(), message = status.message(), "rpc refused")
                 }
-                _ => tracing::warn!(method, caller = who(), asked = asked_text, code = ?status.code(), message = status.message(), "rpc failed"),
+                _ => tracing::warn!(asked = asked_text, code = ?status.code(), message = status.message(), "rpc failed"),
             }
             status
         });
@@ -264,13 +272,8 @@ impl CloudProviderService {
         self.metrics.observe_rpc(method, code, start.elapsed());
         if result.is_ok() && asked.is_some() {
             let elapsed_ms = start.elapsed().as_millis() as u64;
-            tracing::info!(
-                method,
-                caller = who(),
-                asked = asked_text,
-                elapsed_ms,
-                "carried out"
-            );
+            let _in_rpc = span.enter();
+            tracing::info!(asked = asked_text, elapsed_ms, "carried out");
         }
         result.map(Response::new)
     }
