@@ -198,6 +198,47 @@ impl World {
 /// comes from the scaling configuration's instance type); instances boot with the token the
 /// operator wrote into the configuration's user data, join as `<region>.<instance-id>`,
 /// and run the pods; removing the load removes exactly the idle instance from the group.
+/// `examples/nodepool-alicloud.yaml` as users apply it, with only what the sandbox needs
+/// changed: the namespace, the cluster name, a label the test's pods select, and the endpoints
+/// (the emulator's, which serves the example's scaling group); its Secret under its own name
+/// with the emulator's AccessKey. cluster-autoscaler scales the pool up from zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_node_pool_scales_up_from_zero() {
+    let example = crate::example("nodepool-alicloud.yaml");
+    let group = example["NodePool"]["spec"]["aliCloud"]["scalingGroupId"]
+        .as_str()
+        .expect("scalingGroupId")
+        .to_string();
+    let mut w = World::new("ali-example", &[group.as_str()]).await;
+    let secret = &example["Secret"];
+    let secret_name = secret["metadata"]["name"].as_str().expect("Secret name");
+    for key in ["access-key-id", "access-key-secret"] {
+        assert!(secret["stringData"][key].is_string(), "{key} in {secret}");
+    }
+    w.secret(secret_name, KEY_ID, KEY_SECRET).await;
+    let mut pool = example["NodePool"].clone();
+    pool["metadata"]["namespace"] = json!(w.ns());
+    pool["spec"]["clusterName"] = json!("c1");
+    pool["spec"]["template"]["labels"][POOL] = json!(w.label("example"));
+    let url = w.ess.url();
+    pool["spec"]["aliCloud"]["endpoints"] =
+        json!({"ess": url, "ecs": url, "vpc": url, "sts": url, "metadata": url});
+    let pool: NodePool = serde_json::from_value(pool).expect("the example is a NodePool");
+    let name = pool.name_any();
+    w.pools()
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap_or_else(|e| panic!("applying the example: {e}"));
+    let options = w.cluster.externalgrpc_autoscaler().expect("cloud-config");
+    w.cluster
+        .start_autoscaler(&options)
+        .unwrap_or_else(|e| panic!("starting cluster-autoscaler: {e}"));
+    w.app("web", 2, "example").await;
+    w.wait_pool_ready(&name, &group, 2).await;
+    let running = w.nodes_running("web").await;
+    assert_eq!(running.len(), 2, "{running:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_pods_scale_a_scaling_group_from_zero_and_the_idle_instance_goes() {
     let mut w = World::new("ali-up", &["asg-workers"]).await;

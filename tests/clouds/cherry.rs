@@ -189,6 +189,36 @@ fn merge(target: &mut Value, patch: Value) {
     }
 }
 
+/// `examples/nodepool-cherry.yaml` as users apply it, with only what the sandbox needs
+/// changed: the namespace, the cluster name, a label the test's pods select, and the API
+/// endpoint (the emulator's); its Secret under its own name with the emulator's token.
+/// cluster-autoscaler scales the pool up from zero for pending pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_node_pool_scales_up_from_zero() {
+    let mut w = World::new("cherry-example", &[]).await;
+    let example = crate::example("nodepool-cherry.yaml");
+    let secret = &example["Secret"];
+    let secret_name = secret["metadata"]["name"].as_str().expect("Secret name");
+    assert!(secret["stringData"]["token"].is_string(), "{secret}");
+    w.secret(secret_name, w.cherry.token()).await;
+    let mut pool = example["NodePool"].clone();
+    pool["metadata"]["namespace"] = json!(w.ns());
+    pool["spec"]["clusterName"] = json!("c1");
+    pool["spec"]["template"]["labels"][POOL] = json!(w.label("example"));
+    pool["spec"]["cherryServers"]["endpoint"] = json!(w.cherry.url());
+    let pool: NodePool = serde_json::from_value(pool).expect("the example is a NodePool");
+    let name = pool.name_any();
+    w.pools()
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap_or_else(|e| panic!("applying the example: {e}"));
+    w.start_autoscaler(|_| {});
+    w.app("web", 2, "example").await;
+    w.wait_pool_ready(&name, 2).await;
+    let running = w.nodes_running("web").await;
+    assert_eq!(running.len(), 2, "{running:?}");
+}
+
 /// Pending pods scale a NodePool up from zero through cluster-autoscaler (the template
 /// comes from the plan), servers boot with the minted token and run the pods; removing the
 /// load takes away exactly the idle servers.

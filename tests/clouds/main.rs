@@ -26,3 +26,20 @@ fn sandbox() -> &'static SandboxInfo {
         info
     })
 }
+
+/// The documents of `examples/<file>`, as JSON, keyed by kind.
+fn example(file: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(file);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| {
+            let doc: serde_json::Value = serde::Deserialize::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let kind = doc["kind"].as_str().expect("kind").to_string();
+            (kind, doc)
+        })
+        .collect()
+}
