@@ -14,10 +14,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use ngo_sandbox::cherry::{CherryEmulator, CherryOptions};
 use ngo_sandbox::demo::{self, Output};
 use ngo_sandbox::environment::{Sandbox, WORKER_TEMPLATE};
 use ngo_sandbox::stack::AutoscaledCluster;
 use serde::{Deserialize, Serialize};
+
+/// The API token in examples/nodepool-cherry.yaml's Secret, which `up`'s emulator accepts.
+const EXAMPLE_CHERRY_TOKEN: &str = "replace-with-your-cherry-servers-api-token";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -207,6 +211,14 @@ async fn up(sandbox: Sandbox, namespace: &str, started: Instant) -> anyhow::Resu
     cluster.start_operator(&operator)?;
     let autoscaler = cluster.externalgrpc_autoscaler()?;
     cluster.start_autoscaler(&autoscaler)?;
+    // Stands in for the Cherry Servers API: it accepts the token of
+    // examples/nodepool-cherry.yaml, so that example applies with only its endpoint changed.
+    let cherry = CherryEmulator::start(CherryOptions {
+        cluster: Some(cluster.client().await?),
+        token: EXAMPLE_CHERRY_TOKEN.into(),
+        ..Default::default()
+    })
+    .await?;
     let state = UpState {
         pid: std::process::id(),
         kubeconfig: sandbox.kubeconfig().to_path_buf(),
@@ -229,11 +241,18 @@ async fn up(sandbox: Sandbox, namespace: &str, started: Instant) -> anyhow::Resu
          kubectl apply -f {md}\n  \
          kubectl apply -f {pods}\n  \
          kubectl -n {namespace} get cluster,machinedeployments,machines,ngp\n  \
-         kubectl get nodes\n\nLogs: {logs}\nStop with Ctrl-C or `ngo-sandbox down`.",
+         kubectl get nodes\n\n\
+         A NodePool of Cherry Servers (an emulator at {cherry} stands in for the API):\n\n  \
+         kubectl apply -f {nodepool}\n  \
+         kubectl -n {namespace} patch nodepools.autoscaling.nodegroup.dev cherry-workers --type merge -p '{{\"spec\":{{\"cherryServers\":{{\"endpoint\":\"{cherry}\"}}}}}}'\n  \
+         kubectl -n {namespace} get nodepools.autoscaling.nodegroup.dev -o wide\n\n\
+         Logs: {logs}\nStop with Ctrl-C or `ngo-sandbox down`.",
         kubeconfig = state.kubeconfig.display(),
         kubectl = kubectl.display(),
         md = examples.join("machinedeployment.yaml").display(),
         pods = examples.join("pending-pods.yaml").display(),
+        nodepool = examples.join("nodepool-cherry.yaml").display(),
+        cherry = cherry.url(),
         logs = sandbox.log_dir().display(),
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -250,6 +269,7 @@ async fn up(sandbox: Sandbox, namespace: &str, started: Instant) -> anyhow::Resu
         }
     };
     say("stopping the sandbox ...");
+    drop(cherry);
     drop(cluster);
     drop(sandbox);
     let _ = std::fs::remove_file(&path);

@@ -164,16 +164,20 @@ fn up_serves_a_kubeconfig_until_down_stops_it() {
     );
 
     // The examples `up` names apply as printed, and cluster-autoscaler scales the group.
-    let applies: Vec<String> = printed_so_far(&rx_lines)
-        .into_iter()
+    let printed = printed_so_far(&rx_lines);
+    let applies: Vec<String> = printed
+        .iter()
         .filter_map(|l| l.trim().strip_prefix("kubectl apply -f ").map(String::from))
         .collect();
     assert_eq!(
         applies.len(),
-        2,
-        "up prints two examples to apply: {applies:?}"
+        3,
+        "up prints three examples to apply: {applies:?}"
     );
-    for file in &applies {
+    let (node_pool, machine_deployment): (Vec<&String>, Vec<&String>) = applies
+        .iter()
+        .partition(|f| f.ends_with("nodepool-cherry.yaml"));
+    for file in machine_deployment {
         kubectl(&["apply", "-f", file]);
     }
     let started = std::time::Instant::now();
@@ -193,6 +197,43 @@ fn up_serves_a_kubeconfig_until_down_stops_it() {
         assert!(
             started.elapsed() < Duration::from_secs(180),
             "cluster-autoscaler scaled the example MachineDeployment up (replicas {replicas:?})"
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+
+    // The NodePool example, then the patch that points it at the emulator, as printed: the
+    // pool reads its plan from the emulator.
+    kubectl(&["apply", "-f", node_pool[0]]);
+    let patch = printed
+        .iter()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("kubectl ")
+                .filter(|c| c.contains(" patch "))
+        })
+        .expect("up prints the patch of the NodePool's endpoint");
+    let args: Vec<String> = patch
+        .split_whitespace()
+        .map(|a| a.trim_matches('\'').to_string())
+        .collect();
+    kubectl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let started = std::time::Instant::now();
+    loop {
+        let cpu = kubectl(&[
+            "-n",
+            "sandbox",
+            "get",
+            "nodepools.autoscaling.nodegroup.dev",
+            "cherry-workers",
+            "-o",
+            "jsonpath={.status.machineType.capacity.cpu}",
+        ]);
+        if cpu.trim() == "4" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "the example NodePool read its plan from the emulator (cpu {cpu:?})"
         );
         std::thread::sleep(Duration::from_secs(2));
     }
