@@ -43,6 +43,27 @@ fn bench_smoke_writes_every_metric_with_ratios_and_goals() {
     let text = std::fs::read_to_string(&out).expect("results written");
     let results: Value = serde_json::from_str(&text).expect("results are JSON");
 
+    // cluster-autoscaler's loop with every peer, and the RPCs it made to ours per loop.
+    let entries = results["ca_loop"].as_array().expect("ca_loop list");
+    for peer in ["nodegroup-operator", "example-server", "in-tree-clusterapi"] {
+        assert!(
+            entries
+                .iter()
+                .any(|e| e["peer"] == peer && e["p50_ms"].is_number()),
+            "{peer} in {entries:?}"
+        );
+    }
+    let ours = entries
+        .iter()
+        .find(|e| e["peer"] == "nodegroup-operator")
+        .expect("ours");
+    assert!(
+        ours["rpcs_per_loop"]["NodeGroupForNode"].as_f64() > Some(0.0),
+        "{ours}"
+    );
+    assert!(ours["rpcs_per_loop_predicted"].is_array(), "{ours}");
+    assert!(stdout.contains("RPCs per loop to ours"), "{stdout}");
+
     for name in METRICS {
         let metric = &results["metrics"][name];
         assert!(metric["ours"].is_number(), "{name}.ours in {metric}");

@@ -6,6 +6,7 @@
 //! the `_sum` delta is that loop's exact duration. The histogram's buckets (exponential, ±25 %
 //! wide) give a second, coarser median over the same loops.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -51,6 +52,9 @@ pub struct LoopStats {
     pub node_groups: Option<f64>,
     /// `cluster_autoscaler_errors_total` at the end, all types.
     pub errors: Option<f64>,
+    /// externalgrpc only: RPCs the server answered per completed loop, by method (from the
+    /// server's request counter, over the whole run divided by the loops it completed).
+    pub rpcs_per_loop: BTreeMap<String, f64>,
 }
 
 impl LoopStats {
@@ -206,6 +210,47 @@ pub fn bucket_quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
     None
 }
 
+/// The operator's answered RPCs by method: `nodegroup_grpc_request_duration_seconds_count`
+/// summed over codes.
+pub fn rpc_counts(metrics: &str) -> BTreeMap<String, f64> {
+    let mut counts = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("nodegroup_grpc_request_duration_seconds_count{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let method = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("method=\""))
+            .map(|m| m.trim_end_matches('"'));
+        if let (Some(method), Ok(value)) = (method, value.trim().parse::<f64>()) {
+            *counts.entry(method.to_string()).or_default() += value;
+        }
+    }
+    counts
+}
+
+/// RPCs per loop by method between two reads of [`rpc_counts`], over `loops` loops.
+pub fn per_loop(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    loops: usize,
+) -> BTreeMap<String, f64> {
+    if loops == 0 {
+        return BTreeMap::new();
+    }
+    after
+        .iter()
+        .map(|(method, n)| {
+            let delta = n - before.get(method).copied().unwrap_or(0.0);
+            (method.clone(), delta / loops as f64)
+        })
+        .filter(|(_, n)| *n > 0.0)
+        .collect()
+}
+
 /// The value of gauge `name` on the line whose labels contain `label_value`.
 fn gauge(metrics: &str, name: &str, label_value: &str) -> Option<f64> {
     let prefix = format!("{name}{{");
@@ -230,6 +275,28 @@ fn counter_total(metrics: &str, name: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rpcs_are_counted_per_method_over_codes_and_divided_by_loops() {
+        let before = rpc_counts(
+            "nodegroup_grpc_request_duration_seconds_count{method=\"NodeGroupForNode\",code=\"OK\"} 10\n",
+        );
+        let after = rpc_counts(
+            "# TYPE nodegroup_grpc_request_duration_seconds histogram\n\
+             nodegroup_grpc_request_duration_seconds_count{method=\"NodeGroupForNode\",code=\"OK\"} 50\n\
+             nodegroup_grpc_request_duration_seconds_count{method=\"NodeGroupForNode\",code=\"NotFound\"} 10\n\
+             nodegroup_grpc_request_duration_seconds_count{method=\"Refresh\",code=\"OK\"} 4\n\
+             nodegroup_grpc_request_duration_seconds_sum{method=\"Refresh\",code=\"OK\"} 0.5\n",
+        );
+        assert_eq!(
+            per_loop(&before, &after, 4),
+            BTreeMap::from([
+                ("NodeGroupForNode".to_string(), 12.5),
+                ("Refresh".into(), 1.0)
+            ])
+        );
+        assert!(per_loop(&before, &after, 0).is_empty());
+    }
 
     const METRICS: &str = "\
 # TYPE cluster_autoscaler_function_duration_seconds histogram

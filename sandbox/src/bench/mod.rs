@@ -96,7 +96,7 @@ impl BenchOptions {
             ca_loops: 20,
             ca_skip: 2,
             ca_window: Duration::from_secs(120),
-            in_tree_qps: vec![(5.0, 10), (50.0, 100)],
+            in_tree_qps: vec![(5.0, 10), (50.0, 100), (1000.0, 2000)],
         }
     }
 
@@ -375,18 +375,22 @@ async fn single_cluster(
             &pki.ca_cert,
             CA_GRPC_TIMEOUT,
         )?;
-        Some(
-            ca_run(
-                plane,
-                "ca-externalgrpc-ours",
-                CloudProvider::ExternalGrpc {
-                    cloud_config: config,
-                },
-                (5.0, 10),
-                loops,
-            )
-            .await?,
+        let before = operator.metrics().map(|m| ca_loop::rpc_counts(&m));
+        let mut stats = ca_run(
+            plane,
+            "ca-externalgrpc-ours",
+            CloudProvider::ExternalGrpc {
+                cloud_config: config,
+            },
+            (5.0, 10),
+            loops,
         )
+        .await?;
+        if let (Ok(before), Ok(after)) = (before, operator.metrics()) {
+            stats.rpcs_per_loop =
+                ca_loop::per_loop(&before, &ca_loop::rpc_counts(&after), stats.completed);
+        }
+        Some(stats)
     } else {
         None
     };

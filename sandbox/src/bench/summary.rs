@@ -27,12 +27,87 @@ pub struct Results {
     pub growth: Vec<GrowthRow>,
     /// Ours serving many clusters, next to one cluster of the same size.
     pub multicluster: Value,
+    /// cluster-autoscaler's main loop, one entry per peer and setting on every dataset that
+    /// ran it.
+    pub ca_loop: Vec<CaLoopEntry>,
     /// Seconds the whole run took.
     pub duration_s: f64,
     /// The options it ran with.
     pub options: BenchOptions,
     /// Everything measured, unsummarised.
     pub runs: Runs,
+}
+
+/// cluster-autoscaler's main loop with one peer on one dataset.
+#[derive(Clone, Debug, Serialize)]
+pub struct CaLoopEntry {
+    /// `nodegroup-operator`, `example-server` or `in-tree-clusterapi`.
+    pub peer: String,
+    /// How CA reaches it: `remote` (externalgrpc over mTLS on TCP) or `qps <qps>/<burst>`
+    /// (in-tree, its API client's limits).
+    pub mode: String,
+    /// Nodes of the dataset (all autoscaled).
+    pub nodes: usize,
+    /// Node groups.
+    pub groups: usize,
+    /// Delay added each way between CA and the peer (or the API server, in-tree).
+    pub delay_ms_each_way: f64,
+    /// Median loop, or the lower bound when none completed.
+    pub p50_ms: Option<f64>,
+    /// 99th percentile of the measured loops.
+    pub p99_ms: Option<f64>,
+    /// Loops measured.
+    pub loops: usize,
+    /// externalgrpc to ours: RPCs per loop by method.
+    pub rpcs_per_loop: BTreeMap<String, f64>,
+    /// What CA 1.36.1's source predicts per loop for these nodes and groups with no
+    /// scale-down candidates and no other nodes: `2 + 3 * nodes + 2 * groups` to
+    /// `2 + 3 * nodes + 3 * groups` (ours only).
+    pub rpcs_per_loop_predicted: Option<(f64, f64)>,
+}
+
+/// The loop entries of every dataset that ran cluster-autoscaler.
+fn ca_loop_entries(runs: &Runs) -> Vec<CaLoopEntry> {
+    let mut entries = Vec::new();
+    for run in &runs.datasets {
+        let Some(ca) = &run.ca else {
+            continue;
+        };
+        let (nodes, groups) = (run.spec.machines(), run.spec.groups());
+        let entry = |peer: &str, mode: String, stats: &LoopStats| {
+            let mut sorted = stats.samples_ms.clone();
+            sorted.sort_by(f64::total_cmp);
+            let p99 = sorted
+                .get(((sorted.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
+                .copied();
+            let ours = peer == "nodegroup-operator";
+            CaLoopEntry {
+                peer: peer.into(),
+                mode,
+                nodes,
+                groups,
+                delay_ms_each_way: 0.0,
+                p50_ms: stats.p50_or_bound(),
+                p99_ms: p99,
+                loops: stats.samples_ms.len(),
+                rpcs_per_loop: stats.rpcs_per_loop.clone(),
+                rpcs_per_loop_predicted: ours.then(|| {
+                    let base = 2.0 + 3.0 * nodes as f64;
+                    (base + 2.0 * groups as f64, base + 3.0 * groups as f64)
+                }),
+            }
+        };
+        entries.push(entry("nodegroup-operator", "remote".into(), &ca.ours));
+        entries.push(entry("example-server", "remote".into(), &ca.example));
+        for ((qps, burst), stats) in &ca.in_tree {
+            entries.push(entry(
+                "in-tree-clusterapi",
+                format!("qps {qps}/{burst}"),
+                stats,
+            ));
+        }
+    }
+    entries
 }
 
 /// One dataset of the growth table.
@@ -192,6 +267,7 @@ pub fn summarise(
         })
     });
     let multicluster = multicluster_summary(&runs);
+    let ca_loop = ca_loop_entries(&runs);
     Results {
         machine,
         settings: settings(&options),
@@ -199,6 +275,7 @@ pub fn summarise(
         metrics,
         growth,
         multicluster,
+        ca_loop,
         duration_s,
         options,
         runs,
@@ -615,7 +692,63 @@ pub fn render(results: &Results) -> String {
         ],
         &rows,
     ));
+    out.push_str(&render_ca_loop(&results.ca_loop));
     out.push_str(&format!("\nrun took {:.0}s\n", results.duration_s));
+    out
+}
+
+/// The loop table (peer x setting x dataset) and the RPCs per loop CA made to ours, beside
+/// what CA's source predicts.
+fn render_ca_loop(entries: &[CaLoopEntry]) -> String {
+    if entries.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| {
+            vec![
+                e.peer.clone(),
+                e.mode.clone(),
+                format!("{} x {}", e.groups, e.nodes / e.groups.max(1)),
+                num(Some(e.delay_ms_each_way)),
+                num(e.p50_ms),
+                num(e.p99_ms),
+                e.loops.to_string(),
+            ]
+        })
+        .collect();
+    let mut out = String::from("\ncluster-autoscaler main loop\n");
+    out.push_str(&table(
+        &[
+            "peer",
+            "setting",
+            "groups x nodes",
+            "delay ms each way",
+            "p50 ms",
+            "p99 ms",
+            "loops",
+        ],
+        &rows,
+    ));
+    for e in entries.iter().filter(|e| !e.rpcs_per_loop.is_empty()) {
+        let total: f64 = e.rpcs_per_loop.values().sum();
+        let by_method = e
+            .rpcs_per_loop
+            .iter()
+            .map(|(m, n)| format!("{m} {}", num(Some(*n))))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let predicted = e
+            .rpcs_per_loop_predicted
+            .map(|(low, high)| format!("; CA's source predicts {low:.0} to {high:.0}"))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "RPCs per loop to ours at {} nodes, {} groups: {} ({by_method}){predicted}\n",
+            e.nodes,
+            e.groups,
+            num(Some(total))
+        ));
+    }
     out
 }
 
