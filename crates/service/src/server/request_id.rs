@@ -1,4 +1,5 @@
-//! The id that ties one RPC's log lines together (its `rpc` span): the client's
+//! The id that ties one RPC's log lines together (its `rpc` span; at info for mutations,
+//! debug for reads): the client's
 //! `x-request-id` when it sends a usable one, otherwise one made here, unique within the
 //! process and, with its random per-process prefix, across replicas.
 
@@ -20,15 +21,20 @@ static PREFIX: LazyLock<u32> = LazyLock::new(|| {
 });
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
-/// The id of `request`: its `x-request-id` if it is 1 to 64 visible ASCII characters,
-/// otherwise `<8 hex digits of this process>-<counter>`.
-pub fn of<T>(request: &Request<T>) -> String {
+/// The `x-request-id` of `request`, if it is 1 to 64 visible ASCII characters.
+pub fn from_client<T>(request: &Request<T>) -> Option<String> {
     request
         .metadata()
         .get(HEADER)
         .and_then(|v| v.to_str().ok())
         .filter(|id| usable(id))
-        .map_or_else(made_here, str::to_string)
+        .map(str::to_string)
+}
+
+/// The id to log a request under: the client's ([`from_client`]), otherwise
+/// `<8 hex digits of this process>-<counter>`.
+pub fn of(client: Option<&str>) -> String {
+    client.map_or_else(made_here, str::to_string)
 }
 
 fn usable(id: &str) -> bool {
@@ -53,7 +59,8 @@ mod tests {
 
     #[test]
     fn a_usable_client_id_is_kept_and_others_are_replaced_by_unique_ones() {
-        assert_eq!(of(&with_header("ca-loop-7/abc")), "ca-loop-7/abc");
+        let id = |request: &Request<()>| of(from_client(request).as_deref());
+        assert_eq!(id(&with_header("ca-loop-7/abc")), "ca-loop-7/abc");
         let made: Vec<String> = [
             Request::new(()),
             with_header(""),
@@ -61,7 +68,7 @@ mod tests {
             with_header(&"x".repeat(65)),
         ]
         .iter()
-        .map(of)
+        .map(id)
         .collect();
         let (prefix, _) = made[0].split_once('-').expect("<prefix>-<n>");
         assert_eq!(prefix.len(), 8);

@@ -56,8 +56,21 @@ struct Caller {
     scope: Result<Scope, IdentityError>,
     /// The client's `grpc-timeout`, if it sent one.
     timeout: Option<std::time::Duration>,
-    /// The id of this request in the logs ([`request_id::of`]).
-    request_id: String,
+    /// The id the client gave this request (`x-request-id`), if any ([`request_id::of`]).
+    client_request_id: Option<String>,
+}
+
+/// Who called, for logs, written without allocating.
+struct Who<'a>(&'a Result<Scope, IdentityError>);
+
+impl std::fmt::Display for Who<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Ok(Scope::All) => f.write_str("a client (scoping off)"),
+            Ok(Scope::Cluster(cluster)) => write!(f, "Cluster {cluster}"),
+            Err(_) => f.write_str("an unidentified client"),
+        }
+    }
 }
 
 impl std::ops::Deref for Caller {
@@ -106,7 +119,7 @@ impl CloudProviderService {
         Caller {
             scope,
             timeout: Self::client_timeout(request),
-            request_id: request_id::of(request),
+            client_request_id: request_id::from_client(request),
         }
     }
 
@@ -243,13 +256,14 @@ impl CloudProviderService {
         asked: Option<String>,
         body: impl Future<Output = Result<T, ProviderError>>,
     ) -> RpcResult<T> {
-        let who = match &caller.scope {
-            Ok(Scope::All) => "a client (scoping off)".to_string(),
-            Ok(Scope::Cluster(cluster)) => format!("Cluster {cluster}"),
-            Err(_) => "an unidentified client".to_string(),
+        let who = Who(&caller.scope);
+        // Mutations always run in an info span, so every line they log says who asked and
+        // which request; reads only when debug is on (their span and id would cost every call).
+        let span = if asked.is_some() {
+            tracing::info_span!("rpc", method, request_id = %request_id::of(caller.client_request_id.as_deref()), caller = %who)
+        } else {
+            tracing::debug_span!("rpc", method, request_id = %request_id::of(caller.client_request_id.as_deref()), caller = %who)
         };
-        let span =
-            tracing::info_span!("rpc", method, request_id = %caller.request_id, caller = %who);
         let start = Instant::now();
         let mut unanswered = crate::metrics::UnansweredRpc::new(&self.metrics, method)
             .client_deadline(caller.timeout);
@@ -259,9 +273,9 @@ impl CloudProviderService {
             let _in_rpc = span.enter();
             match status.code() {
                 tonic::Code::Unimplemented | tonic::Code::NotFound => {
-                    tracing::debug!(asked = asked_text, code = ?status.code(), message = status.message(), "rpc refused")
+                    tracing::debug!(method, caller = %who, asked = asked_text, code = ?status.code(), message = status.message(), "rpc refused")
                 }
-                _ => tracing::warn!(asked = asked_text, code = ?status.code(), message = status.message(), "rpc failed"),
+                _ => tracing::warn!(method, caller = %who, asked = asked_text, code = ?status.code(), message = status.message(), "rpc failed"),
             }
             status
         });
