@@ -87,18 +87,7 @@ struct World {
     release: Option<CaRelease>,
 }
 
-impl std::ops::Deref for World {
-    type Target = TestWorld;
-    fn deref(&self) -> &TestWorld {
-        &self.base
-    }
-}
-
-impl std::ops::DerefMut for World {
-    fn deref_mut(&mut self) -> &mut TestWorld {
-        &mut self.base
-    }
-}
+ngo_sandbox::deref_to_test_world!(World);
 
 impl World {
     /// The namespace `<prefix>-<random>`, its Cluster, and the operator serving it; the

@@ -235,3 +235,23 @@ impl TestWorld {
             .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
     }
 }
+
+/// Makes a test's world type, whose field `base` holds its [`TestWorld`], usable as one (the
+/// backend-specific worlds of the end-to-end tests wrap it with their emulator).
+#[macro_export]
+macro_rules! deref_to_test_world {
+    ($world:ty) => {
+        impl std::ops::Deref for $world {
+            type Target = $crate::world::TestWorld;
+            fn deref(&self) -> &Self::Target {
+                &self.base
+            }
+        }
+
+        impl std::ops::DerefMut for $world {
+            fn deref_mut(&mut self) -> &mut Self::Target {
+                &mut self.base
+            }
+        }
+    };
+}

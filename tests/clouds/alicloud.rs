@@ -39,18 +39,7 @@ struct World {
     ess: AliCloudEmulator,
 }
 
-impl std::ops::Deref for World {
-    type Target = TestWorld;
-    fn deref(&self) -> &TestWorld {
-        &self.base
-    }
-}
-
-impl std::ops::DerefMut for World {
-    fn deref_mut(&mut self) -> &mut TestWorld {
-        &mut self.base
-    }
-}
+ngo_sandbox::deref_to_test_world!(World);
 
 impl World {
     async fn new(prefix: &str, groups: &[&str]) -> Self {

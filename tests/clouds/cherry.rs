@@ -38,18 +38,7 @@ struct World {
     cherry: CherryEmulator,
 }
 
-impl std::ops::Deref for World {
-    type Target = TestWorld;
-    fn deref(&self) -> &TestWorld {
-        &self.base
-    }
-}
-
-impl std::ops::DerefMut for World {
-    fn deref_mut(&mut self) -> &mut TestWorld {
-        &mut self.base
-    }
-}
+ngo_sandbox::deref_to_test_world!(World);
 
 impl World {
     async fn new(prefix: &str, operator_env: &[(&str, &str)]) -> Self {
