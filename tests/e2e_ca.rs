@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
@@ -28,7 +28,7 @@ use ngo_sandbox::autoscaler::{
     Autoscaler, AutoscalerOptions, CaRelease, CloudProvider, NodeGroupStatus,
 };
 use ngo_sandbox::capi;
-use ngo_sandbox::environment::{SandboxInfo, start_for_process};
+use ngo_sandbox::environment::process_sandbox as sandbox;
 use ngo_sandbox::infra_provider::{self, PROVISION_DELAY_ANNOTATION};
 use ngo_sandbox::workload::{self, Decision, PodCounts};
 use ngo_sandbox::world::{POOL_LABEL as POOL, TestWorld};
@@ -38,20 +38,6 @@ const MIN: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";
 const MAX: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size";
 const CAPACITY: &str = "capacity.cluster-autoscaler.kubernetes.io/";
 const OPTIONS: &str = "cluster.x-k8s.io/autoscaling-options-";
-
-fn sandbox() -> &'static SandboxInfo {
-    static SANDBOX: OnceLock<SandboxInfo> = OnceLock::new();
-    SANDBOX.get_or_init(|| {
-        let started = Instant::now();
-        let info = start_for_process().unwrap_or_else(|e| panic!("{e:#}"));
-        eprintln!(
-            "sandbox up in {:.1}s (logs: {})",
-            started.elapsed().as_secs_f64(),
-            info.log_dir.display()
-        );
-        info
-    })
-}
 
 fn bounds(min: i32, max: i32) -> Value {
     json!({MIN: min.to_string(), MAX: max.to_string()})

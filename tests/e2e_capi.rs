@@ -15,14 +15,13 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use ngo_sandbox::capi;
-use ngo_sandbox::environment::{SandboxInfo, start_for_process};
+use ngo_sandbox::environment::process_sandbox as e2e;
 use ngo_sandbox::infra_provider::{
     self, InfraProvider, NEVER_REGISTER_ANNOTATION, PROVISION_DELAY_ANNOTATION,
 };
@@ -40,24 +39,6 @@ const WAIT: Duration = Duration::from_secs(90);
 const CLUSTER: &str = "c1";
 const RUNNING: i32 = 1;
 const CREATING: i32 = 2;
-
-// ---------------------------------------------------------------------------------------
-// The shared sandbox: one per test binary, with controllers, Cluster API and kwok.
-
-fn e2e() -> &'static SandboxInfo {
-    static SANDBOX: OnceLock<SandboxInfo> = OnceLock::new();
-    SANDBOX.get_or_init(|| {
-        let t = Instant::now();
-        let info =
-            start_for_process().unwrap_or_else(|e| panic!("starting the e2e sandbox: {e:#}"));
-        eprintln!(
-            "e2e sandbox up in {:?} (logs: {})",
-            t.elapsed(),
-            info.log_dir.display()
-        );
-        info
-    })
-}
 
 // ---------------------------------------------------------------------------------------
 // One test's world: a namespace with a Cluster, the provider, and an operator.

@@ -203,6 +203,22 @@ extern "C" fn stop_background_sandbox() {
     }
 }
 
+/// The sandbox of this test binary: started by [`start_for_process`] on first use (which
+/// panics when it cannot start), shared by every test after that.
+pub fn process_sandbox() -> &'static SandboxInfo {
+    static SANDBOX: std::sync::OnceLock<SandboxInfo> = std::sync::OnceLock::new();
+    SANDBOX.get_or_init(|| {
+        let started = std::time::Instant::now();
+        let info = start_for_process().unwrap_or_else(|e| panic!("starting the sandbox: {e:#}"));
+        eprintln!(
+            "sandbox up in {:.1}s (logs: {})",
+            started.elapsed().as_secs_f64(),
+            info.log_dir.display()
+        );
+        info
+    })
+}
+
 /// Starts a sandbox for the rest of this process's life, on a parked thread of its own (its
 /// children die with the thread that spawned them), stopped in order when the process exits
 /// normally. For test binaries: call it once (e.g. behind a `OnceLock`) and share the

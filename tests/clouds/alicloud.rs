@@ -224,8 +224,15 @@ async fn the_example_node_pool_scales_up_from_zero() {
         .unwrap_or_else(|e| panic!("starting cluster-autoscaler: {e}"));
     w.app("web", 2, "example").await;
     w.wait_pool_ready(&name, &group, 2).await;
-    let running = w.nodes_running("web").await;
-    assert_eq!(running.len(), 2, "{running:?}");
+    w.wait("both pods running on the pool's Nodes", || async {
+        let running = w.nodes_running("web").await;
+        if running.len() == 2 {
+            Ok(())
+        } else {
+            Err(format!("{running:?}"))
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,30 +2,12 @@
 //! NodePools end to end on one sandbox (control plane, Cluster API, kwok) shared by the tests,
 //! each in a namespace of its own.
 
-use std::sync::OnceLock;
-use std::time::Instant;
-
-use ngo_sandbox::environment::{SandboxInfo, start_for_process};
+use ngo_sandbox::environment::process_sandbox as sandbox;
 
 mod alicloud;
 mod alicloud_api;
 mod cherry;
 mod cherry_api;
-
-/// The sandbox the NodePool tests share, started on first use and stopped at exit.
-fn sandbox() -> &'static SandboxInfo {
-    static SANDBOX: OnceLock<SandboxInfo> = OnceLock::new();
-    SANDBOX.get_or_init(|| {
-        let started = Instant::now();
-        let info = start_for_process().unwrap_or_else(|e| panic!("{e:#}"));
-        eprintln!(
-            "sandbox up in {:.1}s (logs: {})",
-            started.elapsed().as_secs_f64(),
-            info.log_dir.display()
-        );
-        info
-    })
-}
 
 /// The documents of `examples/<file>`, as JSON, keyed by kind.
 fn example(file: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
