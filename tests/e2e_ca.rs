@@ -472,6 +472,46 @@ fn options_cloud_config(options: &AutoscalerOptions) -> PathBuf {
     }
 }
 
+/// cert-manager renews cluster-autoscaler's client certificate with a new key; cluster-
+/// autoscaler reads it only at start-up, so it is restarted (what Reloader does with the
+/// annotation in `examples/cluster-autoscaler-values.yaml`), connects with the new one and
+/// scales.
+#[tokio::test]
+async fn a_renewed_client_certificate_is_used_once_cluster_autoscaler_restarts() {
+    let mut w = World::new("ca-renew").await;
+    let id = w.md("w", 1, bounds(1, 3)).await;
+    w.start_autoscaler(|_| {});
+    w.wait("cluster-autoscaler to see the group", || async {
+        w.ca_group(&id)
+            .await
+            .map(|_| ())
+            .ok_or_else(|| "not in cluster-autoscaler's status yet".to_string())
+    })
+    .await;
+
+    let (cert, key) = w.cluster.autoscaler_cert.clone();
+    let old_key = std::fs::read(&key).expect("client key");
+    let (new_cert, new_key) = w
+        .cluster
+        .pki
+        .issue_client("cluster-autoscaler")
+        .expect("a renewed client certificate");
+    std::fs::copy(&new_cert, &cert).expect("renew the certificate");
+    std::fs::copy(&new_key, &key).expect("renew the key");
+    assert_ne!(
+        std::fs::read(&key).expect("client key"),
+        old_key,
+        "a new key"
+    );
+    // The rollout: the old cluster-autoscaler goes, pods arrive, the new one starts.
+    w.cluster.stop_autoscaler();
+    w.app_settled("load", 2, "w", 1).await;
+    w.start_autoscaler(|_| {});
+    w.wait_decision("TriggeredScaleUp", &format!("{id} 1->2 (max: 3)"))
+        .await;
+    w.wait_group_size(&id, 2).await;
+}
+
 /// Scale-up stops at the group's max; the other group stays as it is.
 async fn scale_up_stops_at_max_and_touches_nothing_else(release: CaRelease) {
     let mut w = World::for_release("ca-max", release).await;
