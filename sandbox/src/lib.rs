@@ -21,6 +21,7 @@ pub mod demo;
 pub mod emulator;
 pub mod environment;
 pub mod faultproxy;
+pub mod hop;
 pub mod infra_provider;
 pub mod json_shape;
 pub mod kwok;
