@@ -53,6 +53,20 @@ fn bench_smoke_writes_every_metric_with_ratios_and_goals() {
             "{peer} in {entries:?}"
         );
     }
+    // And through a network hop: ours remote and co-located, in-tree at its last setting.
+    for (peer, mode) in [
+        ("nodegroup-operator", "remote"),
+        ("nodegroup-operator", "co-located"),
+        ("in-tree-clusterapi", "qps 50/100"),
+    ] {
+        assert!(
+            entries.iter().any(|e| e["peer"] == peer
+                && e["mode"] == mode
+                && e["delay_ms_each_way"] == 0.25
+                && e["p50_ms"].is_number()),
+            "{peer} {mode} at 0.25 ms in {entries:?}"
+        );
+    }
     let ours = entries
         .iter()
         .find(|e| e["peer"] == "nodegroup-operator")

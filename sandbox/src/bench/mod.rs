@@ -22,7 +22,7 @@ pub mod report;
 pub mod server;
 pub mod summary;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -69,6 +69,10 @@ pub struct BenchOptions {
     /// In-tree provider settings (`--kube-client-qps`, `--kube-client-burst`): the default
     /// first; the last is the denominator of `ca_loop_p50_ms_vs_intree`.
     pub in_tree_qps: Vec<(f64, u32)>,
+    /// Delays (ms each way) of a network hop ([`crate::hop::NetworkHop`]) between
+    /// cluster-autoscaler and what it calls, each run with ours remote, ours co-located and the
+    /// last in-tree setting; the runs without a hop are the ones above.
+    pub hop_delays_ms: Vec<f64>,
 }
 
 impl BenchOptions {
@@ -97,6 +101,7 @@ impl BenchOptions {
             ca_skip: 2,
             ca_window: Duration::from_secs(120),
             in_tree_qps: vec![(5.0, 10), (50.0, 100), (1000.0, 2000)],
+            hop_delays_ms: vec![0.1, 0.25],
         }
     }
 
@@ -126,6 +131,7 @@ impl BenchOptions {
             ca_skip: 0,
             ca_window: Duration::from_secs(8),
             in_tree_qps: vec![(5.0, 10), (50.0, 100)],
+            hop_delays_ms: vec![0.25],
         }
     }
 }
@@ -175,6 +181,22 @@ pub struct CaRuns {
     pub example: LoopStats,
     /// In-tree `clusterapi`, per `(qps, burst)` of [`BenchOptions::in_tree_qps`].
     pub in_tree: Vec<((f64, u32), LoopStats)>,
+    /// The runs through a network hop ([`BenchOptions::hop_delays_ms`]).
+    pub through_hop: Vec<HopRun>,
+}
+
+/// One cluster-autoscaler run with a network hop in front of what it calls.
+#[derive(Clone, Debug, Serialize)]
+pub struct HopRun {
+    /// `nodegroup-operator` or `in-tree-clusterapi`.
+    pub peer: String,
+    /// `remote` (the hop before the API server and the operator), `co-located` (before the API
+    /// server only) or `qps <qps>/<burst>` (in-tree, the hop before the API server).
+    pub mode: String,
+    /// Delay each way.
+    pub delay_ms: f64,
+    /// The loops.
+    pub stats: LoopStats,
 }
 
 /// The multi-cluster dataset: ours with scoped reads.
@@ -362,6 +384,7 @@ async fn single_cluster(
         skip: options.ca_skip,
         window: options.ca_window,
     };
+    let mut hop_runs: Vec<HopRun> = Vec::new();
     let ca_ours = if role == Role::Main {
         say(&format!(
             "dataset {}: cluster-autoscaler + nodegroup-operator",
@@ -389,6 +412,49 @@ async fn single_cluster(
         if let (Ok(before), Ok(after)) = (before, operator.metrics()) {
             stats.rpcs_per_loop =
                 ca_loop::per_loop(&before, &ca_loop::rpc_counts(&after), stats.completed);
+        }
+        for delay_ms in &options.hop_delays_ms {
+            for mode in ["remote", "co-located"] {
+                say(&format!(
+                    "dataset {}: cluster-autoscaler + nodegroup-operator ({mode}), {delay_ms} ms each way",
+                    spec.label()
+                ));
+                let hops = Hops::start(plane, *delay_ms)?;
+                let grpc_hop = crate::hop::NetworkHop::start(
+                    operator.grpc_address,
+                    Duration::from_secs_f64(delay_ms / 1e3),
+                )?;
+                let address = if mode == "remote" {
+                    grpc_hop.address
+                } else {
+                    operator.grpc_address
+                };
+                let config = plane.dir().join(format!("cloud-config-ours-{mode}.yaml"));
+                write_cloud_config(
+                    &config,
+                    &address.to_string(),
+                    &pki.client,
+                    &pki.ca_cert,
+                    CA_GRPC_TIMEOUT,
+                )?;
+                let stats = ca_run_with(
+                    plane,
+                    &hops.kubeconfig,
+                    &format!("ca-ours-{mode}-hop"),
+                    CloudProvider::ExternalGrpc {
+                        cloud_config: config,
+                    },
+                    (5.0, 10),
+                    loops,
+                )
+                .await?;
+                hop_runs.push(HopRun {
+                    peer: "nodegroup-operator".into(),
+                    mode: mode.into(),
+                    delay_ms: *delay_ms,
+                    stats,
+                });
+            }
         }
         Some(stats)
     } else {
@@ -480,10 +546,41 @@ async fn single_cluster(
                 let name = format!("ca-in-tree-qps-{}", qps.0);
                 in_tree.push((*qps, ca_run(plane, &name, provider, *qps, loops).await?));
             }
+            if let Some(qps) = options.in_tree_qps.last() {
+                for delay_ms in &options.hop_delays_ms {
+                    say(&format!(
+                        "dataset {}: cluster-autoscaler in-tree clusterapi at {}/{}, {delay_ms} ms each way",
+                        spec.label(),
+                        qps.0,
+                        qps.1
+                    ));
+                    let hops = Hops::start(plane, *delay_ms)?;
+                    let provider = CloudProvider::ClusterApi {
+                        auto_discovery: vec![format!("clusterapi:namespace={SINGLE_CLUSTER}")],
+                        management_kubeconfig: None,
+                    };
+                    let stats = ca_run_with(
+                        plane,
+                        &hops.kubeconfig,
+                        &format!("ca-in-tree-hop-{}", qps.0),
+                        provider,
+                        *qps,
+                        loops,
+                    )
+                    .await?;
+                    hop_runs.push(HopRun {
+                        peer: "in-tree-clusterapi".into(),
+                        mode: format!("qps {}/{}", qps.0, qps.1),
+                        delay_ms: *delay_ms,
+                        stats,
+                    });
+                }
+            }
             Some(CaRuns {
                 ours,
                 example: example_loops,
                 in_tree,
+                through_hop: hop_runs,
             })
         }
         None => None,
@@ -539,6 +636,30 @@ async fn multicluster(
     })
 }
 
+/// A network hop before the API server and a kubeconfig that goes through it.
+struct Hops {
+    _api: crate::hop::NetworkHop,
+    kubeconfig: PathBuf,
+}
+
+impl Hops {
+    fn start(plane: &ControlPlane, delay_ms: f64) -> anyhow::Result<Self> {
+        let server: std::net::SocketAddr = plane
+            .server
+            .trim_start_matches("https://")
+            .trim_end_matches('/')
+            .parse()
+            .with_context(|| format!("the API server address in {}", plane.server))?;
+        let api = crate::hop::NetworkHop::start(server, Duration::from_secs_f64(delay_ms / 1e3))?;
+        let kubeconfig = plane.dir().join(format!("kubeconfig-hop-{delay_ms}ms"));
+        crate::proxy::kubeconfig_via(&plane.kubeconfig, &kubeconfig, api.address)?;
+        Ok(Self {
+            _api: api,
+            kubeconfig,
+        })
+    }
+}
+
 /// Starts the operator binary (the build next to this one) with mTLS from `pki`, against
 /// `plane`, with its default flags but for `auto_discovery` and `extra_args`.
 fn start_operator(
@@ -577,7 +698,19 @@ async fn ca_run(
     qps: (f64, u32),
     loops: LoopOptions,
 ) -> anyhow::Result<LoopStats> {
-    let mut options = AutoscalerOptions::new(provider, &plane.kubeconfig, SINGLE_CLUSTER);
+    ca_run_with(plane, &plane.kubeconfig, name, provider, qps, loops).await
+}
+
+/// [`ca_run`] with cluster-autoscaler reaching the API server through `kubeconfig`.
+async fn ca_run_with(
+    plane: &ControlPlane,
+    kubeconfig: &Path,
+    name: &str,
+    provider: CloudProvider,
+    qps: (f64, u32),
+    loops: LoopOptions,
+) -> anyhow::Result<LoopStats> {
+    let mut options = AutoscalerOptions::new(provider, kubeconfig, SINGLE_CLUSTER);
     options.name = name.into();
     options.status_config_map = format!("{name}-status");
     options.verbosity = 2;

@@ -106,6 +106,11 @@ fn ca_loop_entries(runs: &Runs) -> Vec<CaLoopEntry> {
                 stats,
             ));
         }
+        for run in &ca.through_hop {
+            let mut delayed = entry(&run.peer, run.mode.clone(), &run.stats);
+            delayed.delay_ms_each_way = run.delay_ms;
+            entries.push(delayed);
+        }
     }
     entries
 }
