@@ -153,6 +153,47 @@ impl TestWorld {
         names
     }
 
+    /// Waits until `n` pods of app `app` run; returns their Node names, sorted.
+    pub async fn wait_nodes_running(&self, app: &str, n: usize) -> Vec<String> {
+        self.wait(&format!("{n} running pod(s) of {app}"), || async {
+            let nodes = self.nodes_running(app).await;
+            if nodes.len() == n {
+                Ok(nodes)
+            } else {
+                Err(format!("{nodes:?}"))
+            }
+        })
+        .await
+    }
+
+    /// Waits until NodePool `name` asks for, has and reports Ready `n` replicas, and the
+    /// cloud's own list of its servers (`in_cloud`) has `n` entries.
+    pub async fn wait_pool_ready<T: std::fmt::Debug>(
+        &self,
+        name: &str,
+        n: usize,
+        in_cloud: impl Fn() -> Vec<T>,
+    ) -> NodePool {
+        self.wait(&format!("NodePool {name} at {n} Ready"), || async {
+            let pool = self.get_pool(name).await;
+            let status = pool.status.clone().unwrap_or_default();
+            let servers = in_cloud();
+            if status.ready_replicas as usize == n
+                && status.replicas as usize == n
+                && servers.len() == n
+                && pool.spec.replicas as usize == n
+            {
+                Ok(pool)
+            } else {
+                Err(format!(
+                    "spec {} status {}/{} ready, in the cloud {servers:?}, conditions {:?}",
+                    pool.spec.replicas, status.ready_replicas, status.replicas, status.conditions
+                ))
+            }
+        })
+        .await
+    }
+
     /// Ready Nodes of group `group` of this test, sorted by name.
     pub async fn ready_nodes(&self, group: &str) -> Vec<Node> {
         let selector = format!("{POOL_LABEL}={}", self.label(group));

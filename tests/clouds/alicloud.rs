@@ -162,24 +162,9 @@ impl World {
     /// Waits until pool `name` on `group` reports `n` Ready of `n` and the group has `n`
     /// instances.
     async fn wait_pool_ready(&self, name: &str, group: &str, n: usize) -> NodePool {
-        self.wait(&format!("NodePool {name} at {n} Ready"), || async move {
-            let pool = self.get_pool(name).await;
-            let status = pool.status.clone().unwrap_or_default();
-            let instances = self.instances(group);
-            if status.ready_replicas as usize == n
-                && status.replicas as usize == n
-                && instances.len() == n
-                && pool.spec.replicas as usize == n
-            {
-                Ok(pool)
-            } else {
-                Err(format!(
-                    "spec {} status {}/{} ready, instances {instances:?}, conditions {:?}",
-                    pool.spec.replicas, status.ready_replicas, status.replicas, status.conditions
-                ))
-            }
-        })
-        .await
+        self.base
+            .wait_pool_ready(name, n, || self.instances(group))
+            .await
     }
 }
 
@@ -224,15 +209,7 @@ async fn the_example_node_pool_scales_up_from_zero() {
         .unwrap_or_else(|e| panic!("starting cluster-autoscaler: {e}"));
     w.app("web", 2, "example").await;
     w.wait_pool_ready(&name, &group, 2).await;
-    w.wait("both pods running on the pool's Nodes", || async {
-        let running = w.nodes_running("web").await;
-        if running.len() == 2 {
-            Ok(())
-        } else {
-            Err(format!("{running:?}"))
-        }
-    })
-    .await;
+    w.wait_nodes_running("web", 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,16 +244,7 @@ async fn pending_pods_scale_a_scaling_group_from_zero_and_the_idle_instance_goes
     w.app("web", 2, "workers").await;
 
     let pool = w.wait_pool_ready("workers", "asg-workers", 2).await;
-    let running = w
-        .wait("both pods running", || async {
-            let nodes = w.nodes_running("web").await;
-            if nodes.len() == 2 {
-                Ok(nodes)
-            } else {
-                Err(format!("{nodes:?}"))
-            }
-        })
-        .await;
+    let running = w.wait_nodes_running("web", 2).await;
     let nodes = w.ready_nodes("workers").await;
     assert_eq!(
         running,
@@ -332,16 +300,7 @@ async fn pending_pods_scale_a_scaling_group_from_zero_and_the_idle_instance_goes
     workload::scale(&w.client, w.ns(), "web", 1)
         .await
         .expect("scale app");
-    let busy = w
-        .wait("one pod left running", || async {
-            let nodes = w.nodes_running("web").await;
-            if nodes.len() == 1 {
-                Ok(nodes)
-            } else {
-                Err(format!("{nodes:?}"))
-            }
-        })
-        .await;
+    let busy = w.wait_nodes_running("web", 1).await;
     w.wait_pool_ready("workers", "asg-workers", 1).await;
     w.wait("the idle node gone", || async {
         let left: Vec<String> = w

@@ -144,24 +144,9 @@ impl World {
 
     /// Waits until pool `name` reports `n` ready replicas of `n` and its servers match.
     async fn wait_pool_ready(&self, name: &str, n: usize) -> NodePool {
-        self.wait(&format!("NodePool {name} at {n} Ready"), || async move {
-            let pool = self.get_pool(name).await;
-            let status = pool.status.clone().unwrap_or_default();
-            let servers = self.servers(name);
-            if status.ready_replicas as usize == n
-                && status.replicas as usize == n
-                && servers.len() == n
-                && pool.spec.replicas as usize == n
-            {
-                Ok(pool)
-            } else {
-                Err(format!(
-                    "spec {} status {}/{} ready, servers {servers:?}, conditions {:?}",
-                    pool.spec.replicas, status.ready_replicas, status.replicas, status.conditions
-                ))
-            }
-        })
-        .await
+        self.base
+            .wait_pool_ready(name, n, || self.servers(name))
+            .await
     }
 }
 
@@ -204,15 +189,7 @@ async fn the_example_node_pool_scales_up_from_zero() {
     w.start_autoscaler(|_| {});
     w.app("web", 2, "example").await;
     w.wait_pool_ready(&name, 2).await;
-    w.wait("both pods running on the pool's Nodes", || async {
-        let running = w.nodes_running("web").await;
-        if running.len() == 2 {
-            Ok(())
-        } else {
-            Err(format!("{running:?}"))
-        }
-    })
-    .await;
+    w.wait_nodes_running("web", 2).await;
 }
 
 /// Pending pods scale a NodePool up from zero through cluster-autoscaler (the template
@@ -235,16 +212,7 @@ async fn pending_pods_scale_a_node_pool_from_zero_and_idle_servers_go() {
     w.app("web", 2, "workers").await;
 
     let pool = w.wait_pool_ready("workers", 2).await;
-    let running = w
-        .wait("both pods running", || async {
-            let nodes = w.nodes_running("web").await;
-            if nodes.len() == 2 {
-                Ok(nodes)
-            } else {
-                Err(format!("{nodes:?}"))
-            }
-        })
-        .await;
+    let running = w.wait_nodes_running("web", 2).await;
     let nodes = w.ready_nodes("workers").await;
     assert_eq!(nodes.len(), 2);
     for node in &nodes {
@@ -295,16 +263,7 @@ async fn pending_pods_scale_a_node_pool_from_zero_and_idle_servers_go() {
     workload::scale(&w.client, w.ns(), "web", 1)
         .await
         .expect("scale app");
-    let busy = w
-        .wait("one pod left running", || async {
-            let nodes = w.nodes_running("web").await;
-            if nodes.len() == 1 {
-                Ok(nodes)
-            } else {
-                Err(format!("{nodes:?}"))
-            }
-        })
-        .await;
+    let busy = w.wait_nodes_running("web", 1).await;
     w.wait_pool_ready("workers", 1).await;
     let left: Vec<String> = w
         .ready_nodes("workers")
