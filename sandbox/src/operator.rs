@@ -310,9 +310,6 @@ impl OperatorProcess {
     }
 }
 
-/// Writes cluster-autoscaler's `externalgrpc` cloud-config for `address` to `path`: mTLS
-/// with `client` (cert, key) and the operator's CA, and the per-RPC `grpc_timeout`.
-/// cluster-autoscaler verifies the server against the host part of `address`.
 /// Writes an externalgrpc cloud-config for an operator in cluster-autoscaler's pod, dialled in
 /// plaintext on the Unix socket `socket` (no certificate fields: CA's client then dials
 /// without TLS).
@@ -329,6 +326,9 @@ pub fn write_unix_socket_cloud_config(
     std::fs::write(path, text).map_err(io_err(format!("writing {}", path.display())))
 }
 
+/// Writes cluster-autoscaler's `externalgrpc` cloud-config for `address` to `path`: mTLS
+/// with `client` (cert, key) and the operator's CA, and the per-RPC `grpc_timeout`.
+/// cluster-autoscaler verifies the server against the host part of `address`.
 pub fn write_cloud_config(
     path: &Path,
     address: &str,

@@ -67,6 +67,40 @@ fn bench_smoke_writes_every_metric_with_ratios_and_goals() {
             "{peer} {mode} at 0.25 ms in {entries:?}"
         );
     }
+    // The largest dataset runs the compared settings too: ours remote and co-located, in-tree
+    // at its last setting, with and without the hop.
+    for (peer, mode, delay) in [
+        ("nodegroup-operator", "remote", 0.0),
+        ("nodegroup-operator", "remote", 0.25),
+        ("nodegroup-operator", "co-located", 0.25),
+        ("in-tree-clusterapi", "qps 50/100", 0.0),
+        ("in-tree-clusterapi", "qps 50/100", 0.25),
+    ] {
+        assert!(
+            entries.iter().any(|e| e["groups"] == 6
+                && e["peer"] == peer
+                && e["mode"] == mode
+                && e["delay_ms_each_way"] == delay
+                && e["p50_ms"].is_number()),
+            "6x2: {peer} {mode} at {delay} ms in {entries:?}"
+        );
+    }
+    // The goals through the hop, per dataset, each a ratio to in-tree with its verdict.
+    for name in [
+        "ca_loop_remote_vs_intree_4x3",
+        "ca_loop_colocated_vs_intree_4x3",
+        "ca_loop_remote_vs_intree_6x2",
+        "ca_loop_colocated_vs_intree_6x2",
+    ] {
+        let metric = &results["metrics"][name];
+        assert!(metric["ratio"].is_number(), "{name}.ratio in {metric}");
+        assert!(metric["pass"].is_boolean(), "{name}.pass in {metric}");
+        assert_eq!(metric["delay_ms_each_way"], 0.25, "{name}");
+    }
+    assert!(
+        stdout.contains("ms each way: ours co-located vs in-tree qps 50/100"),
+        "{stdout}"
+    );
     let ours = entries
         .iter()
         .find(|e| e["peer"] == "nodegroup-operator")

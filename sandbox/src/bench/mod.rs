@@ -35,7 +35,9 @@ use self::example_server::{ExampleServer, ExampleServerOptions};
 use self::server::{LoadPlan, ServerFigures, Target};
 use crate::autoscaler::{Autoscaler, AutoscalerOptions, CloudProvider};
 use crate::controlplane::{ControlPlane, ControlPlaneOptions};
-use crate::operator::{GrpcPki, OperatorOptions, OperatorProcess, write_cloud_config};
+use crate::operator::{
+    GrpcPki, OperatorOptions, OperatorProcess, write_cloud_config, write_unix_socket_cloud_config,
+};
 use crate::process::http_get;
 use crate::{capi, crds};
 
@@ -69,6 +71,9 @@ pub struct BenchOptions {
     /// In-tree provider settings (`--kube-client-qps`, `--kube-client-burst`): the default
     /// first; the last is the denominator of `ca_loop_p50_ms_vs_intree`.
     pub in_tree_qps: Vec<(f64, u32)>,
+    /// cluster-autoscaler on the largest growth dataset too, with these loops: ours and
+    /// in-tree at its last setting, without a hop and through the last of `hop_delays_ms`.
+    pub ca_at_largest: Option<LargestLoops>,
     /// Delays (ms each way) of a network hop ([`crate::hop::NetworkHop`]) between
     /// cluster-autoscaler and what it calls, each run with ours remote, ours co-located and the
     /// last in-tree setting; the runs without a hop are the ones above.
@@ -101,6 +106,10 @@ impl BenchOptions {
             ca_skip: 2,
             ca_window: Duration::from_secs(120),
             in_tree_qps: vec![(5.0, 10), (50.0, 100), (1000.0, 2000)],
+            ca_at_largest: Some(LargestLoops {
+                loops: 10,
+                window: Duration::from_secs(180),
+            }),
             hop_delays_ms: vec![0.1, 0.25],
         }
     }
@@ -131,9 +140,24 @@ impl BenchOptions {
             ca_skip: 0,
             ca_window: Duration::from_secs(8),
             in_tree_qps: vec![(5.0, 10), (50.0, 100)],
+            ca_at_largest: Some(LargestLoops {
+                loops: 1,
+                window: Duration::from_secs(8),
+            }),
             hop_delays_ms: vec![0.25],
         }
     }
+}
+
+/// How many of cluster-autoscaler's loops to measure on the largest dataset, where each takes
+/// seconds.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct LargestLoops {
+    /// Loops to measure, after [`BenchOptions::ca_skip`].
+    pub loops: usize,
+    /// Longest wait for them, per run.
+    #[serde(skip)]
+    pub window: Duration,
 }
 
 /// Everything one single-cluster dataset yielded.
@@ -177,8 +201,8 @@ pub struct IndexRun {
 pub struct CaRuns {
     /// externalgrpc to nodegroup-operator.
     pub ours: LoopStats,
-    /// externalgrpc to the upstream example server.
-    pub example: LoopStats,
+    /// externalgrpc to the upstream example server (main dataset only).
+    pub example: Option<LoopStats>,
     /// In-tree `clusterapi`, per `(qps, burst)` of [`BenchOptions::in_tree_qps`].
     pub in_tree: Vec<((f64, u32), LoopStats)>,
     /// The runs through a network hop ([`BenchOptions::hop_delays_ms`]).
@@ -329,11 +353,18 @@ async fn single_cluster(
     let all = std::sync::Arc::new(dataset.clusters[0].groups.clone());
 
     say(&format!("dataset {}: nodegroup-operator", spec.label()));
+    // The co-located runs' socket; short, as a socket path must be.
+    let socket = std::env::temp_dir().join(format!(
+        "ngo-bench-{}-{}.sock",
+        std::process::id(),
+        spec.machines()
+    ));
+    let socket_arg = format!("--grpc-unix-socket={}", socket.display());
     let mut operator = start_operator(
         plane,
         &pki,
         vec![format!("clusterapi:namespace={SINGLE_CLUSTER}")],
-        &[],
+        &[&socket_arg],
     )?;
     let ours_target = Target {
         name: "nodegroup-operator".into(),
@@ -379,86 +410,12 @@ async fn single_cluster(
     } else {
         None
     };
-    let loops = LoopOptions {
-        loops: options.ca_loops,
-        skip: options.ca_skip,
-        window: options.ca_window,
-    };
-    let mut hop_runs: Vec<HopRun> = Vec::new();
-    let ca_ours = if role == Role::Main {
-        say(&format!(
-            "dataset {}: cluster-autoscaler + nodegroup-operator",
-            spec.label()
-        ));
-        let config = plane.dir().join("cloud-config-ours.yaml");
-        write_cloud_config(
-            &config,
-            &operator.grpc_address.to_string(),
-            &pki.client,
-            &pki.ca_cert,
-            CA_GRPC_TIMEOUT,
-        )?;
-        let before = operator.metrics().map(|m| ca_loop::rpc_counts(&m));
-        let mut stats = ca_run(
-            plane,
-            "ca-externalgrpc-ours",
-            CloudProvider::ExternalGrpc {
-                cloud_config: config,
-            },
-            (5.0, 10),
-            loops,
-        )
-        .await?;
-        if let (Ok(before), Ok(after)) = (before, operator.metrics()) {
-            stats.rpcs_per_loop =
-                ca_loop::per_loop(&before, &ca_loop::rpc_counts(&after), stats.completed);
+    let schedule = CaSchedule::for_role(role, options);
+    let ca_ours = match &schedule {
+        Some(schedule) => {
+            Some(ours_ca_runs(plane, &operator, &pki, &socket, schedule, &spec, say).await?)
         }
-        for delay_ms in &options.hop_delays_ms {
-            for mode in ["remote", "co-located"] {
-                say(&format!(
-                    "dataset {}: cluster-autoscaler + nodegroup-operator ({mode}), {delay_ms} ms each way",
-                    spec.label()
-                ));
-                let hops = Hops::start(plane, *delay_ms)?;
-                let grpc_hop = crate::hop::NetworkHop::start(
-                    operator.grpc_address,
-                    Duration::from_secs_f64(delay_ms / 1e3),
-                )?;
-                let address = if mode == "remote" {
-                    grpc_hop.address
-                } else {
-                    operator.grpc_address
-                };
-                let config = plane.dir().join(format!("cloud-config-ours-{mode}.yaml"));
-                write_cloud_config(
-                    &config,
-                    &address.to_string(),
-                    &pki.client,
-                    &pki.ca_cert,
-                    CA_GRPC_TIMEOUT,
-                )?;
-                let stats = ca_run_with(
-                    plane,
-                    &hops.kubeconfig,
-                    &format!("ca-ours-{mode}-hop"),
-                    CloudProvider::ExternalGrpc {
-                        cloud_config: config,
-                    },
-                    (5.0, 10),
-                    loops,
-                )
-                .await?;
-                hop_runs.push(HopRun {
-                    peer: "nodegroup-operator".into(),
-                    mode: mode.into(),
-                    delay_ms: *delay_ms,
-                    stats,
-                });
-            }
-        }
-        Some(stats)
-    } else {
-        None
+        None => None,
     };
     operator.stop(Duration::from_secs(10));
     drop(operator);
@@ -506,84 +463,46 @@ async fn single_cluster(
         visible: vec![all; options.connections],
     };
     let upstream = server::measure(&upstream_target, &options.load, false).await?;
-    let ca = match ca_ours {
-        Some(ours) => {
-            say(&format!(
-                "dataset {}: cluster-autoscaler + example server",
-                spec.label()
-            ));
-            let config = plane.dir().join("cloud-config-example.yaml");
-            write_cloud_config(
-                &config,
-                &example.grpc_address.to_string(),
-                &pki.client,
-                &pki.ca_cert,
-                CA_GRPC_TIMEOUT,
-            )?;
-            let example_loops = ca_run(
-                plane,
-                "ca-externalgrpc-example",
-                CloudProvider::ExternalGrpc {
-                    cloud_config: config,
-                },
-                (5.0, 10),
-                loops,
-            )
-            .await?;
-            example.stop();
-            let mut in_tree = Vec::new();
-            for qps in &options.in_tree_qps {
+    let ca = match (ca_ours, schedule) {
+        (Some((ours, mut through_hop)), Some(schedule)) => {
+            let example_loops = if schedule.example {
                 say(&format!(
-                    "dataset {}: cluster-autoscaler in-tree clusterapi, --kube-client-qps={} --kube-client-burst={}",
-                    spec.label(),
-                    qps.0,
-                    qps.1
+                    "dataset {}: cluster-autoscaler + example server",
+                    spec.label()
                 ));
-                let provider = CloudProvider::ClusterApi {
-                    auto_discovery: vec![format!("clusterapi:namespace={SINGLE_CLUSTER}")],
-                    management_kubeconfig: None,
+                let config = plane.dir().join("cloud-config-example.yaml");
+                write_cloud_config(
+                    &config,
+                    &example.grpc_address.to_string(),
+                    &pki.client,
+                    &pki.ca_cert,
+                    CA_GRPC_TIMEOUT,
+                )?;
+                let provider = CloudProvider::ExternalGrpc {
+                    cloud_config: config,
                 };
-                let name = format!("ca-in-tree-qps-{}", qps.0);
-                in_tree.push((*qps, ca_run(plane, &name, provider, *qps, loops).await?));
-            }
-            if let Some(qps) = options.in_tree_qps.last() {
-                for delay_ms in &options.hop_delays_ms {
-                    say(&format!(
-                        "dataset {}: cluster-autoscaler in-tree clusterapi at {}/{}, {delay_ms} ms each way",
-                        spec.label(),
-                        qps.0,
-                        qps.1
-                    ));
-                    let hops = Hops::start(plane, *delay_ms)?;
-                    let provider = CloudProvider::ClusterApi {
-                        auto_discovery: vec![format!("clusterapi:namespace={SINGLE_CLUSTER}")],
-                        management_kubeconfig: None,
-                    };
-                    let stats = ca_run_with(
-                        plane,
-                        &hops.kubeconfig,
-                        &format!("ca-in-tree-hop-{}", qps.0),
-                        provider,
-                        *qps,
-                        loops,
-                    )
-                    .await?;
-                    hop_runs.push(HopRun {
-                        peer: "in-tree-clusterapi".into(),
-                        mode: format!("qps {}/{}", qps.0, qps.1),
-                        delay_ms: *delay_ms,
-                        stats,
-                    });
-                }
-            }
+                let loops = ca_run(
+                    plane,
+                    "ca-externalgrpc-example",
+                    provider,
+                    (5.0, 10),
+                    schedule.loops,
+                );
+                Some(loops.await?)
+            } else {
+                None
+            };
+            example.stop();
+            let (in_tree, in_tree_hops) = in_tree_ca_runs(plane, &schedule, &spec, say).await?;
+            through_hop.extend(in_tree_hops);
             Some(CaRuns {
                 ours,
                 example: example_loops,
                 in_tree,
-                through_hop: hop_runs,
+                through_hop,
             })
         }
-        None => None,
+        _ => None,
     };
     drop(example);
     Ok(DatasetRun {
@@ -595,6 +514,192 @@ async fn single_cluster(
         index,
         ca,
     })
+}
+
+/// Which cluster-autoscaler runs a dataset gets.
+struct CaSchedule {
+    /// Delays (ms each way) of the runs through a network hop.
+    delays_ms: Vec<f64>,
+    /// Whether CA also runs against the upstream example server.
+    example: bool,
+    /// In-tree `clusterapi` settings; the last one also runs through each hop.
+    in_tree_qps: Vec<(f64, u32)>,
+    /// Loops per run.
+    loops: LoopOptions,
+}
+
+impl CaSchedule {
+    /// The main dataset gets every run; the largest growth dataset (with
+    /// [`BenchOptions::ca_at_largest`]) the runs the goals compare: ours remote and
+    /// co-located and in-tree at its last setting, without a hop and at the last delay.
+    fn for_role(role: Role, options: &BenchOptions) -> Option<Self> {
+        match role {
+            Role::Main => Some(Self {
+                delays_ms: options.hop_delays_ms.clone(),
+                example: true,
+                in_tree_qps: options.in_tree_qps.clone(),
+                loops: LoopOptions {
+                    loops: options.ca_loops,
+                    skip: options.ca_skip,
+                    window: options.ca_window,
+                },
+            }),
+            Role::Index => options.ca_at_largest.map(|loops| Self {
+                delays_ms: options.hop_delays_ms.last().copied().into_iter().collect(),
+                example: false,
+                in_tree_qps: options.in_tree_qps.last().copied().into_iter().collect(),
+                loops: LoopOptions {
+                    loops: loops.loops,
+                    skip: options.ca_skip,
+                    window: loops.window,
+                },
+            }),
+            Role::Growth | Role::OursOnly => None,
+        }
+    }
+}
+
+/// cluster-autoscaler with ours: remote without a hop (counting the RPCs it makes per loop),
+/// then at each delay remote (mTLS over TCP, through a hop) and co-located (plaintext on the
+/// operator's Unix socket, the hop before the API server only).
+async fn ours_ca_runs(
+    plane: &ControlPlane,
+    operator: &OperatorProcess,
+    pki: &GrpcPki,
+    socket: &Path,
+    schedule: &CaSchedule,
+    spec: &DatasetSpec,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<(LoopStats, Vec<HopRun>)> {
+    say(&format!(
+        "dataset {}: cluster-autoscaler + nodegroup-operator",
+        spec.label()
+    ));
+    let config = plane.dir().join("cloud-config-ours.yaml");
+    write_cloud_config(
+        &config,
+        &operator.grpc_address.to_string(),
+        &pki.client,
+        &pki.ca_cert,
+        CA_GRPC_TIMEOUT,
+    )?;
+    let before = operator.metrics().map(|m| ca_loop::rpc_counts(&m));
+    let provider = CloudProvider::ExternalGrpc {
+        cloud_config: config,
+    };
+    let mut stats = ca_run(
+        plane,
+        "ca-externalgrpc-ours",
+        provider,
+        (5.0, 10),
+        schedule.loops,
+    )
+    .await?;
+    if let (Ok(before), Ok(after)) = (before, operator.metrics()) {
+        stats.rpcs_per_loop =
+            ca_loop::per_loop(&before, &ca_loop::rpc_counts(&after), stats.completed);
+    }
+    let mut hop_runs = Vec::new();
+    for &delay_ms in &schedule.delays_ms {
+        for mode in ["remote", "co-located"] {
+            say(&format!(
+                "dataset {}: cluster-autoscaler + nodegroup-operator ({mode}), {delay_ms} ms each way",
+                spec.label()
+            ));
+            let hops = Hops::start(plane, delay_ms)?;
+            let config = plane.dir().join(format!("cloud-config-ours-{mode}.yaml"));
+            // Kept until the run ends.
+            let grpc_hop = if mode == "remote" {
+                let hop = crate::hop::NetworkHop::start(
+                    operator.grpc_address,
+                    Duration::from_secs_f64(delay_ms / 1e3),
+                )?;
+                write_cloud_config(
+                    &config,
+                    &hop.address.to_string(),
+                    &pki.client,
+                    &pki.ca_cert,
+                    CA_GRPC_TIMEOUT,
+                )?;
+                Some(hop)
+            } else {
+                write_unix_socket_cloud_config(&config, socket, CA_GRPC_TIMEOUT)?;
+                None
+            };
+            let provider = CloudProvider::ExternalGrpc {
+                cloud_config: config,
+            };
+            let name = format!("ca-ours-{mode}-hop");
+            let stats = ca_run_with(
+                plane,
+                &hops.kubeconfig,
+                &name,
+                provider,
+                (5.0, 10),
+                schedule.loops,
+            )
+            .await?;
+            drop(grpc_hop);
+            hop_runs.push(HopRun {
+                peer: "nodegroup-operator".into(),
+                mode: mode.into(),
+                delay_ms,
+                stats,
+            });
+        }
+    }
+    Ok((stats, hop_runs))
+}
+
+/// In-tree `clusterapi` at each of the schedule's settings, then at the last one through
+/// each hop.
+async fn in_tree_ca_runs(
+    plane: &ControlPlane,
+    schedule: &CaSchedule,
+    spec: &DatasetSpec,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<(Vec<((f64, u32), LoopStats)>, Vec<HopRun>)> {
+    let provider = || CloudProvider::ClusterApi {
+        auto_discovery: vec![format!("clusterapi:namespace={SINGLE_CLUSTER}")],
+        management_kubeconfig: None,
+    };
+    let mut in_tree = Vec::new();
+    for &(qps, burst) in &schedule.in_tree_qps {
+        say(&format!(
+            "dataset {}: cluster-autoscaler in-tree clusterapi, --kube-client-qps={qps} --kube-client-burst={burst}",
+            spec.label(),
+        ));
+        let name = format!("ca-in-tree-qps-{qps}");
+        let stats = ca_run(plane, &name, provider(), (qps, burst), schedule.loops).await?;
+        in_tree.push(((qps, burst), stats));
+    }
+    let mut hop_runs = Vec::new();
+    if let Some(&(qps, burst)) = schedule.in_tree_qps.last() {
+        for &delay_ms in &schedule.delays_ms {
+            say(&format!(
+                "dataset {}: cluster-autoscaler in-tree clusterapi at {qps}/{burst}, {delay_ms} ms each way",
+                spec.label(),
+            ));
+            let hops = Hops::start(plane, delay_ms)?;
+            let name = format!("ca-in-tree-hop-{qps}");
+            let stats = ca_run_with(
+                plane,
+                &hops.kubeconfig,
+                &name,
+                provider(),
+                (qps, burst),
+                schedule.loops,
+            )
+            .await?;
+            hop_runs.push(HopRun {
+                peer: "in-tree-clusterapi".into(),
+                mode: format!("qps {qps}/{burst}"),
+                delay_ms,
+                stats,
+            });
+        }
+    }
+    Ok((in_tree, hop_runs))
 }
 
 async fn multicluster(
