@@ -55,6 +55,9 @@ pub struct LoopStats {
     /// externalgrpc only: RPCs the server answered per completed loop, by method (from the
     /// server's request counter, over the whole run divided by the loops it completed).
     pub rpcs_per_loop: BTreeMap<String, f64>,
+    /// externalgrpc to ours: milliseconds per completed loop the operator spent answering, by
+    /// method (its own request-duration histogram, from the request's arrival to the answer).
+    pub server_ms_per_loop: BTreeMap<String, f64>,
 }
 
 impl LoopStats {
@@ -213,9 +216,20 @@ pub fn bucket_quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
 /// The operator's answered RPCs by method: `nodegroup_grpc_request_duration_seconds_count`
 /// summed over codes.
 pub fn rpc_counts(metrics: &str) -> BTreeMap<String, f64> {
+    rpc_totals(metrics, "nodegroup_grpc_request_duration_seconds_count{")
+}
+
+/// Seconds the operator spent answering, by method: `nodegroup_grpc_request_duration_seconds_sum`
+/// summed over codes.
+pub fn rpc_seconds(metrics: &str) -> BTreeMap<String, f64> {
+    rpc_totals(metrics, "nodegroup_grpc_request_duration_seconds_sum{")
+}
+
+/// The series starting with `prefix`, summed per `method` label.
+fn rpc_totals(metrics: &str, prefix: &str) -> BTreeMap<String, f64> {
     let mut counts = BTreeMap::new();
     for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("nodegroup_grpc_request_duration_seconds_count{") else {
+        let Some(rest) = line.strip_prefix(prefix) else {
             continue;
         };
         let Some((labels, value)) = rest.rsplit_once("} ") else {
@@ -287,6 +301,13 @@ mod tests {
              nodegroup_grpc_request_duration_seconds_count{method=\"NodeGroupForNode\",code=\"NotFound\"} 10\n\
              nodegroup_grpc_request_duration_seconds_count{method=\"Refresh\",code=\"OK\"} 4\n\
              nodegroup_grpc_request_duration_seconds_sum{method=\"Refresh\",code=\"OK\"} 0.5\n",
+        );
+        assert_eq!(
+            rpc_seconds(
+                "nodegroup_grpc_request_duration_seconds_sum{method=\"Refresh\",code=\"OK\"} 0.5\n\
+                 nodegroup_grpc_request_duration_seconds_sum{method=\"Refresh\",code=\"Internal\"} 0.25\n"
+            ),
+            BTreeMap::from([("Refresh".to_string(), 0.75)])
         );
         assert_eq!(
             per_loop(&before, &after, 4),

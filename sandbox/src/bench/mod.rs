@@ -583,7 +583,7 @@ async fn ours_ca_runs(
         &pki.ca_cert,
         CA_GRPC_TIMEOUT,
     )?;
-    let before = operator.metrics().map(|m| ca_loop::rpc_counts(&m));
+    let before = operator.metrics();
     let provider = CloudProvider::ExternalGrpc {
         cloud_config: config,
     };
@@ -596,8 +596,14 @@ async fn ours_ca_runs(
     )
     .await?;
     if let (Ok(before), Ok(after)) = (before, operator.metrics()) {
-        stats.rpcs_per_loop =
-            ca_loop::per_loop(&before, &ca_loop::rpc_counts(&after), stats.completed);
+        let per_loop = |totals: fn(&str) -> std::collections::BTreeMap<String, f64>| {
+            ca_loop::per_loop(&totals(&before), &totals(&after), stats.completed)
+        };
+        stats.rpcs_per_loop = per_loop(ca_loop::rpc_counts);
+        stats.server_ms_per_loop = per_loop(ca_loop::rpc_seconds)
+            .into_iter()
+            .map(|(method, seconds)| (method, seconds * 1e3))
+            .collect();
     }
     let mut hop_runs = Vec::new();
     for &delay_ms in &schedule.delays_ms {

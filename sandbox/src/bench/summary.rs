@@ -60,6 +60,8 @@ pub struct CaLoopEntry {
     pub loops: usize,
     /// externalgrpc to ours: RPCs per loop by method.
     pub rpcs_per_loop: BTreeMap<String, f64>,
+    /// externalgrpc to ours: ms per loop the operator spent answering, by method.
+    pub server_ms_per_loop: BTreeMap<String, f64>,
     /// What CA 1.36.1's source predicts per loop for these nodes and groups with no
     /// scale-down candidates and no other nodes: `2 + 3 * nodes + 2 * groups` to
     /// `2 + 3 * nodes + 3 * groups` (ours only).
@@ -91,6 +93,7 @@ fn ca_loop_entries(runs: &Runs) -> Vec<CaLoopEntry> {
                 p99_ms: p99,
                 loops: stats.samples_ms.len(),
                 rpcs_per_loop: stats.rpcs_per_loop.clone(),
+                server_ms_per_loop: stats.server_ms_per_loop.clone(),
                 rpcs_per_loop_predicted: ours.then(|| {
                     let base = 2.0 + 3.0 * nodes as f64;
                     (base + 2.0 * groups as f64, base + 3.0 * groups as f64)
@@ -830,6 +833,23 @@ fn render_ca_loop(entries: &[CaLoopEntry]) -> String {
             e.groups,
             num(Some(total))
         ));
+        let server: f64 = e.server_ms_per_loop.values().sum();
+        if server > 0.0 {
+            let per_call = e
+                .server_ms_per_loop
+                .iter()
+                .filter_map(|(m, ms)| {
+                    let calls = e.rpcs_per_loop.get(m).copied().filter(|n| *n > 0.0)?;
+                    Some(format!("{m} {}", num(Some(ms / calls * 1e3))))
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            out.push_str(&format!(
+                "  the operator's own time answering them: {} ms per loop of a {} ms loop (µs per call: {per_call})\n",
+                num(Some(server)),
+                num(e.p50_ms),
+            ));
+        }
     }
     out
 }
