@@ -114,7 +114,10 @@ fn bench_smoke_writes_every_metric_with_ratios_and_goals() {
         ours["server_ms_per_loop"]["NodeGroupForNode"].as_f64() > Some(0.0),
         "{ours}"
     );
-    assert!(stdout.contains("the operator's own time answering them"), "{stdout}");
+    assert!(
+        stdout.contains("the operator's own time answering them"),
+        "{stdout}"
+    );
     assert!(stdout.contains("RPCs per loop to ours"), "{stdout}");
 
     for name in METRICS {

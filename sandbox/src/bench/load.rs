@@ -81,6 +81,23 @@ pub struct Throughput {
     pub first_error: Option<String>,
 }
 
+impl Throughput {
+    /// Adds another window's figures to these: the rate over both windows.
+    pub fn add(&mut self, other: &Throughput) {
+        self.ok += other.ok;
+        self.errors += other.errors;
+        self.seconds += other.seconds;
+        self.rps = if self.seconds > 0.0 {
+            self.ok as f64 / self.seconds
+        } else {
+            0.0
+        };
+        if self.first_error.is_none() {
+            self.first_error.clone_from(&other.first_error);
+        }
+    }
+}
+
 /// Runs `concurrency` workers, worker `w` calling `calls[w % calls.len()]` back to back on
 /// `clients[w % clients.len()]`, for `warmup` (not counted) and then `window`. Only RPCs that
 /// complete inside the window count; workers stop issuing at its end and this waits for
@@ -240,5 +257,24 @@ mod tests {
         assert_eq!(percentile(&mut two, 0.99), Some(Duration::from_millis(9)));
         assert_eq!(percentile(&mut two, 0.5), Some(Duration::from_millis(1)));
         assert_eq!(percentile(&mut [], 0.5), None);
+    }
+
+    #[test]
+    fn rounds_add_up_to_the_rate_over_all_of_them() {
+        let mut total = Throughput::default();
+        let round = |ok, seconds, error: Option<&str>| Throughput {
+            ok,
+            errors: u64::from(error.is_some()),
+            seconds,
+            rps: ok as f64 / seconds,
+            first_error: error.map(String::from),
+        };
+        total.add(&round(300, 2.0, None));
+        total.add(&round(100, 2.0, Some("Unavailable: gone")));
+        total.add(&round(200, 1.0, Some("later")));
+        assert_eq!((total.ok, total.errors), (600, 2));
+        assert_eq!(total.seconds, 5.0);
+        assert_eq!(total.rps, 120.0);
+        assert_eq!(total.first_error.as_deref(), Some("Unavailable: gone"));
     }
 }

@@ -108,35 +108,26 @@ pub async fn measure(
     let _ = load::latency(first, 10, warm, plan.call_timeout, calls[0].clone()).await;
     let rss_warm_mib = rss_mib(target.pid)?;
 
-    let node_group_for_node = load::throughput(
-        &target.clients,
-        &calls,
-        plan.concurrency,
-        plan.warmup,
-        plan.window,
-        plan.call_timeout,
-    )
-    .await;
-    let floor = if floor {
+    let (node_group_for_node, floor) = if floor {
         let gpu_label = load::call(|mut client, _| async move {
             client
                 .gpu_label(proto::GpuLabelRequest {})
                 .await
                 .map(|_| ())
         });
-        Some(
-            load::throughput(
-                &target.clients,
-                &[gpu_label],
-                plan.concurrency,
-                plan.warmup,
-                plan.window,
-                plan.call_timeout,
-            )
-            .await,
-        )
+        let (measured, floor) = alternating(target, plan, &calls, &[gpu_label]).await;
+        (measured, Some(floor))
     } else {
-        None
+        let measured = load::throughput(
+            &target.clients,
+            &calls,
+            plan.concurrency,
+            plan.warmup,
+            plan.window,
+            plan.call_timeout,
+        )
+        .await;
+        (measured, None)
     };
     let series = |call| {
         load::latency(
@@ -174,6 +165,38 @@ pub async fn measure(
         node_group_nodes,
         target_size,
     })
+}
+
+/// Rounds in which `NodeGroupForNode` and the empty RPC take turns.
+const FLOOR_ROUNDS: u32 = 5;
+
+/// The throughput of `calls` and of `floor`, in [`FLOOR_ROUNDS`] alternating rounds sharing
+/// the plan's window (each after its own short warm-up), so that a busier stretch of a shared
+/// machine slows both alike rather than only the one measured then.
+async fn alternating(
+    target: &Target,
+    plan: &LoadPlan,
+    calls: &[Call],
+    floor: &[Call],
+) -> (Throughput, Throughput) {
+    let window = plan.window / FLOOR_ROUNDS;
+    let warmup = (plan.warmup / FLOOR_ROUNDS).max(Duration::from_millis(50));
+    let (mut measured, mut ceiling) = (Throughput::default(), Throughput::default());
+    for _ in 0..FLOOR_ROUNDS {
+        for (calls, total) in [(calls, &mut measured), (floor, &mut ceiling)] {
+            let round = load::throughput(
+                &target.clients,
+                calls,
+                plan.concurrency,
+                warmup,
+                window,
+                plan.call_timeout,
+            )
+            .await;
+            total.add(&round);
+        }
+    }
+    (measured, ceiling)
 }
 
 /// `NodeGroupForNode` for a random machine of `groups`, or (`unknown_share` of the calls) a

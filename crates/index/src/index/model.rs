@@ -1,5 +1,6 @@
 //! Types of the node-group model. Plain data; no Kubernetes client types.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -325,15 +326,16 @@ pub(crate) struct ProviderIdOwners(pub(crate) BTreeMap<ClusterKey, ProviderIdOwn
 impl ProviderIdOwners {
     /// The owner among the objects of `cluster`; with `None` (scoping off), among every
     /// Cluster's, ambiguous when several Clusters claim it.
-    fn within(&self, cluster: Option<&ClusterKey>) -> Option<ProviderIdOwner> {
+    /// Borrowed where one owner answers, so a lookup copies nothing.
+    fn within(&self, cluster: Option<&ClusterKey>) -> Option<Cow<'_, ProviderIdOwner>> {
         match cluster {
-            Some(cluster) => self.0.get(cluster).cloned(),
+            Some(cluster) => self.0.get(cluster).map(Cow::Borrowed),
             None => match self.0.len() {
                 0 => None,
-                1 => self.0.values().next().cloned(),
-                _ => Some(ProviderIdOwner::Ambiguous(
+                1 => self.0.values().next().map(Cow::Borrowed),
+                _ => Some(Cow::Owned(ProviderIdOwner::Ambiguous(
                     self.0.values().map(ProviderIdOwner::claimants).sum(),
-                )),
+                ))),
             },
         }
     }
@@ -363,11 +365,11 @@ impl Snapshot {
             .by_provider_id
             .get(providerid::normalize(provider_id))
             .and_then(|owners| owners.within(cluster));
-        match owner {
+        match owner.as_deref() {
             None => NodeGroupLookup::None,
-            Some(ProviderIdOwner::Ambiguous(n)) => NodeGroupLookup::Ambiguous(n),
-            Some(ProviderIdOwner::Pool(group)) => self.lookup(&group, cluster),
-            Some(ProviderIdOwner::Machine(key)) => self.group_of_machine(&key, cluster),
+            Some(ProviderIdOwner::Ambiguous(n)) => NodeGroupLookup::Ambiguous(*n),
+            Some(ProviderIdOwner::Pool(group)) => self.lookup(group, cluster),
+            Some(ProviderIdOwner::Machine(key)) => self.group_of_machine(key, cluster),
         }
     }
 
@@ -383,6 +385,7 @@ impl Snapshot {
                 .by_provider_id
                 .get(providerid::normalize(provider_id))?
                 .within(Some(cluster))?
+                .into_owned()
             {
                 ProviderIdOwner::Machine(key) => key,
                 _ => return None,
