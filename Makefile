@@ -83,7 +83,7 @@ compat:
 
 ## Side by side with the upstream peers (CA's example externalgrpc server, CA's in-tree clusterapi
 ## provider) on fresh API servers, same load client for all: optimized builds of ours and theirs.
-## Prints a table and writes target/bench/results.json; about 20 minutes on 2 cores, not part of
+## Prints a table and writes target/bench/results.json; about 45 minutes on 2 cores, not part of
 ## `make test` (which runs `ngo-sandbox bench --smoke`).
 bench:
 	$(UPSTREAM) $(BENCH_PEERS)

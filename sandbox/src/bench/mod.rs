@@ -81,7 +81,7 @@ pub struct BenchOptions {
 }
 
 impl BenchOptions {
-    /// The full benchmark (about 18 minutes on 2 cores, plus the release builds).
+    /// The full benchmark (about 43 minutes on 2 cores, plus the release builds).
     pub fn full() -> Self {
         Self {
             main: DatasetSpec::single(200, 25),
