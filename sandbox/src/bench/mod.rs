@@ -470,17 +470,7 @@ async fn single_cluster(
                     "dataset {}: cluster-autoscaler + example server",
                     spec.label()
                 ));
-                let config = plane.dir().join("cloud-config-example.yaml");
-                write_cloud_config(
-                    &config,
-                    &example.grpc_address.to_string(),
-                    &pki.client,
-                    &pki.ca_cert,
-                    CA_GRPC_TIMEOUT,
-                )?;
-                let provider = CloudProvider::ExternalGrpc {
-                    cloud_config: config,
-                };
+                let provider = mtls_provider(plane, "example", example.grpc_address, &pki)?;
                 let loops = ca_run(
                     plane,
                     "ca-externalgrpc-example",
@@ -575,18 +565,8 @@ async fn ours_ca_runs(
         "dataset {}: cluster-autoscaler + nodegroup-operator",
         spec.label()
     ));
-    let config = plane.dir().join("cloud-config-ours.yaml");
-    write_cloud_config(
-        &config,
-        &operator.grpc_address.to_string(),
-        &pki.client,
-        &pki.ca_cert,
-        CA_GRPC_TIMEOUT,
-    )?;
+    let provider = mtls_provider(plane, "ours", operator.grpc_address, pki)?;
     let before = operator.metrics();
-    let provider = CloudProvider::ExternalGrpc {
-        cloud_config: config,
-    };
     let mut stats = ca_run(
         plane,
         "ca-externalgrpc-ours",
@@ -613,27 +593,23 @@ async fn ours_ca_runs(
                 spec.label()
             ));
             let hops = Hops::start(plane, delay_ms)?;
-            let config = plane.dir().join(format!("cloud-config-ours-{mode}.yaml"));
             // Kept until the run ends.
-            let grpc_hop = if mode == "remote" {
+            let (provider, grpc_hop) = if mode == "remote" {
                 let hop = crate::hop::NetworkHop::start(
                     operator.grpc_address,
                     Duration::from_secs_f64(delay_ms / 1e3),
                 )?;
-                write_cloud_config(
-                    &config,
-                    &hop.address.to_string(),
-                    &pki.client,
-                    &pki.ca_cert,
-                    CA_GRPC_TIMEOUT,
-                )?;
-                Some(hop)
+                (
+                    mtls_provider(plane, "ours-remote", hop.address, pki)?,
+                    Some(hop),
+                )
             } else {
+                let config = plane.dir().join("cloud-config-ours-co-located.yaml");
                 write_unix_socket_cloud_config(&config, socket, CA_GRPC_TIMEOUT)?;
-                None
-            };
-            let provider = CloudProvider::ExternalGrpc {
-                cloud_config: config,
+                let provider = CloudProvider::ExternalGrpc {
+                    cloud_config: config,
+                };
+                (provider, None)
             };
             let name = format!("ca-ours-{mode}-hop");
             let stats = ca_run_with(
@@ -655,6 +631,27 @@ async fn ours_ca_runs(
         }
     }
     Ok((stats, hop_runs))
+}
+
+/// cluster-autoscaler's `externalgrpc` provider dialling `address` over mTLS with `pki`'s
+/// client certificate (its cloud-config written as `cloud-config-<name>.yaml`).
+fn mtls_provider(
+    plane: &ControlPlane,
+    name: &str,
+    address: std::net::SocketAddr,
+    pki: &GrpcPki,
+) -> anyhow::Result<CloudProvider> {
+    let config = plane.dir().join(format!("cloud-config-{name}.yaml"));
+    write_cloud_config(
+        &config,
+        &address.to_string(),
+        &pki.client,
+        &pki.ca_cert,
+        CA_GRPC_TIMEOUT,
+    )?;
+    Ok(CloudProvider::ExternalGrpc {
+        cloud_config: config,
+    })
 }
 
 /// In-tree `clusterapi` at each of the schedule's settings, then at the last one through
