@@ -177,8 +177,9 @@ struct RunArgs {
     /// --client-identity=uri-san and common-name.
     #[arg(long, value_name = "NAMESPACE/NAME")]
     cluster: Option<String>,
-    /// Also serve externalgrpc in plaintext on this Unix socket (created with mode 0660; a
-    /// stale one is replaced), for a cluster-autoscaler in the same pod dialing
+    /// Also serve externalgrpc in plaintext on this Unix socket (created with mode 0660,
+    /// removed on a clean stop; a stale one is replaced), for a cluster-autoscaler in the same
+    /// pod dialing
     /// `unix://<path>`. Needs --cluster or --client-identity=off: a socket's clients present no
     /// certificate.
     #[arg(long, value_name = "PATH")]

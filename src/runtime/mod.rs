@@ -232,8 +232,6 @@ async fn our_kinds_served(client: &Client) -> OurKinds {
     }
 }
 
-/// After the gRPC server has drained its RPCs: waits for mutations still running detached
-/// (each is bounded by its own deadline).
 /// Binds `path` as a Unix socket readable and writable by the owner and group (the containers
 /// of one pod share an fsGroup), replacing a socket a previous process left.
 fn unix_socket(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
@@ -282,6 +280,8 @@ where
     served
 }
 
+/// After the gRPC server has drained its RPCs: waits for mutations still running detached
+/// (each is bounded by its own deadline).
 async fn drain_mutations(mutations: tokio_util::task::TaskTracker) {
     mutations.close();
     if !mutations.is_empty() {
@@ -521,13 +521,25 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         let listener = unix_socket(path)?;
         tracing::info!(socket = %path.display(), scope = ?config.client_identity,
             "serving externalgrpc in plaintext on a Unix socket (co-located mode)");
-        tasks.spawn(serve_grpc(
+        let served = serve_grpc(
             "gRPC server on the Unix socket",
             service.clone(),
             tokio_stream::wrappers::UnixListenerStream::new(listener),
             shutdown.clone(),
             mutations.clone(),
-        ));
+        );
+        let path = path.clone();
+        tasks.spawn(async move {
+            let result = served.await;
+            // A clean stop takes the socket away; a crash's is replaced at the next start.
+            match std::fs::remove_file(&path) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!(socket = %path.display(), %error, "could not remove the Unix socket")
+                }
+                _ => {}
+            }
+            result
+        });
     }
     match &config.tls {
         Some(files) => {

@@ -1401,7 +1401,7 @@ async fn co_located_over_a_unix_socket_scoped_by_configuration() {
         nodegroup_operator::runtime::start(config)
     };
     let socket = dir.path().join("ngo.sock");
-    let _operator = start("c1", socket.clone()).await.expect("operator starts");
+    let operator = start("c1", socket.clone()).await.expect("operator starts");
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
     assert_eq!(
         mode & 0o777,
@@ -1458,4 +1458,8 @@ async fn co_located_over_a_unix_socket_scoped_by_configuration() {
         refused["error"].as_str().unwrap_or_default().contains("c2"),
         "{refused:#}"
     );
+
+    // A clean stop takes its socket away (a crash's is replaced at the next start).
+    operator.shutdown().await.expect("a clean stop");
+    assert!(!socket.exists(), "{} left behind", socket.display());
 }
