@@ -65,6 +65,11 @@ impl LoopStats {
     pub fn p50_or_bound(&self) -> Option<f64> {
         self.p50_ms.or(self.bound_ms)
     }
+
+    /// True when [`Self::p50_or_bound`] is the bound.
+    pub fn p50_is_bound(&self) -> bool {
+        self.p50_ms.is_none() && self.bound_ms.is_some()
+    }
 }
 
 /// Measures the loops of the cluster-autoscaler serving metrics at `address`, started

@@ -353,18 +353,25 @@ async fn single_cluster(
     let all = std::sync::Arc::new(dataset.clusters[0].groups.clone());
 
     say(&format!("dataset {}: nodegroup-operator", spec.label()));
-    // The co-located runs' socket; short, as a socket path must be.
+    let schedule = CaSchedule::for_role(role, options);
+    // The co-located runs' socket, only where cluster-autoscaler runs; short, as a socket path
+    // must be.
     let socket = std::env::temp_dir().join(format!(
         "ngo-bench-{}-{}.sock",
         std::process::id(),
         spec.machines()
     ));
     let socket_arg = format!("--grpc-unix-socket={}", socket.display());
+    let extra_args: &[&str] = if schedule.is_some() {
+        &[&socket_arg]
+    } else {
+        &[]
+    };
     let mut operator = start_operator(
         plane,
         &pki,
         vec![format!("clusterapi:namespace={SINGLE_CLUSTER}")],
-        &[&socket_arg],
+        extra_args,
     )?;
     let ours_target = Target {
         name: "nodegroup-operator".into(),
@@ -410,7 +417,6 @@ async fn single_cluster(
     } else {
         None
     };
-    let schedule = CaSchedule::for_role(role, options);
     let ca_ours = match &schedule {
         Some(schedule) => {
             Some(ours_ca_runs(plane, &operator, &pki, &socket, schedule, &spec, say).await?)

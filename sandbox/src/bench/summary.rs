@@ -397,7 +397,7 @@ fn add_server_metrics(metrics: &mut BTreeMap<String, Metric>, run: &DatasetRun) 
 }
 
 fn add_ca_metrics(metrics: &mut BTreeMap<String, Metric>, ca: &super::CaRuns) {
-    let loops = |s: &LoopStats| (s.p50_or_bound(), s.p50_ms.is_none() && s.bound_ms.is_some());
+    let loops = |s: &LoopStats| (s.p50_or_bound(), s.p50_is_bound());
     let ours = ca.ours.p50_ms;
     let describe = |m: Metric, s: &LoopStats| {
         m.with("ours_loops", ca.ours.samples_ms.len())
@@ -463,8 +463,7 @@ fn add_hop_goals(metrics: &mut BTreeMap<String, Metric>, runs: &Runs) {
         let Some(in_tree) = at("in-tree-clusterapi", None) else {
             continue;
         };
-        let up = in_tree.stats.p50_or_bound();
-        let up_is_bound = in_tree.stats.p50_ms.is_none() && in_tree.stats.bound_ms.is_some();
+        let (up, up_is_bound) = (in_tree.stats.p50_or_bound(), in_tree.stats.p50_is_bound());
         for (mode, key, goal) in [("remote", "remote", 0.5), ("co-located", "colocated", 0.1)] {
             let Some(ours) = at("nodegroup-operator", Some(mode)) else {
                 continue;
