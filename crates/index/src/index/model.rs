@@ -256,8 +256,9 @@ pub enum NodeGroupLookup {
     Group(Arc<NodeGroup>),
     /// Not in any served group.
     None,
-    /// Several machines share the normalized provider ID (the tail after the last `/`, as
-    /// upstream's `normalizedProviderString`).
+    /// Several machines, or several MachinePools' `spec.providerIDList`s, share the normalized
+    /// provider ID (the tail after the last `/`, as upstream's `normalizedProviderString`):
+    /// this many objects claim it.
     Ambiguous(usize),
 }
 

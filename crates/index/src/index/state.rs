@@ -724,9 +724,10 @@ impl IndexState {
     }
 
     /// Who owns normalized provider ID `pid` in each Cluster whose objects carry it: the
-    /// machines that have it (several: ambiguous), else a served MachinePool listing it, else
-    /// the machine a Node with it names (providers that never set `Machine.spec.providerID`),
-    /// when that Node was read from the machine's own cluster or the shared view.
+    /// machines that have it (several: ambiguous), else the served MachinePools listing it
+    /// (several: ambiguous, as no pool's claim outranks another's), else the machine a Node
+    /// with it names (providers that never set `Machine.spec.providerID`), when that Node was
+    /// read from the machine's own cluster or the shared view.
     fn pid_owner(&self, pid: &str) -> Option<ProviderIdOwners> {
         let mut owners: BTreeMap<ClusterKey, ProviderIdOwner> = BTreeMap::new();
         let mut machines: BTreeMap<ClusterKey, Vec<&String>> = BTreeMap::new();
@@ -742,7 +743,8 @@ impl IndexState {
             };
             owners.insert(cluster, owner);
         }
-        let pools = self
+        let mut pools: BTreeMap<ClusterKey, Vec<&String>> = BTreeMap::new();
+        let served_pools = self
             .pools_by_pid
             .get(pid)
             .into_iter()
@@ -751,15 +753,19 @@ impl IndexState {
                 Some(Ok(group)) => Some(group),
                 _ => None,
             });
-        for group in pools {
-            let owner = owners
+        for group in served_pools {
+            pools
                 .entry(group.cluster.clone())
-                .or_insert_with(|| ProviderIdOwner::Pool(group.id.clone()));
-            if let ProviderIdOwner::Pool(first) = owner
-                && group.id < *first
-            {
-                *first = group.id.clone();
-            }
+                .or_default()
+                .push(&group.id);
+        }
+        for (cluster, ids) in pools {
+            owners
+                .entry(cluster)
+                .or_insert_with(|| match ids.as_slice() {
+                    [only] => ProviderIdOwner::Pool((*only).clone()),
+                    all => ProviderIdOwner::Ambiguous(all.len()),
+                });
         }
         let mut annotated: BTreeMap<ClusterKey, &String> = BTreeMap::new();
         for node in self.nodes_by_pid.get(pid).into_iter().flatten() {
@@ -908,6 +914,7 @@ mod tests {
 
     use super::*;
     use crate::capi::CapiKeys;
+    use crate::index::NodeGroupLookup;
 
     const NS: &str = "ns";
 
@@ -916,7 +923,8 @@ mod tests {
     }
 
     /// One change of the universe the property test draws from: three MachineDeployments,
-    /// four MachineSets (some owned), a MachinePool, eight Machines, eight Nodes.
+    /// four MachineSets (some owned), two MachinePools (whose lists may overlap), eight
+    /// Machines, eight Nodes.
     #[derive(Clone, Debug)]
     enum Change {
         Deployment {
@@ -931,6 +939,7 @@ mod tests {
             annotated: bool,
         },
         Pool {
+            i: u8,
             pids: Vec<u8>,
         },
         Machine {
@@ -949,6 +958,7 @@ mod tests {
         },
         RemoveDeployment(u8),
         RemoveSet(u8),
+        RemovePool(u8),
         RemoveMachine(u8),
         RemoveNode(u8),
     }
@@ -970,7 +980,8 @@ mod tests {
                     annotated
                 }
             ),
-            proptest::collection::vec(0..10u8, 0..3).prop_map(|pids| Change::Pool { pids }),
+            (0..2u8, proptest::collection::vec(0..10u8, 0..3))
+                .prop_map(|(i, pids)| Change::Pool { i, pids }),
             (
                 0..8u8,
                 0..4u8,
@@ -1003,6 +1014,7 @@ mod tests {
                 }),
             (0..3u8).prop_map(Change::RemoveDeployment),
             (0..4u8).prop_map(Change::RemoveSet),
+            (0..2u8).prop_map(Change::RemovePool),
             (0..8u8).prop_map(Change::RemoveMachine),
             (0..8u8).prop_map(Change::RemoveNode),
         ]
@@ -1069,11 +1081,11 @@ mod tests {
                     owner.map(|o| format!("md{o}")),
                 ));
             }
-            Change::Pool { pids } => {
+            Change::Pool { i, pids } => {
                 let list: Vec<String> = pids.into_iter().map(pid).collect();
                 state.upsert_resource(resource(
                     ScalableKind::MachinePool,
-                    "mp",
+                    &format!("mp{i}"),
                     json!({"cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "5"}),
                     json!({"clusterName": "c1", "replicas": list.len(), "providerIDList": list}),
                     None,
@@ -1136,6 +1148,9 @@ mod tests {
             }
             Change::RemoveSet(i) => {
                 state.remove_resource(ScalableKind::MachineSet, NS, &format!("ms{i}"))
+            }
+            Change::RemovePool(i) => {
+                state.remove_resource(ScalableKind::MachinePool, NS, &format!("mp{i}"))
             }
             Change::RemoveMachine(i) => state.remove_machine(NS, &format!("m{i}")),
             Change::RemoveNode(i) => state.remove_node(None, &format!("n{i}")),
@@ -1234,6 +1249,56 @@ mod tests {
         ];
         let (incremental, full) = incremental_and_full(&changes);
         assert_eq!(incremental.groups, full.groups);
+    }
+
+    /// A MachinePool `name` of Cluster `c1`, served, listing `pids`.
+    fn pool(name: &str, pids: &[&str]) -> ScalableResource {
+        resource(
+            ScalableKind::MachinePool,
+            name,
+            json!({
+                "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "0",
+                "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "5"
+            }),
+            json!({"clusterName": "c1", "replicas": pids.len(), "providerIDList": pids}),
+            None,
+        )
+    }
+
+    #[test]
+    fn two_machine_pools_listing_one_provider_id_are_ambiguous_until_one_goes() {
+        let mut state = IndexState::new(&IndexInputs {
+            default_arch: "amd64".into(),
+            resources: vec![
+                pool("mp-a", &["test:////shared", "test:////only-a"]),
+                pool("mp-b", &["test:////shared"]),
+            ],
+            ..Default::default()
+        });
+        let c1 = ClusterKey {
+            namespace: NS.into(),
+            name: "c1".into(),
+        };
+        let snap = state.snapshot();
+        for cluster in [None, Some(&c1)] {
+            assert_eq!(
+                snap.group_for_provider_id("test:////shared", cluster),
+                NodeGroupLookup::Ambiguous(2)
+            );
+        }
+        let NodeGroupLookup::Group(a) = snap.group_for_provider_id("test:////only-a", None) else {
+            panic!("a provider ID listed by one pool resolves to it")
+        };
+        assert_eq!(a.id, "MachinePool/ns/mp-a");
+
+        state.remove_resource(ScalableKind::MachinePool, NS, "mp-a");
+        let snap = state.snapshot();
+        let NodeGroupLookup::Group(b) = snap.group_for_provider_id("test:////shared", Some(&c1))
+        else {
+            panic!("with one pool left, the provider ID is no longer ambiguous")
+        };
+        assert_eq!(b.id, "MachinePool/ns/mp-b");
+        assert_eq!(snap, IndexState::new(&state.inputs()).snapshot());
     }
 
     #[test]

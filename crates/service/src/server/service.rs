@@ -325,7 +325,7 @@ impl CloudProviderService {
         match snapshot.group_for_provider_id(&node.provider_id, scope.cluster()) {
             NodeGroupLookup::Group(g) => Ok(Some(g)),
             NodeGroupLookup::Ambiguous(n) => Err(ProviderError::FailedPrecondition(format!(
-                "node {:?} (providerID {:?}): {n} machines share this provider ID; fix the duplicate provider IDs",
+                "node {:?} (providerID {:?}): {n} machines or MachinePools share this provider ID; fix the duplicate provider IDs",
                 node.name, node.provider_id
             ))),
             NodeGroupLookup::None => Ok(node
