@@ -698,6 +698,81 @@ async fn scale_down_deletes_exactly_the_requested_machine_and_node() {
     env.shutdown().await;
 }
 
+/// The sequence an outside review ran by hand: `a`'s decrement is applied while its
+/// MachineSet is paused, replicas are raised before Cluster API acts (the decrement is
+/// absorbed), and a minute later cluster-autoscaler names `a` again. An error there made CA
+/// untaint `a` and fill it, and the group's next decrement deleted it with its pods. Now the
+/// operator lowers replicas again for `a` (as CA's in-tree provider does) and answers OK, and
+/// Cluster API deletes `a` and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absorbed_decrement_is_lowered_again_when_the_machine_is_named_again() {
+    let env = Env::new("absorbed").await;
+    let id = env.md("md", 3, bounds(1, 5), "worker").await;
+    env.wait_group(&id).await;
+    let nodes = env.wait_ready_nodes(&id, 3).await;
+    let mut named = Vec::new();
+    for node in &nodes {
+        let machine = env.machine_for(&provider_id(node)).await.expect("machine");
+        named.push((machine.name_any(), node.clone()));
+    }
+    named.sort_by(|x, y| x.0.cmp(&y.0));
+    let (a_machine, a_node) = named[0].clone();
+    let machine_sets = env.ns.api(&capi::machine_sets());
+    let set_paused = |paused: bool| {
+        let machine_sets = machine_sets.clone();
+        async move {
+            let sets = machine_sets
+                .list(&ListParams::default())
+                .await
+                .expect("machine sets");
+            let value = if paused { json!("true") } else { Value::Null };
+            for set in sets.items {
+                let patch =
+                    json!({"metadata": {"annotations": {"cluster.x-k8s.io/paused": value}}});
+                machine_sets
+                    .patch(
+                        &set.name_any(),
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await
+                    .expect("pause the MachineSet");
+            }
+        }
+    };
+    set_paused(true).await;
+    let first = Instant::now();
+    env.delete_nodes_as_ca(&id, vec![ca_node(&a_node)])
+        .await
+        .expect("the first DeleteNodes");
+    assert_eq!(env.replicas(&capi::machine_deployments(), "md").await, 2);
+    env.increase_size(&id, 1).await.expect("IncreaseSize");
+    assert_eq!(env.replicas(&capi::machine_deployments(), "md").await, 3);
+    set_paused(false).await;
+    env.log("decrement absorbed: replicas raised back to 3 before Cluster API acted");
+    // Past the grace Cluster API has to act, as cluster-autoscaler's second pick comes minutes
+    // later: the machine stays, annotated.
+    let grace = Duration::from_secs(nodegroup_operator::actuate::CONSUME_GRACE_SECS as u64 + 3);
+    tokio::time::sleep(grace.saturating_sub(first.elapsed())).await;
+    let machines: Vec<String> = env.machines().await.iter().map(|m| m.name_any()).collect();
+    assert!(machines.contains(&a_machine), "{machines:?}");
+    env.delete_nodes_as_ca(&id, vec![ca_node(&a_node)])
+        .await
+        .expect("naming an absorbed machine again is no error");
+    assert_eq!(env.replicas(&capi::machine_deployments(), "md").await, 2);
+    poll("a's Machine gone, the others kept", WAIT, || async {
+        let machines: Vec<String> = env.machines().await.iter().map(|m| m.name_any()).collect();
+        let others = named[1..].iter().all(|(m, _)| machines.contains(m));
+        if !machines.contains(&a_machine) && others && machines.len() == 2 {
+            Ok(())
+        } else {
+            Err(format!("machines {machines:?}"))
+        }
+    })
+    .await;
+    env.shutdown().await;
+}
+
 /// Min and max hold both ways: refused requests are FailedPrecondition and change nothing
 /// in the API server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

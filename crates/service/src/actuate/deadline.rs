@@ -63,6 +63,13 @@ impl MutationDeadline {
         Instant::now() < self.start_until
     }
 
+    /// True while a write that decides the answer may be sent: its outcome can still reach
+    /// the client in time. A claim, mark or decrement written later would act on a request
+    /// cluster-autoscaler already counts as failed (and whose node it has untainted).
+    pub fn may_answer(&self) -> bool {
+        Instant::now() < self.answer_until
+    }
+
     /// True while a begun change may still be written or rolled back.
     pub fn may_finish(&self) -> bool {
         Instant::now() < self.finish_until

@@ -155,21 +155,6 @@ pub enum ActuateError {
         #[source]
         source: crate::capi::scale_down::UnreadableLedger,
     },
-    /// The machine's decrement was applied a while ago, yet Cluster API has not started
-    /// deleting it.
-    #[error(
-        "node group {group}: replicas were lowered for Machine {machine} by request {request} {age_secs}s ago, but Cluster API has not started deleting it (is its MachineSet paused, or were replicas raised since?); it keeps its delete-machine annotation"
-    )]
-    NotConsumed {
-        /// Group id.
-        group: String,
-        /// The machine.
-        machine: String,
-        /// The request that lowered replicas for it.
-        request: String,
-        /// Seconds since.
-        age_secs: i64,
-    },
     /// The cloud refused to remove some of the instances a DeleteNodes named; their
     /// deletion was rolled back (the pool's replicas raised back) and they stay.
     #[error(
@@ -213,7 +198,6 @@ impl ActuateError {
                 | ActuateError::GroupBusy { .. }
                 | ActuateError::Fenced { .. }
                 | ActuateError::UnreadableLedger { .. }
-                | ActuateError::NotConsumed { .. }
         )
     }
 }

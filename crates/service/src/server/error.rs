@@ -79,8 +79,7 @@ impl ProviderError {
                 | ActuateError::AmbiguousNode { .. }
                 | ActuateError::NotInPool { .. }
                 | ActuateError::RemovalRefused { .. }
-                | ActuateError::UnreadableLedger { .. }
-                | ActuateError::NotConsumed { .. } => Code::FailedPrecondition,
+                | ActuateError::UnreadableLedger { .. } => Code::FailedPrecondition,
                 ActuateError::ConflictRetriesExhausted { .. }
                 | ActuateError::MachineConflict { .. }
                 | ActuateError::GroupBusy { .. } => Code::Aborted,

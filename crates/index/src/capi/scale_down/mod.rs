@@ -30,6 +30,11 @@ pub const MARK_ANNOTATION: &str = "autoscaling.nodegroup.dev/scale-down-request"
 /// applied or is claimed (JSON [`Ledger`]).
 pub const LEDGER_ANNOTATION: &str = "autoscaling.nodegroup.dev/scale-down-ledger";
 
+/// Annotation on a Machine: the last request whose release found another request's mark on
+/// it. Writing it changes the Machine's `resourceVersion`, so that a mark write of the
+/// released request still under way is refused.
+pub const FENCE_ANNOTATION: &str = "autoscaling.nodegroup.dev/scale-down-fence";
+
 /// Finalizer on a Machine from its mark until its decrement is applied or its mark released:
 /// a Machine Cluster API deletes under a mark whose request failed stays visible (deleting)
 /// until the releaser has seen it, and rolled the decrement forward.
@@ -105,6 +110,12 @@ pub struct LedgerEntry {
     /// other request may claim until the release has removed the mark and then the claim.
     #[serde(rename = "f", default, skip_serializing_if = "std::ops::Not::not")]
     pub fenced: bool,
+    /// For a claim: the request whose applied decrement of the machine was absorbed
+    /// (replicas were raised before Cluster API acted) and is lowered again by this claim.
+    /// The machine's delete-machine annotation, and that request's mark, are then ours to
+    /// remove when the claim is released.
+    #[serde(rename = "x", default, skip_serializing_if = "Option::is_none")]
+    pub absorbed: Option<String>,
 }
 
 impl LedgerEntry {
@@ -217,7 +228,7 @@ impl Ledger {
     /// dropping applied entries older than [`LEDGER_RETENTION_SECS`] whose machine `exists`
     /// says is gone, then the oldest beyond [`LEDGER_MAX_ENTRIES`].
     pub fn record(&mut self, key: &str, request: &str, now: i64, exists: impl Fn(&str) -> bool) {
-        self.insert(key, request, now, None, exists);
+        self.insert(key, request, now, None, None, exists);
     }
 
     /// Records `request`'s claim on machine `key`, valid until `until` (unix seconds).
@@ -229,7 +240,23 @@ impl Ledger {
         until: i64,
         exists: impl Fn(&str) -> bool,
     ) {
-        self.insert(key, request, now, Some(until), exists);
+        self.insert(key, request, now, Some(until), None, exists);
+    }
+
+    /// Records `request`'s claim on machine `key` in place of the applied entry of request
+    /// `from`, whose decrement was absorbed (see [`LedgerEntry::absorbed`]), valid until
+    /// `until`.
+    pub fn record_reclaim(
+        &mut self,
+        key: &str,
+        request: &str,
+        from: &str,
+        now: i64,
+        until: i64,
+        exists: impl Fn(&str) -> bool,
+    ) {
+        let from = Some(from.to_string());
+        self.insert(key, request, now, Some(until), from, exists);
     }
 
     fn insert(
@@ -238,6 +265,7 @@ impl Ledger {
         request: &str,
         now: i64,
         claim_until: Option<i64>,
+        absorbed: Option<String>,
         exists: impl Fn(&str) -> bool,
     ) {
         self.entries.retain(|k, e| {
@@ -250,6 +278,7 @@ impl Ledger {
                 at: now,
                 claim_until,
                 fenced: false,
+                absorbed,
             },
         );
         while self.entries.len() > LEDGER_MAX_ENTRIES {

@@ -43,11 +43,22 @@ pub struct MachineState {
 /// What the claim step does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Claim {
-    /// Write this ledger (compare-and-swap on the version read), then mark.
-    Write(Ledger),
+    /// Write this ledger (compare-and-swap on the version read), then mark. `absorbed`: the
+    /// claim replaces the machine's absorbed applied entry ([`Consumption::Absorbed`]).
+    Write {
+        /// The ledger with the claim.
+        ledger: Ledger,
+        /// It lowers replicas again for an absorbed decrement.
+        absorbed: bool,
+    },
     /// The claim is this request's already (an earlier write's reply was lost): mark.
-    Held,
-    /// The machine's decrement was applied by `by` at `at`: nothing to lower.
+    /// `absorbed` as for [`Claim::Write`].
+    Held {
+        /// It lowers replicas again for an absorbed decrement.
+        absorbed: bool,
+    },
+    /// The machine's decrement was applied by `by` at `at` and Cluster API still owes its
+    /// deletion ([`Consumption::Pending`]): nothing to lower, and the answer is OK.
     Applied {
         /// Request that applied it.
         by: String,
@@ -55,17 +66,23 @@ pub enum Claim {
         at: i64,
     },
     /// Another request holds the group's claim (on machine `machine`) and may still
-    /// complete: wait, or give up.
+    /// complete: wait, or give up. `absorbed`: the named machine carries an absorbed
+    /// decrement and its delete-machine annotation.
     Busy {
         /// Its request id.
         request: String,
         /// The machine it claimed.
         machine: String,
+        /// The named machine's decrement was absorbed.
+        absorbed: bool,
     },
     /// Lowering replicas for one more machine would go below the group's minimum.
+    /// `absorbed` as for [`Claim::Busy`].
     BelowMin {
         /// Replicas after the lowering.
         desired: i64,
+        /// The named machine's decrement was absorbed.
+        absorbed: bool,
     },
     /// This request's claim was fenced (it ran out of time): stop.
     Fenced,
@@ -80,11 +97,28 @@ pub struct ClaimBounds {
     pub now: i64,
     /// Unix seconds after which the claiming request writes no more.
     pub until: i64,
+    /// The named machine and its group as the snapshot shows them.
+    pub machine: MachineView,
+}
+
+/// The named machine and its group as the operator's snapshot shows them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MachineView {
+    /// The machine is being deleted, or is gone.
+    pub deleting: bool,
+    /// Machines of the group that are not being deleted.
+    pub staying: i32,
 }
 
 /// Step 1: `request` claims machine `key` in a group of `replicas` whose ledger is `ledger`.
 /// `exists` says whether an applied entry's machine still exists (old entries of gone
 /// machines are pruned).
+///
+/// A machine whose decrement the ledger records is answered by [`consumption`]: while
+/// Cluster API owes its deletion nothing is lowered again (OK); once that decrement was
+/// absorbed, the machine is claimed again and replicas lowered again, as CA's in-tree
+/// provider does, so that an OK is never empty and an error never leaves the machine
+/// annotated for a later decrement to take.
 pub fn claim(
     replicas: i32,
     ledger: &Ledger,
@@ -93,42 +127,76 @@ pub fn claim(
     bounds: ClaimBounds,
     exists: impl Fn(&str) -> bool,
 ) -> Claim {
-    match ledger.entry(key) {
+    let absorbed_from = match ledger.entry(key) {
         Some(e) if !e.is_claim() => {
-            return Claim::Applied {
-                by: e.request.clone(),
-                at: e.at,
+            let age = bounds.now.saturating_sub(e.at);
+            match consumption(bounds.machine, replicas, age) {
+                Consumption::Pending => {
+                    return Claim::Applied {
+                        by: e.request.clone(),
+                        at: e.at,
+                    };
+                }
+                Consumption::Absorbed => Some(e.request.as_str()),
+            }
+        }
+        Some(e) if e.is_live_claim_of(request) => {
+            return Claim::Held {
+                absorbed: e.absorbed.is_some(),
             };
         }
-        Some(e) if e.is_live_claim_of(request) => return Claim::Held,
         Some(e) if e.request == request => return Claim::Fenced,
-        _ => {}
-    }
+        _ => None,
+    };
+    let absorbed = absorbed_from.is_some();
     if let Some((machine, holder)) = ledger.claim() {
         return Claim::Busy {
             request: holder.request.clone(),
             machine: machine.to_string(),
+            absorbed,
         };
     }
     let desired = i64::from(replicas) - 1;
     if desired < i64::from(bounds.min) {
-        return Claim::BelowMin { desired };
+        return Claim::BelowMin { desired, absorbed };
     }
     let mut next = ledger.clone();
-    next.record_claim(key, request, bounds.now, bounds.until, exists);
-    Claim::Write(next)
+    if let Some(from) = absorbed_from {
+        next.record_reclaim(key, request, from, bounds.now, bounds.until, exists);
+    } else {
+        next.record_claim(key, request, bounds.now, bounds.until, exists);
+    }
+    Claim::Write {
+        ledger: next,
+        absorbed,
+    }
 }
 
-/// How long after its decrement Cluster API has to start deleting a machine before a
-/// DeleteNodes naming it again is answered with an error instead of success.
+/// How long after its decrement Cluster API has to start deleting a machine before the
+/// decrement may be taken for absorbed. Longer than any lag of the operator's cache, so that
+/// counting the machines that stay from the snapshot cannot mistake a pending deletion for
+/// an absorbed one.
 pub const CONSUME_GRACE_SECS: i64 = 60;
 
-/// A DeleteNodes names a machine whose decrement was applied `age_secs` ago: nothing is to be
-/// lowered. OK (`true`) while Cluster API is deleting the machine or may still start to; once
-/// it has not for [`CONSUME_GRACE_SECS`] (a paused MachineSet, replicas raised since), an OK
-/// would hide that it will not: the answer is an error (`false`).
-pub fn applied_is_ok(machine_deleting: bool, age_secs: i64) -> bool {
-    machine_deleting || age_secs <= CONSUME_GRACE_SECS
+/// Where a machine's applied decrement stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Consumption {
+    /// Cluster API is deleting the machine, or still owes a deletion to the group (more
+    /// machines stay than replicas ask for), and the annotated machine goes first.
+    Pending,
+    /// Replicas were raised before Cluster API acted: no deletion is owed, and the machine
+    /// stays with its delete-machine annotation until someone lowers replicas again.
+    Absorbed,
+}
+
+/// Where the decrement of a machine (`view`) applied `age_secs` ago stands, in a group of
+/// `replicas`.
+pub fn consumption(view: MachineView, replicas: i32, age_secs: i64) -> Consumption {
+    if view.deleting || view.staying > replicas || age_secs <= CONSUME_GRACE_SECS {
+        Consumption::Pending
+    } else {
+        Consumption::Absorbed
+    }
 }
 
 /// What the mark step does.
@@ -149,7 +217,9 @@ pub enum Mark {
 /// Step 2: marking machine `machine` (`None`: gone) for `mark.request`, which holds the
 /// group's claim on it. Another request's mark is taken over: its claim was released (the
 /// claim is ours), so its own release leaves a Machine carrying our mark alone.
-pub fn mark(machine: Option<&MachineState>, mark: &ScaleDownMark) -> Mark {
+/// `absorbed`: the claim is for an absorbed decrement, whose delete-machine annotation is
+/// ours, not someone else's.
+pub fn mark(machine: Option<&MachineState>, mark: &ScaleDownMark, absorbed: bool) -> Mark {
     let Some(machine) = machine else {
         return Mark::Deleting;
     };
@@ -164,7 +234,7 @@ pub fn mark(machine: Option<&MachineState>, mark: &ScaleDownMark) -> Mark {
     let preexisting = match current.filter(|m| m.is_mark()) {
         // Taking over another request's mark: keep what it knew.
         Some(other) => other.preexisting,
-        None => machine.delete_annotation,
+        None => machine.delete_annotation && !absorbed,
     };
     Mark::Write(ScaleDownMark {
         preexisting,
@@ -269,10 +339,18 @@ pub enum Release {
         by: String,
     },
     /// Write this ledger, with the claim fenced (compare-and-swap on the version read), then
-    /// unmark.
-    Write(Ledger),
+    /// unmark. `absorbed`: the claim's [`LedgerEntry::absorbed`].
+    Write {
+        /// The ledger with the claim fenced.
+        ledger: Ledger,
+        /// The request whose absorbed decrement the claim lowered again.
+        absorbed: Option<String>,
+    },
     /// The claim is fenced already, or the request holds none: unmark.
-    Fenced,
+    Fenced {
+        /// The request whose absorbed decrement the fenced claim lowered again.
+        absorbed: Option<String>,
+    },
 }
 
 /// Step 4a: fencing `request`'s claim on machine `key`.
@@ -284,9 +362,15 @@ pub fn release(ledger: &Ledger, key: &str, request: &str) -> Release {
         Some(e) if e.is_live_claim_of(request) => {
             let mut next = ledger.clone();
             next.fence(key);
-            Release::Write(next)
+            Release::Write {
+                ledger: next,
+                absorbed: e.absorbed.clone(),
+            }
         }
-        _ => Release::Fenced,
+        Some(e) if e.request == request => Release::Fenced {
+            absorbed: e.absorbed.clone(),
+        },
+        _ => Release::Fenced { absorbed: None },
     }
 }
 
@@ -317,6 +401,11 @@ pub enum Unmark {
     /// Cluster API is deleting the Machine under this request's mark: apply the decrement
     /// after all ([`roll_forward`]).
     RollForward,
+    /// The Machine carries another request's mark, which is not this request's to release:
+    /// change nothing of it, but write to the Machine all the same (a fence annotation), so
+    /// that a mark write of this request still under way, prepared on the version read, is
+    /// refused.
+    Touch,
     /// Nothing to write: the Machine is gone, deleting without our mark, carries another
     /// request's mark, or the released record already.
     Done,
@@ -325,25 +414,36 @@ pub enum Unmark {
 /// Step 4b: after `request`'s claim was released (or never written), its mark on the
 /// Machine is replaced by a released record. `template` supplies the group and deadline of
 /// a record written where the Machine carries no mark of the request yet (a mark write may
-/// still be under way).
-pub fn unmark(machine: Option<&MachineState>, request: &str, template: &ScaleDownMark) -> Unmark {
+/// still be under way). `absorbed`: the claim lowered again for that request's absorbed
+/// decrement, whose mark and delete-machine annotation are released with it, so that an
+/// error answer leaves no annotation for a later decrement to take the machine by.
+pub fn unmark(
+    machine: Option<&MachineState>,
+    request: &str,
+    template: &ScaleDownMark,
+    absorbed: Option<&str>,
+) -> Unmark {
     let Some(machine) = machine else {
         return Unmark::Done;
     };
-    let ours = machine.mark.as_ref().filter(|m| m.request == request);
+    let ours = machine
+        .mark
+        .as_ref()
+        .filter(|m| m.request == request || Some(m.request.as_str()) == absorbed);
     match ours {
         Some(m) if m.released => Unmark::Done,
         Some(_) if machine.deleting => Unmark::RollForward,
         Some(m) => Unmark::Write {
             record: ScaleDownMark {
+                request: request.to_string(),
                 released: true,
                 ..m.clone()
             },
             remove_delete_annotation: !m.preexisting,
         },
         None if machine.deleting => Unmark::Done,
-        // Another request's mark or record: its holder decides about it.
-        None if machine.mark.as_ref().is_some_and(ScaleDownMark::is_mark) => Unmark::Done,
+        // Another request's mark: its holder decides about it.
+        None if machine.mark.as_ref().is_some_and(ScaleDownMark::is_mark) => Unmark::Touch,
         None => Unmark::Write {
             record: ScaleDownMark {
                 request: request.to_string(),
@@ -351,7 +451,7 @@ pub fn unmark(machine: Option<&MachineState>, request: &str, template: &ScaleDow
                 preexisting: false,
                 ..template.clone()
             },
-            remove_delete_annotation: false,
+            remove_delete_annotation: absorbed.is_some() && machine.delete_annotation,
         },
     }
 }
@@ -466,6 +566,10 @@ mod tests {
             min,
             now: NOW,
             until: NOW + 15,
+            machine: MachineView {
+                deleting: false,
+                staying: 3,
+            },
         }
     }
 
@@ -492,21 +596,28 @@ mod tests {
             claim(3, &ledger, "m2", "r2", bounds(0), |_| true),
             Claim::Busy {
                 request: "r1".into(),
-                machine: "m1".into()
+                machine: "m1".into(),
+                absorbed: false,
             }
         );
         assert_eq!(
             claim(3, &ledger, "m1", "r1", bounds(0), |_| true),
-            Claim::Held
+            Claim::Held { absorbed: false }
         );
         ledger.record("m1", "r1", NOW, |_| true);
         assert!(matches!(
             claim(2, &ledger, "m2", "r2", bounds(0), |_| true),
-            Claim::Write(_)
+            Claim::Write {
+                absorbed: false,
+                ..
+            }
         ));
         assert_eq!(
             claim(2, &ledger, "m2", "r2", bounds(2), |_| true),
-            Claim::BelowMin { desired: 1 }
+            Claim::BelowMin {
+                desired: 1,
+                absorbed: false
+            }
         );
         assert_eq!(
             claim(2, &ledger, "m1", "r2", bounds(0), |_| true),
@@ -518,11 +629,138 @@ mod tests {
     }
 
     #[test]
-    fn a_machine_applied_long_ago_and_not_deleting_is_no_silent_success() {
-        assert!(applied_is_ok(false, 0));
-        assert!(applied_is_ok(false, CONSUME_GRACE_SECS));
-        assert!(!applied_is_ok(false, CONSUME_GRACE_SECS + 1));
-        assert!(applied_is_ok(true, i64::MAX));
+    fn an_applied_decrement_is_pending_while_cluster_api_owes_a_deletion() {
+        let view = |deleting, staying| MachineView { deleting, staying };
+        let late = CONSUME_GRACE_SECS + 1;
+        assert_eq!(consumption(view(false, 3,), 2, late), Consumption::Pending);
+        assert_eq!(consumption(view(true, 2), 2, late), Consumption::Pending);
+        assert_eq!(
+            consumption(view(false, 3), 3, CONSUME_GRACE_SECS),
+            Consumption::Pending,
+            "within the grace the snapshot may lag"
+        );
+        assert_eq!(consumption(view(false, 3), 3, late), Consumption::Absorbed);
+        assert_eq!(consumption(view(false, 2), 4, late), Consumption::Absorbed);
+    }
+
+    /// The sequence a live run showed: `m1`'s decrement applied, replicas raised before
+    /// Cluster API acted, then CA names `m1` again. Answering an error there left `m1`
+    /// annotated, and the next decrement of the group deleted it with its pods: the claim is
+    /// made again instead, and its release removes the annotation.
+    #[test]
+    fn an_absorbed_decrement_is_claimed_again_and_its_annotation_is_ours() {
+        let mut ledger = Ledger::default();
+        ledger.record("m1", "r1", NOW - CONSUME_GRACE_SECS - 5, |_| true);
+        let absorbed = ClaimBounds {
+            machine: MachineView {
+                deleting: false,
+                staying: 3,
+            },
+            ..bounds(0)
+        };
+        let Claim::Write {
+            ledger: claimed,
+            absorbed: true,
+        } = claim(3, &ledger, "m1", "r2", absorbed, |_| true)
+        else {
+            panic!("an absorbed decrement is claimed again");
+        };
+        let entry = claimed.entry("m1").expect("the claim");
+        assert!(entry.is_live_claim_of("r2"));
+        assert_eq!(entry.absorbed.as_deref(), Some("r1"));
+        assert_eq!(
+            claim(3, &claimed, "m1", "r2", absorbed, |_| true),
+            Claim::Held { absorbed: true }
+        );
+        let pending = ClaimBounds {
+            machine: MachineView {
+                deleting: false,
+                staying: 3,
+            },
+            ..bounds(0)
+        };
+        assert!(matches!(
+            claim(2, &ledger, "m1", "r2", pending, |_| true),
+            Claim::Applied { .. }
+        ));
+        let mut busy = ledger.clone();
+        busy.record_claim("m2", "r3", NOW, NOW + 15, |_| true);
+        assert!(matches!(
+            claim(3, &busy, "m1", "r2", absorbed, |_| true),
+            Claim::Busy { absorbed: true, .. }
+        ));
+        assert_eq!(
+            claim(
+                3,
+                &ledger,
+                "m1",
+                "r2",
+                ClaimBounds { min: 3, ..absorbed },
+                |_| true
+            ),
+            Claim::BelowMin {
+                desired: 2,
+                absorbed: true
+            }
+        );
+        let annotated = MachineState {
+            delete_annotation: true,
+            ..Default::default()
+        };
+        let Mark::Write(ours) = mark(Some(&annotated), &mark_of("r2"), true) else {
+            panic!("marked");
+        };
+        assert!(
+            !ours.preexisting,
+            "the annotation of an absorbed decrement is ours"
+        );
+        let Mark::Write(theirs) = mark(Some(&annotated), &mark_of("r2"), false) else {
+            panic!("marked");
+        };
+        assert!(theirs.preexisting, "someone else's annotation is kept");
+        // Released, the claim takes the absorbed decrement's mark and annotation with it.
+        let stale = MachineState {
+            delete_annotation: true,
+            mark: Some(mark_of("r1")),
+            ..Default::default()
+        };
+        let Release::Write {
+            ledger: fenced,
+            absorbed: Some(from),
+        } = release(&claimed, "m1", "r2")
+        else {
+            panic!("fenced");
+        };
+        assert_eq!(from, "r1");
+        assert_eq!(
+            release(&fenced, "m1", "r2"),
+            Release::Fenced {
+                absorbed: Some("r1".into())
+            }
+        );
+        let Unmark::Write {
+            record,
+            remove_delete_annotation: true,
+        } = unmark(Some(&stale), "r2", &mark_of("r2"), Some("r1"))
+        else {
+            panic!("the absorbed decrement's mark is released");
+        };
+        assert_eq!((record.request.as_str(), record.released), ("r2", true));
+        let cleared = MachineState {
+            delete_annotation: true,
+            ..Default::default()
+        };
+        assert!(matches!(
+            unmark(Some(&cleared), "r2", &mark_of("r2"), Some("r1")),
+            Unmark::Write {
+                remove_delete_annotation: true,
+                ..
+            }
+        ));
+        assert_eq!(
+            unmark(Some(&stale), "r2", &mark_of("r2"), None),
+            Unmark::Touch
+        );
     }
 
     #[test]
@@ -561,9 +799,9 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert_eq!(mark(Some(&released), &mark_of("r1")), Mark::Released);
+        assert_eq!(mark(Some(&released), &mark_of("r1"), false), Mark::Released);
         assert!(matches!(
-            mark(Some(&released), &mark_of("r2")),
+            mark(Some(&released), &mark_of("r2"), false),
             Mark::Write(_)
         ));
         let theirs = MachineState {
@@ -574,22 +812,26 @@ mod tests {
             }),
             ..Default::default()
         };
-        let Mark::Write(ours) = mark(Some(&theirs), &mark_of("r2")) else {
+        let Mark::Write(ours) = mark(Some(&theirs), &mark_of("r2"), false) else {
             panic!("the claim holder takes over");
         };
         assert!(ours.preexisting, "what the earlier mark knew is kept");
-        assert_eq!(mark(None, &mark_of("r1")), Mark::Deleting);
+        assert_eq!(mark(None, &mark_of("r1"), false), Mark::Deleting);
         let deleting = MachineState {
             deleting: true,
             ..Default::default()
         };
-        assert_eq!(mark(Some(&deleting), &mark_of("r1")), Mark::Deleting);
+        assert_eq!(mark(Some(&deleting), &mark_of("r1"), false), Mark::Deleting);
     }
 
     #[test]
     fn release_fences_the_claim_and_never_undoes_an_applied_decrement() {
         let ledger = claimed("m1", "r1");
-        let Release::Write(fenced) = release(&ledger, "m1", "r1") else {
+        let Release::Write {
+            ledger: fenced,
+            absorbed: None,
+        } = release(&ledger, "m1", "r1")
+        else {
             panic!("the claim is fenced");
         };
         let entry = fenced
@@ -608,8 +850,14 @@ mod tests {
             claim(3, &fenced, "m1", "r1", bounds(0), |_| true),
             Claim::Fenced
         );
-        assert_eq!(release(&fenced, "m1", "r1"), Release::Fenced);
-        assert_eq!(release(&ledger, "m1", "r2"), Release::Fenced);
+        assert_eq!(
+            release(&fenced, "m1", "r1"),
+            Release::Fenced { absorbed: None }
+        );
+        assert_eq!(
+            release(&ledger, "m1", "r2"),
+            Release::Fenced { absorbed: None }
+        );
         assert_eq!(
             forget(&ledger, "m1", "r1"),
             None,
@@ -636,14 +884,14 @@ mod tests {
         let Unmark::Write {
             record,
             remove_delete_annotation,
-        } = unmark(Some(&marked), "r1", &template)
+        } = unmark(Some(&marked), "r1", &template, None)
         else {
             panic!("our mark is replaced");
         };
         assert!(record.released && remove_delete_annotation);
         let unmarked = MachineState::default();
         assert!(matches!(
-            unmark(Some(&unmarked), "r1", &template),
+            unmark(Some(&unmarked), "r1", &template, None),
             Unmark::Write {
                 remove_delete_annotation: false,
                 ..
@@ -654,11 +902,15 @@ mod tests {
             ..marked.clone()
         };
         assert_eq!(
-            unmark(Some(&deleting), "r1", &template),
+            unmark(Some(&deleting), "r1", &template, None),
             Unmark::RollForward
         );
-        assert_eq!(unmark(Some(&marked), "r2", &template), Unmark::Done);
-        assert_eq!(unmark(None, "r1", &template), Unmark::Done);
+        assert_eq!(
+            unmark(Some(&marked), "r2", &template, None),
+            Unmark::Touch,
+            "another request's mark stays, and our late mark write is refused"
+        );
+        assert_eq!(unmark(None, "r1", &template, None), Unmark::Done);
     }
 
     #[test]
@@ -715,6 +967,7 @@ mod tests {
             at: 0,
             claim_until: Some(i64::MAX),
             fenced: false,
+            absorbed: None,
         };
         assert_eq!(sweep_claim(&forever, i64::MAX, 30), Sweep::Keep);
     }

@@ -11,7 +11,7 @@ use super::CapiActuator;
 use crate::actuate::deadline::{MutationDeadline, conflict_backoff};
 use crate::actuate::error::ActuateError;
 use crate::capi::scale_down::protocol::MachineState;
-use crate::capi::scale_down::{FINALIZER, MARK_ANNOTATION, ScaleDownMark};
+use crate::capi::scale_down::{FENCE_ANNOTATION, FINALIZER, MARK_ANNOTATION, ScaleDownMark};
 
 /// Conflicts in a row after which a Machine write gives up (Cluster API rewrites Machines
 /// often, so a few are normal).
@@ -27,6 +27,8 @@ pub(super) struct MachinePatch {
     pub delete_annotation: Option<bool>,
     /// Our finalizer (`None`: leave it).
     pub finalizer: Option<bool>,
+    /// The request to record in [`FENCE_ANNOTATION`] (`None`: leave it).
+    pub fence: Option<String>,
 }
 
 /// What a decision on a Machine comes to.
@@ -81,7 +83,7 @@ impl CapiActuator {
             let Some(machine) = machine else {
                 return Ok(then);
             };
-            if deadline.is_some_and(|d| !d.may_finish()) {
+            if deadline.is_some_and(|d| !d.may_answer()) {
                 return Err(ActuateError::DeadlineExceeded {
                     group: format!("Machine {namespace}/{name}"),
                     step: "writing its scale-down mark".into(),
@@ -149,6 +151,9 @@ impl CapiActuator {
                 annotations.insert(delete_key.clone(), Value::Null);
             }
             None => {}
+        }
+        if let Some(request) = &patch.fence {
+            annotations.insert(FENCE_ANNOTATION.into(), Value::String(request.clone()));
         }
         let mut metadata = Map::new();
         metadata.insert(

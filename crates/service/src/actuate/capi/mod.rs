@@ -66,6 +66,9 @@ pub struct Deleted {
     /// the ledger, with the request the ledger records it under when known: their removal
     /// is someone else's to carry out ([`CapiActuator::await_pool_removals`]).
     pub pool_removals: Vec<(String, Option<String>)>,
+    /// Machines answered OK without knowing whether they go, with the reason (see
+    /// `Removed::InDoubt`).
+    pub in_doubt: Vec<String>,
 }
 
 /// How often a request waiting for another live request's mark looks again.
@@ -231,12 +234,19 @@ impl CapiActuator {
             .await;
         let names: Vec<&str> = nodes.iter().map(NodeRef::id).collect();
         self.report(group, "ScaleDown", Direction::Down, &result, |deleted| {
-            format!(
+            let mut note = format!(
                 "deleting {} of {} node(s): {}",
                 deleted.removed,
                 nodes.len(),
                 names.join(", ")
-            )
+            );
+            if !deleted.in_doubt.is_empty() {
+                note.push_str(&format!(
+                    "; answered OK in doubt, cluster-autoscaler keeps them tainted and names them again: {}",
+                    deleted.in_doubt.join("; ")
+                ));
+            }
+            note
         });
         result
     }
@@ -274,16 +284,49 @@ impl CapiActuator {
             });
         }
         let mut deleted = Deleted::default();
-        for removal in removals {
-            if !deadline.may_start() {
-                return Err(ActuateError::DeadlineExceeded {
-                    group: group.id.clone(),
-                    step: format!("removing {}", removal.ledger_key()),
-                });
+        for (done, removal) in removals.iter().enumerate() {
+            if let Err(error) = self
+                .remove(snapshot, group, removal, request, deadline, &mut deleted)
+                .await
+            {
+                if deleted.removed == 0 && deleted.in_doubt.is_empty() {
+                    return Err(error);
+                }
+                // cluster-autoscaler untaints every node of the batch on an error, and some
+                // of them go: OK it is, and the nodes not removed stay tainted until CA names
+                // them again.
+                let rest: Vec<String> = removals[done..].iter().map(Removal::ledger_key).collect();
+                tracing::warn!(group = %group.id, %error, not_removed = ?rest,
+                    "a later node of the batch failed after earlier ones were lowered; answering OK");
+                deleted
+                    .in_doubt
+                    .extend(rest.into_iter().map(|key| format!("{key}: {error}")));
+                break;
             }
-            match &removal {
+        }
+        Ok(deleted)
+    }
+
+    /// Removes one node of a DeleteNodes batch, recording the outcome in `deleted`.
+    async fn remove(
+        &self,
+        snapshot: &Snapshot,
+        group: &NodeGroup,
+        removal: &Removal,
+        request: &str,
+        deadline: &MutationDeadline,
+        deleted: &mut Deleted,
+    ) -> Result<(), ActuateError> {
+        if !deadline.may_answer() {
+            return Err(ActuateError::DeadlineExceeded {
+                group: group.id.clone(),
+                step: format!("removing {}", removal.ledger_key()),
+            });
+        }
+        {
+            match removal {
                 Removal::PoolReplica { provider_id } => {
-                    let _guard = self.lock(&group.id).await;
+                    let _guard = self.lock_until(group, deadline).await?;
                     let key = removal.ledger_key();
                     let (target, by) = self
                         .decrement_pool_instance(snapshot, group, &key, request, deadline)
@@ -304,11 +347,16 @@ impl CapiActuator {
                             deleted.target = Some(to);
                         }
                         Removed::AlreadyApplied | Removed::Deleting => {}
+                        Removed::InDoubt(why) => {
+                            tracing::warn!(group = %group.id, machine = %name, why,
+                                "answering OK in doubt: cluster-autoscaler keeps the node tainted and names it again later");
+                            deleted.in_doubt.push(format!("{name}: {why}"));
+                        }
                     }
                 }
             }
         }
-        Ok(deleted)
+        Ok(())
     }
 
     /// Removes one Machine, waiting (without this group's lock) while another request holds
@@ -322,17 +370,21 @@ impl CapiActuator {
         deadline: &MutationDeadline,
     ) -> Result<Removed, ActuateError> {
         loop {
-            let guard = self.lock(&group.id).await;
+            let guard = self.lock_until(group, deadline).await?;
             match self
                 .remove_machine(snapshot, group, name, request, deadline)
                 .await
             {
                 Attempt::Finished(result) => return result,
-                Attempt::Busy(busy) => {
+                Attempt::Busy { error, in_doubt } => {
                     drop(guard);
                     if deadline.answer_remaining() < BUSY_POLL {
-                        return Err(busy);
+                        if in_doubt {
+                            return Ok(Removed::InDoubt(error.to_string()));
+                        }
+                        return Err(error);
                     }
+                    let busy = error;
                     tracing::debug!(group = %group.id, %busy, "waiting for the group's scale-down claim");
                     tokio::time::sleep(BUSY_POLL).await;
                 }
@@ -453,6 +505,20 @@ impl CapiActuator {
             node: id.into(),
             group: group.id.clone(),
         })
+    }
+
+    /// The group's lock, waited for only while the request may still answer.
+    async fn lock_until(
+        &self,
+        group: &NodeGroup,
+        deadline: &MutationDeadline,
+    ) -> Result<tokio::sync::OwnedMutexGuard<()>, ActuateError> {
+        tokio::time::timeout(deadline.answer_remaining(), self.lock(&group.id))
+            .await
+            .map_err(|_| ActuateError::DeadlineExceeded {
+                group: group.id.clone(),
+                step: "waiting for another request of this replica on the group".into(),
+            })
     }
 
     async fn lock(&self, group: &str) -> tokio::sync::OwnedMutexGuard<()> {
@@ -651,6 +717,7 @@ impl CapiActuator {
                         record: Some(None),
                         delete_annotation: None,
                         finalizer: Some(false),
+                        fence: None,
                     },
                     (),
                 )

@@ -137,7 +137,7 @@ impl CapiActuator {
                 GroupStep::Done(then) => return Ok(then),
                 GroupStep::Write(replicas, next, then) => (replicas, next, then),
             };
-            if deadline.is_some_and(|d| !d.may_finish()) {
+            if deadline.is_some_and(|d| !d.may_answer()) {
                 return Err(ActuateError::DeadlineExceeded {
                     group: group.id.clone(),
                     step: "writing its scale-down ledger".into(),

@@ -9,9 +9,10 @@ use super::marks::{MachinePatch, MachineStep};
 use super::replicas::{GroupKey, GroupStep, still_exists};
 use crate::actuate::deadline::MutationDeadline;
 use crate::actuate::error::ActuateError;
+use crate::capi::groups::InstanceState;
 use crate::capi::scale_down::ScaleDownMark;
 use crate::capi::scale_down::protocol::{
-    self, Claim, ClaimBounds, Decrement, Mark, Release, Unmark,
+    self, Claim, ClaimBounds, Decrement, MachineView, Mark, Release, Unmark,
 };
 use crate::fault;
 use crate::index::{NodeGroup, Snapshot};
@@ -31,6 +32,11 @@ pub(super) enum Removed {
     AlreadyApplied,
     /// The Machine is gone or deleting, not through us: nothing to do.
     Deleting,
+    /// Whether the Machine goes is not known (another request for it may still lower
+    /// replicas, it keeps an absorbed decrement's delete-machine annotation, or its release
+    /// failed after it was marked): an error would let cluster-autoscaler untaint a node that
+    /// may go, so the answer is OK and CA keeps it tainted (and names it again later).
+    InDoubt(String),
 }
 
 /// What one attempt at claiming came to.
@@ -38,8 +44,26 @@ pub(super) enum Attempt {
     /// Done, one way or the other.
     Finished(Result<Removed, ActuateError>),
     /// Another request holds the group's claim: try again later, without holding the
-    /// group's lock meanwhile.
-    Busy(ActuateError),
+    /// group's lock meanwhile. `in_doubt`: giving up is no error for this machine (see
+    /// [`Removed::InDoubt`]).
+    Busy {
+        /// Why it waits.
+        error: ActuateError,
+        /// Giving up answers OK, in doubt.
+        in_doubt: bool,
+    },
+}
+
+/// What the claim step came to.
+enum Claimed {
+    /// The claim is this request's: mark (`absorbed`: for an absorbed decrement).
+    Ours { absorbed: bool },
+    /// Cluster API owes this machine's deletion already.
+    Applied { by: String },
+    /// Nothing was written; the answer is this.
+    Finished(Result<Removed, ActuateError>),
+    /// Another request holds the group's claim.
+    Busy { error: ActuateError, in_doubt: bool },
 }
 
 /// What releasing a claim came to.
@@ -75,6 +99,7 @@ impl CapiActuator {
         };
         let target = GroupKey::of(group);
         let now = jiff::Timestamp::now().as_second();
+        let view = machine_view(snapshot, group, name);
         let claimed = self
             .update_group(
                 &target,
@@ -85,55 +110,40 @@ impl CapiActuator {
                         min: group.min,
                         now,
                         until: mark.deadline,
+                        machine: view,
                     };
                     let exists = |k: &str| still_exists(snapshot, group, k);
-                    Ok(
-                        match protocol::claim(replicas, ledger, name, request, bounds, exists) {
-                            Claim::Write(next) => GroupStep::Write(replicas, next, None),
-                            Claim::Held => GroupStep::Done(None),
-                            Claim::Applied { by, at } => GroupStep::Done(Some(Ok((by, at)))),
-                            Claim::Busy {
-                                request: holder,
-                                machine,
-                            } => GroupStep::Done(Some(Err(ActuateError::GroupBusy {
-                                group: group.id.clone(),
-                                machine,
-                                request: holder,
-                            }))),
-                            Claim::BelowMin { desired } => {
-                                GroupStep::Done(Some(Err(ActuateError::BelowMin {
-                                    group: group.id.clone(),
-                                    desired,
-                                    min: group.min,
-                                })))
-                            }
-                            Claim::Fenced => {
-                                GroupStep::Done(Some(Err(self.fenced(group, name, request))))
-                            }
-                        },
-                    )
+                    let claim = protocol::claim(replicas, ledger, name, request, bounds, exists);
+                    Ok(self.decide_claim(group, name, request, claim, replicas))
                 },
             )
             .await;
-        match claimed {
-            Ok(None) => {}
-            Ok(Some(Ok((by, at)))) => {
-                return Attempt::Finished(self.applied_earlier(snapshot, group, name, &by, at));
+        let absorbed = match claimed {
+            Ok(Claimed::Ours { absorbed }) => absorbed,
+            Ok(Claimed::Applied { by }) => {
+                tracing::info!(group = %group.id, machine = name, by, "decrement already applied for this machine and Cluster API still owes its deletion; not lowering replicas again");
+                return Attempt::Finished(Ok(Removed::AlreadyApplied));
             }
-            Ok(Some(Err(busy @ ActuateError::GroupBusy { .. }))) => return Attempt::Busy(busy),
-            Ok(Some(Err(refused))) => return Attempt::Finished(Err(refused)),
-            // The claim may have been written: release whatever is there.
-            Err(error) => return Attempt::Finished(self.fail(&target, name, &mark, error).await),
+            Ok(Claimed::Finished(result)) => return Attempt::Finished(result),
+            Ok(Claimed::Busy { error, in_doubt }) => return Attempt::Busy { error, in_doubt },
+            // The claim may have been written, the mark not: release whatever is there.
+            Err(error) => {
+                return Attempt::Finished(self.fail(&target, name, &mark, error, false).await);
+            }
+        };
+        if absorbed {
+            tracing::info!(group = %group.id, machine = name, "the machine's earlier decrement was absorbed (replicas were raised before Cluster API acted): lowering replicas again");
         }
         fault::point("delete-nodes:after-claim").await;
         let marked = self
             .update_machine(&group.namespace, name, Some(deadline), |machine| {
-                Ok(match protocol::mark(machine, &mark) {
+                Ok(match protocol::mark(machine, &mark, absorbed) {
                     Mark::Write(ours) => MachineStep::Write(
                         MachinePatch {
                             record: Some(Some(ours)),
                             delete_annotation: Some(true),
                             finalizer: Some(true),
+                            fence: None,
                         },
                         Mark::Marked,
                     ),
@@ -158,7 +168,9 @@ impl CapiActuator {
             Ok(Mark::Released) => {
                 return Attempt::Finished(Err(self.fenced(group, name, request)));
             }
-            Err(error) => return Attempt::Finished(self.fail(&target, name, &mark, error).await),
+            Err(error) => {
+                return Attempt::Finished(self.fail(&target, name, &mark, error, true).await);
+            }
         }
         fault::point("delete-nodes:after-mark").await;
         let now = jiff::Timestamp::now().as_second();
@@ -202,48 +214,76 @@ impl CapiActuator {
                 Attempt::Finished(Ok(removed))
             }
             Ok(Err(refused)) | Err(refused) => {
-                Attempt::Finished(self.fail(&target, name, &mark, refused).await)
+                Attempt::Finished(self.fail(&target, name, &mark, refused, true).await)
             }
         }
     }
 
-    /// A DeleteNodes for a machine whose decrement the ledger has: nothing to lower. If
-    /// Cluster API has not started deleting it long after, success would hide that it
-    /// will not (paused MachineSet, replicas raised since): that is an error.
-    fn applied_earlier(
+    /// What a claim decision comes to for the actuator. A machine that keeps an absorbed
+    /// decrement's annotation, or that an earlier request may still lower replicas for, is
+    /// never answered with an error: cluster-autoscaler would untaint it and let pods onto
+    /// a machine that may go.
+    fn decide_claim(
         &self,
-        snapshot: &Snapshot,
         group: &NodeGroup,
         name: &str,
-        by: &str,
-        at: i64,
-    ) -> Result<Removed, ActuateError> {
-        let deleting = snapshot
-            .machines
-            .get(&format!("{}/{name}", group.namespace))
-            .is_none_or(|m| m.deleting);
-        let age_secs = jiff::Timestamp::now().as_second().saturating_sub(at);
-        if protocol::applied_is_ok(deleting, age_secs) {
-            tracing::info!(group = %group.id, machine = name, by, "decrement already applied for this machine; not lowering replicas again");
-            return Ok(Removed::AlreadyApplied);
+        request: &str,
+        claim: Claim,
+        replicas: i32,
+    ) -> GroupStep<Claimed> {
+        match claim {
+            Claim::Write { ledger, absorbed } => {
+                GroupStep::Write(replicas, ledger, Claimed::Ours { absorbed })
+            }
+            Claim::Held { absorbed } => GroupStep::Done(Claimed::Ours { absorbed }),
+            Claim::Applied { by, .. } => GroupStep::Done(Claimed::Applied { by }),
+            Claim::Busy {
+                request: holder,
+                machine,
+                absorbed,
+            } => {
+                let in_doubt = absorbed || machine == name;
+                GroupStep::Done(Claimed::Busy {
+                    error: ActuateError::GroupBusy {
+                        group: group.id.clone(),
+                        machine,
+                        request: holder,
+                    },
+                    in_doubt,
+                })
+            }
+            Claim::BelowMin {
+                desired,
+                absorbed: true,
+            } => GroupStep::Done(Claimed::Finished(Ok(Removed::InDoubt(format!(
+                "its earlier decrement was absorbed and lowering replicas again would go below the minimum ({desired} < {})",
+                group.min
+            ))))),
+            Claim::BelowMin { desired, .. } => {
+                GroupStep::Done(Claimed::Finished(Err(ActuateError::BelowMin {
+                    group: group.id.clone(),
+                    desired,
+                    min: group.min,
+                })))
+            }
+            Claim::Fenced => {
+                GroupStep::Done(Claimed::Finished(Err(self.fenced(group, name, request))))
+            }
         }
-        Err(ActuateError::NotConsumed {
-            group: group.id.clone(),
-            machine: name.to_string(),
-            request: by.to_string(),
-            age_secs,
-        })
     }
 
     /// After `error` in a removal for `mark.request`: releases its claim. The release reads
     /// the ledger first, so a decrement whose reply was lost is found applied, and the
     /// removal succeeded after all.
+    /// `marked`: a mark write may have landed, so a release that fails leaves the answer in
+    /// doubt rather than an error.
     async fn fail(
         &self,
         group: &GroupKey,
         name: &str,
         mark: &ScaleDownMark,
         error: ActuateError,
+        marked: bool,
     ) -> Result<Removed, ActuateError> {
         let mut released = self.release(group, name, mark, None).await;
         // The release is idempotent: a transient failure is worth a few more tries, as a
@@ -261,9 +301,21 @@ impl CapiActuator {
                     "the decrement was applied although its write reported an error");
                 Ok(Removed::AlreadyApplied)
             }
+            Ok(Released::RolledForward) => {
+                tracing::warn!(group = %group.id, machine = name, %error,
+                    "Cluster API took the machine under this request's mark; its decrement was applied after all");
+                Ok(Removed::AlreadyApplied)
+            }
             Ok(outcome) => {
                 tracing::info!(group = %group.id, machine = name, ?outcome, %error, "scale-down claim released");
                 Err(error)
+            }
+            Err(release_error) if marked => {
+                tracing::error!(group = %group.id, machine = name, %error, %release_error,
+                    "could not release the scale-down claim; the sweeper will once it expires; answering OK so that cluster-autoscaler keeps the node tainted");
+                Ok(Removed::InDoubt(format!(
+                    "{error}; releasing its claim failed too ({release_error})"
+                )))
             }
             Err(release_error) => {
                 tracing::error!(group = %group.id, machine = name, %error, %release_error,
@@ -292,35 +344,47 @@ impl CapiActuator {
                 deadline,
                 |replicas, ledger| {
                     Ok(match protocol::release(ledger, name, request) {
-                        Release::Applied { .. } => GroupStep::Done(true),
-                        Release::Write(next) => GroupStep::Write(replicas, next, false),
-                        Release::Fenced => GroupStep::Done(false),
+                        Release::Applied { .. } => GroupStep::Done(None),
+                        Release::Write { ledger, absorbed } => {
+                            GroupStep::Write(replicas, ledger, Some(absorbed))
+                        }
+                        Release::Fenced { absorbed } => GroupStep::Done(Some(absorbed)),
                     })
                 },
             )
             .await?;
-        if fenced {
+        let Some(absorbed) = fenced else {
             self.unfinalize(&group.namespace, name).await;
             return Ok(Released::Applied);
-        }
+        };
         fault::point("release:after-fence").await;
         let unmarked = self
             .update_machine(&group.namespace, name, deadline, |machine| {
-                Ok(match protocol::unmark(machine, request, mark) {
-                    Unmark::Write {
-                        record,
-                        remove_delete_annotation,
-                    } => MachineStep::Write(
-                        MachinePatch {
-                            record: Some(Some(record)),
-                            delete_annotation: remove_delete_annotation.then_some(false),
-                            finalizer: Some(false),
-                        },
-                        false,
-                    ),
-                    Unmark::RollForward => MachineStep::Done(true),
-                    Unmark::Done => MachineStep::Done(false),
-                })
+                Ok(
+                    match protocol::unmark(machine, request, mark, absorbed.as_deref()) {
+                        Unmark::Write {
+                            record,
+                            remove_delete_annotation,
+                        } => MachineStep::Write(
+                            MachinePatch {
+                                record: Some(Some(record)),
+                                delete_annotation: remove_delete_annotation.then_some(false),
+                                finalizer: Some(false),
+                                fence: None,
+                            },
+                            false,
+                        ),
+                        Unmark::Touch => MachineStep::Write(
+                            MachinePatch {
+                                fence: Some(request.to_string()),
+                                ..Default::default()
+                            },
+                            false,
+                        ),
+                        Unmark::RollForward => MachineStep::Done(true),
+                        Unmark::Done => MachineStep::Done(false),
+                    },
+                )
             })
             .await?;
         if unmarked {
@@ -404,5 +468,24 @@ impl CapiActuator {
             machine: format!("{}/{name}", group.namespace),
             request: request.to_string(),
         }
+    }
+}
+
+/// The named machine and its group as the snapshot shows them: whether the machine is
+/// deleting (or gone), and how many of the group's machines stay.
+fn machine_view(snapshot: &Snapshot, group: &NodeGroup, name: &str) -> MachineView {
+    let deleting = snapshot
+        .machines
+        .get(&format!("{}/{name}", group.namespace))
+        .is_none_or(|m| m.deleting);
+    let staying = snapshot.group(&group.id).map_or(0, |g| {
+        g.instances
+            .iter()
+            .filter(|i| i.machine.is_some() && i.state != InstanceState::Deleting)
+            .count()
+    });
+    MachineView {
+        deleting,
+        staying: i32::try_from(staying).unwrap_or(i32::MAX),
     }
 }
