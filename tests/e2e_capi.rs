@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
+use ngo_sandbox::auditor::DeletionAuditor;
 use ngo_sandbox::capi;
 use ngo_sandbox::environment::process_sandbox as e2e;
 use ngo_sandbox::infra_provider::{
@@ -48,6 +49,9 @@ struct Env {
     grpc: Rpc,
     operator: Option<Running>,
     _provider: InfraProvider,
+    /// cluster-autoscaler's side of every DeleteNodes: taints, answers, and the Machines
+    /// deleted meanwhile (U1).
+    auditor: DeletionAuditor,
     started: Instant,
 }
 
@@ -81,6 +85,7 @@ impl Env {
             .await
             .expect("cluster");
         let provider = InfraProvider::start(client.clone(), Some(&name));
+        let auditor = DeletionAuditor::start(client.clone(), &name, &capi::machines());
         let ns = TestNs {
             name: name.clone(),
             client: client.clone(),
@@ -106,6 +111,7 @@ impl Env {
             grpc,
             operator: Some(operator),
             _provider: provider,
+            auditor,
             started,
         };
         poll("operator caches synced", WAIT, || async {
@@ -427,7 +433,11 @@ impl Env {
                 .unwrap_or_default();
             assert_eq!(group, id, "NodeGroupForNode({})", node.provider_id);
         }
-        self.grpc.node_group_delete_nodes(id, nodes).await
+        let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+        self.auditor.taint(&names).await;
+        let answer = self.grpc.node_group_delete_nodes(id, nodes).await;
+        self.auditor.answered(&names, answer.is_ok()).await;
+        answer
     }
 
     async fn replicas(&self, ar: &kube::discovery::ApiResource, name: &str) -> i64 {
@@ -435,6 +445,11 @@ impl Env {
     }
 
     async fn shutdown(mut self) {
+        let violations = self.auditor.violations();
+        assert!(
+            violations.is_empty(),
+            "Machines deleted against cluster-autoscaler's latest answer (U1): {violations:#?}"
+        );
         if let Some(op) = self.operator.take() {
             op.shutdown().await.expect("operator shutdown");
         }
@@ -748,6 +763,25 @@ async fn an_absorbed_decrement_is_lowered_again_when_the_machine_is_named_again(
     assert_eq!(env.replicas(&capi::machine_deployments(), "md").await, 2);
     env.increase_size(&id, 1).await.expect("IncreaseSize");
     assert_eq!(env.replicas(&capi::machine_deployments(), "md").await, 3);
+    // The MachineDeployment controller passes the raise on to the paused MachineSet; only then
+    // is the decrement absorbed (unpaused earlier, the MachineSet would still act on it).
+    poll("the MachineSet back at 3 replicas", WAIT, || async {
+        let sets = machine_sets
+            .list(&ListParams::default())
+            .await
+            .expect("machine sets");
+        let replicas: Vec<i64> = sets
+            .items
+            .iter()
+            .map(|s| s.data["spec"]["replicas"].as_i64().unwrap_or(0))
+            .collect();
+        if replicas == [3] {
+            Ok(())
+        } else {
+            Err(format!("MachineSet replicas {replicas:?}"))
+        }
+    })
+    .await;
     set_paused(false).await;
     env.log("decrement absorbed: replicas raised back to 3 before Cluster API acted");
     // Past the grace Cluster API has to act, as cluster-autoscaler's second pick comes minutes
@@ -771,6 +805,45 @@ async fn an_absorbed_decrement_is_lowered_again_when_the_machine_is_named_again(
     })
     .await;
     env.shutdown().await;
+}
+
+/// The auditor is no bystander: a Machine deleted (here by hand) after cluster-autoscaler got
+/// an error for its node is reported, and its node was untainted as CA untaints it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deletion_auditor_reports_a_machine_deleted_after_an_error_answer() {
+    let mut env = Env::new("auditor").await;
+    let id = env.md("md", 2, bounds(2, 3), "worker").await;
+    env.wait_group(&id).await;
+    let nodes = env.wait_ready_nodes(&id, 2).await;
+    env.delete_nodes_as_ca(&id, vec![ca_node(&nodes[0])])
+        .await
+        .expect_err("below the minimum");
+    let machine = env
+        .machine_for(&provider_id(&nodes[0]))
+        .await
+        .expect("machine")
+        .name_any();
+    env.ns
+        .api(&capi::machines())
+        .delete(&machine, &Default::default())
+        .await
+        .expect("delete the Machine by hand");
+    let violations = poll("the auditor's report", WAIT, || async {
+        let violations = env.auditor.violations();
+        if violations.is_empty() {
+            Err("nothing reported".to_string())
+        } else {
+            Ok(violations)
+        }
+    })
+    .await;
+    assert!(
+        violations[0].contains(&machine) && violations[0].contains("an error"),
+        "{violations:?}"
+    );
+    if let Some(operator) = env.operator.take() {
+        operator.shutdown().await.expect("operator shutdown");
+    }
 }
 
 /// Min and max hold both ways: refused requests are FailedPrecondition and change nothing

@@ -8,6 +8,7 @@
 //! process runs in a temp dir, on free loopback ports, and dies with its parent.
 
 pub mod alicloud;
+pub mod auditor;
 pub mod autoscaler;
 pub mod bench;
 pub mod blackhole;

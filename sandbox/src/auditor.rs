@@ -1,0 +1,201 @@
+//! A deletion auditor written from cluster-autoscaler's side, independent of the operator's
+//! code and records: it holds the taints and answers CA would (taint a node before
+//! DeleteNodes, keep the taint on OK, remove it on any error), watches Machines, and reports
+//! every Machine that starts being deleted while its Node exists and CA's latest answer for
+//! that Node was not OK, or the Node is not tainted. Property U1 of `docs/safety.md`, as the
+//! user states it: "CA got an error for this node, so nothing may remove it".
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::discovery::ApiResource;
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+
+/// The taint cluster-autoscaler puts on a node it is about to delete.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// What CA last heard about a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// DeleteNodes answered OK: the node stays tainted.
+    Ok,
+    /// DeleteNodes answered an error: CA untainted the node, pods may land on it.
+    Error,
+}
+
+/// Why a Machine's deletion breaks U1, or `None` when it does not. `node_exists`: the
+/// Machine's Node is there (a Machine without a Node carries no pods); `latest`: CA's latest
+/// answer for that node; `tainted`: the Node carries [`TO_BE_DELETED_TAINT`].
+pub fn violation(node_exists: bool, latest: Option<Answer>, tainted: bool) -> Option<String> {
+    if !node_exists {
+        return None;
+    }
+    match latest {
+        None => Some("CA never asked to delete its node".into()),
+        Some(Answer::Error) => Some("CA's latest answer for its node was an error".into()),
+        Some(Answer::Ok) if !tainted => {
+            Some(format!("its node is not tainted {TO_BE_DELETED_TAINT}"))
+        }
+        Some(Answer::Ok) => None,
+    }
+}
+
+#[derive(Default)]
+struct Record {
+    /// By node name.
+    answers: BTreeMap<String, Answer>,
+    /// Node names whose Machine is being deleted.
+    deleting: BTreeSet<String>,
+    violations: Vec<String>,
+}
+
+/// The auditor of one namespace's Machines; stops watching when dropped.
+pub struct DeletionAuditor {
+    client: Client,
+    record: Arc<Mutex<Record>>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+impl DeletionAuditor {
+    /// Starts watching the Machines (`machines`) of `namespace`.
+    pub fn start(client: Client, namespace: &str, machines: &ApiResource) -> Self {
+        let record = Arc::new(Mutex::new(Record::default()));
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, machines);
+        let nodes: Api<Node> = Api::all(client.clone());
+        let shared = record.clone();
+        let watch = tokio::spawn(async move {
+            let mut seen: BTreeSet<String> = BTreeSet::new();
+            let mut events = watcher(api, watcher::Config::default()).boxed();
+            while let Some(event) = events.next().await {
+                let machine = match event {
+                    Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => m,
+                    _ => continue,
+                };
+                if machine.metadata.deletion_timestamp.is_none() || !seen.insert(machine.name_any())
+                {
+                    continue;
+                }
+                let Some(node_name) = machine.data["status"]["nodeRef"]["name"].as_str() else {
+                    continue;
+                };
+                let node = nodes.get_opt(node_name).await.ok().flatten();
+                let tainted = node.as_ref().is_some_and(is_tainted);
+                let mut record = lock(&shared);
+                record.deleting.insert(node_name.to_string());
+                let latest = record.answers.get(node_name).copied();
+                if let Some(why) = violation(node.is_some(), latest, tainted) {
+                    record.violations.push(format!(
+                        "Machine {} (node {node_name}) deleted: {why}",
+                        machine.name_any()
+                    ));
+                }
+            }
+        });
+        Self {
+            client,
+            record,
+            watch,
+        }
+    }
+
+    /// Before a DeleteNodes naming `nodes`: taints them as CA does.
+    pub async fn taint(&self, nodes: &[String]) {
+        for name in nodes {
+            self.set_taint(name, true).await;
+        }
+    }
+
+    /// After a DeleteNodes naming `nodes` answered: records the answer and, on an error,
+    /// untaints them all as CA does. An error for a node whose Machine is already being deleted
+    /// is a violation.
+    pub async fn answered(&self, nodes: &[String], ok: bool) {
+        let answer = if ok { Answer::Ok } else { Answer::Error };
+        {
+            let mut record = lock(&self.record);
+            for name in nodes {
+                record.answers.insert(name.clone(), answer);
+                if !ok && record.deleting.contains(name) {
+                    record.violations.push(format!(
+                        "CA got an error for node {name} whose Machine is being deleted"
+                    ));
+                }
+            }
+        }
+        if !ok {
+            for name in nodes {
+                self.set_taint(name, false).await;
+            }
+        }
+    }
+
+    /// Every violation seen so far.
+    pub fn violations(&self) -> Vec<String> {
+        lock(&self.record).violations.clone()
+    }
+
+    async fn set_taint(&self, name: &str, present: bool) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let Ok(Some(node)) = nodes.get_opt(name).await else {
+            return;
+        };
+        let mut taints: Vec<Taint> = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        taints.retain(|t| t.key != TO_BE_DELETED_TAINT);
+        if present {
+            taints.push(Taint {
+                key: TO_BE_DELETED_TAINT.into(),
+                value: Some(jiff::Timestamp::now().as_second().to_string()),
+                effect: "NoSchedule".into(),
+                time_added: None,
+            });
+        }
+        let patch = serde_json::json!({ "spec": { "taints": taints } });
+        if let Err(error) = nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            tracing::warn!(%error, node = name, "auditor could not write the node's taint");
+        }
+    }
+}
+
+impl Drop for DeletionAuditor {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
+}
+
+fn is_tainted(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT))
+}
+
+fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
+    record
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deletion_breaks_u1_unless_ca_holds_its_node_tainted_after_an_ok() {
+        assert_eq!(violation(true, Some(Answer::Ok), true), None);
+        assert!(violation(true, Some(Answer::Error), false).is_some());
+        assert!(violation(true, Some(Answer::Error), true).is_some());
+        assert!(violation(true, Some(Answer::Ok), false).is_some());
+        assert!(violation(true, None, false).is_some());
+        assert_eq!(violation(false, None, false), None, "no node, no pods");
+    }
+}
