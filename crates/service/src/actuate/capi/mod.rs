@@ -289,15 +289,15 @@ impl CapiActuator {
                 .remove(snapshot, group, removal, request, deadline, &mut deleted)
                 .await
             {
-                if deleted.removed == 0 && deleted.in_doubt.is_empty() {
+                if done == 0 {
                     return Err(error);
                 }
-                // cluster-autoscaler untaints every node of the batch on an error, and some
-                // of them go: OK it is, and the nodes not removed stay tainted until CA names
-                // them again.
+                // cluster-autoscaler untaints every node of the batch on an error, and the
+                // earlier ones go (lowered, already applied, deleting) or may (in doubt): OK
+                // it is, and the nodes not removed stay tainted until CA names them again.
                 let rest: Vec<String> = removals[done..].iter().map(Removal::ledger_key).collect();
                 tracing::warn!(group = %group.id, %error, not_removed = ?rest,
-                    "a later node of the batch failed after earlier ones were lowered; answering OK");
+                    "a later node of the batch failed after earlier ones were settled; answering OK");
                 deleted
                     .in_doubt
                     .extend(rest.into_iter().map(|key| format!("{key}: {error}")));
@@ -323,35 +323,33 @@ impl CapiActuator {
                 step: format!("removing {}", removal.ledger_key()),
             });
         }
-        {
-            match removal {
-                Removal::PoolReplica { provider_id } => {
-                    let _guard = self.lock_until(group, deadline).await?;
-                    let key = removal.ledger_key();
-                    let (target, by) = self
-                        .decrement_pool_instance(snapshot, group, &key, request, deadline)
-                        .await?;
-                    if by.as_deref() == Some(request) {
-                        deleted.removed += 1;
-                    }
-                    deleted.target = target.or(deleted.target);
-                    deleted.pool_removals.push((provider_id.clone(), by));
+        match removal {
+            Removal::PoolReplica { provider_id } => {
+                let _guard = self.lock_until(group, deadline).await?;
+                let key = removal.ledger_key();
+                let (target, by) = self
+                    .decrement_pool_instance(snapshot, group, &key, request, deadline)
+                    .await?;
+                if by.as_deref() == Some(request) {
+                    deleted.removed += 1;
                 }
-                Removal::Machine { name, .. } => {
-                    match self
-                        .remove_one(snapshot, group, name, request, deadline)
-                        .await?
-                    {
-                        Removed::Lowered(to) => {
-                            deleted.removed += 1;
-                            deleted.target = Some(to);
-                        }
-                        Removed::AlreadyApplied | Removed::Deleting => {}
-                        Removed::InDoubt(why) => {
-                            tracing::warn!(group = %group.id, machine = %name, why,
+                deleted.target = target.or(deleted.target);
+                deleted.pool_removals.push((provider_id.clone(), by));
+            }
+            Removal::Machine { name, .. } => {
+                match self
+                    .remove_one(snapshot, group, name, request, deadline)
+                    .await?
+                {
+                    Removed::Lowered(to) => {
+                        deleted.removed += 1;
+                        deleted.target = Some(to);
+                    }
+                    Removed::AlreadyApplied | Removed::Deleting => {}
+                    Removed::InDoubt(why) => {
+                        tracing::warn!(group = %group.id, machine = %name, why,
                                 "answering OK in doubt: cluster-autoscaler keeps the node tainted and names it again later");
-                            deleted.in_doubt.push(format!("{name}: {why}"));
-                        }
+                        deleted.in_doubt.push(format!("{name}: {why}"));
                     }
                 }
             }
@@ -384,8 +382,7 @@ impl CapiActuator {
                         }
                         return Err(error);
                     }
-                    let busy = error;
-                    tracing::debug!(group = %group.id, %busy, "waiting for the group's scale-down claim");
+                    tracing::debug!(group = %group.id, busy = %error, "waiting for the group's scale-down claim");
                     tokio::time::sleep(BUSY_POLL).await;
                 }
             }
