@@ -6,7 +6,9 @@
 //!
 //! 1. **claim** ([`claim`]): in `g`'s ledger, `R` claims `m`. A group has at most one claim
 //!    at a time, so at most one Machine is marked without its decrement applied, and the
-//!    minimum is checked against everything applied before.
+//!    minimum is checked against everything applied before. A machine whose decrement is
+//!    applied needs nothing while Cluster API owes its deletion, and is claimed again once
+//!    that decrement was absorbed ([`consumption`]).
 //! 2. **mark** ([`mark`]): `m` gets Cluster API's delete-machine annotation and `R`'s mark.
 //! 3. **decrement** ([`decrement`]): `g`'s replicas drop by one and the claim becomes an
 //!    applied entry, in one compare-and-swap. Only the claim's holder can apply it.
@@ -17,7 +19,8 @@
 //!      Cluster API pick `m` while it is marked. If the ledger shows the decrement applied,
 //!      nothing is undone;
 //!    - [`unmark`]: `m`'s mark is replaced by a released record, which also refuses `R`'s late
-//!      mark writes and tells `R` not to mark again. If Cluster API is already deleting `m`
+//!      mark writes and tells `R` not to mark again (where `m` carries another request's mark,
+//!      a fence annotation is written instead, for the same refusal). If Cluster API is already deleting `m`
 //!      under `R`'s mark (it took `m` for an earlier decrement it had not acted on yet), the
 //!      decrement is applied after all ([`roll_forward`]): the deletion happened, and the
 //!      replicas must follow it, or Cluster API would keep the machine whose decrement `m`'s
