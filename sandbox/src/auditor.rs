@@ -21,6 +21,8 @@ pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 /// What CA last heard about a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Answer {
+    /// A DeleteNodes naming the node is under way: CA holds it tainted and waits.
+    Pending,
     /// DeleteNodes answered OK: the node stays tainted.
     Ok,
     /// DeleteNodes answered an error: CA untainted the node, pods may land on it.
@@ -37,10 +39,12 @@ pub fn violation(node_exists: bool, latest: Option<Answer>, tainted: bool) -> Op
     match latest {
         None => Some("CA never asked to delete its node".into()),
         Some(Answer::Error) => Some("CA's latest answer for its node was an error".into()),
-        Some(Answer::Ok) if !tainted => {
+        Some(Answer::Ok | Answer::Pending) if !tainted => {
             Some(format!("its node is not tainted {TO_BE_DELETED_TAINT}"))
         }
-        Some(Answer::Ok) => None,
+        // While the request is under way its answer decides: an error for a node whose
+        // Machine is being deleted is reported when it comes.
+        Some(Answer::Ok | Answer::Pending) => None,
     }
 }
 
@@ -106,6 +110,10 @@ impl DeletionAuditor {
     pub async fn taint(&self, nodes: &[String]) {
         for name in nodes {
             self.set_taint(name, true).await;
+        }
+        let mut record = lock(&self.record);
+        for name in nodes {
+            record.answers.insert(name.clone(), Answer::Pending);
         }
     }
 
@@ -196,6 +204,12 @@ mod tests {
         assert!(violation(true, Some(Answer::Error), true).is_some());
         assert!(violation(true, Some(Answer::Ok), false).is_some());
         assert!(violation(true, None, false).is_some());
+        assert_eq!(
+            violation(true, Some(Answer::Pending), true),
+            None,
+            "Cluster API may act before the answer arrives; the answer decides"
+        );
+        assert!(violation(true, Some(Answer::Pending), false).is_some());
         assert_eq!(violation(false, None, false), None, "no node, no pods");
     }
 }
