@@ -65,7 +65,7 @@ fn findings(snapshot: &Snapshot) -> Vec<Finding> {
                     list(&exclusion.warnings)
                 ),
             ),
-            ExclusionReason::Paused | ExclusionReason::NotAutoscaled => continue,
+            ExclusionReason::Paused(_) | ExclusionReason::NotAutoscaled => continue,
             _ if exclusion.warnings.is_empty() => continue,
             other => (
                 WARNING_REASON,

@@ -376,7 +376,6 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             with_policies,
             with_node_pools: our_kinds.node_pools,
             nodes,
-            watch_clusters: config.client_identity != crate::server::identity::IdentitySource::Off,
         },
         &mut tasks,
         shutdown.clone(),

@@ -79,9 +79,6 @@ pub struct WatchSpec {
     pub with_node_pools: bool,
     /// Where Nodes come from.
     pub nodes: NodeSource,
-    /// Watch Cluster API Clusters: needed to read workload clusters and to scope clients to
-    /// Clusters, and otherwise not watched (nor needed in RBAC).
-    pub watch_clusters: bool,
 }
 
 /// One kind's reflector stores: one per watched namespace, or one for all namespaces.
@@ -181,7 +178,6 @@ impl Watches {
             with_policies,
             with_node_pools,
             nodes,
-            watch_clusters,
         } = spec;
         let changes = Arc::new(Changes::default());
         let namespaces = filter.namespaces();
@@ -217,10 +213,10 @@ impl Watches {
             ),
         );
         let clusters = match &resources.clusters {
-            Some(ar) if watch_clusters || matches!(nodes, NodeSource::ClusterSecrets) => {
-                dynamic(tasks, ar, Track::Context)
-            }
-            _ => Stores(Vec::new()),
+            // Clusters name workload clusters, scope clients, and pause their groups
+            // (`spec.paused`).
+            Some(ar) => dynamic(tasks, ar, Track::Context),
+            None => Stores(Vec::new()),
         };
         let nodes = match nodes {
             NodeSource::Local | NodeSource::Cluster(_) => {
@@ -513,6 +509,11 @@ impl Watches {
             .filter(|c| c.metadata.deletion_timestamp.is_some())
             .map(|c| key(c))
             .collect();
+        let paused_clusters = all_clusters
+            .iter()
+            .filter(|c| c.data["spec"]["paused"].as_bool() == Some(true))
+            .map(|c| key(c))
+            .collect();
         let mut templates = HashMap::new();
         let watches = inner.templates.lock().unwrap_or_else(|p| p.into_inner());
         let template_kinds = watches
@@ -549,6 +550,7 @@ impl Watches {
                 .collect(),
             clusters,
             deleting_clusters,
+            paused_clusters,
             workload,
         }
     }

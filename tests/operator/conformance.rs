@@ -1384,7 +1384,7 @@ async fn co_located_over_a_unix_socket_scoped_by_configuration() {
     let cluster: kube::api::DynamicObject = serde_json::from_value(json!({
         "apiVersion": format!("cluster.x-k8s.io/{CAPI_VERSION}"), "kind": "Cluster",
         "metadata": {"name": "c1", "namespace": n},
-        "spec": {"paused": true}
+        "spec": {"paused": false}
     }))
     .unwrap();
     ns.api(&capi("Cluster", "clusters"))

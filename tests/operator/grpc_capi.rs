@@ -9,7 +9,7 @@ use crate::support::*;
 use k8s_pb::api::core::v1 as pb;
 use nodegroup_operator::proto::{self, ExternalGrpcNode};
 use prost::Message;
-use serde_json::json;
+use serde_json::{Value, json};
 use tonic::Code;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -906,4 +906,77 @@ async fn rpcs_cut_off_by_the_client_are_counted_with_the_reason_and_the_time_tak
         (0.25..5.0).contains(&took),
         "the time until the deadline is observed: {took}s\n{text}"
     );
+}
+
+/// Cluster API acts on no MachineSet of a Cluster whose `spec.paused` is true (as during
+/// `clusterctl move`), nor on a paused MachineSet: its groups go away for CA while paused
+/// (a decrement would wait there while CA names the node again) and come back after.
+#[tokio::test]
+async fn a_paused_cluster_or_machine_set_hides_its_groups_until_resumed() {
+    let ns = TestNs::new("pausedcluster").await;
+    let clusters = ns.api(&capi("Cluster", "clusters"));
+    let cluster: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("cluster.x-k8s.io/{CAPI_VERSION}"), "kind": "Cluster",
+        "metadata": {"name": "c1", "namespace": ns.name},
+        "spec": {"paused": false}
+    }))
+    .unwrap();
+    clusters
+        .create(&kube::api::PostParams::default(), &cluster)
+        .await
+        .expect("Cluster c1");
+    let md = ns.machine_deployment("md", 1, bounds(0, 3)).await;
+    ns.machine_set("md-set", 1, json!({}), Some(&md)).await;
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
+    let id = format!("MachineDeployment/{}/md", ns.name);
+    let served = |want: bool| {
+        let (rpc, id) = (&rpc, &id);
+        async move {
+            eventually(&format!("{id} served: {want}"), WAIT, || async {
+                let ids = group_ids(rpc).await;
+                (ids.contains(id) == want).then_some(())
+            })
+            .await
+        }
+    };
+    served(true).await;
+
+    let set_cluster_paused = |paused: bool| {
+        let clusters = clusters.clone();
+        async move {
+            clusters
+                .patch(
+                    "c1",
+                    &Default::default(),
+                    &kube::api::Patch::Merge(json!({"spec": {"paused": paused}})),
+                )
+                .await
+                .expect("pause the Cluster");
+        }
+    };
+    set_cluster_paused(true).await;
+    served(false).await;
+    set_cluster_paused(false).await;
+    served(true).await;
+
+    let set_machine_set_paused = |value: Value| {
+        let sets = ns.api(&machine_sets());
+        async move {
+            sets.patch(
+                "md-set",
+                &Default::default(),
+                &kube::api::Patch::Merge(
+                    json!({"metadata": {"annotations": {"cluster.x-k8s.io/paused": value}}}),
+                ),
+            )
+            .await
+            .expect("pause the MachineSet");
+        }
+    };
+    set_machine_set_paused(json!("true")).await;
+    served(false).await;
+    set_machine_set_paused(Value::Null).await;
+    served(true).await;
+    operator.shutdown().await.unwrap();
 }

@@ -96,13 +96,13 @@ fn grants_anywhere(grants: &[(Option<String>, String, String, String)], resource
 
 #[test]
 fn each_topology_renders_only_the_rbac_it_needs() {
-    // Self-hosted, every namespace: Nodes, no Clusters; Secrets only where NodePools need
+    // Self-hosted, every namespace: Nodes, Clusters (their spec.paused); Secrets only where NodePools need
     // them: credentials read by name in the release namespace, bootstrap tokens in
     // kube-system, nothing cluster-wide.
     let docs = rbac::render_chart("ngo-system", &[]).unwrap();
     let g = grants(&docs);
     assert!(grants_anywhere(&g, "nodes"));
-    assert!(!grants_anywhere(&g, "clusters"));
+    assert!(grants_anywhere(&g, "clusters"));
     let mut secrets: Vec<(Option<String>, String)> = g
         .iter()
         .filter(|(_, _, r, _)| r == "secrets")
@@ -1904,7 +1904,6 @@ fn the_upstream_cluster_autoscaler_chart_with_the_readme_values_reaches_the_oper
 /// lacks, fails `rendered_rbac_is_exactly_the_operators_access_in_each_topology`.
 fn operator_access(
     workload_nodes: &str,
-    client_identity: &str,
 ) -> Vec<(&'static str, &'static str, &'static [&'static str])> {
     const CAPI: &str = "cluster.x-k8s.io";
     const OURS: &str = "autoscaling.nodegroup.dev";
@@ -1968,10 +1967,9 @@ fn operator_access(
         // runtime/watches.rs: Nodes of this cluster (or of the cluster the operator runs in)
         access.push(("", "nodes", &["get", "list", "watch"]));
     }
-    if client_identity != "off" || workload_nodes == "cluster-secrets" {
-        // runtime/watches.rs: Clusters (identities name them; workload connections follow them)
-        access.push((CAPI, "clusters", &["get", "list", "watch"]));
-    }
+    // runtime/watches.rs: Clusters (their spec.paused pauses groups; identities name them;
+    // workload connections follow them)
+    access.push((CAPI, "clusters", &["get", "list", "watch"]));
     if workload_nodes == "cluster-secrets" {
         // runtime/workload.rs: `<cluster>-kubeconfig` Secrets, read by name
         access.push(("", "secrets", &["get"]));
@@ -2042,25 +2040,24 @@ fn rendered_rbac_is_exactly_the_operators_access_in_each_topology() {
             .into_iter()
             .map(|(_, g, r, v)| (g, r, v))
             .collect();
-        let expected: BTreeSet<(String, String, String)> =
-            operator_access(workload_nodes, client_identity)
-                .into_iter()
-                .chain(operator_namespaced_access(workload_nodes).into_iter().map(
-                    |(_, _, resource, verbs)| {
-                        let group = if resource == "leases" {
-                            "coordination.k8s.io"
-                        } else {
-                            ""
-                        };
-                        (group, resource, verbs)
-                    },
-                ))
-                .flat_map(|(g, r, verbs)| {
-                    verbs
-                        .iter()
-                        .map(move |v| (g.to_string(), r.to_string(), v.to_string()))
-                })
-                .collect();
+        let expected: BTreeSet<(String, String, String)> = operator_access(workload_nodes)
+            .into_iter()
+            .chain(operator_namespaced_access(workload_nodes).into_iter().map(
+                |(_, _, resource, verbs)| {
+                    let group = if resource == "leases" {
+                        "coordination.k8s.io"
+                    } else {
+                        ""
+                    };
+                    (group, resource, verbs)
+                },
+            ))
+            .flat_map(|(g, r, verbs)| {
+                verbs
+                    .iter()
+                    .map(move |v| (g.to_string(), r.to_string(), v.to_string()))
+            })
+            .collect();
         let extra: Vec<_> = rendered.difference(&expected).collect();
         let missing: Vec<_> = expected.difference(&rendered).collect();
         assert!(

@@ -89,6 +89,9 @@ pub struct IndexInputs {
     pub clusters: Vec<ClusterKey>,
     /// Those of them being deleted.
     pub deleting_clusters: Vec<ClusterKey>,
+    /// Those of them whose `spec.paused` is true: Cluster API acts on none of their
+    /// MachineSets, MachineDeployments and MachinePools, so their groups are paused.
+    pub paused_clusters: Vec<ClusterKey>,
     /// Management topology: the state of each workload cluster's Node cache. Groups of a
     /// cluster whose Nodes were never read are not served. `None` when Nodes come from one
     /// view shared by every cluster.
@@ -166,7 +169,10 @@ pub(super) fn assess(
         return Assessment::NotConfigured;
     }
     if r.annotations.contains_key(PAUSED_ANNOTATION) {
-        return Assessment::Excluded(ExclusionReason::Paused, Vec::new());
+        return Assessment::Excluded(
+            ExclusionReason::Paused(PAUSED_ANNOTATION.into()),
+            Vec::new(),
+        );
     }
     let (options, option_warnings) = annotations::parse_options(&r.annotations, keys);
     let (hints, capacity_warnings) = annotations::parse_capacity(&r.annotations);

@@ -144,8 +144,9 @@ impl NodeGroup {
 pub enum ExclusionReason {
     /// Invalid annotation or policy value: an error to surface.
     Invalid(String),
-    /// `cluster.x-k8s.io/paused` is set.
-    Paused,
+    /// Cluster API does not act on it: what pauses it (`cluster.x-k8s.io/paused` on the
+    /// resource, on a MachineSet under it, or its Cluster's `spec.paused`).
+    Paused(String),
     /// No max size (or max 0): not a node group.
     NotAutoscaled,
     /// `spec.replicas` is 0 and there is no cpu+memory capacity for scale from zero; the detail
@@ -189,7 +190,7 @@ impl ExclusionReason {
     pub fn describe(&self) -> String {
         match self {
             ExclusionReason::Invalid(message) => message.clone(),
-            ExclusionReason::Paused => "paused (cluster.x-k8s.io/paused)".into(),
+            ExclusionReason::Paused(by) => format!("paused ({by})"),
             ExclusionReason::NotAutoscaled => {
                 "no max size (annotation or policy), so not autoscaled".into()
             }

@@ -25,7 +25,10 @@ pub(super) fn assess(
         return Assessment::NotConfigured;
     };
     if r.annotations.contains_key(PAUSED_ANNOTATION) {
-        return Assessment::Excluded(ExclusionReason::Paused, Vec::new());
+        return Assessment::Excluded(
+            ExclusionReason::Paused(PAUSED_ANNOTATION.into()),
+            Vec::new(),
+        );
     }
     if let Some(reason) = &pool.invalid {
         return Assessment::Excluded(ExclusionReason::Invalid(reason.clone()), Vec::new());

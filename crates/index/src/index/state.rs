@@ -29,6 +29,7 @@ use super::model::{
 use super::policy::PolicyRules;
 use super::sharded::ShardedMap;
 use crate::capi::groups::{Instance, InstanceState};
+use crate::capi::keys::PAUSED_ANNOTATION;
 use crate::capi::objects::{Machine, ScalableKind, ScalableResource};
 use crate::capi::providerid;
 use crate::capi::scale_down;
@@ -590,6 +591,15 @@ impl IndexState {
             None => Vec::new(),
         };
         let assessment = match assess(&self.base, resource, governing) {
+            Assessment::NotConfigured => Assessment::NotConfigured,
+            configured if let Some(by) = self.paused_from_outside(key, resource) => {
+                let warnings = match configured {
+                    Assessment::Served(group) => group.warnings,
+                    Assessment::Excluded(_, warnings) => warnings,
+                    Assessment::NotConfigured => Vec::new(),
+                };
+                Assessment::Excluded(ExclusionReason::Paused(by), warnings)
+            }
             Assessment::Served(group) => match workload_not_synced(&self.base, &group.cluster) {
                 Some(detail) => Assessment::Excluded(
                     ExclusionReason::WorkloadClusterNotSynced(detail),
@@ -617,6 +627,42 @@ impl IndexState {
             governing: governing.map(|p| p.reference.key()),
             conflicts,
         })
+    }
+
+    /// What pauses root `key` beyond its own annotation: its Cluster's `spec.paused`, or the
+    /// paused annotation on a MachineSet of a MachineDeployment. Cluster API's
+    /// `annotations.IsPaused(cluster, machineSet)` makes the MachineSet controller skip both,
+    /// so a decrement would wait there.
+    fn paused_from_outside(
+        &self,
+        key: &ResourceKey,
+        resource: &ScalableResource,
+    ) -> Option<String> {
+        if resource.kind == ScalableKind::NodePool {
+            return None;
+        }
+        let cluster = ClusterKey {
+            namespace: resource.namespace.clone(),
+            name: resource.cluster_name.clone(),
+        };
+        if self.base.paused_clusters.contains(&cluster) {
+            return Some(format!("Cluster {cluster} spec.paused"));
+        }
+        let (kind, ns, name) = key;
+        if *kind != ScalableKind::MachineDeployment {
+            return None;
+        }
+        let sets = self.sets_by_deployment.get(&(ns.clone(), name.clone()))?;
+        // The first by name, so that a rebuild and an update name the same one.
+        let paused = sets
+            .iter()
+            .filter(|set| {
+                self.resources
+                    .get(&(ScalableKind::MachineSet, ns.clone(), (*set).clone()))
+                    .is_some_and(|ms| ms.annotations.contains_key(PAUSED_ANNOTATION))
+            })
+            .min()?;
+        Some(format!("MachineSet {ns}/{paused} {PAUSED_ANNOTATION}"))
     }
 
     /// Fills a served group's instances and node counts.

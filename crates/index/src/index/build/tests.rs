@@ -215,7 +215,10 @@ fn paused_resources_are_excluded_and_their_nodes_have_no_group() {
     );
     let snap = build_snapshot(&i);
     assert!(snap.groups.is_empty());
-    assert_eq!(snap.exclusions[0].reason, ExclusionReason::Paused);
+    assert_eq!(
+        snap.exclusions[0].reason,
+        ExclusionReason::Paused("cluster.x-k8s.io/paused".into())
+    );
     assert_eq!(
         snap.group_for_provider_id("test:////node-0", None),
         NodeGroupLookup::None
@@ -225,6 +228,44 @@ fn paused_resources_are_excluded_and_their_nodes_have_no_group() {
         build_snapshot(&i).group_for_provider_id("test:////node-0", None),
         NodeGroupLookup::Group(_)
     ));
+}
+
+/// Cluster API does not act on a MachineSet while its Cluster's `spec.paused` is true or the
+/// MachineSet carries the paused annotation (`annotations.IsPaused`): a decrement written then
+/// waits, and CA would name the machine again meanwhile. Such groups are paused groups.
+#[test]
+fn a_paused_cluster_or_a_paused_machine_set_pauses_the_group_above_it() {
+    let mut i = deployment(2, bounds("1", "3"), 2);
+    assert_eq!(build_snapshot(&i).groups.len(), 1);
+
+    i.paused_clusters.push(cluster("c1"));
+    let snap = build_snapshot(&i);
+    assert!(snap.groups.is_empty());
+    assert_eq!(
+        snap.exclusions[0].reason,
+        ExclusionReason::Paused("Cluster ns/c1 spec.paused".into())
+    );
+    assert_eq!(
+        snap.group_for_provider_id("test:////node-0", None),
+        NodeGroupLookup::None
+    );
+    // Another cluster's pause changes nothing.
+    i.paused_clusters = vec![ClusterKey {
+        namespace: "other".into(),
+        name: "c1".into(),
+    }];
+    assert_eq!(build_snapshot(&i).groups.len(), 1);
+
+    i.paused_clusters.clear();
+    i.resources[1]
+        .annotations
+        .insert("cluster.x-k8s.io/paused".into(), String::new());
+    let snap = build_snapshot(&i);
+    assert!(snap.groups.is_empty());
+    assert_eq!(
+        snap.exclusions[0].reason,
+        ExclusionReason::Paused("MachineSet ns/md-ms cluster.x-k8s.io/paused".into())
+    );
 }
 
 #[test]
