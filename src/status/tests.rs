@@ -36,6 +36,7 @@ fn group(id: &str) -> NodeGroup {
         node_capacity: Default::default(),
         warnings: vec![],
         scale_down_claim: None,
+        rolling_out: None,
     }
 }
 

@@ -812,6 +812,7 @@ async fn service_with_a_silent_api_server() -> (
         node_capacity: Default::default(),
         warnings: Vec::new(),
         scale_down_claim: None,
+        rolling_out: None,
     };
     snapshot.groups.insert(group.id.clone(), Arc::new(group));
     let metrics = Arc::new(nodegroup_operator::metrics::Metrics::new());

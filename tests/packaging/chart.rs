@@ -1268,6 +1268,7 @@ fn operator_exposition() -> support::promql::Exposition {
             message: "m".into(),
         }],
         scale_down_claim: None,
+        rolling_out: None,
     };
     snapshot
         .groups

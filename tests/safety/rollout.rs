@@ -1,6 +1,9 @@
-//! DeleteNodes while Cluster API rolls a MachineDeployment out with surge: old and new
-//! MachineSets coexist, machines come and go, and replica counts say nothing about which
-//! decrement happened. The ledger, not the counts, decides.
+//! DeleteNodes while Cluster API rolls a MachineDeployment out with surge: the MachineDeployment
+//! controller, not the delete-machine annotation, chooses which MachineSet takes a decrement
+//! then (kubernetes/autoscaler#8494), so a decrement for a new machine could delete an old one.
+//! As CA's in-tree provider skips the nodes of a rolling-out MachineDeployment (1.35+), the
+//! operator refuses to start a scale-down there; after the rollout, exactly the named machine
+//! goes.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -14,15 +17,14 @@ use serde_json::json;
 use crate::crash::{Group, node, poll};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nodes_deleted_during_a_rollout_with_surge_go_and_replicas_stay_exact() {
+async fn no_machine_goes_for_a_scale_down_named_during_a_rollout_and_the_named_one_goes_after() {
     let mut group = Group::new("rollout", 4).await;
     let options = group.sweeping_operator();
     group.cluster.start_operator(&options).expect("operator");
     let address = group.cluster.operator().expect("operator").grpc_address;
     let mut client = group.cluster.pki.connect(address).await.expect("client");
-    let old = group.running().await;
-    let victims: Vec<(String, String)> = old[..2].to_vec();
-    let victim_names: BTreeSet<String> = victims.iter().map(|(n, _)| n.clone()).collect();
+    let old: BTreeSet<(String, String)> = group.running().await.into_iter().collect();
+    let old_names: BTreeSet<String> = old.iter().map(|(n, _)| n.clone()).collect();
 
     // A new template revision (the bootstrap data changes; label or timeout changes would be
     // propagated in place): Cluster API surges one new machine at a time and retires old ones
@@ -41,67 +43,98 @@ async fn nodes_deleted_during_a_rollout_with_surge_go_and_replicas_stay_exact() 
     )
     .await
     .expect("start the rollout");
-    poll("the rollout's surge machine", || async {
-        (group.machines().await.len() > 4).then_some(())
+    let (new_name, new_pid) = poll("a running machine of the new MachineSet", || async {
+        group
+            .running()
+            .await
+            .into_iter()
+            .find(|(name, _)| !old_names.contains(name))
     })
     .await;
+    let still_old: Vec<(String, String)> = group
+        .running()
+        .await
+        .into_iter()
+        .filter(|(name, _)| old_names.contains(name))
+        .collect();
+    assert!(
+        still_old.len() >= 2,
+        "the rollout is under way: {still_old:?}"
+    );
 
-    for (name, pid) in &victims {
+    // Mid-rollout, a machine of the new MachineSet and one of the old: both refused, nothing
+    // written.
+    for (name, pid) in [(new_name.clone(), new_pid.clone()), still_old[0].clone()] {
         let mut request = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
             id: group.id.clone(),
-            nodes: vec![node(name, pid)],
+            nodes: vec![node(&name, &pid)],
         });
         request.set_timeout(Duration::from_secs(5));
-        client
+        let refused = client
             .node_group_delete_nodes(request)
             .await
-            .unwrap_or_else(|e| panic!("DeleteNodes {name}: {e}"));
-        // cluster-autoscaler retries after a timeout it saw; a retry succeeds and changes
-        // nothing (the node may be gone from the index by then: NotFound).
-        let retry = client
-            .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-                id: group.id.clone(),
-                nodes: vec![node(name, pid)],
-            })
-            .await;
+            .expect_err("a scale-down during a rollout");
+        assert_eq!(
+            refused.code(),
+            tonic::Code::FailedPrecondition,
+            "{refused:?}"
+        );
         assert!(
-            retry.is_ok()
-                || retry
-                    .as_ref()
-                    .is_err_and(|s| s.code() == tonic::Code::NotFound),
-            "retry of DeleteNodes {name}: {retry:?}"
+            refused.message().contains("is rolling out"),
+            "{}",
+            refused.message()
         );
     }
-    assert_eq!(group.replicas().await, 2, "two decrements, no more");
-    poll("the victims deleted", || async {
-        let names: BTreeSet<String> = group
-            .machines()
-            .await
-            .iter()
-            .map(|m| m.name_any())
-            .collect();
-        names.is_disjoint(&victim_names).then_some(())
-    })
-    .await;
+    assert_eq!(group.replicas().await, 4, "nothing lowered");
+    assert!(group.marked().await.is_empty(), "nothing marked");
+    assert!(!group.claimed().await, "no claim left");
 
-    let old_names: BTreeSet<String> = old.iter().map(|(n, _)| n.clone()).collect();
-    let settled = poll("the rollout settled at two new machines", || async {
-        let names: BTreeSet<String> = group
-            .machines()
-            .await
-            .iter()
-            .map(|m| m.name_any())
-            .collect();
-        let running = group.running().await.len();
-        (names.len() == 2 && running == 2 && names.is_disjoint(&old_names)).then_some(names)
+    let settled = poll("the rollout settled at four new machines", || async {
+        let running: BTreeSet<String> = group.running().await.into_iter().map(|(n, _)| n).collect();
+        let all = group.machines().await.len();
+        (running.len() == 4 && all == 4 && running.is_disjoint(&old_names)).then_some(running)
     })
     .await;
     group.log(&format!("rollout settled: {settled:?}"));
-    assert_eq!(
-        group.replicas().await,
-        2,
-        "replicas exact after the rollout"
-    );
+    assert!(settled.contains(&new_name), "{settled:?}");
+
+    // After the rollout the same machine can be named, and exactly it goes.
+    let accepted = poll("the operator sees the rollout ended", || {
+        let mut client = client.clone();
+        let (id, name, pid) = (group.id.clone(), new_name.clone(), new_pid.clone());
+        async move {
+            match client
+                .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+                    id,
+                    nodes: vec![node(&name, &pid)],
+                })
+                .await
+            {
+                Ok(reply) => Some(Ok(reply)),
+                Err(status) if status.message().contains("is rolling out") => None,
+                Err(status) => Some(Err(status)),
+            }
+        }
+    })
+    .await;
+    accepted.expect("DeleteNodes after the rollout");
+    assert_eq!(group.replicas().await, 3, "one decrement");
+    let others: BTreeSet<String> = settled
+        .iter()
+        .filter(|n| **n != new_name)
+        .cloned()
+        .collect();
+    let left = poll("the named machine gone", || async {
+        let names: BTreeSet<String> = group
+            .machines()
+            .await
+            .iter()
+            .map(|m| m.name_any())
+            .collect();
+        (!names.contains(&new_name)).then_some(names)
+    })
+    .await;
+    assert_eq!(left, others, "no other machine went");
     poll("no mark left behind", || async {
         group.marked().await.is_empty().then_some(())
     })

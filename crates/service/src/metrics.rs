@@ -901,6 +901,7 @@ mod tests {
             node_capacity: Default::default(),
             warnings: Vec::new(),
             scale_down_claim: None,
+            rolling_out: None,
         }
     }
 

@@ -319,6 +319,7 @@ mod tests {
             ]),
             warnings: vec![],
             scale_down_claim: None,
+            rolling_out: None,
         };
         assert_eq!(node_hourly(&group), None);
         group.pricing = Some(PriceList {

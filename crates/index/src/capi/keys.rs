@@ -4,6 +4,8 @@
 pub const DEFAULT_GROUP: &str = "cluster.x-k8s.io";
 /// Pauses a scalable resource for the autoscaler. Not derived from `CAPI_GROUP`, as upstream.
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+/// The MachineDeployment revision a MachineSet carries (the newest is the current template).
+pub const REVISION_ANNOTATION: &str = "machinedeployment.clusters.x-k8s.io/revision";
 /// Prefix of the scale-from-zero capacity annotations.
 pub const CAPACITY_PREFIX: &str = "capacity.cluster-autoscaler.kubernetes.io/";
 /// The label CA reads GPU types from.

@@ -127,6 +127,10 @@ pub struct NodeGroup {
     /// The group's scale-down claim (machine key and entry), from its ledger: the sweeper
     /// releases it once expired.
     pub scale_down_claim: Option<(String, crate::capi::scale_down::LedgerEntry)>,
+    /// A MachineDeployment rolling out: why (an older MachineSet still has replicas). The
+    /// MachineDeployment controller, not the delete-machine annotation, chooses which
+    /// MachineSet takes a decrement then, so no new scale-down starts.
+    pub rolling_out: Option<String>,
 }
 
 impl NodeGroup {

@@ -29,7 +29,7 @@ use super::model::{
 use super::policy::PolicyRules;
 use super::sharded::ShardedMap;
 use crate::capi::groups::{Instance, InstanceState};
-use crate::capi::keys::PAUSED_ANNOTATION;
+use crate::capi::keys::{PAUSED_ANNOTATION, REVISION_ANNOTATION};
 use crate::capi::objects::{Machine, ScalableKind, ScalableResource};
 use crate::capi::providerid;
 use crate::capi::scale_down;
@@ -665,8 +665,59 @@ impl IndexState {
         Some(format!("MachineSet {ns}/{paused} {PAUSED_ANNOTATION}"))
     }
 
+    /// Why MachineDeployment `key` is rolling out, as CA's in-tree provider decides it
+    /// (`IsMachineDeploymentAndRollingOut`): a MachineSet other than the newest revision
+    /// (`machinedeployment.clusters.x-k8s.io/revision`) still has replicas, desired or
+    /// actual. A revision that does not parse cannot be ordered, so it counts as rolling out.
+    /// MachineSets without a revision (Cluster API always writes one) are not ordered against
+    /// each other: upstream would count each of them as old.
+    fn rollout(&self, key: &ResourceKey) -> Option<String> {
+        let (kind, ns, name) = key;
+        if *kind != ScalableKind::MachineDeployment {
+            return None;
+        }
+        let mut sets: Vec<&ScalableResource> = self
+            .sets_by_deployment
+            .get(&(ns.clone(), name.clone()))?
+            .iter()
+            .filter_map(|set| {
+                self.resources
+                    .get(&(ScalableKind::MachineSet, ns.clone(), set.clone()))
+            })
+            .collect();
+        sets.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut newest: Option<i64> = None;
+        for ms in &sets {
+            if let Some(revision) = ms.annotations.get(REVISION_ANNOTATION) {
+                match revision.trim().parse::<i64>() {
+                    Ok(r) => newest = Some(newest.map_or(r, |n| n.max(r))),
+                    Err(_) => {
+                        return Some(format!(
+                            "MachineSet {ns}/{} has an unparseable {REVISION_ANNOTATION} {revision:?}",
+                            ms.name
+                        ));
+                    }
+                }
+            }
+        }
+        let newest = newest?;
+        sets.iter().find_map(|ms| {
+            let revision = ms.annotations.get(REVISION_ANNOTATION);
+            let is_newest = revision.and_then(|r| r.trim().parse::<i64>().ok()) == Some(newest);
+            let replicas = ms.replicas.unwrap_or(0).max(ms.status_replicas.unwrap_or(0));
+            (!is_newest && replicas > 0).then(|| {
+                format!(
+                    "MachineSet {ns}/{} (revision {}) still has {replicas} replica(s); the newest revision is {newest}",
+                    ms.name,
+                    revision.map_or("unset", String::as_str)
+                )
+            })
+        })
+    }
+
     /// Fills a served group's instances and node counts.
     fn complete(&self, mut g: NodeGroup, key: &ResourceKey) -> NodeGroup {
+        g.rolling_out = self.rollout(key);
         if let Some(pool) = self.resources.get(key).and_then(|r| r.pool.as_deref()) {
             g.instances = super::pool::instances(pool, &g, self);
         } else if g.kind == ScalableKind::MachinePool {

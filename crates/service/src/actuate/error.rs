@@ -146,6 +146,17 @@ pub enum ActuateError {
         /// This request's id.
         request: String,
     },
+    /// A MachineDeployment rolling out: its controller, not the delete-machine annotation,
+    /// would choose which MachineSet (and so which machine) a decrement removes.
+    #[error(
+        "node group {group} is rolling out ({why}); no machine is removed until the rollout ends, as cluster-autoscaler's clusterapi provider skips such nodes"
+    )]
+    RollingOut {
+        /// Group id.
+        group: String,
+        /// Which older MachineSet still has replicas.
+        why: String,
+    },
     /// The group's scale-down ledger annotation cannot be read: nothing is decided on it.
     #[error("node group {group}: {source}")]
     UnreadableLedger {

@@ -79,6 +79,7 @@ impl ProviderError {
                 | ActuateError::AmbiguousNode { .. }
                 | ActuateError::NotInPool { .. }
                 | ActuateError::RemovalRefused { .. }
+                | ActuateError::RollingOut { .. }
                 | ActuateError::UnreadableLedger { .. } => Code::FailedPrecondition,
                 ActuateError::ConflictRetriesExhausted { .. }
                 | ActuateError::MachineConflict { .. }

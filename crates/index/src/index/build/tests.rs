@@ -268,6 +268,56 @@ fn a_paused_cluster_or_a_paused_machine_set_pauses_the_group_above_it() {
     );
 }
 
+/// As CA's in-tree `IsMachineDeploymentAndRollingOut`: a MachineDeployment rolls out while a
+/// MachineSet older than the newest revision has replicas, desired or actual.
+#[test]
+fn a_machine_deployment_rolls_out_while_an_older_machine_set_has_replicas() {
+    const REVISION: &str = "machinedeployment.clusters.x-k8s.io/revision";
+    let mut i = deployment(2, bounds("1", "3"), 2);
+    let rolling = |i: &IndexInputs| {
+        build_snapshot(i)
+            .groups
+            .values()
+            .next()
+            .unwrap()
+            .rolling_out
+            .clone()
+    };
+    // One MachineSet, with or without a revision: not rolling out.
+    assert_eq!(rolling(&i), None);
+    i.resources[1]
+        .annotations
+        .insert(REVISION.into(), "1".into());
+    assert_eq!(rolling(&i), None);
+
+    let mut new = resource(
+        ScalableKind::MachineSet,
+        "md-ms-2",
+        json!({REVISION: "2"}),
+        Some(1),
+        Some("md"),
+    );
+    i.resources.push(new.clone());
+    let why = rolling(&i).expect("rolling out");
+    assert!(
+        why.contains("ns/md-ms (revision 1) still has 2 replica(s)"),
+        "{why}"
+    );
+
+    // The old MachineSet scaled to 0 but still has a machine going: still rolling out.
+    i.resources[1].replicas = Some(0);
+    i.resources[1].status_replicas = Some(1);
+    assert!(rolling(&i).is_some());
+    i.resources[1].status_replicas = Some(0);
+    assert_eq!(rolling(&i), None);
+
+    // A revision that cannot be ordered: rolling out, to be safe.
+    new.annotations.insert(REVISION.into(), "two".into());
+    i.resources[2] = new;
+    let why = rolling(&i).expect("unparseable revision");
+    assert!(why.contains("unparseable"), "{why}");
+}
+
 #[test]
 fn replicas_zero_is_served_only_with_scale_from_zero_capacity() {
     let snap = build_snapshot(&deployment(0, bounds("0", "3"), 0));

@@ -232,6 +232,20 @@ impl CapiActuator {
         replicas: i32,
     ) -> GroupStep<Claimed> {
         match claim {
+            // A new scale-down would go where the rollout sends it; an absorbed one stays as
+            // it is (CA keeps the node tainted and names it again after the rollout).
+            Claim::Write { absorbed, .. } if let Some(why) = &group.rolling_out => {
+                GroupStep::Done(Claimed::Finished(if absorbed {
+                    Ok(Removed::InDoubt(format!(
+                        "its earlier decrement was absorbed and the group is rolling out ({why}): not lowering replicas again until the rollout ends"
+                    )))
+                } else {
+                    Err(ActuateError::RollingOut {
+                        group: group.id.clone(),
+                        why: why.clone(),
+                    })
+                }))
+            }
             Claim::Write { ledger, absorbed } => {
                 GroupStep::Write(replicas, ledger, Claimed::Ours { absorbed })
             }
