@@ -416,10 +416,19 @@ async fn machine_set_and_machine_pool_groups_scale_through_their_own_scale_subre
         .unwrap()
         .unwrap();
     assert_eq!(found.id, mp_id);
-    rpc.node_group_delete_nodes(&mp_id, vec![node_msg(&pool_ids[1], "p1")])
+    // Without a Machine for the instance, Cluster API cannot be told which one to remove:
+    // refused as CA's in-tree provider refuses it, nothing lowered.
+    let no_machine = rpc
+        .node_group_delete_nodes(&mp_id, vec![node_msg(&pool_ids[1], "p1")])
         .await
-        .unwrap();
-    assert_eq!(ns.replicas(&machine_pools(), "mp").await, 1);
+        .unwrap_err();
+    assert_eq!(no_machine.code(), Code::FailedPrecondition);
+    assert!(
+        no_machine.message().contains("unknown machine for node"),
+        "{}",
+        no_machine.message()
+    );
+    assert_eq!(ns.replicas(&machine_pools(), "mp").await, 2);
     let not_listed = rpc
         .node_group_delete_nodes(&mp_id, vec![node_msg("kwok:////elsewhere", "x")])
         .await

@@ -91,6 +91,17 @@ pub enum ActuateError {
         /// Group id.
         group: String,
     },
+    /// A MachinePool instance without a Machine ("MachinePool Machines" not supported by its
+    /// infrastructure provider): a decrement could remove any instance, not this one.
+    #[error(
+        "unknown machine for node {node:?}: MachinePool {group} has no Machine for it, and lowering its replicas would remove an instance of the infrastructure provider's choosing, not this one"
+    )]
+    NoMachineForInstance {
+        /// Node provider ID.
+        node: String,
+        /// Group id.
+        group: String,
+    },
     /// Replicas of the group were changed by someone else on every attempt.
     #[error(
         "node group {group}: replicas changed concurrently {attempts} times in a row; giving up"

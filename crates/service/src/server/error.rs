@@ -78,6 +78,7 @@ impl ProviderError {
                 | ActuateError::NotMember { .. }
                 | ActuateError::AmbiguousNode { .. }
                 | ActuateError::NotInPool { .. }
+                | ActuateError::NoMachineForInstance { .. }
                 | ActuateError::RemovalRefused { .. }
                 | ActuateError::RollingOut { .. }
                 | ActuateError::UnreadableLedger { .. } => Code::FailedPrecondition,

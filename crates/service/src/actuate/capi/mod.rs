@@ -79,8 +79,8 @@ const BUSY_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 enum Removal {
     /// Mark this Machine, then decrement.
     Machine { namespace: String, name: String },
-    /// MachinePool entry without a Machine: decrement only (the ledger key names the
-    /// instance).
+    /// NodePool instance: decrement only (the ledger key names the instance, which the
+    /// pool's reconciler removes).
     PoolReplica { provider_id: String },
 }
 
@@ -493,6 +493,15 @@ impl CapiActuator {
             .iter()
             .flatten()
             .any(|p| providerid::normalize(p) == providerid::normalize(id));
+        if group.kind == ScalableKind::MachinePool && in_pool {
+            // Nothing in Cluster API reads which instance a MachinePool decrement was for: the
+            // infrastructure provider would remove one of its own choosing. CA's in-tree
+            // provider refuses the same way ("unknown machine for node").
+            return Err(ActuateError::NoMachineForInstance {
+                node: id.into(),
+                group: group.id.clone(),
+            });
+        }
         if group.kind.lists_instances() && in_pool {
             return Ok(Some(Removal::PoolReplica {
                 provider_id: id.to_string(),
