@@ -990,3 +990,89 @@ async fn a_paused_cluster_or_machine_set_hides_its_groups_until_resumed() {
     served(true).await;
     operator.shutdown().await.unwrap();
 }
+
+/// Cluster API's MachineSet deletes machines carrying `cluster.x-k8s.io/delete-machine` first
+/// when replicas drop. One the operator did not set (a person's, or left by another
+/// autoscaler) would take the decrement meant for cluster-autoscaler's node, or for the
+/// unregistered instance of a DecreaseTargetSize: both are refused with nothing written,
+/// and work again once the annotation is gone.
+#[tokio::test]
+async fn a_delete_machine_annotation_the_operator_did_not_set_stops_scale_down_in_its_group() {
+    let ns = TestNs::new("foreignmark").await;
+    let pids = deployment_with_nodes(&ns, "md", 0, 5, 3).await;
+    let (operator, client) = ns.operator().await;
+    let rpc = Rpc::from(client);
+    let id = format!("MachineDeployment/{}/md", ns.name);
+    wait_groups(&rpc.raw(), 1).await;
+    let annotate = |value: Value| {
+        let machines = ns.api(&machines());
+        async move {
+            machines
+                .patch(
+                    "md-m0",
+                    &Default::default(),
+                    &kube::api::Patch::Merge(
+                        json!({"metadata": {"annotations": {DELETE_MACHINE: value}}}),
+                    ),
+                )
+                .await
+                .expect("annotate md-m0");
+        }
+    };
+    annotate(json!("yes")).await;
+    // The watch brings the annotation within milliseconds; no RPC shows it, so wait a little.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let refused = rpc
+        .node_group_delete_nodes(&id, vec![node_msg(&pids[2], "n2")])
+        .await
+        .expect_err("DeleteNodes beside another's delete-machine");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused.message().contains("md-m0") && refused.message().contains("not set by"),
+        "{}",
+        refused.message()
+    );
+    assert_eq!(ns.replicas(&machine_deployments(), "md").await, 3);
+    assert!(
+        !ns.annotations(&machines(), "md-m2")
+            .await
+            .contains_key(DELETE_MACHINE),
+        "nothing marked"
+    );
+    // DecreaseTargetSize for an instance that never registered: the annotated running
+    // machine would go instead.
+    ns.api(&machine_deployments())
+        .patch(
+            "md",
+            &Default::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"replicas": 4}})),
+        )
+        .await
+        .unwrap();
+    let ms = ns.api(&machine_sets()).get("md-ms").await.unwrap();
+    ns.machine("md-pending", &ms, None, None, json!({})).await;
+    eventually("four instances", WAIT, || async {
+        (rpc.node_group_nodes(&id).await.ok()?.len() == 4).then_some(())
+    })
+    .await;
+    let refused = rpc
+        .node_group_decrease_target_size(&id, -1)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("md-m0"), "{}", refused.message());
+    assert_eq!(ns.replicas(&machine_deployments(), "md").await, 4);
+
+    // The person takes the annotation back: both work again.
+    annotate(Value::Null).await;
+    eventually("DecreaseTargetSize accepted", WAIT, || async {
+        rpc.node_group_decrease_target_size(&id, -1).await.ok()
+    })
+    .await;
+    assert_eq!(ns.replicas(&machine_deployments(), "md").await, 3);
+    rpc.node_group_delete_nodes(&id, vec![node_msg(&pids[2], "n2")])
+        .await
+        .expect("DeleteNodes");
+    assert_eq!(ns.replicas(&machine_deployments(), "md").await, 2);
+    operator.shutdown().await.unwrap();
+}

@@ -102,6 +102,17 @@ pub enum ActuateError {
         /// Group id.
         group: String,
     },
+    /// Another Machine of the group carries the delete-machine annotation without this
+    /// operator's mark: Cluster API would delete it first when replicas drop.
+    #[error(
+        "node group {group}: Machine(s) {machines} carry cluster.x-k8s.io/delete-machine, not set by this operator (a person's, or left by another autoscaler); Cluster API deletes such machines first when replicas drop, so no scale-down starts until the annotation is removed or the machine is gone"
+    )]
+    ForeignDeleteMark {
+        /// Group id.
+        group: String,
+        /// `<namespace>/<name>` of each, `, `-separated.
+        machines: String,
+    },
     /// Replicas of the group were changed by someone else on every attempt.
     #[error(
         "node group {group}: replicas changed concurrently {attempts} times in a row; giving up"

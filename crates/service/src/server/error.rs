@@ -79,6 +79,7 @@ impl ProviderError {
                 | ActuateError::AmbiguousNode { .. }
                 | ActuateError::NotInPool { .. }
                 | ActuateError::NoMachineForInstance { .. }
+                | ActuateError::ForeignDeleteMark { .. }
                 | ActuateError::RemovalRefused { .. }
                 | ActuateError::RollingOut { .. }
                 | ActuateError::UnreadableLedger { .. } => Code::FailedPrecondition,

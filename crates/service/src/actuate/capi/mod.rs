@@ -25,6 +25,7 @@ pub use scale_down::Released;
 use super::activity::{ActivityLog, Direction};
 use super::deadline::MutationDeadline;
 use super::error::ActuateError;
+use crate::capi::groups::InstanceState;
 use crate::capi::objects::ScalableKind;
 use crate::capi::scale_down::protocol::{self, Decrement};
 use crate::capi::scale_down::{ScaleDownMark, pool_instance_key};
@@ -184,27 +185,8 @@ impl CapiActuator {
             .group(&group.id)
             .map(|g| g.instances.iter().filter(|i| i.is_real()).count())
             .unwrap_or(0);
-        let _guard = self.lock(&group.id).await;
         let result = self
-            .change_replicas(group, deadline, |current| {
-                let desired = i64::from(current) + i64::from(delta);
-                if desired < existing as i64 {
-                    return Err(ActuateError::WouldDeleteExisting {
-                        group: group.id.clone(),
-                        current,
-                        delta,
-                        existing,
-                    });
-                }
-                if desired < i64::from(group.min) {
-                    return Err(ActuateError::BelowMin {
-                        group: group.id.clone(),
-                        desired,
-                        min: group.min,
-                    });
-                }
-                Ok(desired as i32)
-            })
+            .lower_target(snapshot, group, delta, existing, deadline)
             .await;
         self.report(
             group,
@@ -214,6 +196,47 @@ impl CapiActuator {
             |(from, to)| format!("decreased target size from {from} to {to} (delta {delta})"),
         );
         result.map(|(_, to)| to)
+    }
+
+    /// DecreaseTargetSize's write: (replicas before, after).
+    async fn lower_target(
+        &self,
+        snapshot: &Snapshot,
+        group: &NodeGroup,
+        delta: i32,
+        existing: usize,
+        deadline: &MutationDeadline,
+    ) -> Result<(i32, i32), ActuateError> {
+        // Cluster API would delete an annotated running machine instead of the unregistered
+        // instance CA means.
+        let foreign = foreign_delete_marks(snapshot, group, &[]);
+        if !foreign.is_empty() {
+            return Err(ActuateError::ForeignDeleteMark {
+                group: group.id.clone(),
+                machines: foreign.join(", "),
+            });
+        }
+        let _guard = self.lock_until(group, deadline).await?;
+        self.change_replicas(group, deadline, |current| {
+            let desired = i64::from(current) + i64::from(delta);
+            if desired < existing as i64 {
+                return Err(ActuateError::WouldDeleteExisting {
+                    group: group.id.clone(),
+                    current,
+                    delta,
+                    existing,
+                });
+            }
+            if desired < i64::from(group.min) {
+                return Err(ActuateError::BelowMin {
+                    group: group.id.clone(),
+                    desired,
+                    min: group.min,
+                });
+            }
+            Ok(desired as i32)
+        })
+        .await
     }
 
     /// Deletes specific nodes: for each Machine, claims it in the group's ledger, marks it,
@@ -269,6 +292,32 @@ impl CapiActuator {
         }
         if removals.is_empty() {
             return Ok(Deleted::default());
+        }
+        let named: Vec<String> = removals.iter().map(Removal::ledger_key).collect();
+        let foreign = foreign_delete_marks(snapshot, group, &named);
+        if !foreign.is_empty() {
+            let error = ActuateError::ForeignDeleteMark {
+                group: group.id.clone(),
+                machines: foreign.join(", "),
+            };
+            // A named machine that already carries our mark keeps it (an error would let CA
+            // untaint a machine that may go): OK in doubt, nothing lowered.
+            let ours = |r: &Removal| match r {
+                Removal::Machine { namespace, name } => snapshot
+                    .machines
+                    .get(&format!("{namespace}/{name}"))
+                    .and_then(|m| m.scale_down.as_ref().map(|mark| mark.is_mark()))
+                    .unwrap_or(false),
+                Removal::PoolReplica { .. } => false,
+            };
+            if !removals.iter().any(ours) {
+                return Err(error);
+            }
+            tracing::warn!(group = %group.id, %error, "answering OK in doubt: a named machine carries an earlier mark");
+            return Ok(Deleted {
+                in_doubt: named.iter().map(|key| format!("{key}: {error}")).collect(),
+                ..Deleted::default()
+            });
         }
         let (live, ledger) = self.live_state(group).await?;
         let needed = removals
@@ -772,4 +821,22 @@ impl CapiActuator {
             ),
         );
     }
+}
+
+/// Machines of `group` not being deleted, other than those `named` (by name), that carry the
+/// delete-machine annotation without this operator's live mark: a person's, or left by another
+/// autoscaler. Cluster API deletes them first when replicas drop, whatever a decrement was for.
+fn foreign_delete_marks(snapshot: &Snapshot, group: &NodeGroup, named: &[String]) -> Vec<String> {
+    let mut found: Vec<String> = group
+        .instances
+        .iter()
+        .filter(|i| i.state != InstanceState::Deleting)
+        .filter_map(|i| snapshot.machines.get(i.machine.as_deref()?))
+        .filter(|m| !m.deleting && m.marked_for_deletion && !named.contains(&m.name))
+        .filter(|m| !m.scale_down.as_ref().is_some_and(|mark| mark.is_mark()))
+        .map(|m| format!("{}/{}", m.namespace, m.name))
+        .collect();
+    found.sort();
+    found.dedup();
+    found
 }
