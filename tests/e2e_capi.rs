@@ -26,6 +26,7 @@ use ngo_sandbox::environment::process_sandbox as e2e;
 use ngo_sandbox::infra_provider::{
     self, InfraProvider, NEVER_REGISTER_ANNOTATION, PROVISION_DELAY_ANNOTATION,
 };
+use ngo_sandbox::stall::Stall;
 use nodegroup_operator::proto::ExternalGrpcNode;
 use nodegroup_operator::runtime::{self, Running};
 use serde_json::{Value, json};
@@ -713,12 +714,14 @@ async fn scale_down_deletes_exactly_the_requested_machine_and_node() {
     env.shutdown().await;
 }
 
-/// The sequence an outside review ran by hand: `a`'s decrement is applied while its
-/// MachineSet is paused, replicas are raised before Cluster API acts (the decrement is
-/// absorbed), and a minute later cluster-autoscaler names `a` again. An error there made CA
-/// untaint `a` and fill it, and the group's next decrement deleted it with its pods. Now the
-/// operator lowers replicas again for `a` (as CA's in-tree provider does) and answers OK, and
-/// Cluster API deletes `a` and nothing else.
+/// The sequence an outside review ran by hand: `a`'s decrement is applied while Cluster API
+/// does not act (the review paused the MachineSet; a paused MachineSet now pauses the group, so
+/// here the API server holds MachineSet replicas, as a stalled Cluster API would), replicas are
+/// raised before Cluster API acts (the decrement is absorbed), and a minute later
+/// cluster-autoscaler names `a` again. An error there made CA untaint `a` and fill it, and the
+/// group's next decrement deleted it with its pods. Now the operator lowers replicas again for
+/// `a` (as CA's in-tree provider does) and answers OK, and Cluster API deletes `a` and nothing
+/// else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_absorbed_decrement_is_lowered_again_when_the_machine_is_named_again() {
     let env = Env::new("absorbed").await;
@@ -733,29 +736,22 @@ async fn an_absorbed_decrement_is_lowered_again_when_the_machine_is_named_again(
     named.sort_by(|x, y| x.0.cmp(&y.0));
     let (a_machine, a_node) = named[0].clone();
     let machine_sets = env.ns.api(&capi::machine_sets());
-    let set_paused = |paused: bool| {
+    let set_replicas = || {
         let machine_sets = machine_sets.clone();
         async move {
             let sets = machine_sets
                 .list(&ListParams::default())
                 .await
                 .expect("machine sets");
-            let value = if paused { json!("true") } else { Value::Null };
-            for set in sets.items {
-                let patch =
-                    json!({"metadata": {"annotations": {"cluster.x-k8s.io/paused": value}}});
-                machine_sets
-                    .patch(
-                        &set.name_any(),
-                        &kube::api::PatchParams::default(),
-                        &kube::api::Patch::Merge(&patch),
-                    )
-                    .await
-                    .expect("pause the MachineSet");
-            }
+            sets.items
+                .iter()
+                .map(|s| s.data["spec"]["replicas"].as_i64().unwrap_or(0))
+                .collect::<Vec<i64>>()
         }
     };
-    set_paused(true).await;
+    let stall = Stall::machine_set_replicas(&env.ns.client, &env.ns.name)
+        .await
+        .expect("stall Cluster API");
     let first = Instant::now();
     env.delete_nodes_as_ca(&id, vec![ca_node(&a_node)])
         .await
@@ -763,26 +759,8 @@ async fn an_absorbed_decrement_is_lowered_again_when_the_machine_is_named_again(
     assert_eq!(env.replicas(&capi::machine_deployments(), "md").await, 2);
     env.increase_size(&id, 1).await.expect("IncreaseSize");
     assert_eq!(env.replicas(&capi::machine_deployments(), "md").await, 3);
-    // The MachineDeployment controller passes the raise on to the paused MachineSet; only then
-    // is the decrement absorbed (unpaused earlier, the MachineSet would still act on it).
-    poll("the MachineSet back at 3 replicas", WAIT, || async {
-        let sets = machine_sets
-            .list(&ListParams::default())
-            .await
-            .expect("machine sets");
-        let replicas: Vec<i64> = sets
-            .items
-            .iter()
-            .map(|s| s.data["spec"]["replicas"].as_i64().unwrap_or(0))
-            .collect();
-        if replicas == [3] {
-            Ok(())
-        } else {
-            Err(format!("MachineSet replicas {replicas:?}"))
-        }
-    })
-    .await;
-    set_paused(false).await;
+    assert_eq!(set_replicas().await, [3], "Cluster API never acted");
+    stall.resume().await.expect("resume Cluster API");
     env.log("decrement absorbed: replicas raised back to 3 before Cluster API acted");
     // Past the grace Cluster API has to act, as cluster-autoscaler's second pick comes minutes
     // later: the machine stays, annotated.

@@ -33,6 +33,7 @@ pub mod process;
 pub mod proxy;
 pub mod soak;
 pub mod stack;
+pub mod stall;
 pub mod workload;
 pub mod workload_cluster;
 pub mod world;

@@ -49,8 +49,11 @@ pub const LEDGER_MAX_ENTRIES: usize = 1000;
 /// released request stopped writing long before.
 pub const RELEASED_RETENTION_SECS: i64 = 600;
 
-/// Who marked a Machine for deletion, and until when that request may complete.
+/// Who marked a Machine for deletion, and until when that request may complete. A field this
+/// build does not know makes the record unreadable, as a newer operator's is: it is left to
+/// that operator, and counts as someone else's delete-machine annotation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ScaleDownMark {
     /// Request id ([`request_id`]).
     pub request: String,
@@ -92,8 +95,11 @@ impl ScaleDownMark {
     }
 }
 
-/// One ledger entry: a claim, or an applied decrement.
+/// One ledger entry: a claim, or an applied decrement. A field this build does not know makes
+/// the entry, and so the ledger, unreadable: a newer operator's meaning is not dropped on a
+/// rewrite.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LedgerEntry {
     /// The request that claimed the machine, or applied its decrement.
     #[serde(rename = "r")]
@@ -137,19 +143,66 @@ impl LedgerEntry {
 )]
 pub struct UnreadableLedger(pub String);
 
-/// Machines (by name; MachinePool and NodePool instances without a Machine by
-/// `pid:<providerID>`) whose decrement was applied to the scalable resource carrying this
-/// ledger, or is claimed.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
+/// The ledger format this build writes, and the newest it reads. Format 1 is the one before
+/// versioning (no [`LEDGER_FORMAT_KEY`]), with the same fields; 2 adds the key.
+pub const LEDGER_FORMAT: u64 = 2;
+
+/// The ledger's key for its format. `#` is in no Kubernetes object name, so it is no
+/// machine's key; an operator from before versioning fails to read its number as an entry and
+/// refuses the ledger rather than rewriting what it does not understand.
+pub const LEDGER_FORMAT_KEY: &str = "#v";
+
+/// Machines (by name; NodePool instances by `pid:<providerID>`) whose decrement was applied to
+/// the scalable resource carrying this ledger, or is claimed. Its annotation value is a JSON
+/// object: [`LEDGER_FORMAT_KEY`] and one [`LedgerEntry`] per machine.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Ledger {
     entries: BTreeMap<String, LedgerEntry>,
 }
 
+impl Serialize for Ledger {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.entries.len() + 1))?;
+        map.serialize_entry(LEDGER_FORMAT_KEY, &LEDGER_FORMAT)?;
+        for (key, entry) in &self.entries {
+            map.serialize_entry(key, entry)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Ledger {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut raw = BTreeMap::<String, serde_json::Value>::deserialize(deserializer)?;
+        let format = match raw.remove(LEDGER_FORMAT_KEY) {
+            None => 1,
+            Some(value) => value.as_u64().ok_or_else(|| {
+                serde::de::Error::custom(format!("format {value} is not a version number"))
+            })?,
+        };
+        if format > LEDGER_FORMAT {
+            return Err(serde::de::Error::custom(format!(
+                "written by a newer nodegroup-operator (ledger format {format}; this one reads up to {LEDGER_FORMAT}): run the newer version on every replica"
+            )));
+        }
+        let entries = raw
+            .into_iter()
+            .map(|(key, value)| {
+                serde_json::from_value(value)
+                    .map(|entry| (key.clone(), entry))
+                    .map_err(|e| serde::de::Error::custom(format!("entry {key:?}: {e}")))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { entries })
+    }
+}
+
 impl Ledger {
     /// Parses the annotation value; a missing annotation is an empty ledger. A value we
-    /// cannot read is an error: deciding on it as if empty could lower replicas twice for a
-    /// machine, or release a claim whose decrement happened.
+    /// cannot read (not a ledger, or one written by a newer format) is an error: deciding on
+    /// it as if empty could lower replicas twice for a machine, or release a claim whose
+    /// decrement happened.
     pub fn read(value: Option<&str>) -> Result<Self, UnreadableLedger> {
         match value {
             None => Ok(Self::default()),
@@ -381,6 +434,46 @@ mod tests {
         let old: BTreeMap<String, serde_json::Value> =
             serde_json::from_str(&ledger.to_annotation()).unwrap();
         assert_eq!(old["m1"]["r"], "r1");
+    }
+
+    /// Mixed versions during an upgrade or a rollback: a ledger from before versioning is
+    /// read; one from a newer format, or with an entry field this build does not know, is
+    /// refused (not rewritten without what it does not understand); and an operator from
+    /// before versioning, reading this build's ledger, refuses it too.
+    #[test]
+    fn ledgers_of_other_versions_are_read_or_refused_never_rewritten_lossily() {
+        let unversioned = r#"{"m1":{"r":"r1","t":100},"m2":{"r":"r2","t":100,"p":160}}"#;
+        let ledger = Ledger::read(Some(unversioned)).expect("format 1");
+        assert!(ledger.get("m1").is_some());
+        assert_eq!(ledger.claim().map(|(k, _)| k), Some("m2"));
+        let written = ledger.to_annotation();
+        assert!(written.starts_with(r##"{"#v":2,"##), "{written}");
+        assert_eq!(Ledger::read(Some(&written)), Ok(ledger));
+
+        let newer = r##"{"#v":3,"m1":{"r":"r1","t":100}}"##;
+        let error = Ledger::read(Some(newer)).expect_err("a newer format");
+        assert!(
+            error.to_string().contains("newer nodegroup-operator"),
+            "{error}"
+        );
+        let unknown_field = r##"{"#v":2,"m1":{"r":"r1","t":100,"z":true}}"##;
+        let error = Ledger::read(Some(unknown_field)).expect_err("an unknown field");
+        assert!(error.to_string().contains("unknown field"), "{error}");
+
+        // How the previous release read a ledger: a map of entries, unknown fields ignored.
+        #[derive(Deserialize)]
+        #[allow(dead_code)]
+        struct PreviousEntry {
+            r: String,
+            t: i64,
+        }
+        assert!(
+            serde_json::from_str::<BTreeMap<String, PreviousEntry>>(&written).is_err(),
+            "an operator from before versioning must refuse this ledger"
+        );
+
+        let mark = r#"{"request":"r","group":"g","deadline":1,"lease":"x"}"#;
+        assert_eq!(ScaleDownMark::parse(mark), None, "a newer mark is not ours");
     }
 
     #[test]
