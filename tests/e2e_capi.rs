@@ -768,6 +768,18 @@ async fn an_absorbed_decrement_is_lowered_again_when_the_machine_is_named_again(
     tokio::time::sleep(grace.saturating_sub(first.elapsed())).await;
     let machines: Vec<String> = env.machines().await.iter().map(|m| m.name_any()).collect();
     assert!(machines.contains(&a_machine), "{machines:?}");
+    // The leader's sweeper reports the decrement Cluster API has not acted on.
+    let admin = env.operator.as_ref().expect("operator").admin_address;
+    let unacted = format!("nodegroup_scale_down_decrements_unacted{{node_group=\"{id}\"}} 1");
+    poll("the unacted decrement reported", WAIT, || async {
+        let (_, body) = support::http_get(admin, "/metrics").await;
+        if body.contains(&unacted) {
+            Ok(())
+        } else {
+            Err("not reported yet".to_string())
+        }
+    })
+    .await;
     env.delete_nodes_as_ca(&id, vec![ca_node(&a_node)])
         .await
         .expect("naming an absorbed machine again is no error");

@@ -46,6 +46,7 @@ fn machine(name: &str, provider_id: Option<&str>, node: Option<&str>) -> Machine
         phase: None,
         failure_message: None,
         deleting: false,
+        scale_down_finalizer: false,
     }
 }
 

@@ -37,6 +37,7 @@ fn group(id: &str) -> NodeGroup {
         warnings: vec![],
         scale_down_claim: None,
         rolling_out: None,
+        applied_decrements: Vec::new(),
     }
 }
 

@@ -1233,7 +1233,10 @@ fn operator_exposition() -> support::promql::Exposition {
     metrics.observe_backend_call("cherryServers", "create", "ok");
     metrics.set_backend_available("ns/pool", true);
     metrics.set_certificate_expiry("serving", 1_900_000_000);
-    metrics.observe_sweep(&nodegroup_operator::metrics::SweepCounts::default());
+    metrics.observe_sweep(&nodegroup_operator::metrics::SweepCounts {
+        unacted: vec![("MachineDeployment/ns/md".into(), 1)],
+        ..Default::default()
+    });
     let mut snapshot = build_snapshot(&IndexInputs::default());
     snapshot.workload.insert(
         ClusterKey {
@@ -1269,6 +1272,7 @@ fn operator_exposition() -> support::promql::Exposition {
         }],
         scale_down_claim: None,
         rolling_out: None,
+        applied_decrements: Vec::new(),
     };
     snapshot
         .groups
@@ -1311,6 +1315,7 @@ fn alerts_name_only_metrics_the_operator_exports() {
         "NodegroupOperatorNoLeader",
         "NodegroupOperatorRpcErrors",
         "NodegroupOperatorStrandedScaleDownMarks",
+        "NodegroupOperatorScaleDownNotActedOn",
         "NodegroupOperatorWorkloadClusterUnreachable",
         "NodegroupOperatorBackendUnavailable",
         "NodegroupOperatorCertificateExpiringSoon",

@@ -76,7 +76,7 @@ pub fn grpc_code_name(code: tonic::Code) -> &'static str {
 }
 
 /// What one sweep of expired scale-down records came to, as the metrics count it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SweepCounts {
     /// Marks whose decrement had happened (record cleared).
     pub completed: usize,
@@ -86,6 +86,9 @@ pub struct SweepCounts {
     pub rolled_forward: usize,
     /// Records left unresolved this time (retried next sweep).
     pub unresolved: usize,
+    /// Per group: applied decrements whose Machine still stands, not deleting, more than
+    /// [`crate::actuate::CONSUME_GRACE_SECS`] after (Cluster API has not acted on them).
+    pub unacted: Vec<(String, usize)>,
 }
 
 /// A gauge family whose series are replaced as a whole, from each snapshot, without a moment
@@ -146,6 +149,7 @@ pub struct Metrics {
     marks_rolled_back: OutcomeCounter,
     marks_rolled_forward: OutcomeCounter,
     marks_unresolved: Gauge,
+    decrements_unacted: GaugeSeries<GroupLabels>,
     workload_reachable: GaugeSeries<ClusterLabels>,
     leader: Gauge,
     backend_calls: Family<BackendCallLabels, Counter>,
@@ -317,6 +321,12 @@ impl Metrics {
             "Scale-down claims and marks the last sweep could not resolve (API errors, unreadable ledgers); alert when it stays above 0",
             marks_unresolved.clone(),
         );
+        let decrements_unacted = GaugeSeries::new();
+        registry.register(
+            "scale_down_decrements_unacted",
+            "Per group: applied scale-down decrements whose Machine still stands, not deleting, more than a minute later (Cluster API paused, down, or replicas raised meanwhile); set by the leader's sweeper",
+            decrements_unacted.family(),
+        );
         let workload_reachable = GaugeSeries::new();
         registry.register(
             "workload_cluster_reachable",
@@ -369,6 +379,7 @@ impl Metrics {
             marks_rolled_back,
             marks_rolled_forward,
             marks_unresolved,
+            decrements_unacted,
             registry: root,
         }
     }
@@ -511,6 +522,20 @@ impl Metrics {
         self.marks_rolled_forward
             .inc_by(sweep.rolled_forward as u64);
         self.marks_unresolved.set(saturating_i64(sweep.unresolved));
+        self.decrements_unacted.replace(
+            sweep
+                .unacted
+                .iter()
+                .map(|(group, n)| {
+                    (
+                        GroupLabels {
+                            node_group: group.clone(),
+                        },
+                        saturating_i64(*n),
+                    )
+                })
+                .collect(),
+        );
     }
 
     /// The text exposition of every metric.
@@ -902,6 +927,7 @@ mod tests {
             warnings: Vec::new(),
             scale_down_claim: None,
             rolling_out: None,
+            applied_decrements: Vec::new(),
         }
     }
 

@@ -320,6 +320,7 @@ mod tests {
             warnings: vec![],
             scale_down_claim: None,
             rolling_out: None,
+            applied_decrements: Vec::new(),
         };
         assert_eq!(node_hourly(&group), None);
         group.pricing = Some(PriceList {

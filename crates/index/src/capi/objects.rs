@@ -324,6 +324,8 @@ pub struct Machine {
     pub failure_message: Option<String>,
     /// True when the object has a deletion timestamp.
     pub deleting: bool,
+    /// Carries this operator's scale-down finalizer.
+    pub scale_down_finalizer: bool,
 }
 
 impl Machine {
@@ -359,6 +361,11 @@ impl Machine {
             phase: str_at(status, &["phase"]).map(String::from),
             failure_message,
             deleting: meta.deletion_timestamp.is_some(),
+            scale_down_finalizer: meta
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == crate::capi::scale_down::FINALIZER),
         }
     }
 

@@ -263,6 +263,7 @@ pub(super) fn assess(
         node_capacity: BTreeMap::new(),
         warnings,
         scale_down_claim: crate::capi::scale_down::claim_of(&r.annotations),
+        applied_decrements: crate::capi::scale_down::applied_of(&r.annotations),
         rolling_out: None,
     }))
 }

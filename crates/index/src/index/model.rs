@@ -127,6 +127,10 @@ pub struct NodeGroup {
     /// The group's scale-down claim (machine key and entry), from its ledger: the sweeper
     /// releases it once expired.
     pub scale_down_claim: Option<(String, crate::capi::scale_down::LedgerEntry)>,
+    /// Applied decrements in its ledger: (machine key, unix seconds when applied). One whose
+    /// Machine still stands, not deleting, long after is a decrement Cluster API has not acted
+    /// on (paused, down, or replicas raised meanwhile).
+    pub applied_decrements: Vec<(String, i64)>,
     /// A MachineDeployment rolling out: why (an older MachineSet still has replicas). The
     /// MachineDeployment controller, not the delete-machine annotation, chooses which
     /// MachineSet takes a decrement then, so no new scale-down starts.
@@ -240,6 +244,11 @@ pub struct MachineEntry {
     pub marked_for_deletion: bool,
     /// The scale-down request that marked it, when this operator did.
     pub scale_down: Option<crate::capi::scale_down::ScaleDownMark>,
+    /// It carries a scale-down record this build cannot read (another version's, or a
+    /// damaged one).
+    pub unreadable_mark: bool,
+    /// It carries this operator's scale-down finalizer.
+    pub scale_down_finalizer: bool,
     /// `spec.clusterName`: the Cluster (in `namespace`) it belongs to.
     pub cluster_name: String,
 }

@@ -816,6 +816,11 @@ impl IndexState {
                 .annotations
                 .get(scale_down::MARK_ANNOTATION)
                 .and_then(|v| scale_down::ScaleDownMark::parse(v)),
+            unreadable_mark: m
+                .annotations
+                .get(scale_down::MARK_ANNOTATION)
+                .is_some_and(|v| scale_down::ScaleDownMark::parse(v).is_none()),
+            scale_down_finalizer: m.scale_down_finalizer,
             cluster_name: m.cluster_name.clone(),
         }
     }

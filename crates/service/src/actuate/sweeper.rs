@@ -41,6 +41,8 @@ pub struct SweepReport {
     pub rolled_forward: usize,
     /// Records that could not be resolved this time (API errors); retried next sweep.
     pub failed: usize,
+    /// Per group: applied decrements Cluster API has not acted on (see [`unacted`]).
+    pub unacted: Vec<(String, usize)>,
 }
 
 impl SweepReport {
@@ -82,6 +84,9 @@ pub async fn sweep(actuator: &CapiActuator, snapshot: &Snapshot, margin: i64) ->
     }
     for machine in snapshot.machines.values() {
         let Some(mark) = &machine.scale_down else {
+            if machine.scale_down_finalizer {
+                sweep_stray_finalizer(actuator, machine, &mut report).await;
+            }
             continue;
         };
         // Only marks that may need something: expired ones and old released records (the
@@ -104,7 +109,58 @@ pub async fn sweep(actuator: &CapiActuator, snapshot: &Snapshot, margin: i64) ->
             ),
         );
     }
+    report.unacted = unacted(snapshot, now);
     report
+}
+
+/// Per group with any: applied decrements whose Machine still stands, not deleting, more
+/// than [`crate::actuate::CONSUME_GRACE_SECS`] after they were applied. Cluster API deletes
+/// a marked Machine within seconds; one it has not is paused, down, or had its decrement
+/// absorbed (replicas raised meanwhile), and cluster-autoscaler holds its node tainted.
+pub fn unacted(snapshot: &Snapshot, now: i64) -> Vec<(String, usize)> {
+    snapshot
+        .groups
+        .values()
+        .filter_map(|group| {
+            let n = group
+                .applied_decrements
+                .iter()
+                .filter(|(machine, at)| {
+                    now.saturating_sub(*at) > crate::actuate::CONSUME_GRACE_SECS
+                        && snapshot
+                            .machines
+                            .get(&format!("{}/{machine}", group.namespace))
+                            .is_some_and(|m| !m.deleting)
+                })
+                .count();
+            (n > 0).then(|| (group.id.clone(), n))
+        })
+        .collect()
+}
+
+/// Our finalizer on a Machine without a record of ours: removed when the record is missing;
+/// left, and counted unresolved, beside a record this build cannot read (another version's
+/// protocol state, which only that version may resolve).
+async fn sweep_stray_finalizer(
+    actuator: &CapiActuator,
+    machine: &crate::index::MachineEntry,
+    report: &mut SweepReport,
+) {
+    let what = format!(
+        "scale-down finalizer on Machine {}/{}",
+        machine.namespace, machine.name
+    );
+    if machine.unreadable_mark {
+        report.failed += 1;
+        tracing::warn!(machine = %format!("{}/{}", machine.namespace, machine.name),
+            "the scale-down record beside our finalizer is not one this version can read (another version's, or damaged); leaving both to the version that wrote it");
+        return;
+    }
+    report.expired += 1;
+    let result = actuator
+        .drop_stray_finalizer(&machine.namespace, &machine.name, machine.group.as_deref())
+        .await;
+    report.count(result, &what);
 }
 
 /// Sweeps for one leadership term (see `runtime::leader::while_leading`): once at its start,
@@ -133,6 +189,7 @@ pub async fn run(
             rolled_back: report.rolled_back,
             rolled_forward: report.rolled_forward,
             unresolved: report.failed,
+            unacted: report.unacted.clone(),
         });
         if report.expired > 0 {
             tracing::info!(?report, "swept expired scale-down marks");

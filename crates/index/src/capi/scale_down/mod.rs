@@ -358,6 +358,20 @@ pub fn claim_of(annotations: &BTreeMap<String, String>) -> Option<(String, Ledge
     ledger.claim().map(|(k, e)| (k.to_string(), e.clone()))
 }
 
+/// The applied decrements in the ledger among a scalable resource's `annotations`: (machine
+/// key, unix seconds when applied); none for an unreadable ledger.
+pub fn applied_of(annotations: &BTreeMap<String, String>) -> Vec<(String, i64)> {
+    Ledger::read(annotations.get(LEDGER_ANNOTATION).map(String::as_str))
+        .map(|ledger| {
+            ledger
+                .entries()
+                .filter(|(_, e)| !e.is_claim())
+                .map(|(k, e)| (k.to_string(), e.at))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The ledger key of a MachinePool instance that has no Machine.
 pub fn pool_instance_key(provider_id: &str) -> String {
     format!("pid:{provider_id}")

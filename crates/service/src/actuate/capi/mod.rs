@@ -701,6 +701,39 @@ impl CapiActuator {
         Ok(released.into())
     }
 
+    /// Removes our finalizer from Machine `namespace/name` of `group` when it carries no
+    /// scale-down record (removed by hand, or a write cut short) and no claim of the group
+    /// names it: nothing else would remove it, and Cluster API could never finish deleting
+    /// the Machine. A claim naming it is left to its release.
+    pub async fn drop_stray_finalizer(
+        &self,
+        namespace: &str,
+        name: &str,
+        group: Option<&str>,
+    ) -> Result<Resolution, ActuateError> {
+        if let Some(group) = group.and_then(GroupKey::parse)
+            && self
+                .ledger_of(&group)
+                .await?
+                .is_some_and(|l| l.entry(name).is_some_and(|e| e.is_claim()))
+        {
+            return Ok(Resolution::Unchanged);
+        }
+        self.update_machine(namespace, name, None, |machine| {
+            Ok(match machine {
+                Some(m) if m.finalizer && m.mark.is_none() => marks::MachineStep::Write(
+                    marks::MachinePatch {
+                        finalizer: Some(false),
+                        ..marks::MachinePatch::default()
+                    },
+                    Resolution::Completed,
+                ),
+                _ => marks::MachineStep::Done(Resolution::Unchanged),
+            })
+        })
+        .await
+    }
+
     /// Resolves the record `mark` on Machine `namespace/name` against its group's ledger:
     /// clears it once the decrement is applied, releases a mark whose request holds no
     /// claim once it expired, and removes old released records.
