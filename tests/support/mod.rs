@@ -98,7 +98,7 @@ async fn create_no_scale_role(client: &Client) -> anyhow::Result<()> {
     let role: ClusterRole = serde_json::from_value(json!({
         "metadata": {"name": "ngo-no-scale"},
         "rules": [
-            {"apiGroups": ["cluster.x-k8s.io"], "resources": ["machinedeployments", "machinesets", "machinepools"],
+            {"apiGroups": ["cluster.x-k8s.io"], "resources": ["machinedeployments", "machinesets", "machinepools", "clusters"],
              "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"],
              "verbs": ["get", "list", "watch", "patch", "update"]},
