@@ -11,7 +11,7 @@ DEMO_PEERS ?= etcd kube capi kwok cluster-autoscaler
 # What `make bench` needs.
 BENCH_PEERS ?= etcd kube capi cluster-autoscaler example-server
 
-.PHONY: all build test unit e2e safety soak lint fmt crds upstream demo demo-cherry sandbox bench fuzz clean-upstream compat
+.PHONY: all build test unit e2e safety soak chaos lint fmt crds upstream demo demo-cherry sandbox bench fuzz clean-upstream compat
 
 all: build
 
@@ -125,6 +125,16 @@ soak:
 	$(UPSTREAM) $(DEMO_PEERS)
 	$(CARGO) build --locked --workspace --bins
 	./target/debug/ngo-sandbox soak --minutes $${SOAK_MINUTES:-10} --fault-rate $${SOAK_FAULT_RATE:-0.05}
+
+## Chaos with the real cluster-autoscaler 1.36.1 deciding (ngo_sandbox::chaos): CHAOS_MINUTES
+## (30) of workloads coming and going and seeded outside actions (CHAOS_SEED, random when
+## unset), every Machine deletion judged by CA's own answers; fails on any U1 violation or fewer
+## than CHAOS_MIN_SCALE_DOWNS (100) scale-downs. Writes target/chaos/results.json. `make test`
+## runs a short seeded round (tests/e2e_ca.rs).
+chaos:
+	$(UPSTREAM) $(DEMO_PEERS)
+	$(CARGO) build --locked --workspace --bins
+	./target/debug/ngo-sandbox chaos --minutes $${CHAOS_MINUTES:-30} --min-scale-downs $${CHAOS_MIN_SCALE_DOWNS:-100} $${CHAOS_SEED:+--seed $$CHAOS_SEED}
 
 ## A sandbox that stays up (Ctrl-C or `./target/debug/ngo-sandbox down` stops it).
 sandbox:

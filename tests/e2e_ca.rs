@@ -1307,3 +1307,39 @@ async fn compat_ca_binaries() {
         );
     }
 }
+
+/// A short seeded round of `make chaos`: cluster-autoscaler 1.36.1 scales two
+/// MachineDeployments under workloads that come and go while pauses, a stalled Cluster API,
+/// replicas raised by hand, a person's delete-machine, operator kills, CA restarts and faulted
+/// writes happen. No Machine may be deleted while CA's latest answer for its node was an error,
+/// its node untainted or still running pods (U1, judged by CA's own answers through the tap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_seeded_chaos_round_deletes_no_node_cluster_autoscaler_did_not_give_up() {
+    let options = ngo_sandbox::chaos::ChaosOptions {
+        duration: Duration::from_secs(180),
+        seed: 20_261_127,
+        groups: 2,
+        action_interval: Duration::from_secs(5),
+        fault_rate: 0.02,
+    };
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_nodegroup-operator"));
+    let results = ngo_sandbox::chaos::run(sandbox(), &binary, &options)
+        .await
+        .expect("chaos round");
+    eprintln!(
+        "chaos: {} scale-downs, {} DeleteNodes errors, {} machines deleted, actions {:?}, faults {:?}, residue {:?}, by a person {:?}",
+        results.scale_downs,
+        results.delete_nodes_errors,
+        results.machines_deleted,
+        results.actions,
+        results.faults_injected,
+        results.residue,
+        results.by_person
+    );
+    assert!(results.violations.is_empty(), "{:#?}", results.violations);
+    assert!(
+        results.scale_downs > 0,
+        "cluster-autoscaler scaled nothing down"
+    );
+    assert!(results.actions.len() >= 5, "{:?}", results.actions);
+}

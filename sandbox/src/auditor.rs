@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiResource;
 use kube::runtime::watcher;
@@ -54,7 +54,17 @@ struct Record {
     answers: BTreeMap<String, Answer>,
     /// Node names whose Machine is being deleted.
     deleting: BTreeSet<String>,
+    /// Nodes answered OK whose taint a restart of cluster-autoscaler removed (its start-up
+    /// clean-up): deleted untainted afterwards, that is the documented residue of U1, which no
+    /// provider can close, not a violation.
+    cleaned_by_restart: BTreeSet<String>,
     violations: Vec<String>,
+    residue: Vec<String>,
+    /// Machines a person annotated with delete-machine: their deletion is that person's.
+    excused: BTreeSet<String>,
+    by_person: Vec<String>,
+    /// Machines seen deleting.
+    deleted: usize,
 }
 
 /// The auditor of one namespace's Machines; stops watching when dropped.
@@ -70,6 +80,7 @@ impl DeletionAuditor {
         let record = Arc::new(Mutex::new(Record::default()));
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, machines);
         let nodes: Api<Node> = Api::all(client.clone());
+        let pods: Api<Pod> = Api::all(client.clone());
         let shared = record.clone();
         let watch = tokio::spawn(async move {
             let mut seen: BTreeSet<String> = BTreeSet::new();
@@ -88,14 +99,35 @@ impl DeletionAuditor {
                 };
                 let node = nodes.get_opt(node_name).await.ok().flatten();
                 let tainted = node.as_ref().is_some_and(is_tainted);
+                let undrained = match node {
+                    Some(_) => undrained_pods(&pods, node_name).await,
+                    None => Vec::new(),
+                };
                 let mut record = lock(&shared);
+                record.deleted += 1;
                 record.deleting.insert(node_name.to_string());
                 let latest = record.answers.get(node_name).copied();
-                if let Some(why) = violation(node.is_some(), latest, tainted) {
-                    record.violations.push(format!(
+                let restarted = record.cleaned_by_restart.contains(node_name);
+                let mut why = violation(node.is_some(), latest, tainted);
+                if why.is_none() && !undrained.is_empty() {
+                    why = Some(format!(
+                        "its node still runs pods CA did not drain: {undrained:?}"
+                    ));
+                }
+                if let Some(why) = why {
+                    let line = format!(
                         "Machine {} (node {node_name}) deleted: {why}",
                         machine.name_any()
-                    ));
+                    );
+                    if record.excused.contains(&machine.name_any()) {
+                        record.by_person.push(line);
+                    } else if restarted && latest == Some(Answer::Ok) {
+                        record.residue.push(format!(
+                            "{line} (its taint was removed by a restart of cluster-autoscaler)"
+                        ));
+                    } else {
+                        record.violations.push(line);
+                    }
                 }
             }
         });
@@ -145,6 +177,66 @@ impl DeletionAuditor {
         lock(&self.record).violations.clone()
     }
 
+    /// Deletions of nodes whose taint a restart of cluster-autoscaler removed after an OK
+    /// (see [`DeletionAuditor::ca_restarted`]).
+    pub fn residue(&self) -> Vec<String> {
+        lock(&self.record).residue.clone()
+    }
+
+    /// Deletions of Machines passed to [`DeletionAuditor::excuse`].
+    pub fn by_person(&self) -> Vec<String> {
+        lock(&self.record).by_person.clone()
+    }
+
+    /// Machine `name` carries a person's delete-machine annotation: its deletion is theirs.
+    pub fn excuse(&self, name: &str) {
+        lock(&self.record).excused.insert(name.to_string());
+    }
+
+    /// How many Machines were seen starting to be deleted.
+    pub fn deleted(&self) -> usize {
+        lock(&self.record).deleted
+    }
+
+    /// A real cluster-autoscaler (which taints and untaints by itself) sent a DeleteNodes
+    /// naming `nodes`: its answer is pending.
+    pub fn asked(&self, nodes: &[String]) {
+        let mut record = lock(&self.record);
+        for name in nodes {
+            record.answers.insert(name.clone(), Answer::Pending);
+            record.cleaned_by_restart.remove(name);
+        }
+    }
+
+    /// A real cluster-autoscaler heard `ok` for its DeleteNodes naming `nodes` (it untaints
+    /// them itself on an error). An error for a node whose Machine is being deleted is a
+    /// violation.
+    pub fn heard(&self, nodes: &[String], ok: bool) {
+        let answer = if ok { Answer::Ok } else { Answer::Error };
+        let mut record = lock(&self.record);
+        for name in nodes {
+            record.answers.insert(name.clone(), answer);
+            if !ok && record.deleting.contains(name) {
+                record.violations.push(format!(
+                    "CA got an error for node {name} whose Machine is being deleted"
+                ));
+            }
+        }
+    }
+
+    /// cluster-autoscaler restarted: its start-up clean-up removes the taint of every node it
+    /// was answered OK for.
+    pub fn ca_restarted(&self) {
+        let mut record = lock(&self.record);
+        let ok: Vec<String> = record
+            .answers
+            .iter()
+            .filter(|(_, a)| **a == Answer::Ok)
+            .map(|(n, _)| n.clone())
+            .collect();
+        record.cleaned_by_restart.extend(ok);
+    }
+
     async fn set_taint(&self, name: &str, present: bool) {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let Ok(Some(node)) = nodes.get_opt(name).await else {
@@ -178,6 +270,28 @@ impl Drop for DeletionAuditor {
     fn drop(&mut self) {
         self.watch.abort();
     }
+}
+
+/// Pods bound to `node` that CA would have evicted before deleting it: not terminating, not
+/// finished, not of a DaemonSet, not mirror pods.
+async fn undrained_pods(pods: &Api<Pod>, node: &str) -> Vec<String> {
+    let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let Ok(list) = pods.list(&params).await else {
+        return Vec::new();
+    };
+    list.items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, Some("Succeeded" | "Failed"))
+        })
+        .filter(|p| {
+            !p.owner_references().iter().any(|o| o.kind == "DaemonSet")
+                && !p.annotations().contains_key("kubernetes.io/config.mirror")
+        })
+        .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+        .collect()
 }
 
 fn is_tainted(node: &Node) -> bool {

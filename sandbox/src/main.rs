@@ -63,6 +63,32 @@ enum Command {
         #[arg(long)]
         fault_seed: Option<u64>,
     },
+    /// Chaos with the real cluster-autoscaler deciding: workloads come and go while seeded
+    /// outside actions happen (pauses, a stalled Cluster API, replicas raised by hand, a
+    /// person's delete-machine, operator kills, CA restarts, faults on the operator's writes);
+    /// every Machine deletion is judged by CA's own answers. Writes target/chaos/results.json
+    /// and fails on any violation.
+    Chaos {
+        /// Minutes of actions.
+        #[arg(long, default_value_t = 30)]
+        minutes: u64,
+        /// Seed of the actions and faults (random when unset; printed).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Node groups.
+        #[arg(long, default_value_t = 3)]
+        groups: usize,
+        /// Mean seconds between two actions.
+        #[arg(long, default_value_t = 6)]
+        action_interval_secs: u64,
+        /// Probability of a fault on each of the operator's writes to Machines and
+        /// MachineDeployments.
+        #[arg(long, default_value_t = 0.02)]
+        fault_rate: f64,
+        /// Fail unless at least this many nodes were scaled down.
+        #[arg(long, default_value_t = 0)]
+        min_scale_downs: u64,
+    },
     /// Benchmark the operator side by side with CA's example externalgrpc server and CA's
     /// in-tree clusterapi provider on fresh API servers; prints a table and writes the results.
     Bench {
@@ -153,6 +179,24 @@ fn main() -> anyhow::Result<()> {
                     .then(|| (fault_seed.unwrap_or_else(rand::random), fault_rate)),
             };
             runtime.block_on(soak(sandbox, &options))
+        }
+        Command::Chaos {
+            minutes,
+            seed,
+            groups,
+            action_interval_secs,
+            fault_rate,
+            min_scale_downs,
+        } => {
+            let sandbox = start_sandbox()?;
+            let options = ngo_sandbox::chaos::ChaosOptions {
+                duration: Duration::from_secs(minutes * 60),
+                seed: seed.unwrap_or_else(rand::random),
+                groups,
+                action_interval: Duration::from_secs(action_interval_secs),
+                fault_rate,
+            };
+            runtime.block_on(chaos(sandbox, &options, min_scale_downs))
         }
         Command::Bench {
             smoke: _,
@@ -308,6 +352,46 @@ fn down() -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(200));
     }
     println!("sandbox stopped");
+    Ok(())
+}
+
+async fn chaos(
+    sandbox: Sandbox,
+    options: &ngo_sandbox::chaos::ChaosOptions,
+    min_scale_downs: u64,
+) -> anyhow::Result<()> {
+    let binary = ngo_sandbox::operator::operator_binary();
+    let results = ngo_sandbox::chaos::run(&sandbox.info(), &binary, options).await?;
+    let path = ngo_sandbox::chaos::write_results(&results)?;
+    println!(
+        "chaos: seed {}, {:.0}s, {} scale-downs ({} DeleteNodes OK, {} errors), {} machines deleted, \
+         actions {:?}, faults {:?}, {} violations, {} residue, {} by a person; results in {}",
+        results.seed,
+        results.duration_s,
+        results.scale_downs,
+        results.delete_nodes_ok,
+        results.delete_nodes_errors,
+        results.machines_deleted,
+        results.actions,
+        results.faults_injected,
+        results.violations.len(),
+        results.residue.len(),
+        results.by_person.len(),
+        path.display()
+    );
+    for line in results.violations.iter().chain(&results.residue) {
+        println!("  {line}");
+    }
+    anyhow::ensure!(
+        results.violations.is_empty(),
+        "{} U1 violation(s)",
+        results.violations.len()
+    );
+    anyhow::ensure!(
+        results.scale_downs >= min_scale_downs,
+        "only {} scale-downs (at least {min_scale_downs} wanted)",
+        results.scale_downs
+    );
     Ok(())
 }
 

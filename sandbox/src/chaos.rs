@@ -1,0 +1,403 @@
+//! `make chaos`: the real cluster-autoscaler decides while the world misbehaves. MachineDeployments
+//! scale up and down under workloads whose pods come and go, and seeded outside actions happen
+//! meanwhile: replicas raised by hand (IncreaseSize, `kubectl scale`), MachineSets and the
+//! Cluster paused and resumed, Cluster API stalled, a person's delete-machine annotation, the
+//! operator killed and restarted, cluster-autoscaler restarted, and lost replies from the API
+//! server (the fault proxy in front of the operator). CA reaches the operator through a
+//! [`Tap`], so a [`DeletionAuditor`] judges every Machine deletion by CA's own answers (U1 of
+//! `docs/safety.md`). Seeded and replayable: the same seed takes the same actions in the same
+//! order (what the processes do in between is timing). Results go to
+//! `target/chaos/results.json`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+use crate::auditor::DeletionAuditor;
+use crate::autoscaler::AutoscalerOptions;
+use crate::capi;
+use crate::environment::SandboxInfo;
+use crate::faultproxy::{FaultPlan, FaultProxy};
+use crate::stack::AutoscaledCluster;
+use crate::stall::Stall;
+use crate::tap::Tap;
+use crate::workload;
+use crate::world::{POD_CPU, POOL_LABEL};
+
+/// Chaos parameters.
+#[derive(Clone, Debug)]
+pub struct ChaosOptions {
+    /// How long the actions go on.
+    pub duration: Duration,
+    /// Seed of the action sequence (and of the fault proxy).
+    pub seed: u64,
+    /// MachineDeployments (min 1, max 5), each with its own workload.
+    pub groups: usize,
+    /// Mean time between two actions.
+    pub action_interval: Duration,
+    /// Share of the operator's writes to Machines and MachineDeployments the fault proxy
+    /// lies about (dropped replies after commit, resets, 429, 500 after commit, delays).
+    pub fault_rate: f64,
+}
+
+/// What `target/chaos/results.json` holds.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ChaosResults {
+    /// The seed.
+    pub seed: u64,
+    /// Seconds of actions.
+    pub duration_s: f64,
+    /// Groups.
+    pub groups: usize,
+    /// Nodes named in DeleteNodes calls cluster-autoscaler heard OK for.
+    pub scale_downs: u64,
+    /// DeleteNodes calls answered OK.
+    pub delete_nodes_ok: u64,
+    /// DeleteNodes calls answered an error (CA untainted their nodes).
+    pub delete_nodes_errors: u64,
+    /// Machines whose deletion the auditor saw.
+    pub machines_deleted: usize,
+    /// Outside actions taken, by kind.
+    pub actions: BTreeMap<String, u64>,
+    /// Faults the proxy injected into the operator's writes, by kind.
+    pub faults_injected: BTreeMap<String, u64>,
+    /// U1 violations: a Machine deleted while CA's latest answer for its node was an error,
+    /// or its node untainted, or still running pods CA did not drain.
+    pub violations: Vec<String>,
+    /// Deletions of nodes whose taint a restart of cluster-autoscaler removed after an OK:
+    /// the documented residue no provider can close.
+    pub residue: Vec<String>,
+    /// Deletions of Machines a person had annotated with delete-machine (theirs to ask).
+    pub by_person: Vec<String>,
+}
+
+/// An action to undo later (a pause, a stall, an annotation).
+enum Undo {
+    MachineSetPaused(String),
+    ClusterPaused,
+    Stalled(Stall),
+    Annotated(String),
+}
+
+/// Runs chaos on a started sandbox with the operator binary `binary`.
+pub async fn run(
+    sandbox: &SandboxInfo,
+    binary: &Path,
+    options: &ChaosOptions,
+) -> anyhow::Result<ChaosResults> {
+    let namespace = format!("chaos-{}", options.seed % 100_000);
+    let mut cluster = AutoscaledCluster::create(sandbox, &namespace, "c1", json!({})).await?;
+    let client = cluster.client().await?;
+    let ns = namespace.as_str();
+    let mut ids = Vec::new();
+    for i in 0..options.groups {
+        let name = format!("g{i}");
+        let label = format!("{ns}-{name}");
+        let template = capi::test_machine_template(
+            ns,
+            &name,
+            json!({"nodeLabels": {POOL_LABEL: label}}),
+            json!({}),
+        )?;
+        create(&client, ns, &capi::test_machine_templates(), template).await?;
+        let md = capi::machine_deployment(
+            ns,
+            "c1",
+            &name,
+            1,
+            json!({"cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "1",
+                   "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "5"}),
+            &name,
+        )?;
+        create(&client, ns, &capi::machine_deployments(), md).await?;
+        let selector = BTreeMap::from([(POOL_LABEL.to_string(), label)]);
+        let app = workload::deployment(ns, &format!("app-{name}"), 1, POD_CPU, &selector)?;
+        workload::create(&client, &app).await?;
+        ids.push(format!("MachineDeployment/{ns}/{name}"));
+    }
+
+    let scratch = sandbox.scratch(&format!("chaos-{}", options.seed))?;
+    let mut operator = cluster.operator_options();
+    operator.binary = binary.to_path_buf();
+    operator.log_filter = "info".into();
+    operator.extra_args = vec!["--sweep-interval-secs=2".into()];
+    let proxy = FaultProxy::start(
+        &operator.kubeconfig,
+        &scratch,
+        FaultPlan::writes(
+            options.seed,
+            options.fault_rate,
+            &["machines", "machinedeployments", "scale"],
+        ),
+    )
+    .await?;
+    operator.kubeconfig = proxy.kubeconfig.clone();
+    cluster.start_operator(&operator)?;
+    let auditor = Arc::new(DeletionAuditor::start(
+        client.clone(),
+        ns,
+        &capi::machines(),
+    ));
+    let socket = scratch.join("ca.sock");
+    let tap = Tap::start(&socket, connect(&mut cluster).await?, auditor.clone())?;
+    let ca = cluster.colocated_autoscaler(&socket)?;
+    cluster.start_autoscaler(&ca)?;
+    println!(
+        "chaos: namespace {ns}, {} groups, seed {}, {:?}, faults {}",
+        options.groups, options.seed, options.duration, options.fault_rate
+    );
+
+    let mut rng = StdRng::seed_from_u64(options.seed);
+    let mut actions: BTreeMap<String, u64> = BTreeMap::new();
+    let mut undo: Vec<(Instant, Undo)> = Vec::new();
+    let started = Instant::now();
+    let deadline = started + options.duration;
+    while Instant::now() < deadline {
+        let jitter = rng.random_range(0.5..1.5);
+        tokio::time::sleep(options.action_interval.mul_f64(jitter)).await;
+        let now = Instant::now();
+        let (due, later): (Vec<_>, Vec<_>) = undo.into_iter().partition(|(at, _)| *at <= now);
+        undo = later;
+        for (_, action) in due {
+            revert(&client, ns, action).await;
+        }
+        let group = rng.random_range(0..options.groups);
+        let name = format!("g{group}");
+        let roll = rng.random_range(0..100u32);
+        let hold = Duration::from_secs(rng.random_range(10..40));
+        let kind = match roll {
+            // Pods come and go: the load cluster-autoscaler scales for.
+            0..=44 => {
+                let replicas = rng.random_range(0..=5);
+                workload::scale(&client, ns, &format!("app-{name}"), replicas).await?;
+                "workload"
+            }
+            45..=51 => {
+                let mut grpc = connect(&mut cluster).await?;
+                let _ = grpc
+                    .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+                        id: ids[group].clone(),
+                        delta: 1,
+                    })
+                    .await;
+                "increase_size_by_hand"
+            }
+            52..=58 => {
+                let mds = scalable(&client, ns, &capi::machine_deployments());
+                let md = mds.get(&name).await?;
+                let replicas = md.data["spec"]["replicas"].as_i64().unwrap_or(1);
+                if replicas < 5 {
+                    let patch = json!({"spec": {"replicas": replicas + 1}});
+                    let _ = mds
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await;
+                }
+                "kubectl_scale_up"
+            }
+            59..=64 => {
+                let sets = machine_sets_of(&client, ns, &name).await?;
+                for set in &sets {
+                    set_paused_annotation(&client, ns, set, true).await;
+                }
+                for set in sets {
+                    undo.push((now + hold, Undo::MachineSetPaused(set)));
+                }
+                "pause_machine_set"
+            }
+            65..=68 => {
+                set_cluster_paused(&client, ns, true).await;
+                undo.push((now + hold, Undo::ClusterPaused));
+                "pause_cluster"
+            }
+            69..=75 => {
+                if undo.iter().any(|(_, u)| matches!(u, Undo::Stalled(_))) {
+                    continue;
+                }
+                match Stall::machine_set_replicas(&client, ns).await {
+                    Ok(stall) => undo.push((now + hold, Undo::Stalled(stall))),
+                    Err(error) => tracing::warn!(%error, "could not stall Cluster API"),
+                }
+                "stall_cluster_api"
+            }
+            76..=81 => {
+                let machines = scalable(&client, ns, &capi::machines())
+                    .list(&ListParams::default())
+                    .await?;
+                let live: Vec<&DynamicObject> = machines
+                    .items
+                    .iter()
+                    .filter(|m| m.metadata.deletion_timestamp.is_none())
+                    .collect();
+                if live.is_empty() {
+                    continue;
+                }
+                let machine = live[rng.random_range(0..live.len())].name_any();
+                auditor.excuse(&machine);
+                annotate_delete_machine(&client, ns, &machine, true).await;
+                undo.push((now + hold, Undo::Annotated(machine)));
+                "person_delete_machine"
+            }
+            82..=89 => {
+                cluster.kill_operator();
+                tokio::time::sleep(Duration::from_secs(rng.random_range(1..5))).await;
+                cluster.start_operator(&operator)?;
+                tap.retarget(connect(&mut cluster).await?);
+                "operator_kill"
+            }
+            _ => {
+                auditor.ca_restarted();
+                restart_autoscaler(&mut cluster, &ca)?;
+                "ca_restart"
+            }
+        };
+        *actions.entry(kind.to_string()).or_default() += 1;
+    }
+    for (_, action) in undo {
+        revert(&client, ns, action).await;
+    }
+    proxy.set_plan(FaultPlan::writes(options.seed, 0.0, &[]));
+    // Settle: the workloads shrink, CA scales the groups back down, nothing is paused.
+    for i in 0..options.groups {
+        workload::scale(&client, ns, &format!("app-g{i}"), 0).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    let counts = tap.counts();
+    let mut faults_injected: BTreeMap<String, u64> = BTreeMap::new();
+    for injected in proxy.injected() {
+        *faults_injected
+            .entry(format!("{:?}", injected.fault))
+            .or_default() += 1;
+    }
+    let results = ChaosResults {
+        seed: options.seed,
+        duration_s: options.duration.as_secs_f64(),
+        groups: options.groups,
+        scale_downs: counts.nodes_ok,
+        delete_nodes_ok: counts.delete_ok,
+        delete_nodes_errors: counts.delete_errors,
+        machines_deleted: auditor.deleted(),
+        actions,
+        faults_injected,
+        violations: auditor.violations(),
+        residue: auditor.residue(),
+        by_person: auditor.by_person(),
+    };
+    cluster.stop_autoscaler();
+    cluster.stop_operator();
+    Ok(results)
+}
+
+/// Writes `results` to `target/chaos/results.json`.
+pub fn write_results(results: &ChaosResults) -> anyhow::Result<std::path::PathBuf> {
+    let dir = crate::workspace_root().join("target/chaos");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("results.json");
+    std::fs::write(&path, serde_json::to_string_pretty(results)?)?;
+    Ok(path)
+}
+
+async fn create(
+    client: &Client,
+    ns: &str,
+    resource: &kube::discovery::ApiResource,
+    object: DynamicObject,
+) -> anyhow::Result<()> {
+    scalable(client, ns, resource)
+        .create(&PostParams::default(), &object)
+        .await?;
+    Ok(())
+}
+
+fn scalable(
+    client: &Client,
+    ns: &str,
+    resource: &kube::discovery::ApiResource,
+) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, resource)
+}
+
+/// A client of the running operator (the test's own, not CA's tap).
+async fn connect(cluster: &mut AutoscaledCluster) -> anyhow::Result<CloudProviderClient<Channel>> {
+    let address = cluster
+        .operator()
+        .ok_or_else(|| anyhow::anyhow!("the operator is not running"))?
+        .grpc_address;
+    Ok(cluster.pki.connect(address).await?)
+}
+
+fn restart_autoscaler(
+    cluster: &mut AutoscaledCluster,
+    ca: &AutoscalerOptions,
+) -> anyhow::Result<()> {
+    cluster.start_autoscaler(ca)?;
+    Ok(())
+}
+
+async fn machine_sets_of(
+    client: &Client,
+    ns: &str,
+    deployment: &str,
+) -> anyhow::Result<Vec<String>> {
+    let sets = scalable(client, ns, &capi::machine_sets())
+        .list(
+            &ListParams::default()
+                .labels(&format!("cluster.x-k8s.io/deployment-name={deployment}")),
+        )
+        .await?;
+    Ok(sets.items.iter().map(|s| s.name_any()).collect())
+}
+
+async fn set_paused_annotation(client: &Client, ns: &str, set: &str, paused: bool) {
+    let value = if paused { json!("true") } else { Value::Null };
+    let patch = json!({"metadata": {"annotations": {"cluster.x-k8s.io/paused": value}}});
+    if let Err(error) = scalable(client, ns, &capi::machine_sets())
+        .patch(set, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        tracing::warn!(%error, set, "could not (un)pause the MachineSet");
+    }
+}
+
+async fn set_cluster_paused(client: &Client, ns: &str, paused: bool) {
+    let patch = json!({"spec": {"paused": paused}});
+    if let Err(error) = scalable(client, ns, &capi::clusters())
+        .patch("c1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        tracing::warn!(%error, "could not (un)pause the Cluster");
+    }
+}
+
+async fn annotate_delete_machine(client: &Client, ns: &str, machine: &str, present: bool) {
+    let value = if present { json!("chaos") } else { Value::Null };
+    let patch = json!({"metadata": {"annotations": {"cluster.x-k8s.io/delete-machine": value}}});
+    if let Err(error) = scalable(client, ns, &capi::machines())
+        .patch(machine, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        tracing::debug!(%error, machine, "could not (un)annotate the Machine");
+    }
+}
+
+async fn revert(client: &Client, ns: &str, action: Undo) {
+    match action {
+        Undo::MachineSetPaused(set) => set_paused_annotation(client, ns, &set, false).await,
+        Undo::ClusterPaused => set_cluster_paused(client, ns, false).await,
+        Undo::Stalled(stall) => {
+            if let Err(error) = stall.resume().await {
+                tracing::warn!(%error, "could not resume Cluster API");
+            }
+        }
+        Undo::Annotated(machine) => annotate_delete_machine(client, ns, &machine, false).await,
+    }
+}

@@ -1,0 +1,199 @@
+//! A pass-through externalgrpc server between a real cluster-autoscaler and the operator: CA
+//! dials it on a Unix socket (plaintext, as in the co-located mode), it forwards every call
+//! unchanged to the operator over mTLS, and it tells a [`DeletionAuditor`] what CA asked in
+//! each DeleteNodes and which answer CA heard. The auditor then judges deletions by CA's own
+//! answers while CA taints, drains and untaints by itself.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use crate::auditor::DeletionAuditor;
+
+/// What the tap counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TapCounts {
+    /// DeleteNodes answered OK.
+    pub delete_ok: u64,
+    /// DeleteNodes answered an error.
+    pub delete_errors: u64,
+    /// Nodes named in DeleteNodes answered OK.
+    pub nodes_ok: u64,
+}
+
+struct Shared {
+    upstream: Mutex<CloudProviderClient<Channel>>,
+    auditor: Arc<DeletionAuditor>,
+    counts: Mutex<TapCounts>,
+}
+
+/// The tap; see the module documentation. Stops serving when dropped.
+pub struct Tap {
+    shared: Arc<Shared>,
+    socket: PathBuf,
+    server: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Clone)]
+struct Service(Arc<Shared>);
+
+impl Tap {
+    /// Serves on Unix socket `socket`, forwarding to `upstream`.
+    pub fn start(
+        socket: &Path,
+        upstream: CloudProviderClient<Channel>,
+        auditor: Arc<DeletionAuditor>,
+    ) -> anyhow::Result<Self> {
+        let _ = std::fs::remove_file(socket);
+        let listener = tokio::net::UnixListener::bind(socket)?;
+        let shared = Arc::new(Shared {
+            upstream: Mutex::new(upstream),
+            auditor,
+            counts: Mutex::new(TapCounts::default()),
+        });
+        let service =
+            proto::cloud_provider_server::CloudProviderServer::new(Service(shared.clone()));
+        let server = tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            if let Err(error) = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await
+            {
+                tracing::warn!(%error, "the tap stopped serving");
+            }
+        });
+        Ok(Self {
+            shared,
+            socket: socket.to_path_buf(),
+            server,
+        })
+    }
+
+    /// Forwards to `upstream` from now on (the operator restarted elsewhere).
+    pub fn retarget(&self, upstream: CloudProviderClient<Channel>) {
+        *lock(&self.shared.upstream) = upstream;
+    }
+
+    /// What was counted so far.
+    pub fn counts(&self) -> TapCounts {
+        *lock(&self.shared.counts)
+    }
+
+    /// The socket CA dials.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+}
+
+impl Drop for Tap {
+    fn drop(&mut self) {
+        self.server.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// The `grpc-timeout` header: an integer and a unit (`H`, `M`, `S`, `m`, `u`, `n`).
+fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<std::time::Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (number, unit) = value.split_at(value.len().checked_sub(1)?);
+    let n: u64 = number.parse().ok()?;
+    Some(match unit {
+        "H" => std::time::Duration::from_secs(n * 3600),
+        "M" => std::time::Duration::from_secs(n * 60),
+        "S" => std::time::Duration::from_secs(n),
+        "m" => std::time::Duration::from_millis(n),
+        "u" => std::time::Duration::from_micros(n),
+        "n" => std::time::Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Service {
+    fn client(&self) -> CloudProviderClient<Channel> {
+        lock(&self.0.upstream).clone()
+    }
+}
+
+/// The service: every call forwarded with the request's metadata (CA's deadline among it) and
+/// message as they came, the answer as it came back; DeleteNodes also tells the auditor.
+macro_rules! forwarding_service {
+    ($($method:ident($req:ty) -> $resp:ty;)*) => {
+        #[tonic::async_trait]
+        impl proto::cloud_provider_server::CloudProvider for Service {
+            $(
+                async fn $method(
+                    &self,
+                    request: Request<$req>,
+                ) -> Result<Response<$resp>, Status> {
+                    self.client().$method(request).await
+                }
+            )*
+
+            async fn node_group_delete_nodes(
+                &self,
+                request: Request<proto::NodeGroupDeleteNodesRequest>,
+            ) -> Result<Response<proto::NodeGroupDeleteNodesResponse>, Status> {
+                self.delete_nodes(request).await
+            }
+        }
+    };
+}
+
+forwarding_service! {
+    node_groups(proto::NodeGroupsRequest) -> proto::NodeGroupsResponse;
+    node_group_for_node(proto::NodeGroupForNodeRequest) -> proto::NodeGroupForNodeResponse;
+    pricing_node_price(proto::PricingNodePriceRequest) -> proto::PricingNodePriceResponse;
+    pricing_pod_price(proto::PricingPodPriceRequest) -> proto::PricingPodPriceResponse;
+    gpu_label(proto::GpuLabelRequest) -> proto::GpuLabelResponse;
+    get_available_gpu_types(proto::GetAvailableGpuTypesRequest) -> proto::GetAvailableGpuTypesResponse;
+    cleanup(proto::CleanupRequest) -> proto::CleanupResponse;
+    refresh(proto::RefreshRequest) -> proto::RefreshResponse;
+    node_group_target_size(proto::NodeGroupTargetSizeRequest) -> proto::NodeGroupTargetSizeResponse;
+    node_group_increase_size(proto::NodeGroupIncreaseSizeRequest) -> proto::NodeGroupIncreaseSizeResponse;
+    node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest) -> proto::NodeGroupDecreaseTargetSizeResponse;
+    node_group_nodes(proto::NodeGroupNodesRequest) -> proto::NodeGroupNodesResponse;
+    node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest) -> proto::NodeGroupTemplateNodeInfoResponse;
+    node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest) -> proto::NodeGroupAutoscalingOptionsResponse;
+}
+
+impl Service {
+    async fn delete_nodes(
+        &self,
+        request: Request<proto::NodeGroupDeleteNodesRequest>,
+    ) -> Result<Response<proto::NodeGroupDeleteNodesResponse>, Status> {
+        let names: Vec<String> = request
+            .get_ref()
+            .nodes
+            .iter()
+            .map(|n| n.name.clone())
+            .collect();
+        self.0.auditor.asked(&names);
+        // CA hears an error once its own deadline passes, whatever comes later.
+        let deadline = grpc_timeout(request.metadata());
+        let mut client = self.client();
+        let call = client.node_group_delete_nodes(request);
+        let answer = match deadline {
+            Some(limit) => tokio::time::timeout(limit, call)
+                .await
+                .unwrap_or_else(|_| Err(Status::deadline_exceeded("the client's deadline passed"))),
+            None => call.await,
+        };
+        self.0.auditor.heard(&names, answer.is_ok());
+        let mut counts = lock(&self.0.counts);
+        if answer.is_ok() {
+            counts.delete_ok += 1;
+            counts.nodes_ok += names.len() as u64;
+        } else {
+            counts.delete_errors += 1;
+        }
+        answer
+    }
+}
