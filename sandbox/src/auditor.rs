@@ -116,12 +116,12 @@ impl DeletionAuditor {
                 }
                 if let Some(why) = why {
                     let line = format!(
-                        "Machine {} (node {node_name}) deleted: {why}",
+                        "Machine {} (node {node_name}) deleted: {why} (CA's latest answer: {latest:?})",
                         machine.name_any()
                     );
                     if record.excused.contains(&machine.name_any()) {
                         record.by_person.push(line);
-                    } else if restarted && latest == Some(Answer::Ok) {
+                    } else if restarted && matches!(latest, Some(Answer::Ok | Answer::Pending)) {
                         record.residue.push(format!(
                             "{line} (its taint was removed by a restart of cluster-autoscaler)"
                         ));
@@ -225,16 +225,17 @@ impl DeletionAuditor {
     }
 
     /// cluster-autoscaler restarted: its start-up clean-up removes the taint of every node it
-    /// was answered OK for.
+    /// was answered OK for, and of every node whose DeleteNodes was still under way (the
+    /// process that would have heard the answer is gone: a reply that never reached CA).
     pub fn ca_restarted(&self) {
         let mut record = lock(&self.record);
-        let ok: Vec<String> = record
+        let tainted: Vec<String> = record
             .answers
             .iter()
-            .filter(|(_, a)| **a == Answer::Ok)
+            .filter(|(_, a)| matches!(a, Answer::Ok | Answer::Pending))
             .map(|(n, _)| n.clone())
             .collect();
-        record.cleaned_by_restart.extend(ok);
+        record.cleaned_by_restart.extend(tainted);
     }
 
     async fn set_taint(&self, name: &str, present: bool) {
