@@ -143,28 +143,14 @@ impl DeletionAuditor {
         for name in nodes {
             self.set_taint(name, true).await;
         }
-        let mut record = lock(&self.record);
-        for name in nodes {
-            record.answers.insert(name.clone(), Answer::Pending);
-        }
+        self.asked(nodes);
     }
 
     /// After a DeleteNodes naming `nodes` answered: records the answer and, on an error,
     /// untaints them all as CA does. An error for a node whose Machine is already being deleted
     /// is a violation.
     pub async fn answered(&self, nodes: &[String], ok: bool) {
-        let answer = if ok { Answer::Ok } else { Answer::Error };
-        {
-            let mut record = lock(&self.record);
-            for name in nodes {
-                record.answers.insert(name.clone(), answer);
-                if !ok && record.deleting.contains(name) {
-                    record.violations.push(format!(
-                        "CA got an error for node {name} whose Machine is being deleted"
-                    ));
-                }
-            }
-        }
+        self.heard(nodes, ok);
         if !ok {
             for name in nodes {
                 self.set_taint(name, false).await;

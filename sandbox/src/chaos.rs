@@ -24,7 +24,6 @@ use serde_json::{Value, json};
 use tonic::transport::Channel;
 
 use crate::auditor::DeletionAuditor;
-use crate::autoscaler::AutoscalerOptions;
 use crate::capi;
 use crate::environment::SandboxInfo;
 use crate::faultproxy::{FaultPlan, FaultProxy};
@@ -193,7 +192,7 @@ pub async fn run(
                 "increase_size_by_hand"
             }
             52..=58 => {
-                let mds = scalable(&client, ns, &capi::machine_deployments());
+                let mds = api(&client, ns, &capi::machine_deployments());
                 let md = mds.get(&name).await?;
                 let replicas = md.data["spec"]["replicas"].as_i64().unwrap_or(1);
                 if replicas < 5 {
@@ -230,7 +229,7 @@ pub async fn run(
                 "stall_cluster_api"
             }
             76..=81 => {
-                let machines = scalable(&client, ns, &capi::machines())
+                let machines = api(&client, ns, &capi::machines())
                     .list(&ListParams::default())
                     .await?;
                 let live: Vec<&DynamicObject> = machines
@@ -256,7 +255,7 @@ pub async fn run(
             }
             _ => {
                 auditor.ca_restarted();
-                restart_autoscaler(&mut cluster, &ca)?;
+                cluster.start_autoscaler(&ca)?;
                 "ca_restart"
             }
         };
@@ -312,17 +311,13 @@ async fn create(
     resource: &kube::discovery::ApiResource,
     object: DynamicObject,
 ) -> anyhow::Result<()> {
-    scalable(client, ns, resource)
+    api(client, ns, resource)
         .create(&PostParams::default(), &object)
         .await?;
     Ok(())
 }
 
-fn scalable(
-    client: &Client,
-    ns: &str,
-    resource: &kube::discovery::ApiResource,
-) -> Api<DynamicObject> {
+fn api(client: &Client, ns: &str, resource: &kube::discovery::ApiResource) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), ns, resource)
 }
 
@@ -335,20 +330,12 @@ async fn connect(cluster: &mut AutoscaledCluster) -> anyhow::Result<CloudProvide
     Ok(cluster.pki.connect(address).await?)
 }
 
-fn restart_autoscaler(
-    cluster: &mut AutoscaledCluster,
-    ca: &AutoscalerOptions,
-) -> anyhow::Result<()> {
-    cluster.start_autoscaler(ca)?;
-    Ok(())
-}
-
 async fn machine_sets_of(
     client: &Client,
     ns: &str,
     deployment: &str,
 ) -> anyhow::Result<Vec<String>> {
-    let sets = scalable(client, ns, &capi::machine_sets())
+    let sets = api(client, ns, &capi::machine_sets())
         .list(
             &ListParams::default()
                 .labels(&format!("cluster.x-k8s.io/deployment-name={deployment}")),
@@ -357,36 +344,44 @@ async fn machine_sets_of(
     Ok(sets.items.iter().map(|s| s.name_any()).collect())
 }
 
-async fn set_paused_annotation(client: &Client, ns: &str, set: &str, paused: bool) {
-    let value = if paused { json!("true") } else { Value::Null };
-    let patch = json!({"metadata": {"annotations": {"cluster.x-k8s.io/paused": value}}});
-    if let Err(error) = scalable(client, ns, &capi::machine_sets())
-        .patch(set, &PatchParams::default(), &Patch::Merge(&patch))
+/// A merge patch of `name`, logged (not failed) when it does not apply: an outside action
+/// may race the object's deletion.
+async fn merge_patch(
+    client: &Client,
+    ns: &str,
+    resource: &kube::discovery::ApiResource,
+    name: &str,
+    patch: Value,
+) {
+    if let Err(error) = api(client, ns, resource)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        tracing::warn!(%error, set, "could not (un)pause the MachineSet");
+        tracing::warn!(%error, kind = %resource.kind, name, "an outside action did not apply");
     }
+}
+
+/// A merge patch setting annotation `key` to `value` (`None`: removing it).
+fn annotation(key: &str, value: Option<&str>) -> Value {
+    json!({"metadata": {"annotations": {key: value}}})
+}
+
+async fn set_paused_annotation(client: &Client, ns: &str, set: &str, paused: bool) {
+    let patch = annotation("cluster.x-k8s.io/paused", paused.then_some("true"));
+    merge_patch(client, ns, &capi::machine_sets(), set, patch).await;
 }
 
 async fn set_cluster_paused(client: &Client, ns: &str, paused: bool) {
     let patch = json!({"spec": {"paused": paused}});
-    if let Err(error) = scalable(client, ns, &capi::clusters())
-        .patch("c1", &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        tracing::warn!(%error, "could not (un)pause the Cluster");
-    }
+    merge_patch(client, ns, &capi::clusters(), "c1", patch).await;
 }
 
 async fn annotate_delete_machine(client: &Client, ns: &str, machine: &str, present: bool) {
-    let value = if present { json!("chaos") } else { Value::Null };
-    let patch = json!({"metadata": {"annotations": {"cluster.x-k8s.io/delete-machine": value}}});
-    if let Err(error) = scalable(client, ns, &capi::machines())
-        .patch(machine, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        tracing::debug!(%error, machine, "could not (un)annotate the Machine");
-    }
+    let patch = annotation(
+        "cluster.x-k8s.io/delete-machine",
+        present.then_some("chaos"),
+    );
+    merge_patch(client, ns, &capi::machines(), machine, patch).await;
 }
 
 async fn revert(client: &Client, ns: &str, action: Undo) {

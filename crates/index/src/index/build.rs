@@ -237,6 +237,7 @@ pub(super) fn assess(
         }
         _ => {}
     }
+    let ledger = crate::capi::scale_down::LedgerSummary::of(&r.annotations);
     Assessment::Served(Box::new(NodeGroup {
         id: r.group_id(),
         kind: r.kind,
@@ -262,8 +263,8 @@ pub(super) fn assess(
         pricing: policy.and_then(|p| p.pricing),
         node_capacity: BTreeMap::new(),
         warnings,
-        scale_down_claim: crate::capi::scale_down::claim_of(&r.annotations),
-        applied_decrements: crate::capi::scale_down::applied_of(&r.annotations),
+        scale_down_claim: ledger.claim,
+        applied_decrements: ledger.applied,
         rolling_out: None,
     }))
 }

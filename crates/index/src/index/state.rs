@@ -686,30 +686,31 @@ impl IndexState {
             })
             .collect();
         sets.sort_by(|a, b| a.name.cmp(&b.name));
-        let mut newest: Option<i64> = None;
-        for ms in &sets {
-            if let Some(revision) = ms.annotations.get(REVISION_ANNOTATION) {
-                match revision.trim().parse::<i64>() {
-                    Ok(r) => newest = Some(newest.map_or(r, |n| n.max(r))),
+        // Each MachineSet with its revision, parsed once.
+        let mut revisions: Vec<(&ScalableResource, Option<i64>)> = Vec::with_capacity(sets.len());
+        for ms in sets {
+            let revision = match ms.annotations.get(REVISION_ANNOTATION) {
+                None => None,
+                Some(text) => match text.trim().parse::<i64>() {
+                    Ok(r) => Some(r),
                     Err(_) => {
                         return Some(format!(
-                            "MachineSet {ns}/{} has an unparseable {REVISION_ANNOTATION} {revision:?}",
+                            "MachineSet {ns}/{} has an unparseable {REVISION_ANNOTATION} {text:?}",
                             ms.name
                         ));
                     }
-                }
-            }
+                },
+            };
+            revisions.push((ms, revision));
         }
-        let newest = newest?;
-        sets.iter().find_map(|ms| {
-            let revision = ms.annotations.get(REVISION_ANNOTATION);
-            let is_newest = revision.and_then(|r| r.trim().parse::<i64>().ok()) == Some(newest);
+        let newest = revisions.iter().filter_map(|(_, r)| *r).max()?;
+        revisions.iter().find_map(|(ms, revision)| {
             let replicas = ms.replicas.unwrap_or(0).max(ms.status_replicas.unwrap_or(0));
-            (!is_newest && replicas > 0).then(|| {
+            (*revision != Some(newest) && replicas > 0).then(|| {
+                let revision = revision.map_or("unset".to_string(), |r| r.to_string());
                 format!(
-                    "MachineSet {ns}/{} (revision {}) still has {replicas} replica(s); the newest revision is {newest}",
-                    ms.name,
-                    revision.map_or("unset", String::as_str)
+                    "MachineSet {ns}/{} (revision {revision}) still has {replicas} replica(s); the newest revision is {newest}",
+                    ms.name
                 )
             })
         })

@@ -146,13 +146,10 @@ async fn sweep_stray_finalizer(
     machine: &crate::index::MachineEntry,
     report: &mut SweepReport,
 ) {
-    let what = format!(
-        "scale-down finalizer on Machine {}/{}",
-        machine.namespace, machine.name
-    );
+    let key = format!("{}/{}", machine.namespace, machine.name);
     if machine.unreadable_mark {
         report.failed += 1;
-        tracing::warn!(machine = %format!("{}/{}", machine.namespace, machine.name),
+        tracing::warn!(machine = %key,
             "the scale-down record beside our finalizer is not one this version can read (another version's, or damaged); leaving both to the version that wrote it");
         return;
     }
@@ -160,7 +157,7 @@ async fn sweep_stray_finalizer(
     let result = actuator
         .drop_stray_finalizer(&machine.namespace, &machine.name, machine.group.as_deref())
         .await;
-    report.count(result, &what);
+    report.count(result, &format!("scale-down finalizer on Machine {key}"));
 }
 
 /// Sweeps for one leadership term (see `runtime::leader::while_leading`): once at its start,

@@ -351,25 +351,32 @@ impl Ledger {
     }
 }
 
-/// The claim in the ledger among a scalable resource's `annotations`, if any (an unreadable
-/// ledger has none to show).
-pub fn claim_of(annotations: &BTreeMap<String, String>) -> Option<(String, LedgerEntry)> {
-    let ledger = Ledger::read(annotations.get(LEDGER_ANNOTATION).map(String::as_str)).ok()?;
-    ledger.claim().map(|(k, e)| (k.to_string(), e.clone()))
+/// What the index shows of the ledger among a scalable resource's `annotations`, read once:
+/// nothing for an unreadable ledger.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LedgerSummary {
+    /// The claim, if any: (machine key, entry).
+    pub claim: Option<(String, LedgerEntry)>,
+    /// Applied decrements: (machine key, unix seconds when applied).
+    pub applied: Vec<(String, i64)>,
 }
 
-/// The applied decrements in the ledger among a scalable resource's `annotations`: (machine
-/// key, unix seconds when applied); none for an unreadable ledger.
-pub fn applied_of(annotations: &BTreeMap<String, String>) -> Vec<(String, i64)> {
-    Ledger::read(annotations.get(LEDGER_ANNOTATION).map(String::as_str))
-        .map(|ledger| {
-            ledger
+impl LedgerSummary {
+    /// The summary of the ledger in `annotations`.
+    pub fn of(annotations: &BTreeMap<String, String>) -> Self {
+        let Ok(ledger) = Ledger::read(annotations.get(LEDGER_ANNOTATION).map(String::as_str))
+        else {
+            return Self::default();
+        };
+        Self {
+            claim: ledger.claim().map(|(k, e)| (k.to_string(), e.clone())),
+            applied: ledger
                 .entries()
                 .filter(|(_, e)| !e.is_claim())
                 .map(|(k, e)| (k.to_string(), e.at))
-                .collect()
-        })
-        .unwrap_or_default()
+                .collect(),
+        }
+    }
 }
 
 /// The ledger key of a MachinePool instance that has no Machine.
