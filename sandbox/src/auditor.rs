@@ -164,7 +164,7 @@ impl DeletionAuditor {
     }
 
     /// Deletions of nodes whose taint a restart of cluster-autoscaler removed after an OK
-    /// (see [`DeletionAuditor::ca_restarted`]).
+    /// (see [`DeletionAuditor::ca_stopped`]).
     pub fn residue(&self) -> Vec<String> {
         lock(&self.record).residue.clone()
     }
@@ -210,10 +210,12 @@ impl DeletionAuditor {
         }
     }
 
-    /// cluster-autoscaler restarted: its start-up clean-up removes the taint of every node it
-    /// was answered OK for, and of every node whose DeleteNodes was still under way (the
-    /// process that would have heard the answer is gone: a reply that never reached CA).
-    pub fn ca_restarted(&self) {
+    /// cluster-autoscaler's process has exited and a new one is about to start: the new one's
+    /// start-up clean-up removes the taint of every node the old one was answered OK for, and
+    /// of every node whose DeleteNodes was still under way (the process that would have heard
+    /// the answer is gone: a reply that never reached CA). Called before the old process has
+    /// exited, it would miss the DeleteNodes that process still sends while shutting down.
+    pub fn ca_stopped(&self) {
         let mut record = lock(&self.record);
         let tainted: Vec<String> = record
             .answers

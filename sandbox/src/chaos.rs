@@ -254,7 +254,11 @@ pub async fn run(
                 "operator_kill"
             }
             _ => {
-                auditor.ca_restarted();
+                // The old process keeps deleting while it shuts down (its signal handler
+                // runs a clean-up RPC first): only once it is gone is every taint it got an
+                // OK for left to the new process's start-up clean-up.
+                tokio::task::block_in_place(|| cluster.stop_autoscaler());
+                auditor.ca_stopped();
                 cluster.start_autoscaler(&ca)?;
                 "ca_restart"
             }
