@@ -1,8 +1,9 @@
 //! Scaling safety under faults, load and concurrency (built with the `fault-injection`
 //! feature, as `make test` does): crashes at every step of DeleteNodes, cluster-autoscaler's
 //! own client timing out against a slow API server, Cluster API rollouts during scale-down,
-//! replicas racing each other, and the API server going away. After each: no stranded
-//! deletion mark, exactly the chosen machines gone, replicas exact.
+//! replicas racing each other, a request released while it still runs, and the API server
+//! going away. After each: no stranded deletion mark, exactly the chosen machines gone,
+//! replicas exact.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -14,3 +15,4 @@ mod faults;
 mod rollout;
 mod shutdown;
 mod slow_api;
+mod takeover;

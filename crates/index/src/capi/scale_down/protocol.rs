@@ -215,11 +215,16 @@ pub enum Mark {
     Deleting,
     /// This request's claim was released: stop, and do not mark again.
     Released,
+    /// The Machine carries another request's mark. Write this mark in its place (on the
+    /// version read) only if the group's ledger, read *after* the Machine, shows this
+    /// request's live claim on it ([`may_take_over`]): the other request's claim is then gone
+    /// (an absorbed decrement's, or one released), and its own release leaves our mark alone.
+    /// Otherwise this request's claim was released meanwhile (a sweeper whose clock runs
+    /// ahead) and the mark is the live claim holder's: stop, as for [`Mark::Released`].
+    Occupied(ScaleDownMark),
 }
 
-/// Step 2: marking machine `machine` (`None`: gone) for `mark.request`, which holds the
-/// group's claim on it. Another request's mark is taken over: its claim was released (the
-/// claim is ours), so its own release leaves a Machine carrying our mark alone.
+/// Step 2: marking machine `machine` (`None`: gone) for `mark.request`, which claimed it.
 /// `absorbed`: the claim is for an absorbed decrement, whose delete-machine annotation is
 /// ours, not someone else's.
 pub fn mark(machine: Option<&MachineState>, mark: &ScaleDownMark, absorbed: bool) -> Mark {
@@ -234,16 +239,29 @@ pub fn mark(machine: Option<&MachineState>, mark: &ScaleDownMark, absorbed: bool
         Some(m) if m.request == mark.request => return Mark::Marked,
         _ => {}
     }
-    let preexisting = match current.filter(|m| m.is_mark()) {
-        // Taking over another request's mark: keep what it knew.
-        Some(other) => other.preexisting,
-        None => machine.delete_annotation && !absorbed,
-    };
-    Mark::Write(ScaleDownMark {
-        preexisting,
-        released: false,
-        ..mark.clone()
-    })
+    match current.filter(|m| m.is_mark()) {
+        // Taking over another request's mark, if the claim is still ours: keep what it knew.
+        Some(other) => Mark::Occupied(ScaleDownMark {
+            preexisting: other.preexisting,
+            released: false,
+            ..mark.clone()
+        }),
+        None => Mark::Write(ScaleDownMark {
+            preexisting: machine.delete_annotation && !absorbed,
+            released: false,
+            ..mark.clone()
+        }),
+    }
+}
+
+/// Step 2': whether `request` may take over another request's mark on machine `key`
+/// ([`Mark::Occupied`]), given the group's ledger read after the Machine. Claims only go from
+/// live to fenced to gone, so a live claim read now was live when the Machine was read, and
+/// no other request could have claimed the machine since it was marked.
+pub fn may_take_over(ledger: &Ledger, key: &str, request: &str) -> bool {
+    ledger
+        .entry(key)
+        .is_some_and(|e| e.is_live_claim_of(request))
 }
 
 /// What the decrement step does.
@@ -377,16 +395,35 @@ pub fn release(ledger: &Ledger, key: &str, request: &str) -> Release {
     }
 }
 
+/// What the last release step does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Forget {
+    /// Write this ledger, without the fenced claim (compare-and-swap on the version read).
+    Write(Ledger),
+    /// The machine's decrement is applied (by `by`): someone else released the request
+    /// meanwhile and rolled it forward (a sweeper whose clock runs ahead), or another request
+    /// lowered replicas for the machine. The machine goes: the answer is OK, never an error.
+    Applied {
+        /// Request that applied it.
+        by: String,
+    },
+    /// Nothing to remove: the claim was dropped already, and the machine stays.
+    Nothing,
+}
+
 /// Step 4c: after the Machine was unmarked, `request`'s fenced claim on `key` is removed.
-/// `None` when there is nothing to remove.
-pub fn forget(ledger: &Ledger, key: &str, request: &str) -> Option<Ledger> {
-    let entry = ledger.entry(key)?;
-    if !(entry.is_claim() && entry.fenced && entry.request == request) {
-        return None;
+pub fn forget(ledger: &Ledger, key: &str, request: &str) -> Forget {
+    match ledger.entry(key) {
+        Some(e) if !e.is_claim() => Forget::Applied {
+            by: e.request.clone(),
+        },
+        Some(e) if e.fenced && e.request == request => {
+            let mut next = ledger.clone();
+            next.remove(key);
+            Forget::Write(next)
+        }
+        _ => Forget::Nothing,
     }
-    let mut next = ledger.clone();
-    next.remove(key);
-    Some(next)
 }
 
 /// What the second release step does to the Machine.
@@ -434,6 +471,17 @@ pub fn unmark(
         .as_ref()
         .filter(|m| m.request == request || Some(m.request.as_str()) == absorbed);
     match ours {
+        Some(m) if m.released && m.request == request => Unmark::Done,
+        // The absorbed decrement's request's released record: this request's mark write,
+        // prepared on the version read, may still be under way. The record is rewritten as
+        // this request's, so that the write is refused and the request stops.
+        Some(m) if m.released && !machine.deleting => Unmark::Write {
+            record: ScaleDownMark {
+                request: request.to_string(),
+                ..m.clone()
+            },
+            remove_delete_annotation: machine.delete_annotation && !m.preexisting,
+        },
         Some(m) if m.released => Unmark::Done,
         Some(_) if machine.deleting => Unmark::RollForward,
         Some(m) => Unmark::Write {
@@ -764,6 +812,30 @@ mod tests {
             unmark(Some(&stale), "r2", &mark_of("r2"), None),
             Unmark::Touch
         );
+        // The absorbed decrement's request released already: its record is rewritten as the
+        // releasing request's, so that this request's own mark write still under way (read
+        // on that version) is refused.
+        let released_before = MachineState {
+            mark: Some(ScaleDownMark {
+                released: true,
+                ..mark_of("r1")
+            }),
+            ..Default::default()
+        };
+        let Unmark::Write { record, .. } =
+            unmark(Some(&released_before), "r2", &mark_of("r2"), Some("r1"))
+        else {
+            panic!("the record is rewritten");
+        };
+        assert_eq!((record.request.as_str(), record.released), ("r2", true));
+        let own = MachineState {
+            mark: Some(record),
+            ..Default::default()
+        };
+        assert_eq!(
+            unmark(Some(&own), "r2", &mark_of("r2"), Some("r1")),
+            Unmark::Done
+        );
     }
 
     #[test]
@@ -794,7 +866,7 @@ mod tests {
     }
 
     #[test]
-    fn a_released_request_never_marks_again_and_takes_over_no_mark_it_lost() {
+    fn a_released_request_never_marks_again_and_takes_over_a_mark_only_with_its_live_claim() {
         let released = MachineState {
             mark: Some(ScaleDownMark {
                 released: true,
@@ -815,10 +887,18 @@ mod tests {
             }),
             ..Default::default()
         };
-        let Mark::Write(ours) = mark(Some(&theirs), &mark_of("r2"), false) else {
-            panic!("the claim holder takes over");
+        let Mark::Occupied(ours) = mark(Some(&theirs), &mark_of("r2"), false) else {
+            panic!("another request's mark is taken over only on the ledger's word");
         };
         assert!(ours.preexisting, "what the earlier mark knew is kept");
+        // The claim holder takes over; a request whose claim was released meanwhile (a
+        // sweeper's clock ahead) or never held does not.
+        assert!(may_take_over(&claimed("m1", "r2"), "m1", "r2"));
+        assert!(!may_take_over(&claimed("m1", "r1"), "m1", "r2"));
+        assert!(!may_take_over(&Ledger::default(), "m1", "r2"));
+        let mut fenced = claimed("m1", "r2");
+        fenced.fence("m1");
+        assert!(!may_take_over(&fenced, "m1", "r2"));
         assert_eq!(mark(None, &mark_of("r1"), false), Mark::Deleting);
         let deleting = MachineState {
             deleting: true,
@@ -863,16 +943,23 @@ mod tests {
         );
         assert_eq!(
             forget(&ledger, "m1", "r1"),
-            None,
+            Forget::Nothing,
             "a live claim is fenced first"
         );
-        let free = forget(&fenced, "m1", "r1").expect("the fenced claim goes");
+        let Forget::Write(free) = forget(&fenced, "m1", "r1") else {
+            panic!("the fenced claim goes");
+        };
         assert!(free.is_empty());
         let mut applied = ledger.clone();
         applied.record("m1", "r1", NOW, |_| true);
         assert_eq!(
             release(&applied, "m1", "r9"),
             Release::Applied { by: "r1".into() }
+        );
+        assert_eq!(
+            forget(&applied, "m1", "r1"),
+            Forget::Applied { by: "r1".into() },
+            "rolled forward by someone else meanwhile: the machine goes"
         );
     }
 

@@ -8,9 +8,10 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Map, Value, json};
 
 use super::CapiActuator;
+use super::replicas::GroupKey;
 use crate::actuate::deadline::{MutationDeadline, conflict_backoff};
 use crate::actuate::error::ActuateError;
-use crate::capi::scale_down::protocol::MachineState;
+use crate::capi::scale_down::protocol::{self, MachineState};
 use crate::capi::scale_down::{FENCE_ANNOTATION, FINALIZER, MARK_ANNOTATION, ScaleDownMark};
 
 /// Conflicts in a row after which a Machine write gives up (Cluster API rewrites Machines
@@ -35,6 +36,21 @@ pub(super) struct MachinePatch {
 pub(super) enum MachineStep<T> {
     /// Write this patch, then return `.1`.
     Write(MachinePatch, T),
+    /// Write `patch` and return `then` only if `group`'s ledger, read after the Machine,
+    /// shows `request`'s live claim on it ([`protocol::may_take_over`]); else write nothing
+    /// and return `otherwise`. The write still carries the Machine's version read first.
+    WriteIfClaimed {
+        /// The group whose ledger holds the claim.
+        group: GroupKey,
+        /// The request that must hold it.
+        request: String,
+        /// What to write.
+        patch: MachinePatch,
+        /// Returned after the write.
+        then: T,
+        /// Returned when the claim is not the request's.
+        otherwise: T,
+    },
     /// Nothing to write: return this.
     Done(T),
 }
@@ -79,6 +95,23 @@ impl CapiActuator {
             let (patch, then) = match decide(state.as_ref())? {
                 MachineStep::Done(then) => return Ok(then),
                 MachineStep::Write(patch, then) => (patch, then),
+                MachineStep::WriteIfClaimed {
+                    group,
+                    request,
+                    patch,
+                    then,
+                    otherwise,
+                } => {
+                    // Read after the Machine: a claim live now was live when it was read.
+                    let claimed = self
+                        .ledger_of(&group)
+                        .await?
+                        .is_some_and(|ledger| protocol::may_take_over(&ledger, name, &request));
+                    if !claimed {
+                        return Ok(otherwise);
+                    }
+                    (patch, then)
+                }
             };
             let Some(machine) = machine else {
                 return Ok(then);

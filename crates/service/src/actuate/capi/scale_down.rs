@@ -12,7 +12,7 @@ use crate::actuate::error::ActuateError;
 use crate::capi::groups::InstanceState;
 use crate::capi::scale_down::ScaleDownMark;
 use crate::capi::scale_down::protocol::{
-    self, Claim, ClaimBounds, Decrement, MachineView, Mark, Release, Unmark,
+    self, Claim, ClaimBounds, Decrement, Forget, MachineView, Mark, Release, Unmark,
 };
 use crate::fault;
 use crate::index::{NodeGroup, Snapshot};
@@ -147,12 +147,25 @@ impl CapiActuator {
                         },
                         Mark::Marked,
                     ),
+                    // Another request's mark: taken over only while the claim is ours.
+                    Mark::Occupied(ours) => MachineStep::WriteIfClaimed {
+                        group: target.clone(),
+                        request: request.to_string(),
+                        patch: MachinePatch {
+                            record: Some(Some(ours)),
+                            delete_annotation: Some(true),
+                            finalizer: Some(true),
+                            fence: None,
+                        },
+                        then: Mark::Marked,
+                        otherwise: Mark::Released,
+                    },
                     other => MachineStep::Done(other),
                 })
             })
             .await;
         match marked {
-            Ok(Mark::Marked | Mark::Write(_)) => {}
+            Ok(Mark::Marked | Mark::Write(_) | Mark::Occupied(_)) => {}
             Ok(Mark::Deleting) => {
                 tracing::info!(group = %group.id, machine = name, "machine already deleting; not decrementing, releasing the claim");
                 let released = self.release(&target, name, &mark, None).await;
@@ -438,18 +451,26 @@ impl CapiActuator {
                 return Ok(Released::RolledForward);
             }
         }
-        self.update_group(
-            group,
-            &format!("dropping the fenced claim on Machine {name}"),
-            deadline,
-            |replicas, ledger| {
-                Ok(match protocol::forget(ledger, name, request) {
-                    Some(next) => GroupStep::Write(replicas, next, ()),
-                    None => GroupStep::Done(()),
-                })
-            },
-        )
-        .await?;
+        let applied = self
+            .update_group(
+                group,
+                &format!("dropping the fenced claim on Machine {name}"),
+                deadline,
+                |replicas, ledger| {
+                    Ok(match protocol::forget(ledger, name, request) {
+                        Forget::Write(next) => GroupStep::Write(replicas, next, false),
+                        Forget::Applied { .. } => GroupStep::Done(true),
+                        Forget::Nothing => GroupStep::Done(false),
+                    })
+                },
+            )
+            .await?;
+        if applied {
+            tracing::warn!(group = %group.id, machine = name, request,
+                "the machine's decrement was applied while this request was being released (by a sweeper, or another request); the machine goes");
+            self.unfinalize(&group.namespace, name).await;
+            return Ok(Released::Applied);
+        }
         Ok(Released::RolledBack)
     }
 
