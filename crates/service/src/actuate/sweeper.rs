@@ -75,7 +75,7 @@ pub async fn sweep(actuator: &CapiActuator, snapshot: &Snapshot, margin: i64) ->
         report.expired += 1;
         let until = entry.claim_until.unwrap_or(now);
         let result = actuator
-            .release_expired_claim(&GroupKey::of(group), key, &request, until)
+            .release_expired_claim(&GroupKey::of(group), Some(group.min), key, &request, until)
             .await;
         report.count(
             result,
@@ -99,7 +99,13 @@ pub async fn sweep(actuator: &CapiActuator, snapshot: &Snapshot, margin: i64) ->
         }
         report.expired += 1;
         let result = actuator
-            .resolve_mark(&machine.namespace, &machine.name, mark, margin)
+            .resolve_mark(
+                &machine.namespace,
+                &machine.name,
+                mark,
+                snapshot.group(&mark.group).map(|g| g.min),
+                margin,
+            )
             .await;
         report.count(
             result,

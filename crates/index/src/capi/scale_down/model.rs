@@ -23,7 +23,7 @@ use stateright::{Checker, Model, Property};
 
 use super::protocol::{
     self, CONSUME_GRACE_SECS, Claim, ClaimBounds, Decrement, Forget, MachineState, MachineView,
-    Mark, Release, Unmark,
+    Mark, Release, RollForwardBounds, Unmark,
 };
 use super::{Ledger, ScaleDownMark};
 
@@ -62,6 +62,9 @@ struct Protocol {
     sweepers: u8,
     /// Whether someone may raise replicas (IncreaseSize, a person) once.
     external_increase: bool,
+    /// Whether someone else may lower replicas (a person, GitOps) once: Cluster API then
+    /// deletes a machine for *their* intent, the delete-machine annotated one first.
+    external_decrease: bool,
     /// Whether time may pass beyond the grace Cluster API has to act on a decrement.
     aging: bool,
     /// How many requests may stop before answering (deadline, dropped RPC, crash) in one
@@ -190,6 +193,13 @@ struct State {
     lost_replies: u8,
     failures: u8,
     increased: bool,
+    /// Someone else lowered replicas.
+    decreased: bool,
+    /// Per machine: Cluster API took it without a delete-machine annotation, a machine of its
+    /// own choosing (for someone else's decrement, as far as the operator is right).
+    taken_unannotated: Vec<bool>,
+    /// An operator write lowered replicas below the group's minimum.
+    below_min: bool,
     /// Past the grace Cluster API has to act on a decrement.
     aged: bool,
     /// Per machine: the operator's latest answer to a DeleteNodes naming it was an error,
@@ -230,6 +240,8 @@ enum Action {
     Gone(u8),
     /// Someone raises replicas by one.
     Increase,
+    /// Someone else lowers replicas by one.
+    Decrease,
     /// The grace Cluster API has to act on a decrement passes.
     Age,
     /// Cluster API creates a Machine (in a free slot) for replicas above its machines.
@@ -484,6 +496,15 @@ impl Protocol {
                     &state.ledger,
                     &key,
                     &request,
+                    RollForwardBounds {
+                        min: Some(self.min),
+                        others_annotated: state.machines.iter().enumerate().any(|(i, m)| {
+                            i != usize::from(index)
+                                && m.exists
+                                && !m.state.deleting
+                                && m.state.delete_annotation
+                        }),
+                    },
                     0,
                     exists,
                 ) {
@@ -690,6 +711,9 @@ impl Protocol {
                 Target::Group { replicas, ledger } => {
                     let ok = write.version == state.group_version;
                     if ok {
+                        if *replicas < state.replicas && *replicas < self.min {
+                            state.below_min = true;
+                        }
                         state.decrements += (state.replicas - *replicas).max(0);
                         state.replicas = *replicas;
                         state.ledger = ledger.clone();
@@ -868,6 +892,12 @@ impl Model for Protocol {
             lost_replies: self.lost_replies,
             failures: self.failures,
             increased: false,
+            decreased: false,
+            taken_unannotated: vec![
+                false;
+                usize::from(self.machines + u8::from(self.external_increase))
+            ],
+            below_min: false,
             aged: false,
             ca_error: vec![false; usize::from(self.machines + u8::from(self.external_increase))],
             decrements: 0,
@@ -940,6 +970,9 @@ impl Model for Protocol {
         if self.external_increase && !state.increased {
             actions.push(Action::Increase);
         }
+        if self.external_decrease && !state.decreased && state.replicas > 0 {
+            actions.push(Action::Decrease);
+        }
         if self.aging && !state.aged {
             actions.push(Action::Age);
         }
@@ -994,6 +1027,9 @@ impl Model for Protocol {
             } => self.handle(&mut state, process, lose_reply, false),
             Action::Fail(process) => self.handle(&mut state, process, false, true),
             Action::CapiDelete(i) => {
+                if !state.machines[usize::from(i)].state.delete_annotation {
+                    state.taken_unannotated[usize::from(i)] = true;
+                }
                 let m = &mut state.machines[usize::from(i)];
                 m.state.deleting = true;
                 m.version += 1;
@@ -1003,6 +1039,11 @@ impl Model for Protocol {
                 state.replicas += 1;
                 state.group_version += 1;
                 state.increased = true;
+            }
+            Action::Decrease => {
+                state.replicas -= 1;
+                state.group_version += 1;
+                state.decreased = true;
             }
             Action::CapiCreate(i) => state.machines[usize::from(i)].exists = true,
             Action::Age => state.aged = true,
@@ -1022,31 +1063,48 @@ impl Model for Protocol {
 
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
-            // S1: Cluster API deletes only machines cluster-autoscaler named.
+            // S1: Cluster API deletes only machines cluster-autoscaler named, and one more
+            // for someone else's decrement.
             Property::always(
                 "S1 every deleted machine was named",
                 |model: &Protocol, state: &State| {
-                    state.machines.iter().enumerate().all(|(i, m)| {
-                        !(m.state.deleting || (!m.exists && m.version > 0))
-                            || model.requests.contains(&(i as u8))
-                    })
+                    let unnamed = state
+                        .machines
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, m)| {
+                            (m.state.deleting || (!m.exists && m.version > 0))
+                                && !model.requests.contains(&(*i as u8))
+                        })
+                        .count();
+                    unnamed <= usize::from(state.decreased)
                 },
+            ),
+            // S5: the operator never lowers replicas below the group's minimum.
+            Property::always(
+                "S5 no write of ours goes below the minimum",
+                |_: &Protocol, state: &State| !state.below_min,
             ),
             // S1, S3 at rest: every machine gone had its decrement applied, and every
             // applied decrement took its own machine.
             Property::always(
                 "S1 at rest every deletion is a named machine's applied decrement",
                 |model: &Protocol, state: &State| {
-                    !model.at_rest(state)
-                        || state.machines.iter().enumerate().all(|(i, m)| {
-                            let gone = !m.exists && (m.version > 0 || m.state.deleting);
-                            let i = i as u8;
-                            if gone {
-                                model.applied(state, i) && model.requests.contains(&i)
-                            } else {
-                                state.increased || !m.exists || !model.applied(state, i)
-                            }
-                        })
+                    // Gone for someone else's decrement: a machine of Cluster API's choosing.
+                    let mut theirs = 0;
+                    let ours = state.machines.iter().enumerate().all(|(i, m)| {
+                        let gone = !m.exists && (m.version > 0 || m.state.deleting);
+                        let i = i as u8;
+                        if gone && !(model.requests.contains(&i) && model.applied(state, i)) {
+                            theirs += 1;
+                            true
+                        } else if gone {
+                            true
+                        } else {
+                            state.increased || !m.exists || !model.applied(state, i)
+                        }
+                    });
+                    !model.at_rest(state) || (ours && theirs <= i32::from(state.decreased))
                 },
             ),
             // S2: one decrement per machine: replicas fell only by the operator's
@@ -1061,19 +1119,27 @@ impl Model for Protocol {
                         .filter(|(_, e)| !e.is_claim())
                         .count() as i32;
                     state.replicas
-                        == i32::from(model.machines) + i32::from(state.increased) - state.decrements
+                        == i32::from(model.machines) + i32::from(state.increased)
+                            - i32::from(state.decreased)
+                            - state.decrements
                         && state.decrements <= applied + i32::from(state.increased)
                 },
             ),
             // U1: cluster-autoscaler's contract. A machine goes only while CA holds its node
             // tainted and drained: never after the operator's latest answer for it was an
-            // error (CA then untaints it and the scheduler fills it).
+            // error (CA then untaints it and the scheduler fills it). Someone else's decrement
+            // lets Cluster API take a machine of its own choosing, any one, as without us.
             Property::always(
                 "U1 no machine goes after an error answer for it",
                 |_: &Protocol, state: &State| {
+                    let theirs = state.taken_unannotated.iter().filter(|t| **t).count();
+                    let outside = theirs <= usize::from(state.decreased);
                     state.machines.iter().enumerate().all(|(i, m)| {
                         let going = m.state.deleting || (!m.exists && m.version > 0);
-                        !going || !state.ca_error[i] || state.restart_residue[i]
+                        !going
+                            || !state.ca_error[i]
+                            || state.restart_residue[i]
+                            || (outside && state.taken_unannotated[i])
                     })
                 },
             ),
@@ -1170,6 +1236,7 @@ fn claims(requests: Vec<u8>) -> Protocol {
         failures: 1,
         sweepers: 1,
         external_increase: false,
+        external_decrease: false,
         aging: false,
         stops: u8::MAX,
         skewed_sweeper: true,
@@ -1434,4 +1501,37 @@ fn protocol_model_a_stale_request_never_takes_over_a_live_mark() {
     let today = check(skewed(false));
     report("skewed sweeper, CA restart", &today, started);
     today.assert_properties();
+}
+
+/// Finding 7: someone else (a person, GitOps) lowers replicas while a request runs, between
+/// its mark and its decrement among others. Cluster API deletes the marked machine for their
+/// decrement first; ours then takes one of Cluster API's choosing: both intents, as CA's
+/// in-tree provider gives. Never a second unnamed machine, never below the minimum by a write
+/// of ours, and never a named machine after an error answer for it.
+#[test]
+fn protocol_model_claims_hold_when_someone_else_lowers_replicas_meanwhile() {
+    let started = std::time::Instant::now();
+    let checker = check(Protocol {
+        external_decrease: true,
+        min: 1,
+        skewed_sweeper: false,
+        ..claims(vec![0, 1])
+    });
+    report("lowered meanwhile", &checker, started);
+    checker.assert_properties();
+}
+
+/// The same with a sweeper whose clock runs ahead, for `make safety`. It found the
+/// roll-forward that lowered replicas below the minimum after someone else's decrement.
+#[test]
+#[ignore = "larger bound: run by make safety"]
+fn protocol_model_claims_hold_when_someone_else_lowers_replicas_under_clock_skew() {
+    let started = std::time::Instant::now();
+    let checker = check_on_two_threads(Protocol {
+        external_decrease: true,
+        min: 1,
+        ..claims(vec![0, 1])
+    });
+    report("lowered meanwhile, clock skew", &checker, started);
+    checker.assert_properties();
 }

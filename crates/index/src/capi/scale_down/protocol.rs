@@ -508,15 +508,20 @@ pub fn unmark(
 }
 
 /// Step 4b': Cluster API deletes machine `key` under the released request's mark: its fenced
-/// claim becomes an applied decrement and replicas drop, unless the ledger has it applied
-/// already. The minimum is not checked: the machine is going whatever the replicas say.
-/// Only the fenced claim's releaser rolls forward (it holds the group); without it,
-/// [`Decrement::Fenced`].
+/// claim becomes an applied decrement, unless the ledger has it applied already. Replicas
+/// drop too when another machine of the group that stays carries the delete-machine
+/// annotation: Cluster API took `key` for that machine's decrement, and lowering makes it take
+/// that machine as well. Without one, `key` went for someone else's decrement (a person's,
+/// GitOps), and lowering would make Cluster API take a machine of its own choosing, perhaps
+/// one cluster-autoscaler was answered an error for: the decrement is recorded without
+/// lowering. Replicas never drop below the group's minimum. Only the fenced claim's releaser
+/// rolls forward (it holds the group); without it, [`Decrement::Fenced`].
 pub fn roll_forward(
     replicas: i32,
     ledger: &Ledger,
     key: &str,
     request: &str,
+    lowering: RollForwardBounds,
     now: i64,
     exists: impl Fn(&str) -> bool,
 ) -> Decrement {
@@ -531,10 +536,23 @@ pub fn roll_forward(
     }
     let mut next = ledger.clone();
     next.record(key, request, now, exists);
+    let lowered = match lowering.min {
+        Some(min) if lowering.others_annotated && replicas > min => replicas - 1,
+        _ => replicas,
+    };
     Decrement::Write {
-        replicas: replicas - 1,
+        replicas: lowered,
         ledger: next,
     }
+}
+
+/// What a roll-forward may lower replicas by ([`roll_forward`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RollForwardBounds {
+    /// The group's minimum (`None`: not known, so nothing is lowered).
+    pub min: Option<i32>,
+    /// Another machine of the group that stays carries the delete-machine annotation.
+    pub others_annotated: bool,
 }
 
 /// After a machine's decrement is applied (by its request, a roll-forward, or found applied
@@ -1005,23 +1023,48 @@ mod tests {
 
     #[test]
     fn only_the_releaser_of_a_fenced_claim_rolls_forward() {
+        let bounds = |min, others_annotated| RollForwardBounds {
+            min,
+            others_annotated,
+        };
         let mut ledger = claimed("m1", "r1");
         assert_eq!(
-            roll_forward(3, &ledger, "m1", "r1", NOW, |_| true),
+            roll_forward(3, &ledger, "m1", "r1", bounds(Some(0), true), NOW, |_| true),
             Decrement::Fenced
         );
         ledger.fence("m1");
         assert_eq!(
-            roll_forward(3, &ledger, "m1", "r2", NOW, |_| true),
+            roll_forward(3, &ledger, "m1", "r2", bounds(Some(0), true), NOW, |_| true),
             Decrement::Fenced
         );
-        let Decrement::Write { replicas, ledger } =
-            roll_forward(1, &ledger, "m1", "r1", NOW, |_| true)
-        else {
-            panic!("the releaser rolls forward, below the minimum too");
+        let lowered_to = |bounds| match roll_forward(3, &ledger, "m1", "r1", bounds, NOW, |_| true)
+        {
+            Decrement::Write { replicas, ledger } => {
+                assert_eq!(ledger.get("m1").map(|e| e.request.as_str()), Some("r1"));
+                replicas
+            }
+            other => panic!("the releaser rolls forward: {other:?}"),
         };
-        assert_eq!(replicas, 0);
-        assert_eq!(ledger.get("m1").map(|e| e.request.as_str()), Some("r1"));
+        assert_eq!(
+            lowered_to(bounds(Some(0), true)),
+            2,
+            "lowered for the annotated machine"
+        );
+        assert_eq!(
+            lowered_to(bounds(Some(0), false)),
+            3,
+            "someone else's decrement took it: lowering would take a machine nobody chose"
+        );
+        assert_eq!(
+            lowered_to(bounds(Some(3), true)),
+            3,
+            "not below the minimum"
+        );
+        assert_eq!(
+            lowered_to(bounds(None, true)),
+            3,
+            "an unknown minimum lowers nothing"
+        );
     }
 
     #[test]

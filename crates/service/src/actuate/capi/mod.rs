@@ -677,10 +677,11 @@ pub const CLOCK_MARGIN_SECS: i64 = 30;
 
 impl CapiActuator {
     /// Releases `group`'s expired claim on machine `key` for `request` (see
-    /// [`crate::actuate::sweeper`]).
+    /// [`crate::actuate::sweeper`]); `min` is the group's minimum, for a roll-forward.
     pub async fn release_expired_claim(
         &self,
         group: &GroupKey,
+        min: Option<i32>,
         key: &str,
         request: &str,
         until: i64,
@@ -692,7 +693,7 @@ impl CapiActuator {
             preexisting: false,
             released: false,
         };
-        let released = self.release(group, key, &mark, None).await?;
+        let released = self.release(group, min, key, &mark, None).await?;
         if released == Released::RolledBack {
             tracing::warn!(machine = key, request, group = %group.id,
                 "released an expired scale-down claim (its request ended before lowering replicas)");
@@ -736,12 +737,14 @@ impl CapiActuator {
 
     /// Resolves the record `mark` on Machine `namespace/name` against its group's ledger:
     /// clears it once the decrement is applied, releases a mark whose request holds no
-    /// claim once it expired, and removes old released records.
+    /// claim once it expired, and removes old released records. `min`: the minimum of the
+    /// mark's group, for a roll-forward (`None`: not served).
     pub async fn resolve_mark(
         &self,
         namespace: &str,
         name: &str,
         mark: &ScaleDownMark,
+        min: Option<i32>,
         margin: i64,
     ) -> Result<Resolution, ActuateError> {
         let now = jiff::Timestamp::now().as_second();
@@ -767,7 +770,7 @@ impl CapiActuator {
             }
             protocol::Sweep::Release { .. } => match group {
                 Some(group) => {
-                    let released = self.release(&group, name, mark, None).await?;
+                    let released = self.release(&group, min, name, mark, None).await?;
                     if released == Released::RolledBack {
                         tracing::warn!(machine = name, namespace, request = %mark.request, group = %mark.group,
                             "rolled back a stranded deletion mark (its request ended before lowering replicas)");

@@ -4,15 +4,20 @@
 //! write may be committed with its reply lost: each step decides again from what it reads,
 //! so a retry, the request's own release and the sweeper all converge on the same outcome.
 
+use kube::ResourceExt;
+use kube::api::ListParams;
+
 use super::CapiActuator;
 use super::marks::{MachinePatch, MachineStep};
 use super::replicas::{GroupKey, GroupStep, still_exists};
 use crate::actuate::deadline::MutationDeadline;
 use crate::actuate::error::ActuateError;
 use crate::capi::groups::InstanceState;
+use crate::capi::objects::ScalableKind;
 use crate::capi::scale_down::ScaleDownMark;
 use crate::capi::scale_down::protocol::{
-    self, Claim, ClaimBounds, Decrement, Forget, MachineView, Mark, Release, Unmark,
+    self, Claim, ClaimBounds, Decrement, Forget, MachineView, Mark, Release, RollForwardBounds,
+    Unmark,
 };
 use crate::fault;
 use crate::index::{NodeGroup, Snapshot};
@@ -128,7 +133,10 @@ impl CapiActuator {
             Ok(Claimed::Busy { error, in_doubt }) => return Attempt::Busy { error, in_doubt },
             // The claim may have been written, the mark not: release whatever is there.
             Err(error) => {
-                return Attempt::Finished(self.fail(&target, name, &mark, error, false).await);
+                return Attempt::Finished(
+                    self.fail(&target, group.min, name, &mark, error, false)
+                        .await,
+                );
             }
         };
         if absorbed {
@@ -168,7 +176,9 @@ impl CapiActuator {
             Ok(Mark::Marked | Mark::Write(_) | Mark::Occupied(_)) => {}
             Ok(Mark::Deleting) => {
                 tracing::info!(group = %group.id, machine = name, "machine already deleting; not decrementing, releasing the claim");
-                let released = self.release(&target, name, &mark, None).await;
+                let released = self
+                    .release(&target, Some(group.min), name, &mark, None)
+                    .await;
                 return Attempt::Finished(Ok(match released {
                     Ok(Released::Applied) => Removed::AlreadyApplied,
                     Ok(_) => Removed::Deleting,
@@ -182,7 +192,10 @@ impl CapiActuator {
                 return Attempt::Finished(Err(self.fenced(group, name, request)));
             }
             Err(error) => {
-                return Attempt::Finished(self.fail(&target, name, &mark, error, true).await);
+                return Attempt::Finished(
+                    self.fail(&target, group.min, name, &mark, error, true)
+                        .await,
+                );
             }
         }
         fault::point("delete-nodes:after-mark").await;
@@ -226,9 +239,10 @@ impl CapiActuator {
                 self.unfinalize(&group.namespace, name).await;
                 Attempt::Finished(Ok(removed))
             }
-            Ok(Err(refused)) | Err(refused) => {
-                Attempt::Finished(self.fail(&target, name, &mark, refused, true).await)
-            }
+            Ok(Err(refused)) | Err(refused) => Attempt::Finished(
+                self.fail(&target, group.min, name, &mark, refused, true)
+                    .await,
+            ),
         }
     }
 
@@ -303,16 +317,17 @@ impl CapiActuator {
     /// the ledger first, so a decrement whose reply was lost is found applied, and the
     /// removal succeeded after all.
     /// `marked`: a mark write may have landed, so a release that fails leaves the answer in
-    /// doubt rather than an error.
+    /// doubt rather than an error. `min`: the group's minimum, for a roll-forward.
     async fn fail(
         &self,
         group: &GroupKey,
+        min: i32,
         name: &str,
         mark: &ScaleDownMark,
         error: ActuateError,
         marked: bool,
     ) -> Result<Removed, ActuateError> {
-        let mut released = self.release(group, name, mark, None).await;
+        let mut released = self.release(group, Some(min), name, mark, None).await;
         // The release is idempotent: a transient failure is worth a few more tries, as a
         // claim left behind holds the group until the sweeper releases it.
         for attempt in 1..RELEASE_ATTEMPTS {
@@ -320,7 +335,7 @@ impl CapiActuator {
                 break;
             }
             tokio::time::sleep(RELEASE_BACKOFF * attempt).await;
-            released = self.release(group, name, mark, None).await;
+            released = self.release(group, Some(min), name, mark, None).await;
         }
         match released {
             Ok(Released::Applied) => {
@@ -356,9 +371,12 @@ impl CapiActuator {
     /// replaces the Machine's mark with a released record (or, if Cluster API is deleting
     /// the Machine under the mark, applies the decrement after all), then drops the fenced
     /// claim. Run by a failed request and by the sweeper; `deadline` bounds the request's.
+    /// `min`: the group's minimum, below which a roll-forward does not lower replicas
+    /// (`None`: not known, so a roll-forward lowers nothing).
     pub async fn release(
         &self,
         group: &GroupKey,
+        min: Option<i32>,
         name: &str,
         mark: &ScaleDownMark,
         deadline: Option<&MutationDeadline>,
@@ -415,6 +433,10 @@ impl CapiActuator {
             })
             .await?;
         if unmarked {
+            let lowering = RollForwardBounds {
+                min,
+                others_annotated: self.others_annotated(group, name).await?,
+            };
             let now = jiff::Timestamp::now().as_second();
             let rolled = self
                 .update_group(
@@ -428,6 +450,7 @@ impl CapiActuator {
                                 ledger,
                                 name,
                                 request,
+                                lowering,
                                 now,
                                 |_| true,
                             ) {
@@ -472,6 +495,34 @@ impl CapiActuator {
             return Ok(Released::Applied);
         }
         Ok(Released::RolledBack)
+    }
+
+    /// Whether a Machine of `group` other than `name`, not being deleted, carries the
+    /// delete-machine annotation, read live through the group's Cluster API label. A Machine
+    /// the label misses (Cluster API hashes names longer than a label value) counts as none:
+    /// a roll-forward then lowers nothing, which never makes Cluster API take a machine nobody
+    /// chose.
+    async fn others_annotated(&self, group: &GroupKey, name: &str) -> Result<bool, ActuateError> {
+        let label = match group.kind {
+            ScalableKind::MachineDeployment => "deployment-name",
+            ScalableKind::MachineSet => "set-name",
+            ScalableKind::MachinePool => "pool-name",
+            ScalableKind::NodePool => return Ok(false),
+        };
+        let selector = format!("{}/{label}={}", self.keys.group, group.name);
+        let machines = self
+            .machines(&group.namespace)
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(ActuateError::api(format!(
+                "listing the Machines of {}",
+                group.id
+            )))?;
+        Ok(machines.items.iter().any(|m| {
+            m.name_any() != name
+                && m.metadata.deletion_timestamp.is_none()
+                && m.annotations().contains_key(&self.keys.delete_machine)
+        }))
     }
 
     /// Removes our finalizer from a Machine whose decrement is applied. A failure is left to
