@@ -26,7 +26,10 @@ async fn lowered_between_mark_and_decrement(
     let (victim, pid) = group.running().await[0].clone();
     let mut options = group.sweeping_operator();
     options.env = vec![
-        ("NGO_FAULT_PAUSE_AT".into(), "delete-nodes:after-mark".into()),
+        (
+            "NGO_FAULT_PAUSE_AT".into(),
+            "delete-nodes:after-mark".into(),
+        ),
         ("NGO_FAULT_PAUSE_SECS".into(), pause.as_secs().to_string()),
     ];
     group.cluster.start_operator(&options).expect("operator");
@@ -111,7 +114,11 @@ async fn a_failed_request_lowers_nothing_for_a_machine_someone_elses_decrement_t
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(group.replicas().await, 3, "the person's replicas stand");
     let live = group.live_machines().await;
-    assert_eq!(live.len(), 3, "no machine but the marked one went: {live:?}");
+    assert_eq!(
+        live.len(),
+        3,
+        "no machine but the marked one went: {live:?}"
+    );
     assert!(!live.contains(&victim));
     assert!(group.marked().await.is_empty(), "no mark left");
 }

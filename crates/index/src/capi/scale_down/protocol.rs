@@ -113,6 +113,19 @@ pub struct MachineView {
     pub staying: i32,
 }
 
+impl MachineView {
+    /// The view of two reads of the same group (the operator's snapshot and a live read,
+    /// either of which may lag or miss machines) that counts a decrement as absorbed only if
+    /// both do ([`consumption`]): a false "absorbed" would lower replicas twice for one
+    /// machine, a false "pending" only answers OK and waits.
+    pub fn either_pending(self, other: MachineView) -> MachineView {
+        MachineView {
+            deleting: self.deleting || other.deleting,
+            staying: self.staying.max(other.staying),
+        }
+    }
+}
+
 /// Step 1: `request` claims machine `key` in a group of `replicas` whose ledger is `ledger`.
 /// `exists` says whether an applied entry's machine still exists (old entries of gone
 /// machines are pruned).
@@ -694,6 +707,39 @@ mod tests {
                 by: "r1".into(),
                 at: NOW
             }
+        );
+    }
+
+    #[test]
+    fn a_lagging_read_never_makes_a_pending_decrement_look_absorbed() {
+        let late = CONSUME_GRACE_SECS + 1;
+        // The snapshot has not seen the named machine start deleting, nor a machine Cluster
+        // API still owes: alone it says "absorbed". The live read knows better.
+        let snapshot = MachineView {
+            deleting: false,
+            staying: 2,
+        };
+        let live = MachineView {
+            deleting: false,
+            staying: 3,
+        };
+        assert_eq!(consumption(snapshot, 2, late), Consumption::Absorbed);
+        assert_eq!(
+            consumption(snapshot.either_pending(live), 2, late),
+            Consumption::Pending
+        );
+        let deleting = MachineView {
+            deleting: true,
+            staying: 2,
+        };
+        assert_eq!(
+            consumption(live.either_pending(deleting), 3, late),
+            Consumption::Pending
+        );
+        // Both absorbed: absorbed.
+        assert_eq!(
+            consumption(snapshot.either_pending(snapshot), 2, late),
+            Consumption::Absorbed
         );
     }
 

@@ -5,7 +5,7 @@
 //! so a retry, the request's own release and the sweeper all converge on the same outcome.
 
 use kube::ResourceExt;
-use kube::api::ListParams;
+use kube::api::{DynamicObject, ListParams};
 
 use super::CapiActuator;
 use super::marks::{MachinePatch, MachineStep};
@@ -104,7 +104,30 @@ impl CapiActuator {
         };
         let target = GroupKey::of(group);
         let now = jiff::Timestamp::now().as_second();
-        let view = machine_view(snapshot, group, name);
+        // Decisions that a lagging snapshot could get wrong in the unsafe direction (a pending
+        // decrement taken for absorbed, an entry of a machine that still stands pruned) also
+        // read the group's Machines live, and count what either read shows.
+        let live = self.group_machines(&target).await;
+        let view = match &live {
+            Ok(machines) => machine_view(snapshot, group, name)
+                .either_pending(live_machine_view(machines, name)),
+            Err(error) => {
+                tracing::warn!(%error, group = %group.id, "could not read the group's Machines; counting every applied decrement as pending");
+                MachineView {
+                    deleting: machine_view(snapshot, group, name).deleting,
+                    staying: i32::MAX,
+                }
+            }
+        };
+        let live_names: Option<std::collections::BTreeSet<String>> = live
+            .ok()
+            .map(|machines| machines.iter().map(|m| m.name_any()).collect());
+        // An applied entry is pruned only if neither read shows its machine (none, when the
+        // live read failed).
+        let stands = |k: &str| {
+            still_exists(snapshot, group, k)
+                || live_names.as_ref().is_none_or(|names| names.contains(k))
+        };
         let claimed = self
             .update_group(
                 &target,
@@ -117,8 +140,7 @@ impl CapiActuator {
                         until: mark.deadline,
                         machine: view,
                     };
-                    let exists = |k: &str| still_exists(snapshot, group, k);
-                    let claim = protocol::claim(replicas, ledger, name, request, bounds, exists);
+                    let claim = protocol::claim(replicas, ledger, name, request, bounds, stands);
                     Ok(self.decide_claim(group, name, request, claim, replicas))
                 },
             )
@@ -206,10 +228,9 @@ impl CapiActuator {
                 &format!("lowering the replicas for Machine {name}"),
                 Some(deadline),
                 |replicas, ledger| {
-                    let exists = |k: &str| still_exists(snapshot, group, k);
                     Ok(
                         match protocol::decrement(
-                            replicas, ledger, name, request, group.min, now, exists,
+                            replicas, ledger, name, request, group.min, now, stands,
                         ) {
                             Decrement::Write {
                                 replicas: lowered,
@@ -497,17 +518,15 @@ impl CapiActuator {
         Ok(Released::RolledBack)
     }
 
-    /// Whether a Machine of `group` other than `name`, not being deleted, carries the
-    /// delete-machine annotation, read live through the group's Cluster API label. A Machine
-    /// the label misses (Cluster API hashes names longer than a label value) counts as none:
-    /// a roll-forward then lowers nothing, which never makes Cluster API take a machine nobody
-    /// chose.
-    async fn others_annotated(&self, group: &GroupKey, name: &str) -> Result<bool, ActuateError> {
+    /// The Machines of `group`, read live through its Cluster API label. Machines the label
+    /// misses (Cluster API hashes names longer than a label value) are not listed: callers
+    /// count on the list only where a missing Machine errs on the safe side.
+    async fn group_machines(&self, group: &GroupKey) -> Result<Vec<DynamicObject>, ActuateError> {
         let label = match group.kind {
             ScalableKind::MachineDeployment => "deployment-name",
             ScalableKind::MachineSet => "set-name",
             ScalableKind::MachinePool => "pool-name",
-            ScalableKind::NodePool => return Ok(false),
+            ScalableKind::NodePool => return Ok(Vec::new()),
         };
         let selector = format!("{}/{label}={}", self.keys.group, group.name);
         let machines = self
@@ -518,7 +537,15 @@ impl CapiActuator {
                 "listing the Machines of {}",
                 group.id
             )))?;
-        Ok(machines.items.iter().any(|m| {
+        Ok(machines.items)
+    }
+
+    /// Whether a Machine of `group` other than `name`, not being deleted, carries the
+    /// delete-machine annotation, read live. One the label misses counts as none: a
+    /// roll-forward then lowers nothing, which never makes Cluster API take a machine nobody
+    /// chose.
+    async fn others_annotated(&self, group: &GroupKey, name: &str) -> Result<bool, ActuateError> {
+        Ok(self.group_machines(group).await?.iter().any(|m| {
             m.name_any() != name
                 && m.metadata.deletion_timestamp.is_none()
                 && m.annotations().contains_key(&self.keys.delete_machine)
@@ -554,6 +581,22 @@ impl CapiActuator {
             machine: format!("{}/{name}", group.namespace),
             request: request.to_string(),
         }
+    }
+}
+
+/// The named machine and its group as a live list of the group's Machines shows them: the
+/// machine counts as deleting only if listed deleting (one the list misses adds nothing).
+fn live_machine_view(machines: &[DynamicObject], name: &str) -> MachineView {
+    let deleting = machines
+        .iter()
+        .any(|m| m.name_any() == name && m.metadata.deletion_timestamp.is_some());
+    let staying = machines
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+        .count();
+    MachineView {
+        deleting,
+        staying: i32::try_from(staying).unwrap_or(i32::MAX),
     }
 }
 
