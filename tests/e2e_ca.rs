@@ -1327,14 +1327,15 @@ async fn a_short_seeded_chaos_round_deletes_no_node_cluster_autoscaler_did_not_g
         .await
         .expect("chaos round");
     eprintln!(
-        "chaos: {} scale-downs, {} DeleteNodes errors, {} machines deleted, actions {:?}, faults {:?}, residue {:?}, by a person {:?}",
+        "chaos: {} scale-downs, {} DeleteNodes errors, {} machines deleted, actions {:?}, faults {:?}, residue {:?}, by a person {:?}, by a rollout {:?}",
         results.scale_downs,
         results.delete_nodes_errors,
         results.machines_deleted,
         results.actions,
         results.faults_injected,
         results.residue,
-        results.by_person
+        results.by_person,
+        results.by_rollout
     );
     assert!(results.violations.is_empty(), "{:#?}", results.violations);
     assert!(

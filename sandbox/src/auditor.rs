@@ -17,6 +17,12 @@ use kube::{Client, ResourceExt};
 
 /// The taint cluster-autoscaler puts on a node it is about to delete.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+/// Cluster API's annotation choosing a Machine for deletion first.
+const DELETE_MACHINE: &str = "cluster.x-k8s.io/delete-machine";
+/// Cluster API's label naming a Machine's MachineDeployment.
+const DEPLOYMENT_LABEL: &str = "cluster.x-k8s.io/deployment-name";
+/// The MachineDeployment revision Cluster API records on it and on each of its MachineSets.
+const REVISION_ANNOTATION: &str = "machinedeployment.clusters.x-k8s.io/revision";
 
 /// What CA last heard about a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +33,10 @@ pub enum Answer {
     Ok,
     /// DeleteNodes answered an error: CA untainted the node, pods may land on it.
     Error,
+    /// No answer reached CA (the operator was killed or stalled past CA's deadline, the
+    /// connection broke): an error to CA, which untainted the node. A deletion then is U1's
+    /// documented residue, which no provider can close, not a violation.
+    Lost,
 }
 
 /// Why a Machine's deletion breaks U1, or `None` when it does not. `node_exists`: the
@@ -39,6 +49,7 @@ pub fn violation(node_exists: bool, latest: Option<Answer>, tainted: bool) -> Op
     match latest {
         None => Some("CA never asked to delete its node".into()),
         Some(Answer::Error) => Some("CA's latest answer for its node was an error".into()),
+        Some(Answer::Lost) => Some("no answer for its node reached CA".into()),
         Some(Answer::Ok | Answer::Pending) if !tainted => {
             Some(format!("its node is not tainted {TO_BE_DELETED_TAINT}"))
         }
@@ -62,7 +73,14 @@ struct Record {
     residue: Vec<String>,
     /// Machines a person annotated with delete-machine: their deletion is that person's.
     excused: BTreeSet<String>,
+    /// Per MachineDeployment: decrements a person made (`kubectl scale`), each of which lets
+    /// Cluster API take one machine of its own choosing (without the delete-machine
+    /// annotation).
+    lowered_by_person: BTreeMap<String, usize>,
     by_person: Vec<String>,
+    /// Machines of an older MachineSet that a MachineDeployment's rollout deleted (Cluster
+    /// API's own choice, by design).
+    by_rollout: Vec<String>,
     /// Machines seen deleting.
     deleted: usize,
 }
@@ -81,6 +99,7 @@ impl DeletionAuditor {
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, machines);
         let nodes: Api<Node> = Api::all(client.clone());
         let pods: Api<Pod> = Api::all(client.clone());
+        let client_for_sets = client.clone();
         let shared = record.clone();
         let watch = tokio::spawn(async move {
             let mut seen: BTreeSet<String> = BTreeSet::new();
@@ -97,6 +116,7 @@ impl DeletionAuditor {
                 let Some(node_name) = machine.data["status"]["nodeRef"]["name"].as_str() else {
                     continue;
                 };
+                let rolled_out = of_an_older_revision(&client_for_sets, &machine).await;
                 let node = nodes.get_opt(node_name).await.ok().flatten();
                 let tainted = node.as_ref().is_some_and(is_tainted);
                 let undrained = match node {
@@ -119,11 +139,32 @@ impl DeletionAuditor {
                         "Machine {} (node {node_name}) deleted: {why} (CA's latest answer: {latest:?})",
                         machine.name_any()
                     );
+                    let deployment = machine.labels().get(DEPLOYMENT_LABEL).cloned();
+                    let annotated = machine.annotations().contains_key(DELETE_MACHINE);
+                    let person_budget = deployment
+                        .as_ref()
+                        .and_then(|d| record.lowered_by_person.get(d).copied())
+                        .unwrap_or(0);
                     if record.excused.contains(&machine.name_any()) {
                         record.by_person.push(line);
+                    } else if rolled_out {
+                        record.by_rollout.push(line);
+                    } else if !annotated && person_budget > 0 {
+                        if let Some(d) = &deployment {
+                            record
+                                .lowered_by_person
+                                .insert(d.clone(), person_budget - 1);
+                        }
+                        record
+                            .by_person
+                            .push(format!("{line} (replicas lowered by a person)"));
                     } else if restarted && matches!(latest, Some(Answer::Ok | Answer::Pending)) {
                         record.residue.push(format!(
                             "{line} (its taint was removed by a restart of cluster-autoscaler)"
+                        ));
+                    } else if latest == Some(Answer::Lost) {
+                        record.residue.push(format!(
+                            "{line} (the operator's answer never reached cluster-autoscaler)"
                         ));
                     } else {
                         record.violations.push(line);
@@ -158,6 +199,35 @@ impl DeletionAuditor {
         }
     }
 
+    /// After a DeleteNodes naming `nodes` got no answer (see [`Answer::Lost`]): records it and
+    /// untaints them, as CA does for any error.
+    pub async fn lost(&self, nodes: &[String]) {
+        {
+            let mut record = lock(&self.record);
+            for name in nodes {
+                record.answers.insert(name.clone(), Answer::Lost);
+                if record.deleting.contains(name) {
+                    record.residue.push(format!(
+                        "no answer reached CA for node {name} whose Machine is being deleted"
+                    ));
+                }
+            }
+        }
+        for name in nodes {
+            self.set_taint(name, false).await;
+        }
+    }
+
+    /// After a DeleteNodes naming `nodes` returned `answer`, as a test's client saw it: an
+    /// error the client made itself (its deadline passed, the connection broke: the status
+    /// carries a transport source) is [`Answer::Lost`], any other error [`Answer::Error`].
+    pub async fn returned<T>(&self, nodes: &[String], answer: &Result<T, tonic::Status>) {
+        match answer {
+            Err(status) if std::error::Error::source(status).is_some() => self.lost(nodes).await,
+            other => self.answered(nodes, other.is_ok()).await,
+        }
+    }
+
     /// Every violation seen so far.
     pub fn violations(&self) -> Vec<String> {
         lock(&self.record).violations.clone()
@@ -177,6 +247,27 @@ impl DeletionAuditor {
     /// Machine `name` carries a person's delete-machine annotation: its deletion is theirs.
     pub fn excuse(&self, name: &str) {
         lock(&self.record).excused.insert(name.to_string());
+    }
+
+    /// A person lowered MachineDeployment `deployment`'s replicas by one: Cluster API may take
+    /// one machine of its own choosing for it.
+    pub fn person_lowered(&self, deployment: &str) {
+        *lock(&self.record)
+            .lowered_by_person
+            .entry(deployment.to_string())
+            .or_default() += 1;
+    }
+
+    /// The decrement announced with [`DeletionAuditor::person_lowered`] was not written.
+    pub fn person_did_not_lower(&self, deployment: &str) {
+        if let Some(n) = lock(&self.record).lowered_by_person.get_mut(deployment) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// Deletions of Machines of an older MachineSet during a MachineDeployment's rollout.
+    pub fn by_rollout(&self) -> Vec<String> {
+        lock(&self.record).by_rollout.clone()
     }
 
     /// How many Machines were seen starting to be deleted.
@@ -261,6 +352,42 @@ impl Drop for DeletionAuditor {
     }
 }
 
+/// True when `machine` belongs to a MachineSet of an older revision than its
+/// MachineDeployment's: a rollout replaces it, by Cluster API's own choice (read from Cluster
+/// API's objects, not the operator's).
+async fn of_an_older_revision(client: &Client, machine: &DynamicObject) -> bool {
+    let namespace = machine.namespace().unwrap_or_default();
+    let Some(set) = machine
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "MachineSet")
+        .map(|o| o.name.clone())
+    else {
+        return false;
+    };
+    let Some(deployment) = machine.labels().get(DEPLOYMENT_LABEL).cloned() else {
+        return false;
+    };
+    let revision = |o: Option<DynamicObject>| {
+        o.and_then(|o| {
+            o.annotations()
+                .get(REVISION_ANNOTATION)?
+                .parse::<u64>()
+                .ok()
+        })
+    };
+    let sets: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &namespace, &crate::capi::machine_sets());
+    let deployments: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &namespace,
+        &crate::capi::machine_deployments(),
+    );
+    let set_revision = revision(sets.get_opt(&set).await.ok().flatten());
+    let current = revision(deployments.get_opt(&deployment).await.ok().flatten());
+    matches!((set_revision, current), (Some(s), Some(d)) if s < d)
+}
+
 /// Pods bound to `node` that CA would have evicted before deleting it: not terminating, not
 /// finished, not of a DaemonSet, not mirror pods.
 async fn undrained_pods(pods: &Api<Pod>, node: &str) -> Vec<String> {
@@ -314,5 +441,9 @@ mod tests {
         );
         assert!(violation(true, Some(Answer::Pending), false).is_some());
         assert_eq!(violation(false, None, false), None, "no node, no pods");
+        assert!(
+            violation(true, Some(Answer::Lost), false).is_some(),
+            "a lost answer is judged apart, as residue"
+        );
     }
 }

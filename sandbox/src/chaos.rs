@@ -1,9 +1,10 @@
 //! `make chaos`: the real cluster-autoscaler decides while the world misbehaves. MachineDeployments
 //! scale up and down under workloads whose pods come and go, and seeded outside actions happen
-//! meanwhile: replicas raised by hand (IncreaseSize, `kubectl scale`), MachineSets and the
-//! Cluster paused and resumed, Cluster API stalled, a person's delete-machine annotation, the
-//! operator killed and restarted, cluster-autoscaler restarted, and lost replies from the API
-//! server (the fault proxy in front of the operator). CA reaches the operator through a
+//! meanwhile: replicas raised by hand (IncreaseSize, `kubectl scale`) and lowered by a person
+//! (`kubectl scale`), MachineDeployment rollouts, MachineSets and the Cluster paused and
+//! resumed, Cluster API stalled, a person's delete-machine annotation, the operator killed and
+//! restarted, cluster-autoscaler restarted, and lost replies from the API server (the fault
+//! proxy in front of the operator). CA reaches the operator through a
 //! [`Tap`], so a [`DeletionAuditor`] judges every Machine deletion by CA's own answers (U1 of
 //! `docs/safety.md`). Seeded and replayable: the same seed takes the same actions in the same
 //! order (what the processes do in between is timing). Results go to
@@ -76,8 +77,12 @@ pub struct ChaosResults {
     /// Deletions of nodes whose taint a restart of cluster-autoscaler removed after an OK:
     /// the documented residue no provider can close.
     pub residue: Vec<String>,
-    /// Deletions of Machines a person had annotated with delete-machine (theirs to ask).
+    /// Deletions of Machines a person had annotated with delete-machine, or taken by Cluster
+    /// API for replicas a person lowered (theirs to ask).
     pub by_person: Vec<String>,
+    /// Deletions of Machines of an older MachineSet during a rollout (Cluster API's, by
+    /// design).
+    pub by_rollout: Vec<String>,
 }
 
 /// An action to undo later (a pause, a stall, an annotation).
@@ -159,6 +164,7 @@ pub async fn run(
     let mut rng = StdRng::seed_from_u64(options.seed);
     let mut actions: BTreeMap<String, u64> = BTreeMap::new();
     let mut undo: Vec<(Instant, Undo)> = Vec::new();
+    let mut rollouts = 0u32;
     let started = Instant::now();
     let deadline = started + options.duration;
     while Instant::now() < deadline {
@@ -191,7 +197,7 @@ pub async fn run(
                     .await;
                 "increase_size_by_hand"
             }
-            52..=58 => {
+            52..=55 => {
                 let mds = api(&client, ns, &capi::machine_deployments());
                 let md = mds.get(&name).await?;
                 let replicas = md.data["spec"]["replicas"].as_i64().unwrap_or(1);
@@ -203,7 +209,34 @@ pub async fn run(
                 }
                 "kubectl_scale_up"
             }
-            59..=64 => {
+            56..=58 => {
+                let mds = api(&client, ns, &capi::machine_deployments());
+                let md = mds.get(&name).await?;
+                let replicas = md.data["spec"]["replicas"].as_i64().unwrap_or(1);
+                if replicas <= 1 {
+                    continue;
+                }
+                // Counted before the write: Cluster API may act on it at once.
+                auditor.person_lowered(&name);
+                let patch = json!({"spec": {"replicas": replicas - 1}});
+                if let Err(error) = mds
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    tracing::warn!(%error, "a person's kubectl scale did not apply");
+                    auditor.person_did_not_lower(&name);
+                }
+                "kubectl_scale_down"
+            }
+            59..=61 => {
+                rollouts += 1;
+                let patch = json!({"spec": {"template": {"spec": {"bootstrap": {
+                    "dataSecretName": format!("chaos-revision-{rollouts}")
+                }}}}});
+                merge_patch(&client, ns, &capi::machine_deployments(), &name, patch).await;
+                "rollout"
+            }
+            62..=64 => {
                 let sets = machine_sets_of(&client, ns, &name).await?;
                 for set in &sets {
                     set_paused_annotation(&client, ns, set, true).await;
@@ -294,6 +327,7 @@ pub async fn run(
         violations: auditor.violations(),
         residue: auditor.residue(),
         by_person: auditor.by_person(),
+        by_rollout: auditor.by_rollout(),
     };
     cluster.stop_autoscaler();
     cluster.stop_operator();

@@ -365,7 +365,8 @@ async fn chaos(
     let path = ngo_sandbox::chaos::write_results(&results)?;
     println!(
         "chaos: seed {}, {:.0}s, {} scale-downs ({} DeleteNodes OK, {} errors), {} machines deleted, \
-         actions {:?}, faults {:?}, {} violations, {} residue, {} by a person; results in {}",
+         actions {:?}, faults {:?}, {} violations, {} residue, {} by a person, {} by a rollout; \
+         results in {}",
         results.seed,
         results.duration_s,
         results.scale_downs,
@@ -377,6 +378,7 @@ async fn chaos(
         results.violations.len(),
         results.residue.len(),
         results.by_person.len(),
+        results.by_rollout.len(),
         path.display()
     );
     for line in results.violations.iter().chain(&results.residue) {

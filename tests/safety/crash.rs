@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
+use ngo_sandbox::auditor::DeletionAuditor;
 use ngo_sandbox::capi;
 use ngo_sandbox::environment::{SandboxInfo, WORKER_TEMPLATE, start_for_process};
 use ngo_sandbox::operator::{OperatorOptions, write_cloud_config};
@@ -28,11 +29,14 @@ pub fn sandbox() -> &'static SandboxInfo {
     SANDBOX.get_or_init(|| start_for_process().unwrap_or_else(|e| panic!("{e:#}")))
 }
 
-/// A namespace with a Cluster and a MachineDeployment `w` of `replicas` Running machines.
+/// A namespace with a Cluster and a MachineDeployment `w` of `replicas` Running machines,
+/// and a deletion auditor judging every Machine deletion by cluster-autoscaler's answers
+/// (U1), told what CA asked and got through [`Group::ca_asks`] and [`Group::ca_got`].
 pub struct Group {
     pub cluster: AutoscaledCluster,
     pub client: Client,
     pub id: String,
+    pub auditor: DeletionAuditor,
 }
 
 impl Group {
@@ -60,10 +64,12 @@ impl Group {
         .create(&Default::default(), &md)
         .await
         .expect("create md");
+        let auditor = DeletionAuditor::start(client.clone(), &namespace, &capi::machines());
         let group = Self {
             cluster,
             client,
             id: format!("MachineDeployment/{namespace}/w"),
+            auditor,
         };
         group.wait_running(replicas as usize).await;
         group
@@ -71,6 +77,46 @@ impl Group {
 
     pub fn ns(&self) -> &str {
         &self.cluster.namespace
+    }
+
+    /// cluster-autoscaler is about to ask to delete the nodes of `machines`: it taints them
+    /// first.
+    pub async fn ca_asks(&self, machines: &[&str]) {
+        let nodes = self.node_names(machines).await;
+        self.auditor.taint(&nodes).await;
+    }
+
+    /// What cluster-autoscaler got back for the nodes of `machines` (an error untaints them).
+    pub async fn ca_got<T>(&self, machines: &[&str], answer: &Result<T, tonic::Status>) {
+        let nodes = self.node_names(machines).await;
+        self.auditor.returned(&nodes, answer).await;
+    }
+
+    /// The Node names of `machines` (their `status.nodeRef`), as CA names them.
+    async fn node_names(&self, machines: &[&str]) -> Vec<String> {
+        let all = self.machines().await;
+        machines
+            .iter()
+            .filter_map(|name| {
+                all.iter()
+                    .find(|m| m.name_any() == *name)
+                    .and_then(|m| m.data["status"]["nodeRef"]["name"].as_str())
+                    .map(str::to_string)
+            })
+            .collect()
+    }
+
+    /// Fails on any Machine the auditor saw deleted against CA's latest answer (U1); logs
+    /// the documented residue (answers that never reached CA).
+    pub fn assert_u1(&self) {
+        let violations = self.auditor.violations();
+        assert!(
+            violations.is_empty(),
+            "Machines deleted against cluster-autoscaler's latest answer (U1): {violations:#?}"
+        );
+        for line in self.auditor.residue() {
+            self.log(&format!("U1 residue: {line}"));
+        }
     }
 
     /// Options for this test binary's operator build (fault points compiled in) that sweeps
@@ -305,6 +351,7 @@ async fn an_operator_killed_at_any_step_of_delete_nodes_strands_no_mark() {
                 nodes: vec![node(&victim, &pid)],
             });
             request.set_timeout(Duration::from_secs(1));
+            group.ca_asks(&[&victim]).await;
             let call = tokio::spawn(async move { client.node_group_delete_nodes(request).await });
             poll("the fault point", || async {
                 std::fs::read_to_string(&log)
@@ -314,8 +361,10 @@ async fn an_operator_killed_at_any_step_of_delete_nodes_strands_no_mark() {
             })
             .await;
             group.cluster.kill_operator();
-            // The operator died before answering: what matters is what it left behind.
-            let _ = call.await.expect("rpc task");
+            // The operator died before answering: what matters is what it left behind (a
+            // decrement it committed is U1's residue: no answer reached CA).
+            let answer = call.await.expect("rpc task");
+            group.ca_got(&[&victim], &answer).await;
 
             // A new operator (no fault) starts; its sweeper resolves what the dead one left.
             options.env.clear();
@@ -356,12 +405,20 @@ async fn an_operator_killed_at_any_step_of_delete_nodes_strands_no_mark() {
             // node already removed is unknown by now: CA would not ask for it.)
             let address = group.cluster.operator().expect("operator").grpc_address;
             let mut client = group.cluster.pki.connect(address).await.expect("client");
+            group.ca_asks(&[&victim]).await;
             let retry = client
                 .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
                     id: group.id.clone(),
                     nodes: vec![node(&victim, &pid)],
                 })
                 .await;
+            // CA does not ask about a node it no longer sees; this test does.
+            if !retry
+                .as_ref()
+                .is_err_and(|s| s.code() == tonic::Code::NotFound)
+            {
+                group.ca_got(&[&victim], &retry).await;
+            }
             match step {
                 Step::Decremented => assert!(
                     retry.is_ok()
@@ -401,6 +458,7 @@ async fn an_operator_killed_at_any_step_of_delete_nodes_strands_no_mark() {
     group.cluster.stop_operator();
     let machines = group.machines().await.len() as i64;
     assert_eq!(machines, expected_replicas, "machines match replicas");
+    group.assert_u1();
     group.log(&format!(
         "{total} kills survived in {:.0}s: {rolled_back} stranded claims released by the sweeper, \
          0 left; ledger: {}",

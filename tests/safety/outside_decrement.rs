@@ -41,6 +41,7 @@ async fn lowered_between_mark_and_decrement(
         nodes: vec![node(&victim, &pid)],
     });
     request.set_timeout(timeout);
+    group.ca_asks(&[&victim]).await;
     let call = tokio::spawn(async move { client.node_group_delete_nodes(request).await });
     poll("the request paused after its mark", || async {
         std::fs::read_to_string(&log)
@@ -56,6 +57,7 @@ async fn lowered_between_mark_and_decrement(
         group.ns(),
         &capi::machine_deployments(),
     );
+    group.auditor.person_lowered("w");
     mds.patch(
         "w",
         &PatchParams::default(),
@@ -72,6 +74,7 @@ async fn lowered_between_mark_and_decrement(
         "Cluster API acted only after the request went on"
     );
     let answer = call.await.expect("rpc task").map(|_| ());
+    group.ca_got(&[&victim], &answer).await;
     (answer, victim, group)
 }
 
@@ -92,6 +95,7 @@ async fn someone_elses_decrement_between_mark_and_decrement_gives_both_intents()
     assert_eq!(group.replicas().await, 2);
     assert!(!group.live_machines().await.contains(&victim));
     assert!(group.marked().await.is_empty(), "no mark left");
+    group.assert_u1();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,4 +125,5 @@ async fn a_failed_request_lowers_nothing_for_a_machine_someone_elses_decrement_t
     );
     assert!(!live.contains(&victim));
     assert!(group.marked().await.is_empty(), "no mark left");
+    group.assert_u1();
 }

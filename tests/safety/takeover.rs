@@ -43,6 +43,7 @@ async fn a_request_released_while_running_takes_over_no_live_mark() {
         nodes: vec![node(&victim, &pid)],
     });
     request.set_timeout(Duration::from_secs(30));
+    group.ca_asks(&[&victim]).await;
     let call = tokio::spawn(async move { client.node_group_delete_nodes(request).await });
     poll("the request paused after its claim", || async {
         std::fs::read_to_string(&log)
@@ -87,6 +88,7 @@ async fn a_request_released_while_running_takes_over_no_live_mark() {
         .expect("the live holder's mark");
 
     let answer = call.await.expect("rpc task");
+    group.ca_got(&[&victim], &answer).await;
     let status = answer.expect_err("a request whose claim was released answers an error");
     group.log(&format!("the released request answered: {status:?}"));
 
@@ -109,4 +111,5 @@ async fn a_request_released_while_running_takes_over_no_live_mark() {
         (holder_machine, holder.request.as_str()),
         (victim.as_str(), LIVE_HOLDER)
     );
+    group.assert_u1();
 }
