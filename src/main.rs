@@ -200,6 +200,18 @@ struct RunArgs {
     /// change of the pool's spec or scale-down ledger starts one at once).
     #[arg(long, default_value_t = 15)]
     node_pool_interval_secs: u64,
+    /// Hosts a NodePool's endpoint overrides may name (`host`, `host:port` or `*.domain`,
+    /// comma-separated): the operator sends credentials there. None by default: NodePools
+    /// use their clouds' own endpoints.
+    #[arg(long, env = "NGO_CLOUD_ENDPOINT_ALLOW", value_delimiter = ',')]
+    cloud_endpoint_allow: Vec<String>,
+    /// Lets NodePool endpoint overrides (and `aliCloud.endpoints.scheme`) use plain HTTP.
+    #[arg(long, env = "NGO_CLOUD_ENDPOINT_ALLOW_HTTP")]
+    cloud_endpoint_allow_http: bool,
+    /// The projected service-account token RRSA NodePools assume their role with; RRSA is
+    /// refused without it. Set by Alibaba Cloud's pod identity webhook.
+    #[arg(long, env = "ALIBABA_CLOUD_OIDC_TOKEN_FILE")]
+    alicloud_oidc_token_file: Option<PathBuf>,
 }
 
 impl RunArgs {
@@ -265,6 +277,13 @@ impl RunArgs {
             sweep_interval: Duration::from_secs(self.sweep_interval_secs.max(1)),
             sweep_clock_margin_secs: self.sweep_clock_margin_secs.max(0),
             node_pool_interval: Duration::from_secs(self.node_pool_interval_secs.max(1)),
+            backends: nodegroup_operator::backends::BackendOptions {
+                endpoints: nodegroup_operator::backends::EndpointPolicy::new(
+                    self.cloud_endpoint_allow.clone(),
+                    self.cloud_endpoint_allow_http,
+                ),
+                alicloud_oidc_token_file: self.alicloud_oidc_token_file.clone(),
+            },
             workload_nodes: match self.workload_nodes.as_str() {
                 "cluster-secrets" => WorkloadNodes::ClusterSecrets,
                 "kubeconfig" => WorkloadNodes::Kubeconfig(self.workload_kubeconfig.clone()),

@@ -257,6 +257,9 @@ impl OperatorProcess {
             format!("--tls-key={}", pki.server.1.display()),
             format!("--tls-client-ca={}", pki.ca_cert.display()),
             format!("--kubeconfig={}", options.kubeconfig.display()),
+            // The sandbox's clouds are emulators on loopback, over plain HTTP.
+            "--cloud-endpoint-allow=127.0.0.1,localhost".to_string(),
+            "--cloud-endpoint-allow-http".to_string(),
         ];
         for spec in &options.auto_discovery {
             args.push(format!("--node-group-auto-discovery={spec}"));

@@ -5,14 +5,30 @@
 
 pub mod alicloud;
 pub mod cherry;
+pub mod endpoints;
+
+use std::path::PathBuf;
 
 use crate::nodepool::backend::BackendConnector;
+pub use endpoints::EndpointPolicy;
+
+/// What the operator's configuration (not a NodePool) decides for every cloud.
+#[derive(Clone, Debug, Default)]
+pub struct BackendOptions {
+    /// Which endpoint overrides NodePools may name.
+    pub endpoints: EndpointPolicy,
+    /// The projected service-account token RRSA pools assume their role with
+    /// (`ALIBABA_CLOUD_OIDC_TOKEN_FILE`); RRSA is refused without it.
+    pub alicloud_oidc_token_file: Option<PathBuf>,
+}
 
 /// The connector of every cloud this operator runs NodePools on: the one list a new cloud
 /// is added to.
-pub fn connectors() -> Vec<Box<dyn BackendConnector>> {
+pub fn connectors(options: &BackendOptions) -> Vec<Box<dyn BackendConnector>> {
     vec![
-        Box::new(cherry::pool::CherryConnector),
-        Box::new(alicloud::pool::AliCloudConnector::default()),
+        Box::new(cherry::pool::CherryConnector::new(
+            options.endpoints.clone(),
+        )),
+        Box::new(alicloud::pool::AliCloudConnector::new(options)),
     ]
 }

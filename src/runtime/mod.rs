@@ -74,6 +74,9 @@ pub struct Config {
     /// Longest time between two reconcile passes over a NodePool (leader only; a change of
     /// the pool's spec or ledger starts one at once).
     pub node_pool_interval: Duration,
+    /// What the configuration decides for every cloud of NodePools (endpoint overrides,
+    /// the RRSA token file).
+    pub backends: crate::backends::BackendOptions,
     /// Where Nodes come from (the topology).
     pub workload_nodes: WorkloadNodes,
     /// Scoping of clients to Clusters by their certificate.
@@ -487,7 +490,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                 instance: instance.clone(),
                 ..Default::default()
             },
-            crate::backends::connectors(),
+            crate::backends::connectors(&config.backends),
         ));
         let run =
             leader::while_leading("NodePool reconciler", leading.clone(), shutdown.clone(), {

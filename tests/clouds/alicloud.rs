@@ -47,11 +47,22 @@ impl World {
     }
 
     async fn with(prefix: &str, groups: &[&str], tweak: impl FnOnce(&mut AliCloudOptions)) -> Self {
+        Self::with_operator_args(prefix, groups, &[], tweak).await
+    }
+
+    /// As [`World::with`], the operator started with `args` too.
+    async fn with_operator_args(
+        prefix: &str,
+        groups: &[&str],
+        args: &[String],
+        tweak: impl FnOnce(&mut AliCloudOptions),
+    ) -> Self {
         let binary = PathBuf::from(env!("CARGO_BIN_EXE_nodegroup-operator"));
         let base = TestWorld::start(sandbox(), prefix, &binary, |operator| {
             operator
                 .extra_args
                 .push("--node-pool-interval-secs=2".into());
+            operator.extra_args.extend(args.iter().cloned());
         })
         .await;
         let mut options = AliCloudOptions {
@@ -607,38 +618,53 @@ async fn ecs_ram_role_credentials_come_from_the_metadata_server_and_are_renewed_
     assert_eq!(available.map(|c| c.0), Some("False".to_string()));
 }
 
-/// An `RRSA` pool assumes its RAM role with the service-account token file its Secret names
-/// (`AssumeRoleWithOIDC`), signs with the temporary key, and reads the file again on every
-/// renewal: a token the issuer no longer accepts is reported once the key must be renewed,
-/// and a good token written back is picked up without a restart. A Secret missing the
-/// provider ARN is an `InvalidSpec` naming the key.
+/// An `RRSA` pool assumes its RAM role with the service-account token file of the operator's
+/// configuration (`--alicloud-oidc-token-file`; `AssumeRoleWithOIDC`), signs with the
+/// temporary key, and reads the file again on every renewal: a token the issuer no longer
+/// accepts is reported once the key must be renewed, and a good token written back is
+/// picked up without a restart. A Secret missing the provider ARN is an `InvalidSpec` naming
+/// the key. A Secret naming a file of the operator's pod (`oidc-token-file-path`, a canary
+/// here) is refused, and an STS endpoint the operator does not allow too: the canary's
+/// path and content reach no condition and no request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rrsa_pool_assumes_its_role_with_the_token_file_and_rereads_it() {
     const ROLE: &str = "acs:ram::1234567890:role/nodegroup-operator";
     const PROVIDER: &str = "acs:ram::1234567890:oidc-provider/ack-rrsa-c1";
     const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJuZ28ifQ.c2lnbmF0dXJl";
-    let w = World::with("ali-rrsa", &["asg-rrsa", "asg-halfrrsa"], |o| {
-        o.oidc_roles = vec![ngo_sandbox::alicloud::OidcRole {
-            role_arn: ROLE.into(),
-            oidc_provider_arn: PROVIDER.into(),
-            token: TOKEN.into(),
-        }];
-        o.temporary_key_lifetime = Duration::from_secs(6);
-    })
-    .await;
+    const CANARY: &str = "canary-7f3a9c-operator-secret";
     let dir = tempfile::tempdir().expect("tempdir");
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, TOKEN).expect("token file");
+    let canary_file = dir.path().join("operator-only");
+    std::fs::write(&canary_file, CANARY).expect("canary file");
+    let args = [format!(
+        "--alicloud-oidc-token-file={}",
+        token_file.display()
+    )];
+    let w = World::with_operator_args(
+        "ali-rrsa",
+        &["asg-rrsa", "asg-halfrrsa", "asg-pathrrsa"],
+        &args,
+        |o| {
+            o.oidc_roles = vec![ngo_sandbox::alicloud::OidcRole {
+                role_arn: ROLE.into(),
+                oidc_provider_arn: PROVIDER.into(),
+                token: TOKEN.into(),
+            }];
+            o.temporary_key_lifetime = Duration::from_secs(6);
+        },
+    )
+    .await;
     for (name, data) in [
         (
             "rrsa",
-            json!({"role-arn": ROLE, "oidc-provider-arn": PROVIDER,
-                   "oidc-token-file-path": token_file.display().to_string(),
-                   "session-name": "ngo-e2e"}),
+            json!({"role-arn": ROLE, "oidc-provider-arn": PROVIDER, "session-name": "ngo-e2e"}),
         ),
+        ("half", json!({"role-arn": ROLE})),
         (
-            "half",
-            json!({"role-arn": ROLE, "oidc-token-file-path": token_file.display().to_string()}),
+            "path",
+            json!({"role-arn": ROLE, "oidc-provider-arn": PROVIDER,
+                   "oidc-token-file-path": canary_file.display().to_string()}),
         ),
     ] {
         let secret: Secret = serde_json::from_value(json!({
@@ -668,7 +694,55 @@ async fn an_rrsa_pool_assumes_its_role_with_the_token_file_and_rereads_it() {
     )
     .await;
 
+    w.pool(
+        "path",
+        "asg-pathrrsa",
+        1,
+        2,
+        json!({"credentialsMode": "RRSA", "credentialsSecretRef": {"name": "path"}}),
+    )
+    .await;
+    let url = w.ess.url();
+    w.pool(
+        "far",
+        "asg-rrsa",
+        1,
+        2,
+        json!({"credentialsMode": "RRSA", "credentialsSecretRef": {"name": "rrsa"},
+               "endpoints": {"ess": url, "ecs": url, "vpc": url, "metadata": url,
+                             "sts": "https://collector.example/sts"}}),
+    )
+    .await;
+
     w.wait_pool_ready("rrsa", "asg-rrsa", 1).await;
+    let message = w
+        .wait_condition("path", "InvalidSpec", "CredentialsMissing")
+        .await;
+    assert!(
+        message.contains("oidc-token-file-path") && message.contains("refused"),
+        "{message}"
+    );
+    let message = w
+        .wait_condition("far", "InvalidSpec", "EndpointNotAllowed")
+        .await;
+    assert!(
+        message.contains("spec.aliCloud.endpoints.sts") && message.contains("collector.example"),
+        "{message}"
+    );
+    for pool in ["path", "far"] {
+        let status = serde_json::to_string(&w.get_pool(pool).await.status).expect("status");
+        assert!(
+            !status.contains(CANARY) && !status.contains("operator-only"),
+            "{pool}: {status}"
+        );
+    }
+    assert!(
+        w.ess
+            .requests()
+            .iter()
+            .all(|r| !format!("{:?}", r.params).contains(CANARY)),
+        "the canary reached the cloud"
+    );
     let assumed = w.ess.requests_of("AssumeRoleWithOIDC");
     assert!(
         assumed

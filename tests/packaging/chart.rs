@@ -661,6 +661,14 @@ fn every_operator_flag_is_reachable_from_values() {
             "topology.allowUnscopedClients=true",
         ],
         &["--set", "topology.cluster=capi/c1"],
+        &[
+            "--set-json",
+            r#"nodePools.endpointAllow=["*.aliyuncs.com"]"#,
+            "--set",
+            "nodePools.endpointAllowHttp=true",
+            "--set",
+            "nodePools.aliCloudOidcTokenFile=/var/run/secrets/rrsa/token",
+        ],
     ];
     // Flags of the co-located sidecar, which runs in cluster-autoscaler's pod (its chart's
     // values, checked by the_upstream_chart_with_the_co_located_values_...), not in this one.

@@ -475,6 +475,14 @@ pub fn operator_config_as(namespace: &str, kubeconfig: PathBuf, tls: Option<TlsF
         sweep_interval: Duration::from_secs(2),
         sweep_clock_margin_secs: 0,
         node_pool_interval: Duration::from_secs(2),
+        // Emulated clouds answer on loopback, over plain HTTP.
+        backends: nodegroup_operator::backends::BackendOptions {
+            endpoints: nodegroup_operator::backends::EndpointPolicy::new(
+                vec!["127.0.0.1".into(), "localhost".into()],
+                true,
+            ),
+            alicloud_oidc_token_file: None,
+        },
         workload_nodes: Default::default(),
         client_identity: nodegroup_operator::server::identity::IdentitySource::Off,
         grpc_unix_socket: None,

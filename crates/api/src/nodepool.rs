@@ -235,9 +235,9 @@ pub struct AliCloudSpec {
     pub credentials_mode: Option<AliCloudCredentialsMode>,
     /// Secret with the credentials, under the keys of cluster-autoscaler's alicloud Secret.
     /// `AccessKey`: `access-key-id`, `access-key-secret` and, for temporary (STS)
-    /// credentials, `security-token`. `RRSA`: `role-arn`, `oidc-provider-arn`,
-    /// `oidc-token-file-path` (the token file in the operator's pod) and optionally
-    /// `session-name` (default `nodegroup-operator`). Not needed for `ECSRAMRole`. Read on
+    /// credentials, `security-token`. `RRSA`: `role-arn`, `oidc-provider-arn` and optionally
+    /// `session-name` (default `nodegroup-operator`); the token file is the operator's
+    /// configuration, and a Secret naming one (`oidc-token-file-path`) is refused. Not needed for `ECSRAMRole`. Read on
     /// every pass, so a rotated key applies without a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret_ref: Option<SecretRef>,
@@ -255,7 +255,9 @@ pub struct AliCloudSpec {
     #[schemars(length(min = 5, max = 64), regex(pattern = r"^asg-[A-Za-z0-9-]+$"))]
     pub scaling_group_id: String,
     /// Endpoint overrides (default `<scheme>://ess.<region>.aliyuncs.com`, `ecs.`, `vpc.`,
-    /// `sts.`; metadata `http://100.100.100.200`): a VPC endpoint, a proxy, an emulator.
+    /// `sts.`; metadata `http://100.100.100.200`): a VPC endpoint, a proxy, an emulator. Each
+    /// must name a host the operator's configuration allows (`--cloud-endpoint-allow`), over
+    /// HTTPS unless it allows plain HTTP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<AliCloudEndpoints>,
     /// User data of new instances, as plain text, with the placeholders of

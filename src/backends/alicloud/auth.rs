@@ -36,7 +36,11 @@ pub mod keys {
     pub const ROLE_ARN: &str = "role-arn";
     /// `ALIBABA_CLOUD_OIDC_PROVIDER_ARN` (`ALICLOUD_OIDC_PROVIDER_ARN`).
     pub const OIDC_PROVIDER_ARN: &str = "oidc-provider-arn";
-    /// `ALIBABA_CLOUD_OIDC_TOKEN_FILE` (`ALICLOUD_OIDC_TOKEN_FILE_PATH`).
+    /// `ALIBABA_CLOUD_OIDC_TOKEN_FILE` (`ALICLOUD_OIDC_TOKEN_FILE_PATH`) upstream: refused
+    /// here. A path in a tenant's Secret would let it have any file of the operator's pod
+    /// read and sent; the token file is the operator's configuration
+    /// (`--alicloud-oidc-token-file`, `ALIBABA_CLOUD_OIDC_TOKEN_FILE`), as it is CA's
+    /// environment upstream.
     pub const OIDC_TOKEN_FILE_PATH: &str = "oidc-token-file-path";
     /// `ALIBABA_CLOUD_SESSION_NAME` (`ALICLOUD_SESSION_NAME`).
     pub const SESSION_NAME: &str = "session-name";
@@ -91,10 +95,12 @@ impl std::fmt::Debug for CredentialsSource {
 
 impl CredentialsSource {
     /// The source `spec` asks for, from its Secret's `data` (`None` when it names no
-    /// Secret). `Err` says which keys are missing or empty.
+    /// Secret) and, for RRSA, the operator's token file `rrsa_token_file`. `Err` says which
+    /// keys are missing or empty, or what is refused.
     pub fn of(
         spec: &AliCloudSpec,
         data: Option<&BTreeMap<String, ByteString>>,
+        rrsa_token_file: Option<&std::path::Path>,
     ) -> Result<Self, String> {
         let value = |key: &str| {
             data.and_then(|d| d.get(key))
@@ -129,17 +135,22 @@ impl CredentialsSource {
                 Ok(Self::AccessKey(credentials))
             }
             AliCloudCredentialsMode::Rrsa => {
-                require(&[
-                    keys::ROLE_ARN,
-                    keys::OIDC_PROVIDER_ARN,
-                    keys::OIDC_TOKEN_FILE_PATH,
-                ])?;
+                if data.is_some_and(|d| d.contains_key(keys::OIDC_TOKEN_FILE_PATH)) {
+                    return Err(format!(
+                        "has key {:?}, which is refused: the OIDC token file is the operator's configuration (--alicloud-oidc-token-file, ALIBABA_CLOUD_OIDC_TOKEN_FILE), not a Secret's",
+                        keys::OIDC_TOKEN_FILE_PATH
+                    ));
+                }
+                require(&[keys::ROLE_ARN, keys::OIDC_PROVIDER_ARN])?;
+                let Some(token_file) = rrsa_token_file else {
+                    return Err(
+                        "asks for RRSA, but the operator has no OIDC token file configured (--alicloud-oidc-token-file, ALIBABA_CLOUD_OIDC_TOKEN_FILE)".into(),
+                    );
+                };
                 Ok(Self::Rrsa {
                     role_arn: value(keys::ROLE_ARN).unwrap_or_default(),
                     oidc_provider_arn: value(keys::OIDC_PROVIDER_ARN).unwrap_or_default(),
-                    token_file: PathBuf::from(
-                        value(keys::OIDC_TOKEN_FILE_PATH).unwrap_or_default(),
-                    ),
+                    token_file: token_file.to_path_buf(),
                     session_name: value(keys::SESSION_NAME)
                         .unwrap_or_else(|| DEFAULT_SESSION_NAME.into()),
                 })
@@ -274,6 +285,7 @@ mod tests {
                 ("access-key-secret", "s\n"),
                 ("security-token", "tok"),
             ])),
+            None,
         )
         .unwrap();
         assert_eq!(
@@ -285,8 +297,8 @@ mod tests {
             Some(&data(&[
                 ("role-arn", "acs:ram::1:role/ca"),
                 ("oidc-provider-arn", "acs:ram::1:oidc-provider/c1"),
-                ("oidc-token-file-path", "/var/run/secrets/tokens/token"),
             ])),
+            Some(std::path::Path::new("/var/run/secrets/tokens/token")),
         )
         .unwrap();
         assert_eq!(
@@ -300,12 +312,12 @@ mod tests {
         );
         let mut ecs = spec(Some(AliCloudCredentialsMode::EcsRamRole));
         assert_eq!(
-            CredentialsSource::of(&ecs, None).unwrap(),
+            CredentialsSource::of(&ecs, None, None).unwrap(),
             CredentialsSource::EcsRamRole { role_name: None }
         );
         ecs.ram_role_name = Some("worker".into());
         assert_eq!(
-            CredentialsSource::of(&ecs, None).unwrap(),
+            CredentialsSource::of(&ecs, None, None).unwrap(),
             CredentialsSource::EcsRamRole {
                 role_name: Some("worker".into())
             }
@@ -314,22 +326,50 @@ mod tests {
 
     #[test]
     fn missing_keys_are_named() {
-        let e = CredentialsSource::of(&spec(None), Some(&data(&[("access-key-secret", "s")])))
-            .unwrap_err();
+        let e = CredentialsSource::of(
+            &spec(None),
+            Some(&data(&[("access-key-secret", "s")])),
+            None,
+        )
+        .unwrap_err();
         assert!(
             e.contains("\"access-key-id\"") && !e.contains("secret\""),
             "{e}"
         );
+        let token = Some(std::path::Path::new("/var/run/secrets/tokens/token"));
+        let rrsa = spec(Some(AliCloudCredentialsMode::Rrsa));
+        let e = CredentialsSource::of(&rrsa, Some(&data(&[("role-arn", "r")])), token).unwrap_err();
+        assert!(e.contains("oidc-provider-arn"), "{e}");
+        assert!(CredentialsSource::of(&spec(None), None, None).is_err());
+        let arns = [("role-arn", "r"), ("oidc-provider-arn", "p")];
+        let e = CredentialsSource::of(&rrsa, Some(&data(&arns)), None).unwrap_err();
+        assert!(e.contains("--alicloud-oidc-token-file"), "{e}");
+    }
+
+    /// A tenant's Secret cannot name a file of the operator's pod: the key that did is
+    /// refused, whatever it names, and its value appears nowhere in the error.
+    #[test]
+    fn a_secret_naming_the_token_file_is_refused() {
+        let rrsa = spec(Some(AliCloudCredentialsMode::Rrsa));
+        let token = Some(std::path::Path::new("/var/run/secrets/tokens/token"));
         let e = CredentialsSource::of(
-            &spec(Some(AliCloudCredentialsMode::Rrsa)),
-            Some(&data(&[("role-arn", "r")])),
+            &rrsa,
+            Some(&data(&[
+                ("role-arn", "r"),
+                ("oidc-provider-arn", "p"),
+                (
+                    "oidc-token-file-path",
+                    "/var/run/secrets/kubernetes.io/serviceaccount/token",
+                ),
+            ])),
+            token,
         )
         .unwrap_err();
         assert!(
-            e.contains("oidc-provider-arn") && e.contains("oidc-token-file-path"),
+            e.contains("oidc-token-file-path") && e.contains("refused"),
             "{e}"
         );
-        assert!(CredentialsSource::of(&spec(None), None).is_err());
+        assert!(!e.contains("serviceaccount"), "{e}");
     }
 
     #[test]

@@ -46,12 +46,15 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use std::path::PathBuf;
+
 use super::auth::{CredentialsSource, ProviderCache, metadata_endpoint};
 use super::{
     Client, ClientOptions, CredentialsProvider, Endpoints, Error, InstanceLifecycleState,
     RemovalFailureReason, RemoveOptions, ScalingActivity, ScalingInstance, Scheme, provider_id,
 };
 use crate::api::nodepool::{AliCloudSpec, MachineType, NodePool, UrlScheme};
+use crate::backends::{BackendOptions, EndpointPolicy};
 use crate::nodepool::backend::{
     BackendConnector, BackendError, BackendErrorKind, ConnectError, Created, CreationFailure,
     MachineTypeInfo, NewServer, OTHER_ERROR, OUT_OF_RESOURCES, PoolBackend, Secrets, pool_key,
@@ -102,6 +105,41 @@ pub const BACKEND_NAME: &str = "aliCloud";
 #[derive(Default)]
 pub struct AliCloudConnector {
     credentials: ProviderCache,
+    endpoints: EndpointPolicy,
+    oidc_token_file: Option<PathBuf>,
+}
+
+impl AliCloudConnector {
+    /// A connector with the operator's endpoint policy and RRSA token file.
+    pub fn new(options: &BackendOptions) -> Self {
+        Self {
+            credentials: ProviderCache::default(),
+            endpoints: options.endpoints.clone(),
+            oidc_token_file: options.alicloud_oidc_token_file.clone(),
+        }
+    }
+}
+
+/// Checks `spec`'s endpoint overrides against the operator's `policy`.
+fn check_endpoints(spec: &AliCloudSpec, policy: &EndpointPolicy) -> Result<(), String> {
+    let Some(endpoints) = &spec.endpoints else {
+        return Ok(());
+    };
+    if endpoints.scheme == Some(UrlScheme::Http) {
+        policy.check_http("spec.aliCloud.endpoints.scheme")?;
+    }
+    for (field, url) in [
+        ("ess", &endpoints.ess),
+        ("ecs", &endpoints.ecs),
+        ("vpc", &endpoints.vpc),
+        ("sts", &endpoints.sts),
+        ("metadata", &endpoints.metadata),
+    ] {
+        if let Some(url) = url {
+            policy.check(&format!("spec.aliCloud.endpoints.{field}"), url)?;
+        }
+    }
+    Ok(())
 }
 
 #[async_trait]
@@ -123,6 +161,8 @@ impl BackendConnector for AliCloudConnector {
             pool.spec.ali_cloud.as_ref().ok_or_else(|| {
                 ConnectError::Spec("NoBackend", "spec.aliCloud is not set".into())
             })?;
+        check_endpoints(ali, &self.endpoints)
+            .map_err(|m| ConnectError::Spec("EndpointNotAllowed", m))?;
         let secret = match &ali.credentials_secret_ref {
             Some(reference) => Some(
                 secrets
@@ -131,21 +171,25 @@ impl BackendConnector for AliCloudConnector {
             ),
             None => None,
         };
-        let source = CredentialsSource::of(ali, secret.as_ref().and_then(|s| s.data.as_ref()))
-            .map_err(|m| {
-                let name = ali
-                    .credentials_secret_ref
-                    .as_ref()
-                    .map_or("", |r| r.name.as_str());
-                ConnectError::Spec(
-                    "CredentialsMissing",
-                    format!(
-                        "Secret {}/{name} (credentialsMode {:?}) {m}",
-                        secrets.namespace(),
-                        ali.credentials_mode.unwrap_or_default(),
-                    ),
-                )
-            })?;
+        let source = CredentialsSource::of(
+            ali,
+            secret.as_ref().and_then(|s| s.data.as_ref()),
+            self.oidc_token_file.as_deref(),
+        )
+        .map_err(|m| {
+            let name = ali
+                .credentials_secret_ref
+                .as_ref()
+                .map_or("", |r| r.name.as_str());
+            ConnectError::Spec(
+                "CredentialsMissing",
+                format!(
+                    "Secret {}/{name} (credentialsMode {:?}) {m}",
+                    secrets.namespace(),
+                    ali.credentials_mode.unwrap_or_default(),
+                ),
+            )
+        })?;
         let options = client_options(ali);
         let credentials = self
             .credentials

@@ -11,6 +11,7 @@ use kube::ResourceExt;
 
 use super::{CherryClient, CherryError, ClientConfig, CreateServer, Plan, Server};
 use crate::api::nodepool::{CherryServersSpec, MachineType, NodePool};
+use crate::backends::EndpointPolicy;
 use crate::nodepool::backend::{
     BackendConnector, BackendError, BackendErrorKind, ConnectError, Created, MachineTypeInfo,
     NewServer, PoolBackend, Secrets, secret_value,
@@ -67,7 +68,16 @@ impl CherryPool {
 
 /// Connects the pools whose spec sets `cherryServers`, with the API token of their Secret.
 #[derive(Debug, Default)]
-pub struct CherryConnector;
+pub struct CherryConnector {
+    endpoints: EndpointPolicy,
+}
+
+impl CherryConnector {
+    /// A connector allowing the endpoint overrides `endpoints` allows.
+    pub fn new(endpoints: EndpointPolicy) -> Self {
+        Self { endpoints }
+    }
+}
 
 #[async_trait]
 impl BackendConnector for CherryConnector {
@@ -87,6 +97,11 @@ impl BackendConnector for CherryConnector {
         let cherry = pool.spec.cherry_servers.as_ref().ok_or_else(|| {
             ConnectError::Spec("NoBackend", "spec.cherryServers is not set".into())
         })?;
+        if let Some(endpoint) = &cherry.endpoint {
+            self.endpoints
+                .check("spec.cherryServers.endpoint", endpoint)
+                .map_err(|m| ConnectError::Spec("EndpointNotAllowed", m))?;
+        }
         let reference = &cherry.credentials_secret_ref;
         let secret = secrets
             .get(&reference.name, "spec.cherryServers.credentialsSecretRef")
