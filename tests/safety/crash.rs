@@ -264,6 +264,18 @@ pub fn node(name: &str, provider_id: &str) -> proto::ExternalGrpcNode {
     }
 }
 
+/// Waits until the operator whose log is `log` reports that it paused at its fault point
+/// (`NGO_FAULT_PAUSE_AT`); `what` names the wait in a timeout.
+pub async fn paused_at_fault_point(what: &str, log: &std::path::Path) {
+    poll(what, || async {
+        std::fs::read_to_string(log)
+            .ok()
+            .filter(|l| l.contains("fault point reached"))
+            .map(|_| ())
+    })
+    .await;
+}
+
 pub async fn poll<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
@@ -353,13 +365,7 @@ async fn an_operator_killed_at_any_step_of_delete_nodes_strands_no_mark() {
             request.set_timeout(Duration::from_secs(1));
             group.ca_asks(&[&victim]).await;
             let call = tokio::spawn(async move { client.node_group_delete_nodes(request).await });
-            poll("the fault point", || async {
-                std::fs::read_to_string(&log)
-                    .ok()
-                    .filter(|l| l.contains("fault point reached"))
-                    .map(|_| ())
-            })
-            .await;
+            paused_at_fault_point("the fault point", &log).await;
             group.cluster.kill_operator();
             // The operator died before answering: what matters is what it left behind (a
             // decrement it committed is U1's residue: no answer reached CA).

@@ -12,7 +12,7 @@ use ngo_sandbox::capi;
 use nodegroup_operator::proto;
 use serde_json::json;
 
-use crate::crash::{Group, node, poll};
+use crate::crash::{Group, node, paused_at_fault_point, poll};
 
 /// Starts a DeleteNodes for the group's first machine with a client deadline of `timeout`,
 /// paused after its mark for `pause`; lowers replicas by one as a person would; waits until
@@ -43,13 +43,7 @@ async fn lowered_between_mark_and_decrement(
     request.set_timeout(timeout);
     group.ca_asks(&[&victim]).await;
     let call = tokio::spawn(async move { client.node_group_delete_nodes(request).await });
-    poll("the request paused after its mark", || async {
-        std::fs::read_to_string(&log)
-            .ok()
-            .filter(|l| l.contains("fault point reached"))
-            .map(|_| ())
-    })
-    .await;
+    paused_at_fault_point("the request paused after its mark", &log).await;
     let paused_at = std::time::Instant::now();
 
     let mds = Api::<DynamicObject>::namespaced_with(

@@ -15,7 +15,7 @@ use nodegroup_operator::capi::scale_down::{
 use nodegroup_operator::proto;
 use serde_json::json;
 
-use crate::crash::{DELETE_MACHINE, Group, node, poll};
+use crate::crash::{DELETE_MACHINE, Group, node, paused_at_fault_point};
 
 /// The stand-in for the request that claimed and marked the machine after ours was released.
 const LIVE_HOLDER: &str = "live-holder";
@@ -45,13 +45,7 @@ async fn a_request_released_while_running_takes_over_no_live_mark() {
     request.set_timeout(Duration::from_secs(30));
     group.ca_asks(&[&victim]).await;
     let call = tokio::spawn(async move { client.node_group_delete_nodes(request).await });
-    poll("the request paused after its claim", || async {
-        std::fs::read_to_string(&log)
-            .ok()
-            .filter(|l| l.contains("fault point reached"))
-            .map(|_| ())
-    })
-    .await;
+    paused_at_fault_point("the request paused after its claim", &log).await;
 
     // Meanwhile its claim is released and another request claims and marks the machine.
     let mut ledger = Ledger::read(Some(&group.ledger().await)).expect("a readable ledger");
