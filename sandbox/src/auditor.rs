@@ -1,6 +1,7 @@
 //! A deletion auditor written from cluster-autoscaler's side, independent of the operator's
 //! code and records: it holds the taints and answers CA would (taint a node before
-//! DeleteNodes, keep the taint on OK, remove it on any error), watches Machines, and reports
+//! DeleteNodes, keep the taint on OK, remove it on any error), watches Machines (or, for servers
+//! without Machines, Nodes), and reports
 //! every Machine that starts being deleted while its Node exists and CA's latest answer for
 //! that Node was not OK, or the Node is not tainted. Property U1 of `docs/safety.md`, as the
 //! user states it: "CA got an error for this node, so nothing may remove it".
@@ -179,6 +180,61 @@ impl DeletionAuditor {
         }
     }
 
+    /// Starts watching the Nodes matching `selector` (a label selector) rather than Machines:
+    /// for servers without Machines (NodePools), whose removal shows as their Node's deletion.
+    /// A Node deleted while CA's latest answer for it was not OK, or untainted in its last
+    /// state, or with pods CA did not drain still bound to it, is a violation (or residue, or
+    /// a person's, as for Machines).
+    pub fn start_for_nodes(client: Client, selector: &str) -> Self {
+        let record = Arc::new(Mutex::new(Record::default()));
+        let nodes: Api<Node> = Api::all(client.clone());
+        let pods: Api<Pod> = Api::all(client.clone());
+        let shared = record.clone();
+        let config = watcher::Config::default().labels(selector);
+        let watch = tokio::spawn(async move {
+            let mut events = watcher(nodes, config).boxed();
+            while let Some(event) = events.next().await {
+                let Ok(watcher::Event::Delete(node)) = event else {
+                    continue;
+                };
+                let name = node.name_any();
+                let undrained = undrained_pods(&pods, &name).await;
+                let mut record = lock(&shared);
+                record.deleted += 1;
+                record.deleting.insert(name.clone());
+                let latest = record.answers.get(&name).copied();
+                let mut why = violation(true, latest, is_tainted(&node));
+                if why.is_none() && !undrained.is_empty() {
+                    why = Some(format!("it still ran pods CA did not drain: {undrained:?}"));
+                }
+                let Some(why) = why else {
+                    continue;
+                };
+                let line = format!("Node {name} deleted: {why} (CA's latest answer: {latest:?})");
+                if record.excused.contains(&name) {
+                    record.by_person.push(line);
+                } else if record.cleaned_by_restart.contains(&name)
+                    && matches!(latest, Some(Answer::Ok | Answer::Pending))
+                {
+                    record.residue.push(format!(
+                        "{line} (its taint was removed by a restart of cluster-autoscaler)"
+                    ));
+                } else if latest == Some(Answer::Lost) {
+                    record.residue.push(format!(
+                        "{line} (the operator's answer never reached cluster-autoscaler)"
+                    ));
+                } else {
+                    record.violations.push(line);
+                }
+            }
+        });
+        Self {
+            client,
+            record,
+            watch,
+        }
+    }
+
     /// Before a DeleteNodes naming `nodes`: taints them as CA does.
     pub async fn taint(&self, nodes: &[String]) {
         for name in nodes {
@@ -244,7 +300,8 @@ impl DeletionAuditor {
         lock(&self.record).by_person.clone()
     }
 
-    /// Machine `name` carries a person's delete-machine annotation: its deletion is theirs.
+    /// Machine `name` carries a person's delete-machine annotation (or, watching Nodes, Node
+    /// `name` goes for replicas a person lowered): its deletion is theirs.
     pub fn excuse(&self, name: &str) {
         lock(&self.record).excused.insert(name.to_string());
     }
@@ -315,6 +372,21 @@ impl DeletionAuditor {
             .map(|(n, _)| n.clone())
             .collect();
         record.cleaned_by_restart.extend(tainted);
+    }
+
+    /// cluster-autoscaler restarted ([`DeletionAuditor::ca_stopped`]), and its start-up
+    /// clean-up removed the taint of every node it had been answered OK for or was still
+    /// waiting on, as CA does (`cleanUpIfRequired`).
+    pub async fn ca_restarted(&self) {
+        self.ca_stopped();
+        let cleaned: Vec<String> = lock(&self.record)
+            .cleaned_by_restart
+            .iter()
+            .cloned()
+            .collect();
+        for name in cleaned {
+            self.set_taint(&name, false).await;
+        }
     }
 
     async fn set_taint(&self, name: &str, present: bool) {

@@ -37,6 +37,9 @@ pub struct Applied {
     pub deleted: bool,
     /// Events to publish.
     pub notes: Vec<Note>,
+    /// Nodes of servers whose deletion was rolled back: to uncordon if this operator
+    /// cordoned them ([`super::drain::release`]).
+    pub kept_nodes: Vec<String>,
 }
 
 /// Records what the backend made of each deletion (`outcomes` of the delete calls) on its
@@ -48,16 +51,43 @@ pub struct Applied {
 /// Running (or Creating, without a Node) again. Failures that may pass (an activity in
 /// progress, throttling, no answer) stay in the ledger with their error on the entry and
 /// are retried next pass; so are refused ones when the rollback itself fails.
+///
+/// `held`: servers (id, why) whose deletion CA asked for and has given up since (see
+/// [`super::drain`]): rolled back and reported the same way, with code
+/// [`super::drain::NOT_HELD`].
 pub async fn apply(
     api: &Api<NodePool>,
     pool: &NodePool,
     ledger: &Ledger,
     outcomes: Vec<(String, Result<(), BackendError>)>,
+    held: Vec<(String, String)>,
     decision: &mut Decision,
     nodes: Option<&HashMap<String, SeenNode>>,
 ) -> Applied {
     let mut applied = Applied::default();
     let mut refused: Vec<(usize, String, InstanceErrorStatus)> = Vec::new();
+    for (id, why) in held {
+        let Some(index) = decision
+            .instances
+            .iter()
+            .position(|i| i.id.as_deref() == Some(id.as_str()))
+        else {
+            continue;
+        };
+        let asked = decision.instances[index]
+            .provider_id
+            .as_deref()
+            .and_then(|pid| ledger.get(&pool_instance_key(pid)))
+            .map(|e| e.request.clone());
+        if let Some(request) = asked {
+            let status = InstanceErrorStatus {
+                class: OTHER_ERROR.into(),
+                code: super::drain::NOT_HELD.into(),
+                message: why,
+            };
+            refused.push((index, request, status));
+        }
+    }
     for (id, result) in outcomes {
         let Some(index) = decision
             .instances
@@ -120,6 +150,7 @@ pub async fn apply(
         Ok(raised) => {
             for (index, request, status) in refused {
                 let entry = &mut decision.instances[index];
+                applied.kept_nodes.extend(entry.node.clone());
                 let registered = entry
                     .provider_id
                     .as_deref()
@@ -130,15 +161,28 @@ pub async fn apply(
                     InstanceStateName::Creating
                 });
                 entry.error = None;
+                let held = status.code == super::drain::NOT_HELD;
                 applied.notes.push(Note {
                     severity: Severity::Warning,
-                    reason: "ServerDeleteRefused",
-                    message: format!(
-                        "the backend refused to delete server {}: {}: {}; the deletion is rolled back (replicas raised by {raised}) and reported to cluster-autoscaler",
-                        entry.id.clone().unwrap_or_default(),
-                        status.code,
-                        status.message
-                    ),
+                    reason: if held {
+                        "ServerKept"
+                    } else {
+                        "ServerDeleteRefused"
+                    },
+                    message: if held {
+                        format!(
+                            "server {} kept: {}; the deletion is rolled back (replicas raised by {raised})",
+                            entry.id.clone().unwrap_or_default(),
+                            status.message
+                        )
+                    } else {
+                        format!(
+                            "the backend refused to delete server {}: {}: {}; the deletion is rolled back (replicas raised by {raised}) and reported to cluster-autoscaler",
+                            entry.id.clone().unwrap_or_default(),
+                            status.code,
+                            status.message
+                        )
+                    },
                 });
                 entry.deletion = Some(InstanceDeletion {
                     request,

@@ -7,6 +7,7 @@ pub mod backend;
 pub mod bootstrap;
 pub mod converge;
 pub mod deletions;
+pub mod drain;
 #[cfg(test)]
 mod model;
 pub mod render;

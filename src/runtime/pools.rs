@@ -29,10 +29,11 @@ use tokio_util::sync::CancellationToken;
 use crate::api::NodePool;
 use crate::api::conditions::{ConditionStatus, DesiredCondition, merge};
 use crate::api::nodepool::{
-    InstanceErrorStatus, InstanceStateName, NO_BACKEND, NodePoolStatus, PoolInstance,
+    DeletionOutcome, InstanceErrorStatus, InstanceStateName, NO_BACKEND, NodePoolStatus,
+    PoolInstance,
 };
 use crate::capi::providerid;
-use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger, request_id};
+use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger, pool_instance_key, request_id};
 use crate::duration;
 use crate::events::{EventPublisher, Severity};
 use crate::fault;
@@ -41,6 +42,7 @@ use crate::nodepool::backend::{
     NewServer, PoolBackend, Secrets, pool_key,
 };
 use crate::nodepool::converge::{self, Decision, Dropped, Observed, SeenNode};
+use crate::nodepool::drain::{self, Gate};
 use crate::nodepool::{bootstrap, deletions, render, view};
 
 use super::nodes::WatchedNode;
@@ -530,6 +532,27 @@ impl PoolController {
         self.apply_creation_failures(pool, backend, &mut decision, report)
             .await;
 
+        let nodes_client = node_cluster.as_ref().map(|(client, _)| client);
+        if !decision.delete.is_empty() {
+            fault::point("nodepool:before-draining").await;
+            let held = self
+                .gate_deletions(pool, nodes_client, &ledger, &mut decision)
+                .await;
+            if !held.is_empty() {
+                // Undone before any intent is recorded: the rollback is one write.
+                self.apply_deletions(
+                    api,
+                    pool,
+                    &ledger,
+                    Vec::new(),
+                    held,
+                    nodes_client,
+                    &mut decision,
+                    report,
+                )
+                .await;
+            }
+        }
         if !decision.delete.is_empty() {
             // Intent first: a pass killed after this still deletes these, and only these.
             report.instances = Some(decision.instances.clone());
@@ -537,8 +560,17 @@ impl PoolController {
                 .await?;
             fault::point("nodepool:after-recording-deletions").await;
             let outcomes = backend.delete_many(&decision.delete).await;
-            self.apply_deletions(api, pool, &ledger, outcomes, &mut decision, report)
-                .await;
+            self.apply_deletions(
+                api,
+                pool,
+                &ledger,
+                outcomes,
+                Vec::new(),
+                nodes_client,
+                &mut decision,
+                report,
+            )
+            .await;
             // The outcomes at once: a DeleteNodes call waits for them.
             self.patch_instances(api, pool, report, &decision.instances)
                 .await?;
@@ -824,14 +856,91 @@ impl PoolController {
             })
     }
 
+    /// Checks, cordons and drains the Node of each server `decision` deletes
+    /// ([`drain::prepare`]), leaving in `decision.delete` only those ready to go: a server
+    /// whose Node still has pods stays `Deleting` for a later pass. Returns the servers whose
+    /// deletion cluster-autoscaler asked for and has given up since (id, why), to roll back.
+    /// `nodes_client`: the cluster the pool's Nodes join, when it can be reached.
+    async fn gate_deletions(
+        &self,
+        pool: &NodePool,
+        nodes_client: Option<&Client>,
+        ledger: &Ledger,
+        decision: &mut Decision,
+    ) -> Vec<(String, String)> {
+        let mut held = Vec::new();
+        let mut ready = Vec::new();
+        for id in std::mem::take(&mut decision.delete) {
+            let Some(entry) = decision
+                .instances
+                .iter()
+                .find(|i| i.id.as_deref() == Some(id.as_str()))
+            else {
+                ready.push(id);
+                continue;
+            };
+            let asked = entry
+                .provider_id
+                .as_deref()
+                .and_then(|pid| ledger.get(&pool_instance_key(pid)));
+            let accepted = entry.deletion.as_ref().is_some_and(|d| {
+                d.outcome == DeletionOutcome::Accepted
+                    && asked.is_some_and(|a| a.request == d.request)
+            });
+            // The cloud took the server already (a lost answer, or not yet listed as
+            // terminating): nothing to drain any more.
+            let node = entry.node.clone().filter(|_| !accepted);
+            let Some(node) = node else {
+                ready.push(id);
+                continue;
+            };
+            let Some(client) = nodes_client else {
+                self.event(
+                    pool,
+                    Severity::Warning,
+                    "DrainWaiting",
+                    "Delete",
+                    format!("server {id} not deleted yet: the Nodes of its cluster cannot be reached to drain node {node}"),
+                );
+                continue;
+            };
+            match drain::prepare(client, &node, asked.is_some()).await {
+                Ok(Gate::Proceed) => ready.push(id),
+                Ok(Gate::NotHeld(why)) => {
+                    tracing::warn!(pool = %pool_key(pool), server = %id, %why, "deletion undone");
+                    held.push((id, why));
+                }
+                Ok(Gate::Draining(message)) => {
+                    tracing::info!(pool = %pool_key(pool), server = %id, %message, "server waits for its node's drain");
+                    self.event(pool, Severity::Normal, "DrainWaiting", "Delete", message);
+                }
+                Err(error) => {
+                    tracing::warn!(pool = %pool_key(pool), server = %id, %error, "cannot drain the server's node; retrying next pass");
+                    self.event(
+                        pool,
+                        Severity::Warning,
+                        "DrainFailed",
+                        "Delete",
+                        format!("draining node {node} of server {id}: {error}; retrying next pass"),
+                    );
+                }
+            }
+        }
+        decision.delete = ready;
+        held
+    }
+
     /// Records the deletions' outcomes ([`deletions::apply`]) and reports them: a metric per
     /// call, an Event per outcome.
+    #[allow(clippy::too_many_arguments)]
     async fn apply_deletions(
         &self,
         api: &Api<NodePool>,
         pool: &NodePool,
         ledger: &Ledger,
         outcomes: Vec<(String, Result<(), BackendError>)>,
+        held: Vec<(String, String)>,
+        nodes_client: Option<&Client>,
         decision: &mut Decision,
         report: &mut PassReport,
     ) {
@@ -844,9 +953,24 @@ impl PoolController {
             self.metrics
                 .observe_backend_call(backend, "delete", outcome);
         }
-        let applied =
-            deletions::apply(api, pool, ledger, outcomes, decision, report.nodes.as_ref()).await;
+        let applied = deletions::apply(
+            api,
+            pool,
+            ledger,
+            outcomes,
+            held,
+            decision,
+            report.nodes.as_ref(),
+        )
+        .await;
         report.scaled_down |= applied.deleted;
+        if let Some(client) = nodes_client {
+            for node in &applied.kept_nodes {
+                if let Err(error) = drain::release(client, node).await {
+                    tracing::warn!(pool = %pool_key(pool), node, %error, "cannot uncordon the node of a server kept; uncordon it by hand");
+                }
+            }
+        }
         for note in applied.notes {
             self.event(pool, note.severity, note.reason, "Delete", note.message);
         }

@@ -978,12 +978,14 @@ async fn twenty_concurrent_increases_land_exactly_priced_and_zoned_within_the_gr
 /// cluster-autoscaler (its own externalgrpc client) deletes two nodes in one DeleteNodes;
 /// one of them a user put in scale-in protection (`Protected`). ESS would release it if
 /// named in RemoveInstances (SetInstancesProtection reference), so the operator removes the
-/// other and refuses that one itself. The call fails with the refused instance and its
-/// state, so CA untaints that node instead of believing it gone; the refused deletion is
-/// rolled back (replicas raised back, the instance Running again) and the removed one is
-/// gone with the desired capacity lowered; the protected one survives.
+/// other and refuses that one itself. The refused deletion is rolled back (replicas raised
+/// back, the instance Running again) and the removed one is gone with the desired capacity
+/// lowered; the protected one survives. The call answers OK: CA untaints every node of a
+/// batch on an error, and one of them is going (U1; the auditor checks it). The protected
+/// node stays tainted until CA names it again. Alone in a call, it is refused with an error
+/// naming it and its state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_removal_refused_mid_batch_is_reported_to_cluster_autoscaler_and_rolled_back() {
+async fn a_removal_refused_mid_batch_is_rolled_back_and_the_batch_answers_ok() {
     let w = World::new("ali-midbatch", &["asg-mid"]).await;
     w.pool("mid", "asg-mid", 3, 5, json!({})).await;
     w.wait_pool_ready("mid", "asg-mid", 3).await;
@@ -1007,6 +1009,12 @@ async fn a_removal_refused_mid_batch_is_reported_to_cluster_autoscaler_and_rolle
         .expect("CA's client");
     let id = w.get_pool("mid").await.group_id();
     ca.value(json!({"call": "NodeGroups"})).await;
+    let auditor = ngo_sandbox::auditor::DeletionAuditor::start_for_nodes(
+        w.client.clone(),
+        &format!("{POOL}={}", w.label("mid")),
+    );
+    let named: Vec<String> = victims.iter().map(|(name, _)| name.clone()).collect();
+    auditor.taint(&named).await;
     let started = Instant::now();
     let result = ca
         .call(json!({"call": "DeleteNodes", "group": id, "nodes": victims
@@ -1018,17 +1026,12 @@ async fn a_removal_refused_mid_batch_is_reported_to_cluster_autoscaler_and_rolle
         "DeleteNodes answered in {:.1}s: {result}",
         started.elapsed().as_secs_f64()
     ));
-    let error = result["error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("CA sees an error: {result}"));
-    assert_eq!(result["code"], "FailedPrecondition", "{result}");
+    auditor
+        .answered(&named, result.get("error").is_none())
+        .await;
     assert!(
-        error.contains(&protected) && error.contains("Protected"),
-        "the refused instance and its state: {error}"
-    );
-    assert!(
-        !error.contains(&victims[0].1),
-        "the removed one is not an error: {error}"
+        result.get("error").is_none(),
+        "one removal of the batch went ahead: OK, {result}"
     );
 
     w.wait(
@@ -1082,6 +1085,40 @@ async fn a_removal_refused_mid_batch_is_reported_to_cluster_autoscaler_and_rolle
         w.ess.group("asg-mid").expect("group").desired_capacity,
         Some(2)
     );
+
+    // Named alone, the protected node is refused: an error naming it and its state.
+    let alone = vec![victims[1].0.clone()];
+    auditor.taint(&alone).await;
+    let result = ca
+        .call(json!({"call": "DeleteNodes", "group": id,
+            "nodes": [{"name": victims[1].0, "providerID": victims[1].1}]}))
+        .await;
+    auditor
+        .answered(&alone, result.get("error").is_none())
+        .await;
+    let error = result["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("CA sees an error: {result}"));
+    assert_eq!(result["code"], "FailedPrecondition", "{result}");
+    assert!(
+        error.contains(&protected) && error.contains("Protected"),
+        "the refused instance and its state: {error}"
+    );
+    assert_eq!(
+        w.get_pool("mid").await.spec.replicas,
+        2,
+        "rolled back again"
+    );
+    let node = Api::<k8s_openapi::api::core::v1::Node>::all(w.client.clone())
+        .get(&victims[1].0)
+        .await
+        .expect("the protected node stays");
+    assert_ne!(
+        node.spec.as_ref().and_then(|s| s.unschedulable),
+        Some(true),
+        "uncordoned once its deletion was rolled back"
+    );
+    assert_eq!(auditor.violations(), Vec::<String>::new());
     let _ = ca.finish().await;
 }
 

@@ -11,11 +11,14 @@ use std::time::{Duration, Instant};
 
 use crate::sandbox;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
+use ngo_sandbox::auditor::DeletionAuditor;
 use ngo_sandbox::autoscaler::AutoscalerOptions;
-use ngo_sandbox::cherry::{CherryEmulator, CherryOptions, Lifecycle};
+use ngo_sandbox::ca_client::CaClient;
+use ngo_sandbox::cherry::{CherryEmulator, CherryOptions, FaultAction, Lifecycle, RequestKind};
 use ngo_sandbox::workload;
 use ngo_sandbox::world::{POOL_LABEL as POOL, TestWorld};
 use nodegroup_operator::api::NodePool;
@@ -707,4 +710,234 @@ async fn bad_credentials_and_a_bad_spec_are_reported_and_other_pools_keep_workin
     );
     assert!(metrics.contains(&refused), "{refused} in metrics");
     assert!(metrics.contains(&good), "{good} in metrics");
+}
+
+/// A Pod bound straight to Node `node` (as the scheduler binds one), labelled `app=<app>`.
+async fn bind_pod(w: &World, name: &str, app: &str, node: &str) {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": w.ns(), "labels": {"app": app}},
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9"}],
+        },
+    }))
+    .expect("Pod");
+    Api::<Pod>::namespaced(w.client.clone(), w.ns())
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("creating Pod {name}: {e}"));
+}
+
+fn node_and_provider_id(node: &Node) -> (String, String) {
+    let pid = node.spec.as_ref().and_then(|s| s.provider_id.clone());
+    (node.name_any(), pid.unwrap_or_default())
+}
+
+/// U1 for NodePools: cluster-autoscaler named a server and was answered OK, but the cloud did
+/// not take the server at once (its API answered 503). CA then restarted: its start-up
+/// clean-up removed the node's taint, and a pod landed there. When the cloud answers again,
+/// the reconciler must not carry out the late deletion: it undoes it (replicas raised back,
+/// the server and its pod kept, the node uncordoned). Before the drain gate, the server went
+/// with the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_cluster_autoscaler_gave_up_is_kept_with_its_pods() {
+    let w = World::new("cherry-kept", &[]).await;
+    w.pool("workers", SMALL, "workers", 2, 3, json!({})).await;
+    w.wait_pool_ready("workers", 2).await;
+    let auditor = DeletionAuditor::start_for_nodes(
+        w.client.clone(),
+        &format!("{POOL}={}", w.label("workers")),
+    );
+    let (name, pid) = node_and_provider_id(&w.ready_nodes("workers").await[0]);
+    w.cherry
+        .inject(RequestKind::DeleteServer, 100_000, FaultAction::Status(503));
+
+    let config = w.cluster.cloud_config().expect("cloud-config");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = CaClient::start(&config, &dir.path().join("ca.log")).expect("CA's client");
+    let id = w.get_pool("workers").await.group_id();
+    ca.value(json!({"call": "NodeGroups"})).await;
+    auditor.taint(std::slice::from_ref(&name)).await;
+    let result = ca
+        .call(json!({"call": "DeleteNodes", "group": id,
+            "nodes": [{"name": name, "providerID": pid}]}))
+        .await;
+    auditor
+        .answered(std::slice::from_ref(&name), result.get("error").is_none())
+        .await;
+    assert!(
+        result.get("error").is_none(),
+        "the removal is under way when the deadline nears: OK, {result}"
+    );
+    assert_eq!(w.get_pool("workers").await.spec.replicas, 1);
+    w.wait("the delete call failing with 503", || async {
+        let deletes = w
+            .cherry
+            .requests()
+            .iter()
+            .filter(|r| r.method == "DELETE")
+            .count();
+        if deletes > 0 {
+            Ok(())
+        } else {
+            Err("no DELETE yet".to_string())
+        }
+    })
+    .await;
+
+    auditor.ca_restarted().await;
+    bind_pod(&w, "landed", "landed", &name).await;
+    w.log("CA restarted (taint removed), a pod landed on the node; the cloud answers again");
+    w.cherry.clear_faults();
+
+    let pool = w
+        .wait("the deletion undone", || async {
+            let pool = w.get_pool("workers").await;
+            let entry = pool.status.as_ref().and_then(|s| {
+                s.instances
+                    .iter()
+                    .find(|i| i.provider_id.as_deref() == Some(pid.as_str()))
+                    .cloned()
+            });
+            match entry.as_ref().and_then(|e| e.deletion.as_ref()) {
+                Some(d)
+                    if d.error
+                        .as_ref()
+                        .is_some_and(|e| e.code == "NotHeldByAutoscaler") =>
+                {
+                    Ok(pool)
+                }
+                _ => Err(format!("{entry:?}, servers {:?}", w.servers("workers"))),
+            }
+        })
+        .await;
+    assert_eq!(pool.spec.replicas, 2, "the decrement is undone");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(w.servers("workers").len(), 2, "the server is kept");
+    let node = Api::<Node>::all(w.client.clone())
+        .get(&name)
+        .await
+        .expect("the node stays");
+    assert_ne!(
+        node.spec.as_ref().and_then(|s| s.unschedulable),
+        Some(true),
+        "uncordoned"
+    );
+    let pod = Api::<Pod>::namespaced(w.client.clone(), w.ns())
+        .get("landed")
+        .await
+        .expect("the pod stays");
+    assert!(pod.metadata.deletion_timestamp.is_none());
+    let events = w.events("workers").await;
+    assert!(
+        events.iter().any(|(reason, message)| reason == "ServerKept"
+            && message.contains(&name)
+            && message.contains("ToBeDeletedByClusterAutoscaler")),
+        "{events:?}"
+    );
+    assert_eq!(auditor.violations(), Vec::<String>::new());
+    assert_eq!(auditor.residue(), Vec::<String>::new());
+}
+
+/// A person lowers a pool: the server the reconciler picks is drained first, through the
+/// Eviction API, so a PodDisruptionBudget that allows no eviction keeps it (cordoned, Event
+/// DrainWaiting); once the budget allows it, the pod is evicted and then the server deleted.
+/// Before the drain, the server went at once with its pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowered_pool_drains_its_node_within_the_pod_disruption_budget() {
+    let w = World::new("cherry-drain", &[]).await;
+    w.pool("workers", SMALL, "workers", 2, 3, json!({})).await;
+    w.wait_pool_ready("workers", 2).await;
+    let auditor = DeletionAuditor::start_for_nodes(
+        w.client.clone(),
+        &format!("{POOL}={}", w.label("workers")),
+    );
+    let nodes: Vec<String> = w
+        .ready_nodes("workers")
+        .await
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    for (k, node) in nodes.iter().enumerate() {
+        bind_pod(&w, &format!("guarded-{k}"), "guarded", node).await;
+    }
+    let budget: PodDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "guarded", "namespace": w.ns()},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}},
+    }))
+    .expect("PodDisruptionBudget");
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(w.client.clone(), w.ns());
+    budgets
+        .create(&PostParams::default(), &budget)
+        .await
+        .expect("create PodDisruptionBudget");
+    w.wait("the budget counting both pods", || async {
+        let b = budgets
+            .get("guarded")
+            .await
+            .expect("get PodDisruptionBudget");
+        match b.status.as_ref().and_then(|s| s.current_healthy) {
+            Some(2) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    w.set_replicas("workers", 1).await;
+    let (cordoned, message) = w
+        .wait("the drain waiting on the budget", || async {
+            let events = w.events("workers").await;
+            let waiting = events
+                .iter()
+                .find(|(r, m)| r == "DrainWaiting" && m.contains("eviction refused"))
+                .cloned();
+            let cordoned = Api::<Node>::all(w.client.clone())
+                .list(&ListParams::default().labels(&format!("{POOL}={}", w.label("workers"))))
+                .await
+                .expect("nodes")
+                .items
+                .into_iter()
+                .find(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true));
+            match (cordoned, waiting) {
+                (Some(node), Some((_, message))) => Ok((node.name_any(), message)),
+                other => Err(format!("{other:?}, events {events:?}")),
+            }
+        })
+        .await;
+    assert!(message.contains(&cordoned), "{message}");
+    assert_eq!(
+        w.servers("workers").len(),
+        2,
+        "kept while its pod may not go"
+    );
+    auditor.excuse(&cordoned);
+
+    budgets
+        .delete("guarded", &Default::default())
+        .await
+        .expect("delete PodDisruptionBudget");
+    w.log("budget removed: the eviction may go ahead");
+    w.wait_pool_ready("workers", 1).await;
+    let pods = Api::<Pod>::namespaced(w.client.clone(), w.ns());
+    let kept = nodes
+        .iter()
+        .position(|n| *n != cordoned)
+        .expect("the other node");
+    assert!(
+        pods.get(&format!("guarded-{kept}"))
+            .await
+            .is_ok_and(|p| p.metadata.deletion_timestamp.is_none()),
+        "the other node's pod is untouched"
+    );
+    assert_eq!(auditor.violations(), Vec::<String>::new());
+    let by_person = auditor.by_person();
+    assert!(
+        by_person
+            .iter()
+            .all(|l| !l.contains("pods CA did not drain")),
+        "the node was drained before it went: {by_person:?}"
+    );
 }

@@ -44,9 +44,9 @@ enum Removal {
 impl CapiActuator {
     /// For a NodePool group, waits until the pool's reconciler has tried to remove each of
     /// `removals` (instances one DeleteNodes decremented, with the ledger request each is
-    /// recorded under when known, from [`super::Deleted::pool_removals`]): `Ok` when every
+    /// recorded under when known, from [`super::Deleted::pool_removals`]): `Ok` when some
     /// removal was accepted (or is still undecided as the client's deadline nears), an error
-    /// naming each instance the cloud refused otherwise. Other groups return at once.
+    /// naming each instance refused when all were. Other groups return at once.
     pub async fn await_pool_removals(
         &self,
         group: &NodeGroup,
@@ -97,6 +97,13 @@ impl CapiActuator {
                     })
                     .collect();
                 if refused.is_empty() {
+                    return Ok(());
+                }
+                if refused.len() < states.len() {
+                    // CA untaints every node of the batch on an error, so an error would
+                    // let pods onto nodes whose removal went ahead. OK keeps them all
+                    // tainted; a refused one (rolled back) is named again later.
+                    tracing::warn!(group = %group.id, refused = %refused.join("; "), "some removals of the batch were refused and rolled back; answering OK, as others went ahead");
                     return Ok(());
                 }
                 return Err(ActuateError::RemovalRefused {
