@@ -22,6 +22,8 @@ pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 const DELETE_MACHINE: &str = "cluster.x-k8s.io/delete-machine";
 /// Cluster API's label naming a Machine's MachineDeployment.
 const DEPLOYMENT_LABEL: &str = "cluster.x-k8s.io/deployment-name";
+/// Cluster API's label naming a Machine's MachinePool.
+const MACHINE_POOL_LABEL: &str = "cluster.x-k8s.io/pool-name";
 /// The MachineDeployment revision Cluster API records on it and on each of its MachineSets.
 const REVISION_ANNOTATION: &str = "machinedeployment.clusters.x-k8s.io/revision";
 
@@ -90,7 +92,7 @@ struct Record {
 pub struct DeletionAuditor {
     client: Client,
     record: Arc<Mutex<Record>>,
-    watch: tokio::task::JoinHandle<()>,
+    watches: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl DeletionAuditor {
@@ -140,7 +142,11 @@ impl DeletionAuditor {
                         "Machine {} (node {node_name}) deleted: {why} (CA's latest answer: {latest:?})",
                         machine.name_any()
                     );
-                    let deployment = machine.labels().get(DEPLOYMENT_LABEL).cloned();
+                    let deployment = machine
+                        .labels()
+                        .get(DEPLOYMENT_LABEL)
+                        .or_else(|| machine.labels().get(MACHINE_POOL_LABEL))
+                        .cloned();
                     let annotated = machine.annotations().contains_key(DELETE_MACHINE);
                     let person_budget = deployment
                         .as_ref()
@@ -176,7 +182,7 @@ impl DeletionAuditor {
         Self {
             client,
             record,
-            watch,
+            watches: vec![watch],
         }
     }
 
@@ -187,52 +193,25 @@ impl DeletionAuditor {
     /// a person's, as for Machines).
     pub fn start_for_nodes(client: Client, selector: &str) -> Self {
         let record = Arc::new(Mutex::new(Record::default()));
-        let nodes: Api<Node> = Api::all(client.clone());
-        let pods: Api<Pod> = Api::all(client.clone());
-        let shared = record.clone();
-        let config = watcher::Config::default().labels(selector);
-        let watch = tokio::spawn(async move {
-            let mut events = watcher(nodes, config).boxed();
-            while let Some(event) = events.next().await {
-                let Ok(watcher::Event::Delete(node)) = event else {
-                    continue;
-                };
-                let name = node.name_any();
-                let undrained = undrained_pods(&pods, &name).await;
-                let mut record = lock(&shared);
-                record.deleted += 1;
-                record.deleting.insert(name.clone());
-                let latest = record.answers.get(&name).copied();
-                let mut why = violation(true, latest, is_tainted(&node));
-                if why.is_none() && !undrained.is_empty() {
-                    why = Some(format!("it still ran pods CA did not drain: {undrained:?}"));
-                }
-                let Some(why) = why else {
-                    continue;
-                };
-                let line = format!("Node {name} deleted: {why} (CA's latest answer: {latest:?})");
-                if record.excused.contains(&name) {
-                    record.by_person.push(line);
-                } else if record.cleaned_by_restart.contains(&name)
-                    && matches!(latest, Some(Answer::Ok | Answer::Pending))
-                {
-                    record.residue.push(format!(
-                        "{line} (its taint was removed by a restart of cluster-autoscaler)"
-                    ));
-                } else if latest == Some(Answer::Lost) {
-                    record.residue.push(format!(
-                        "{line} (the operator's answer never reached cluster-autoscaler)"
-                    ));
-                } else {
-                    record.violations.push(line);
-                }
-            }
-        });
+        let watch = watch_nodes(client.clone(), record.clone(), selector, None);
         Self {
             client,
             record,
-            watch,
+            watches: vec![watch],
         }
+    }
+
+    /// Also watches the Nodes matching `selector`, as [`DeletionAuditor::start_for_nodes`]
+    /// does. `group_label`: the Node label naming its group, for the decrements a person made
+    /// ([`DeletionAuditor::person_lowered`] with that label's value).
+    pub fn watch_nodes(&mut self, selector: &str, group_label: &str) {
+        let watch = watch_nodes(
+            self.client.clone(),
+            self.record.clone(),
+            selector,
+            Some(group_label.to_string()),
+        );
+        self.watches.push(watch);
     }
 
     /// Before a DeleteNodes naming `nodes`: taints them as CA does.
@@ -306,8 +285,9 @@ impl DeletionAuditor {
         lock(&self.record).excused.insert(name.to_string());
     }
 
-    /// A person lowered MachineDeployment `deployment`'s replicas by one: Cluster API may take
-    /// one machine of its own choosing for it.
+    /// A person lowered group `deployment`'s replicas by one (a MachineDeployment's or
+    /// MachinePool's name; for watched Nodes, their group label's value): Cluster API, or the
+    /// pool's reconciler, may take one machine of its own choosing for it.
     pub fn person_lowered(&self, deployment: &str) {
         *lock(&self.record)
             .lowered_by_person
@@ -420,8 +400,76 @@ impl DeletionAuditor {
 
 impl Drop for DeletionAuditor {
     fn drop(&mut self) {
-        self.watch.abort();
+        for watch in &self.watches {
+            watch.abort();
+        }
     }
+}
+
+/// Watches the Nodes matching `selector` into `record`: each Node's deletion is judged as a
+/// Machine's is (see [`DeletionAuditor::start_for_nodes`]).
+fn watch_nodes(
+    client: Client,
+    record: Arc<Mutex<Record>>,
+    selector: &str,
+    group_label: Option<String>,
+) -> tokio::task::JoinHandle<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::all(client);
+    let config = watcher::Config::default().labels(selector);
+    tokio::spawn(async move {
+        let mut events = watcher(nodes, config).boxed();
+        while let Some(event) = events.next().await {
+            let Ok(watcher::Event::Delete(node)) = event else {
+                continue;
+            };
+            let name = node.name_any();
+            let undrained = undrained_pods(&pods, &name).await;
+            let mut record = lock(&record);
+            record.deleted += 1;
+            record.deleting.insert(name.clone());
+            let latest = record.answers.get(&name).copied();
+            let mut why = violation(true, latest, is_tainted(&node));
+            if why.is_none() && !undrained.is_empty() {
+                why = Some(format!("it still ran pods CA did not drain: {undrained:?}"));
+            }
+            let Some(why) = why else {
+                continue;
+            };
+            let line = format!("Node {name} deleted: {why} (CA's latest answer: {latest:?})");
+            let group = group_label
+                .as_ref()
+                .and_then(|l| node.labels().get(l).cloned());
+            let person_budget = group
+                .as_ref()
+                .and_then(|g| record.lowered_by_person.get(g).copied())
+                .unwrap_or(0);
+            if record.excused.contains(&name) {
+                record.by_person.push(line);
+            } else if person_budget > 0 && undrained.is_empty() {
+                if let Some(g) = &group {
+                    record
+                        .lowered_by_person
+                        .insert(g.clone(), person_budget - 1);
+                }
+                record
+                    .by_person
+                    .push(format!("{line} (replicas lowered by a person)"));
+            } else if record.cleaned_by_restart.contains(&name)
+                && matches!(latest, Some(Answer::Ok | Answer::Pending))
+            {
+                record.residue.push(format!(
+                    "{line} (its taint was removed by a restart of cluster-autoscaler)"
+                ));
+            } else if latest == Some(Answer::Lost) {
+                record.residue.push(format!(
+                    "{line} (the operator's answer never reached cluster-autoscaler)"
+                ));
+            } else {
+                record.violations.push(line);
+            }
+        }
+    })
 }
 
 /// True when `machine` belongs to a MachineSet of an older revision than its

@@ -1,12 +1,13 @@
-//! `make chaos`: the real cluster-autoscaler decides while the world misbehaves. MachineDeployments
-//! scale up and down under workloads whose pods come and go, and seeded outside actions happen
-//! meanwhile: replicas raised by hand (IncreaseSize, `kubectl scale`) and lowered by a person
+//! `make chaos`: the real cluster-autoscaler decides while the world misbehaves.
+//! MachineDeployments, a MachinePool and a NodePool (Cherry Servers emulator) scale up and down
+//! under workloads whose pods come and go, and seeded outside actions happen meanwhile:
+//! replicas raised by hand (IncreaseSize, `kubectl scale`) and lowered by a person
 //! (`kubectl scale`), MachineDeployment rollouts, MachineSets and the Cluster paused and
-//! resumed, Cluster API stalled, a person's delete-machine annotation, the operator killed and
-//! restarted, cluster-autoscaler restarted, and lost replies from the API server (the fault
-//! proxy in front of the operator). CA reaches the operator through a
-//! [`Tap`], so a [`DeletionAuditor`] judges every Machine deletion by CA's own answers (U1 of
-//! `docs/safety.md`). Seeded and replayable: the same seed takes the same actions in the same
+//! resumed, Cluster API stalled, a person's delete-machine annotation, the cloud refusing
+//! deletions for a while, the operator killed and restarted, cluster-autoscaler restarted, and
+//! lost replies from the API server (the fault proxy in front of the operator). CA reaches the
+//! operator through a [`Tap`], so a [`DeletionAuditor`] judges every Machine deletion, and every
+//! NodePool Node's, by CA's own answers (U1 of `docs/safety.md`). Seeded and replayable: the same seed takes the same actions in the same
 //! order (what the processes do in between is timing). Results go to
 //! `target/chaos/results.json`.
 
@@ -15,8 +16,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
+use nodegroup_operator::api::NodePool;
 use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -26,8 +29,10 @@ use tonic::transport::Channel;
 
 use crate::auditor::DeletionAuditor;
 use crate::capi;
+use crate::cherry::{CherryEmulator, CherryOptions, FaultAction, RequestKind};
 use crate::environment::SandboxInfo;
 use crate::faultproxy::{FaultPlan, FaultProxy};
+use crate::infra_provider;
 use crate::stack::AutoscaledCluster;
 use crate::stall::Stall;
 use crate::tap::Tap;
@@ -41,7 +46,8 @@ pub struct ChaosOptions {
     pub duration: Duration,
     /// Seed of the action sequence (and of the fault proxy).
     pub seed: u64,
-    /// MachineDeployments (min 1, max 5), each with its own workload.
+    /// MachineDeployments (min 1, max 5), each with its own workload; one MachinePool and one
+    /// NodePool (min 1, max 5) come besides.
     pub groups: usize,
     /// Mean time between two actions.
     pub action_interval: Duration,
@@ -57,7 +63,7 @@ pub struct ChaosResults {
     pub seed: u64,
     /// Seconds of actions.
     pub duration_s: f64,
-    /// Groups.
+    /// Groups: the MachineDeployments, the MachinePool and the NodePool.
     pub groups: usize,
     /// Nodes named in DeleteNodes calls cluster-autoscaler heard OK for.
     pub scale_downs: u64,
@@ -65,8 +71,8 @@ pub struct ChaosResults {
     pub delete_nodes_ok: u64,
     /// DeleteNodes calls answered an error (CA untainted their nodes).
     pub delete_nodes_errors: u64,
-    /// Machines whose deletion the auditor saw.
-    pub machines_deleted: usize,
+    /// Removals the auditor saw: Machines deleted, NodePool Nodes gone.
+    pub removals: usize,
     /// Outside actions taken, by kind.
     pub actions: BTreeMap<String, u64>,
     /// Faults the proxy injected into the operator's writes, by kind.
@@ -91,6 +97,40 @@ enum Undo {
     ClusterPaused,
     Stalled(Stall),
     Annotated(String),
+    CloudOutage,
+}
+
+/// What kind of group a chaos group is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Deployment,
+    MachinePool,
+    NodePool,
+}
+
+/// One autoscaled group and its workload `app-<name>`.
+struct Group {
+    kind: Kind,
+    name: String,
+    id: String,
+}
+
+impl Group {
+    fn resource(&self) -> kube::discovery::ApiResource {
+        match self.kind {
+            Kind::Deployment => capi::machine_deployments(),
+            Kind::MachinePool => capi::machine_pools(),
+            Kind::NodePool => kube::discovery::ApiResource::erase::<NodePool>(&()),
+        }
+    }
+
+    /// What the auditor counts a person's decrement of this group under.
+    fn person_key(&self, ns: &str) -> String {
+        match self.kind {
+            Kind::NodePool => format!("{ns}-{}", self.name),
+            _ => self.name.clone(),
+        }
+    }
 }
 
 /// Runs chaos on a started sandbox with the operator binary `binary`.
@@ -103,7 +143,9 @@ pub async fn run(
     let mut cluster = AutoscaledCluster::create(sandbox, &namespace, "c1", json!({})).await?;
     let client = cluster.client().await?;
     let ns = namespace.as_str();
-    let mut ids = Vec::new();
+    let mut groups: Vec<Group> = Vec::new();
+    let bounds = json!({"cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "1",
+                        "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "5"});
     for i in 0..options.groups {
         let name = format!("g{i}");
         let label = format!("{ns}-{name}");
@@ -114,27 +156,62 @@ pub async fn run(
             json!({}),
         )?;
         create(&client, ns, &capi::test_machine_templates(), template).await?;
-        let md = capi::machine_deployment(
-            ns,
-            "c1",
-            &name,
-            1,
-            json!({"cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "1",
-                   "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "5"}),
-            &name,
-        )?;
+        let md = capi::machine_deployment(ns, "c1", &name, 1, bounds.clone(), &name)?;
         create(&client, ns, &capi::machine_deployments(), md).await?;
-        let selector = BTreeMap::from([(POOL_LABEL.to_string(), label)]);
-        let app = workload::deployment(ns, &format!("app-{name}"), 1, POD_CPU, &selector)?;
+        groups.push(Group {
+            kind: Kind::Deployment,
+            id: format!("MachineDeployment/{ns}/{name}"),
+            name,
+        });
+    }
+    let infra_pool = capi::test_machine_pool(
+        ns,
+        "mp",
+        json!({"nodeLabels": {POOL_LABEL: format!("{ns}-mp")}}),
+        json!({}),
+    )?;
+    create(
+        &client,
+        ns,
+        &infra_provider::test_machine_pools(),
+        infra_pool,
+    )
+    .await?;
+    let mp = capi::machine_pool(ns, "c1", "mp", 1, bounds.clone(), "mp")?;
+    create(&client, ns, &capi::machine_pools(), mp).await?;
+    groups.push(Group {
+        kind: Kind::MachinePool,
+        id: format!("MachinePool/{ns}/mp"),
+        name: "mp".into(),
+    });
+    let cherry = CherryEmulator::start(CherryOptions {
+        cluster: Some(client.clone()),
+        first_server_id: 7_000_000 + i64::try_from(options.seed % 1_000).unwrap_or(0) * 1_000,
+        pending_for: Duration::from_millis(300),
+        provisioning_for: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .await?;
+    create_node_pool(&client, ns, &cherry).await?;
+    groups.push(Group {
+        kind: Kind::NodePool,
+        id: format!("NodePool/{ns}/np"),
+        name: "np".into(),
+    });
+    for group in &groups {
+        let selector = BTreeMap::from([(POOL_LABEL.to_string(), format!("{ns}-{}", group.name))]);
+        let app = workload::deployment(ns, &format!("app-{}", group.name), 1, POD_CPU, &selector)?;
         workload::create(&client, &app).await?;
-        ids.push(format!("MachineDeployment/{ns}/{name}"));
     }
 
     let scratch = sandbox.scratch(&format!("chaos-{}", options.seed))?;
     let mut operator = cluster.operator_options();
     operator.binary = binary.to_path_buf();
     operator.log_filter = "info".into();
-    operator.extra_args = vec!["--sweep-interval-secs=2".into()];
+    operator.extra_args = vec![
+        "--sweep-interval-secs=2".into(),
+        "--node-pool-interval-secs=2".into(),
+    ];
     let proxy = FaultProxy::start(
         &operator.kubeconfig,
         &scratch,
@@ -147,18 +224,19 @@ pub async fn run(
     .await?;
     operator.kubeconfig = proxy.kubeconfig.clone();
     cluster.start_operator(&operator)?;
-    let auditor = Arc::new(DeletionAuditor::start(
-        client.clone(),
-        ns,
-        &capi::machines(),
-    ));
+    let mut auditor = DeletionAuditor::start(client.clone(), ns, &capi::machines());
+    auditor.watch_nodes(&format!("{POOL_LABEL}={ns}-np"), POOL_LABEL);
+    let auditor = Arc::new(auditor);
     let socket = scratch.join("ca.sock");
     let tap = Tap::start(&socket, connect(&mut cluster).await?, auditor.clone())?;
     let ca = cluster.colocated_autoscaler(&socket)?;
     cluster.start_autoscaler(&ca)?;
     println!(
         "chaos: namespace {ns}, {} groups, seed {}, {:?}, faults {}",
-        options.groups, options.seed, options.duration, options.fault_rate
+        groups.len(),
+        options.seed,
+        options.duration,
+        options.fault_rate
     );
 
     let mut rng = StdRng::seed_from_u64(options.seed);
@@ -174,10 +252,10 @@ pub async fn run(
         let (due, later): (Vec<_>, Vec<_>) = undo.into_iter().partition(|(at, _)| *at <= now);
         undo = later;
         for (_, action) in due {
-            revert(&client, ns, action).await;
+            revert(&client, ns, &cherry, action).await;
         }
-        let group = rng.random_range(0..options.groups);
-        let name = format!("g{group}");
+        let group = &groups[rng.random_range(0..groups.len())];
+        let name = group.name.clone();
         let roll = rng.random_range(0..100u32);
         let hold = Duration::from_secs(rng.random_range(10..40));
         let kind = match roll {
@@ -191,44 +269,48 @@ pub async fn run(
                 let mut grpc = connect(&mut cluster).await?;
                 let _ = grpc
                     .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-                        id: ids[group].clone(),
+                        id: group.id.clone(),
                         delta: 1,
                     })
                     .await;
                 "increase_size_by_hand"
             }
             52..=55 => {
-                let mds = api(&client, ns, &capi::machine_deployments());
-                let md = mds.get(&name).await?;
-                let replicas = md.data["spec"]["replicas"].as_i64().unwrap_or(1);
+                let scalables = api(&client, ns, &group.resource());
+                let object = scalables.get(&name).await?;
+                let replicas = object.data["spec"]["replicas"].as_i64().unwrap_or(1);
                 if replicas < 5 {
                     let patch = json!({"spec": {"replicas": replicas + 1}});
-                    let _ = mds
+                    let _ = scalables
                         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                         .await;
                 }
                 "kubectl_scale_up"
             }
             56..=58 => {
-                let mds = api(&client, ns, &capi::machine_deployments());
-                let md = mds.get(&name).await?;
-                let replicas = md.data["spec"]["replicas"].as_i64().unwrap_or(1);
+                let scalables = api(&client, ns, &group.resource());
+                let object = scalables.get(&name).await?;
+                let replicas = object.data["spec"]["replicas"].as_i64().unwrap_or(1);
                 if replicas <= 1 {
                     continue;
                 }
                 // Counted before the write: Cluster API may act on it at once.
-                auditor.person_lowered(&name);
+                let key = group.person_key(ns);
+                auditor.person_lowered(&key);
                 let patch = json!({"spec": {"replicas": replicas - 1}});
-                if let Err(error) = mds
+                if let Err(error) = scalables
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
                 {
                     tracing::warn!(%error, "a person's kubectl scale did not apply");
-                    auditor.person_did_not_lower(&name);
+                    auditor.person_did_not_lower(&key);
                 }
                 "kubectl_scale_down"
             }
             59..=61 => {
+                if group.kind != Kind::Deployment {
+                    continue;
+                }
                 rollouts += 1;
                 let patch = json!({"spec": {"template": {"spec": {"bootstrap": {
                     "dataSecretName": format!("chaos-revision-{rollouts}")
@@ -237,6 +319,9 @@ pub async fn run(
                 "rollout"
             }
             62..=64 => {
+                if group.kind != Kind::Deployment {
+                    continue;
+                }
                 let sets = machine_sets_of(&client, ns, &name).await?;
                 for set in &sets {
                     set_paused_annotation(&client, ns, set, true).await;
@@ -286,6 +371,20 @@ pub async fn run(
                 tap.retarget(connect(&mut cluster).await?);
                 "operator_kill"
             }
+            90..=93 => {
+                if undo.iter().any(|(_, u)| matches!(u, Undo::CloudOutage)) {
+                    continue;
+                }
+                // The cloud takes no server for a while: deletions CA was answered OK for
+                // wait, and a CA restart meanwhile gives their nodes up.
+                cherry.inject(
+                    RequestKind::DeleteServer,
+                    1_000_000,
+                    FaultAction::Status(503),
+                );
+                undo.push((now + hold, Undo::CloudOutage));
+                "cloud_outage"
+            }
             _ => {
                 // The old process keeps deleting while it shuts down (its signal handler
                 // runs a clean-up RPC first): only once it is gone is every taint it got an
@@ -299,12 +398,12 @@ pub async fn run(
         *actions.entry(kind.to_string()).or_default() += 1;
     }
     for (_, action) in undo {
-        revert(&client, ns, action).await;
+        revert(&client, ns, &cherry, action).await;
     }
     proxy.set_plan(FaultPlan::writes(options.seed, 0.0, &[]));
     // Settle: the workloads shrink, CA scales the groups back down, nothing is paused.
-    for i in 0..options.groups {
-        workload::scale(&client, ns, &format!("app-g{i}"), 0).await?;
+    for group in &groups {
+        workload::scale(&client, ns, &format!("app-{}", group.name), 0).await?;
     }
     tokio::time::sleep(Duration::from_secs(90)).await;
     let counts = tap.counts();
@@ -317,11 +416,11 @@ pub async fn run(
     let results = ChaosResults {
         seed: options.seed,
         duration_s: options.duration.as_secs_f64(),
-        groups: options.groups,
+        groups: groups.len(),
         scale_downs: counts.nodes_ok,
         delete_nodes_ok: counts.delete_ok,
         delete_nodes_errors: counts.delete_errors,
-        machines_deleted: auditor.deleted(),
+        removals: auditor.deleted(),
         actions,
         faults_injected,
         violations: auditor.violations(),
@@ -332,6 +431,49 @@ pub async fn run(
     cluster.stop_autoscaler();
     cluster.stop_operator();
     Ok(results)
+}
+
+/// The NodePool `np` (min 1, max 5) on the Cherry Servers emulator `cherry`, with its
+/// credentials Secret.
+async fn create_node_pool(
+    client: &Client,
+    ns: &str,
+    cherry: &CherryEmulator,
+) -> anyhow::Result<()> {
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "cherry", "namespace": ns},
+        "stringData": {"token": cherry.token()},
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let pool: NodePool = serde_json::from_value(json!({
+        "apiVersion": "autoscaling.nodegroup.dev/v1alpha1",
+        "kind": "NodePool",
+        "metadata": {"name": "np", "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "minSize": 1,
+            "maxSize": 5,
+            "clusterName": "c1",
+            "template": {"labels": {POOL_LABEL: format!("{ns}-np")}},
+            "cherryServers": {
+                "credentialsSecretRef": {"name": "cherry", "key": "token"},
+                "projectId": 4242,
+                "region": "eu_nord_1",
+                "plan": "e3_1240v3",
+                "image": "ubuntu_22_04",
+                "userData": crate::cherry::JOIN_USER_DATA,
+                "apiServerEndpoint": "127.0.0.1:6443",
+                "endpoint": cherry.url(),
+            },
+        },
+    }))?;
+    Api::<NodePool>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pool)
+        .await?;
+    Ok(())
 }
 
 /// Writes `results` to `target/chaos/results.json`.
@@ -422,8 +564,9 @@ async fn annotate_delete_machine(client: &Client, ns: &str, machine: &str, prese
     merge_patch(client, ns, &capi::machines(), machine, patch).await;
 }
 
-async fn revert(client: &Client, ns: &str, action: Undo) {
+async fn revert(client: &Client, ns: &str, cherry: &CherryEmulator, action: Undo) {
     match action {
+        Undo::CloudOutage => cherry.clear_faults(),
         Undo::MachineSetPaused(set) => set_paused_annotation(client, ns, &set, false).await,
         Undo::ClusterPaused => set_cluster_paused(client, ns, false).await,
         Undo::Stalled(stall) => {

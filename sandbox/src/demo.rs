@@ -237,8 +237,7 @@ async fn apply_node_pool(
                 "projectId": 1, "region": "eu_nord_1", "plan": "e3_1240v3",
                 "image": "ubuntu_22_04", "apiServerEndpoint": "127.0.0.1:6443",
                 "endpoint": cloud.url(),
-                "userData": "#!/bin/bash\nKUBELET_EXTRA_ARGS=\"--node-labels={{.NodeLabels}}\"\n\
-                    kubeadm join --token {{.BootstrapToken}} {{.APIServerEndpoint}}\n",
+                "userData": crate::cherry::JOIN_USER_DATA,
             },
         },
     }))?;

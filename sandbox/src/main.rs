@@ -364,7 +364,7 @@ async fn chaos(
     let results = ngo_sandbox::chaos::run(&sandbox.info(), &binary, options).await?;
     let path = ngo_sandbox::chaos::write_results(&results)?;
     println!(
-        "chaos: seed {}, {:.0}s, {} scale-downs ({} DeleteNodes OK, {} errors), {} machines deleted, \
+        "chaos: seed {}, {:.0}s, {} scale-downs ({} DeleteNodes OK, {} errors), {} removals (Machines, NodePool Nodes), \
          actions {:?}, faults {:?}, {} violations, {} residue, {} by a person, {} by a rollout; \
          results in {}",
         results.seed,
@@ -372,7 +372,7 @@ async fn chaos(
         results.scale_downs,
         results.delete_nodes_ok,
         results.delete_nodes_errors,
-        results.machines_deleted,
+        results.removals,
         results.actions,
         results.faults_injected,
         results.violations.len(),

@@ -136,6 +136,11 @@ impl std::fmt::Debug for CherryOptions {
     }
 }
 
+/// User data whose servers join the sandbox: the node labels the pool renders, and the
+/// bootstrap token the operator minted in a `kubeadm join` line.
+pub const JOIN_USER_DATA: &str = "#!/bin/bash\nKUBELET_EXTRA_ARGS=\"--node-labels={{.NodeLabels}}\"\n\
+    kubeadm join --token {{.BootstrapToken}} {{.APIServerEndpoint}}\n";
+
 /// Which requests a fault applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestKind {
