@@ -127,12 +127,11 @@ soak:
 	./target/debug/ngo-sandbox soak --minutes $${SOAK_MINUTES:-10} --fault-rate $${SOAK_FAULT_RATE:-0.05}
 
 ## Chaos with the real cluster-autoscaler 1.36.1 deciding (ngo_sandbox::chaos): CHAOS_MINUTES
-## (30) of MachineDeployments, a MachinePool and a NodePool under workloads coming and going, and
-## seeded outside actions (CHAOS_SEED, random when
-## unset), every Machine deletion and NodePool Node removal judged by CA's own answers; fails on
-## any U1 violation or fewer
-## than CHAOS_MIN_SCALE_DOWNS (100) scale-downs. Writes target/chaos/results.json. `make test`
-## runs a short seeded round (tests/e2e_ca.rs).
+## (30) of MachineDeployments, a MachinePool and a NodePool under workloads coming and going,
+## and seeded outside actions (CHAOS_SEED, random when unset), every Machine deletion and
+## NodePool Node removal judged by CA's own answers; fails on any U1 violation or fewer than
+## CHAOS_MIN_SCALE_DOWNS (100) scale-downs. Writes target/chaos/results.json. `make test` runs a
+## short seeded round (tests/e2e_ca.rs).
 chaos:
 	$(UPSTREAM) $(DEMO_PEERS)
 	$(CARGO) build --locked --workspace --bins

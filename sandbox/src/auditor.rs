@@ -64,6 +64,14 @@ pub fn violation(node_exists: bool, latest: Option<Answer>, tainted: bool) -> Op
 
 #[derive(Default)]
 struct Record {
+    /// Passive: CA's answers are not seen (a real CA dialing the operator directly), so a
+    /// removal is judged by the taint CA keeps on OK and removes on any error, as seen on
+    /// the Nodes ([`Record::given_up`]).
+    passive: bool,
+    /// Nodes seen carrying CA's taint.
+    held: BTreeSet<String>,
+    /// Nodes seen losing CA's taint (CA gave them up) and not tainted again since.
+    given_up: BTreeSet<String>,
     /// By node name.
     answers: BTreeMap<String, Answer>,
     /// Node names whose Machine is being deleted.
@@ -86,6 +94,29 @@ struct Record {
     by_rollout: Vec<String>,
     /// Machines seen deleting.
     deleted: usize,
+}
+
+impl Record {
+    /// Why removing the node `name` breaks U1 (see [`violation`]; passive: whether CA gave it
+    /// up, see [`Record::passive`]).
+    fn judge(&self, name: &str, node_exists: bool, tainted: bool) -> Option<String> {
+        if !self.passive {
+            return violation(node_exists, self.answers.get(name).copied(), tainted);
+        }
+        (node_exists && self.given_up.contains(name)).then(|| {
+            format!("CA removed its {TO_BE_DELETED_TAINT} taint (an error answer) and did not put it back")
+        })
+    }
+
+    /// Node `name` seen with (`tainted`) or without CA's taint.
+    fn saw(&mut self, name: &str, tainted: bool) {
+        if tainted {
+            self.held.insert(name.to_string());
+            self.given_up.remove(name);
+        } else if self.held.remove(name) {
+            self.given_up.insert(name.to_string());
+        }
+    }
 }
 
 /// The auditor of one namespace's Machines; stops watching when dropped.
@@ -131,7 +162,7 @@ impl DeletionAuditor {
                 record.deleting.insert(node_name.to_string());
                 let latest = record.answers.get(node_name).copied();
                 let restarted = record.cleaned_by_restart.contains(node_name);
-                let mut why = violation(node.is_some(), latest, tainted);
+                let mut why = record.judge(node_name, node.is_some(), tainted);
                 if why.is_none() && !undrained.is_empty() {
                     why = Some(format!(
                         "its node still runs pods CA did not drain: {undrained:?}"
@@ -193,7 +224,13 @@ impl DeletionAuditor {
     /// a person's, as for Machines).
     pub fn start_for_nodes(client: Client, selector: &str) -> Self {
         let record = Arc::new(Mutex::new(Record::default()));
-        let watch = watch_nodes(client.clone(), record.clone(), selector, None);
+        let watch = watch_nodes(
+            client.clone(),
+            record.clone(),
+            selector,
+            None,
+            Arc::new(|_| true),
+        );
         Self {
             client,
             record,
@@ -210,8 +247,35 @@ impl DeletionAuditor {
             self.record.clone(),
             selector,
             Some(group_label.to_string()),
+            Arc::new(|_| true),
         );
         self.watches.push(watch);
+    }
+
+    /// A passive auditor for a real cluster-autoscaler that dials the operator directly, so
+    /// its answers are not seen: it watches the Machines (`machines`) of `namespace` and the
+    /// Nodes `node_filter` accepts, and judges each removal by what CA does with its taint
+    /// (kept on OK, removed on any error): a node that lost CA's taint and did not get it
+    /// back, or still runs pods CA did not drain, must not be removed. `group_label`: as
+    /// for [`DeletionAuditor::watch_nodes`].
+    pub fn passive(
+        client: Client,
+        namespace: &str,
+        machines: &ApiResource,
+        group_label: &str,
+        node_filter: impl Fn(&Node) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        let mut auditor = Self::start(client, namespace, machines);
+        lock(&auditor.record).passive = true;
+        let watch = watch_nodes(
+            auditor.client.clone(),
+            auditor.record.clone(),
+            "",
+            Some(group_label.to_string()),
+            Arc::new(node_filter),
+        );
+        auditor.watches.push(watch);
+        auditor
     }
 
     /// Before a DeleteNodes naming `nodes`: taints them as CA does.
@@ -406,6 +470,9 @@ impl Drop for DeletionAuditor {
     }
 }
 
+/// Which Nodes a watch judges.
+type NodeFilter = Arc<dyn Fn(&Node) -> bool + Send + Sync>;
+
 /// Watches the Nodes matching `selector` into `record`: each Node's deletion is judged as a
 /// Machine's is (see [`DeletionAuditor::start_for_nodes`]).
 fn watch_nodes(
@@ -413,6 +480,7 @@ fn watch_nodes(
     record: Arc<Mutex<Record>>,
     selector: &str,
     group_label: Option<String>,
+    node_filter: NodeFilter,
 ) -> tokio::task::JoinHandle<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::all(client);
@@ -420,16 +488,30 @@ fn watch_nodes(
     tokio::spawn(async move {
         let mut events = watcher(nodes, config).boxed();
         while let Some(event) = events.next().await {
-            let Ok(watcher::Event::Delete(node)) = event else {
-                continue;
+            let node = match event {
+                Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
+                    if node_filter(&node) {
+                        lock(&record).saw(&node.name_any(), is_tainted(&node));
+                    }
+                    continue;
+                }
+                Ok(watcher::Event::Delete(node)) => node,
+                _ => continue,
             };
+            if !node_filter(&node) {
+                continue;
+            }
             let name = node.name_any();
+            if lock(&record).deleting.contains(&name) {
+                // Its Machine's deletion was judged when it started.
+                continue;
+            }
             let undrained = undrained_pods(&pods, &name).await;
             let mut record = lock(&record);
             record.deleted += 1;
             record.deleting.insert(name.clone());
             let latest = record.answers.get(&name).copied();
-            let mut why = violation(true, latest, is_tainted(&node));
+            let mut why = record.judge(&name, true, is_tainted(&node));
             if why.is_none() && !undrained.is_empty() {
                 why = Some(format!("it still ran pods CA did not drain: {undrained:?}"));
             }
@@ -546,6 +628,27 @@ fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_passive_auditor_judges_by_the_taint_ca_removed_and_did_not_put_back() {
+        let mut record = Record {
+            passive: true,
+            ..Record::default()
+        };
+        assert_eq!(
+            record.judge("n", true, false),
+            None,
+            "never tainted: not CA's"
+        );
+        record.saw("n", true);
+        assert_eq!(record.judge("n", true, true), None, "held by CA");
+        record.saw("n", false);
+        assert!(record.judge("n", true, false).is_some(), "CA gave it up");
+        record.saw("n", true);
+        assert_eq!(record.judge("n", true, true), None, "named again");
+        record.saw("n", false);
+        assert_eq!(record.judge("n", false, false), None, "no node, no pods");
+    }
 
     #[test]
     fn a_deletion_breaks_u1_unless_ca_holds_its_node_tainted_after_an_ok() {

@@ -14,6 +14,7 @@ use kube::{Client, ResourceExt};
 use nodegroup_operator::api::NodePool;
 use serde_json::json;
 
+use crate::auditor::DeletionAuditor;
 use crate::autoscaler::{AutoscalerOptions, CaRelease};
 use crate::environment::SandboxInfo;
 use crate::operator::OperatorOptions;
@@ -34,6 +35,10 @@ pub struct TestWorld {
     /// An admin client of the sandbox.
     pub client: Client,
     started: Instant,
+    /// Judges every removal of the test's Machines and NodePool Nodes by what
+    /// cluster-autoscaler did with their taints; a violation fails the test when the world is
+    /// dropped.
+    auditor: DeletionAuditor,
 }
 
 impl TestWorld {
@@ -57,11 +62,29 @@ impl TestWorld {
         cluster
             .start_operator(&operator)
             .unwrap_or_else(|e| panic!("starting the operator: {e:#}"));
+        let own = format!("{namespace}-");
+        let auditor = DeletionAuditor::passive(
+            client.clone(),
+            &namespace,
+            &crate::capi::machines(),
+            POOL_LABEL,
+            move |node| {
+                node.labels()
+                    .get(POOL_LABEL)
+                    .is_some_and(|group| group.starts_with(&own))
+            },
+        );
         Self {
             cluster,
             client,
             started,
+            auditor,
         }
+    }
+
+    /// The deletion auditor of this test's groups.
+    pub fn auditor(&self) -> &DeletionAuditor {
+        &self.auditor
     }
 
     /// The test's namespace.
@@ -295,4 +318,15 @@ macro_rules! deref_to_test_world {
             }
         }
     };
+}
+
+impl Drop for TestWorld {
+    /// Fails the test (unless it failed already) when the auditor saw a removal CA had not
+    /// left to us (U1 of `docs/safety.md`).
+    fn drop(&mut self) {
+        let violations = self.auditor.violations();
+        if !violations.is_empty() && !std::thread::panicking() {
+            panic!("U1 violations in {}: {violations:#?}", self.ns());
+        }
+    }
 }

@@ -89,6 +89,14 @@ impl Resource for WatchedNode {
     }
 }
 
+/// True for the Node annotations the index reads: Cluster API's `<group>/machine` and
+/// `<group>/cluster-namespace` (whatever the group). The rest are not kept, so a Node's
+/// annotations cost nothing however large.
+fn read_annotation(key: &str) -> bool {
+    key.rsplit_once('/')
+        .is_some_and(|(_, name)| name == "machine" || name == "cluster-namespace")
+}
+
 /// The index's view of `node`, read from `cluster` (`None`: the view shared by every cluster).
 pub fn node_view(node: &Node, cluster: Option<ClusterKey>) -> NodeView {
     let ready = node
@@ -103,7 +111,12 @@ pub fn node_view(node: &Node, cluster: Option<ClusterKey>) -> NodeView {
             .as_ref()
             .and_then(|s| s.provider_id.clone())
             .filter(|p| !p.is_empty()),
-        annotations: node.annotations().clone(),
+        annotations: node
+            .annotations()
+            .iter()
+            .filter(|(key, _)| read_annotation(key))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         labels: node.labels().clone(),
         ready,
         capacity: node
@@ -158,6 +171,25 @@ mod tests {
                 resource_version: Some("7".into()),
                 ..ObjectMeta::default()
             }
+        );
+    }
+
+    #[test]
+    fn only_the_annotations_the_index_reads_are_kept() {
+        let mut node = node_json();
+        node["metadata"]["annotations"] = serde_json::json!({
+            "cluster.x-k8s.io/machine": "m1",
+            "custom.x-k8s.io/cluster-namespace": "ns",
+            "example.com/huge": "x".repeat(1 << 20),
+            "machine": "no group",
+        });
+        let watched: WatchedNode = serde_json::from_value(node).unwrap();
+        assert_eq!(
+            watched.view.annotations.keys().collect::<Vec<_>>(),
+            [
+                "cluster.x-k8s.io/machine",
+                "custom.x-k8s.io/cluster-namespace"
+            ]
         );
     }
 

@@ -73,6 +73,15 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest a workload client waits to send a request.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest response body read from a workload cluster (one LIST answer, or one watch
+/// request's events): a LIST of 5,000 Nodes, Kubernetes' largest supported cluster, is about
+/// 100 MiB with their image lists.
+const MAX_RESPONSE_BYTES: usize = 256 << 20;
+/// Most Nodes kept per workload cluster: three times Kubernetes' largest supported cluster.
+/// A cluster that lists more is reported failed, and its Nodes are not served.
+pub const MAX_NODES: usize = 15_000;
+/// How long a cluster that listed more than [`MAX_NODES`] waits before it is listed again.
+const TOO_MANY_NODES_BACKOFF: Duration = Duration::from_secs(60);
 /// Seconds the API server keeps each Node watch request open; the watch then resumes from
 /// where it was. kube's watcher renews a watch that stays silent 5 s longer than this.
 const WATCH_TIMEOUT_SECS: u32 = 20;
@@ -489,7 +498,18 @@ fn kubeconfig_value(secret: &Secret) -> Result<&[u8], String> {
 /// ([`self_contained`]).
 async fn client_from_kubeconfig(kubeconfig: &[u8]) -> Result<Client, String> {
     let config = workload_config(kubeconfig).await?;
-    Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))
+    bounded_client(config).map_err(|e| format!("cannot build a client: {e}"))
+}
+
+/// A client whose every response body is cut at [`MAX_RESPONSE_BYTES`]: the API server is a
+/// tenant's, and kube's client reads a LIST answer (or a watch line) whole, however long.
+fn bounded_client(config: kube::Config) -> Result<Client, kube::Error> {
+    let limit = tower::util::MapResponseLayer::new(|response: http::Response<_>| {
+        response.map(|body| http_body_util::Limited::new(body, MAX_RESPONSE_BYTES))
+    });
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&limit)
+        .build())
 }
 
 /// The client configuration for a workload cluster, with its transport timeouts.
@@ -501,12 +521,21 @@ async fn workload_config(kubeconfig: &[u8]) -> Result<kube::Config, String> {
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .map_err(|e| format!("unusable kubeconfig: {e}"))?;
+    bound(&mut config);
+    Ok(config)
+}
+
+/// The transport bounds of a workload client: timeouts, and no retries of its own.
+fn bound(config: &mut kube::Config) {
     config.connect_timeout = Some(CONNECT_TIMEOUT);
     config.read_timeout = Some(READ_TIMEOUT);
     config.write_timeout = Some(WRITE_TIMEOUT);
+    // kube retries 429, 503 and 504 itself, waiting as long as the server's Retry-After says,
+    // up to 15 times: a tenant's server could hold a request for hours. The watch has its own
+    // backoff, and the probes judge the cluster.
+    config.default_retry = false;
     // The read timeout counts from each request, not from when its pooled connection went idle.
     config.reset_reader_on_write = true;
-    Ok(config)
 }
 
 /// Checks that a kubeconfig from a Secret carries everything inline and verifies its server:
@@ -847,6 +876,8 @@ async fn watch_nodes(
     let mut stream = open();
     let track = Track::Nodes(Some(cluster.clone()));
     let mut seen: HashMap<String, u64> = HashMap::new();
+    // Nodes of the list under way.
+    let mut listing = 0usize;
     loop {
         let event = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -859,6 +890,22 @@ async fn watch_nodes(
         };
         match event {
             Some(Ok(event)) => {
+                if let Some(count) = over_node_cap(&event, &mut listing, &seen) {
+                    let reason = format!(
+                        "the cluster lists more than {MAX_NODES} Nodes ({count} so far); its Nodes are not served, and it is listed again in {}s",
+                        TOO_MANY_NODES_BACKOFF.as_secs()
+                    );
+                    tracing::warn!(%cluster, kubeconfig = %health.kubeconfig, %reason, "workload cluster too large");
+                    writer.apply_watcher_event(&watcher::Event::Init);
+                    health.update(|h| h.watch_failed(reason));
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(TOO_MANY_NODES_BACKOFF) => {}
+                    }
+                    listing = 0;
+                    stream = open();
+                    continue;
+                }
                 writer.apply_watcher_event(&event);
                 if matches!(event, watcher::Event::InitDone) {
                     health.update(|h| h.listed(Instant::now()));
@@ -878,6 +925,35 @@ async fn watch_nodes(
             }
             None => return,
         }
+    }
+}
+
+/// The number of Nodes when `event` takes a cluster beyond [`MAX_NODES`]: counted per list
+/// (`listing`, reset when a list begins) and, once listed, as the Nodes known (`seen`).
+fn over_node_cap(
+    event: &watcher::Event<WatchedNode>,
+    listing: &mut usize,
+    seen: &HashMap<String, u64>,
+) -> Option<usize> {
+    match event {
+        watcher::Event::Init => {
+            *listing = 0;
+            None
+        }
+        watcher::Event::InitApply(_) => {
+            *listing += 1;
+            (*listing > MAX_NODES).then_some(*listing)
+        }
+        watcher::Event::Apply(node) => {
+            let new = node
+                .metadata
+                .name
+                .as_ref()
+                .is_some_and(|n| !seen.contains_key(n));
+            let count = seen.len() + usize::from(new);
+            (count > MAX_NODES).then_some(count)
+        }
+        _ => None,
     }
 }
 
@@ -1196,6 +1272,99 @@ mod tests {
         );
     }
 
+    /// A workload client (bounds and body limit as for a tenant's kubeconfig) of a local
+    /// plain-HTTP server answering every request with `router`.
+    async fn client_of(router: axum::Router) -> Client {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        let mut config = kube::Config::new(format!("http://{address}").parse().unwrap());
+        bound(&mut config);
+        bounded_client(config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_tenants_server_that_answers_429_is_not_retried_for_as_long_as_it_asks() {
+        let router = axum::Router::new().fallback(|| async {
+            (
+                http::StatusCode::TOO_MANY_REQUESTS,
+                [("retry-after", "3600"), ("content-type", "application/json")],
+                r#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":429,"reason":"TooManyRequests","message":"slow down"}"#,
+            )
+        });
+        let nodes: Api<Node> = Api::all(client_of(router).await);
+        let answer = tokio::time::timeout(Duration::from_secs(5), nodes.list(&Default::default()))
+            .await
+            .expect("answered at once, not after the server's Retry-After");
+        match answer {
+            Err(kube::Error::Api(status)) => assert_eq!(status.code, 429),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tenants_endless_list_is_cut_at_the_body_limit() {
+        let router = axum::Router::new().fallback(|| async {
+            let head = futures::stream::once(async {
+                Ok::<_, std::io::Error>(bytes::Bytes::from_static(
+                    br#"{"kind":"NodeList","apiVersion":"v1","metadata":{},"items":["#,
+                ))
+            });
+            let item = bytes::Bytes::from(format!(
+                r#"{{"metadata":{{"name":"n","labels":{{"l":"{}"}}}}}},"#,
+                "x".repeat(60_000)
+            ));
+            let endless = futures::stream::repeat_with(move || Ok(item.clone()));
+            axum::body::Body::from_stream(head.chain(endless))
+        });
+        let nodes: Api<Node> = Api::all(client_of(router).await);
+        let answer = tokio::time::timeout(Duration::from_secs(60), nodes.list(&Default::default()))
+            .await
+            .expect("cut at the limit, not read forever");
+        let error = answer.expect_err("an endless body is no list");
+        assert!(
+            reason(&error).contains("length limit"),
+            "{}",
+            reason(&error)
+        );
+    }
+
+    #[test]
+    fn a_cluster_listing_more_nodes_than_the_cap_is_stopped_at_the_first_one_beyond() {
+        let node = |name: &str| -> WatchedNode {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap()
+        };
+        let mut listing = 0;
+        let mut seen: HashMap<String, u64> = HashMap::new();
+        assert_eq!(
+            over_node_cap(&watcher::Event::Init, &mut listing, &seen),
+            None
+        );
+        for k in 0..MAX_NODES {
+            let event = watcher::Event::InitApply(node(&format!("n{k}")));
+            assert_eq!(over_node_cap(&event, &mut listing, &seen), None);
+        }
+        let beyond = watcher::Event::InitApply(node("one-more"));
+        assert_eq!(
+            over_node_cap(&beyond, &mut listing, &seen),
+            Some(MAX_NODES + 1)
+        );
+        // A new list starts the count again; once listed, a new Node beyond the cap stops it.
+        assert_eq!(
+            over_node_cap(&watcher::Event::Init, &mut listing, &seen),
+            None
+        );
+        assert_eq!(listing, 0);
+        seen.extend((0..MAX_NODES).map(|k| (format!("n{k}"), 0)));
+        let known = watcher::Event::Apply(node("n7"));
+        assert_eq!(over_node_cap(&known, &mut listing, &seen), None);
+        let new = watcher::Event::Apply(node("n-new"));
+        assert_eq!(
+            over_node_cap(&new, &mut listing, &seen),
+            Some(MAX_NODES + 1)
+        );
+    }
+
     #[tokio::test]
     async fn workload_clients_time_out_connecting_reading_and_writing() {
         let text = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n";
@@ -1204,6 +1373,7 @@ mod tests {
         assert_eq!(config.read_timeout, Some(READ_TIMEOUT));
         assert_eq!(config.write_timeout, Some(WRITE_TIMEOUT));
         assert!(config.reset_reader_on_write);
+        assert!(!config.default_retry);
         let refused = workload_config(b"clusters: [").await.expect_err("not YAML");
         assert!(refused.contains("not a kubeconfig"), "{refused}");
     }
