@@ -537,6 +537,17 @@ fn bad_values_fail_with_the_value_and_the_reason() {
             ],
             "topology.clientIdentity=uri-san reads the client certificate, so grpc.insecure must be false",
         ),
+        (
+            &[
+                "--set",
+                "grpc.certManager.enabled=true",
+                "--set",
+                "grpc.certManager.issuerRef.name=shared",
+                "--set",
+                "grpc.certManager.issuerRef.kind=ClusterIssuer",
+            ],
+            "grpc.certManager.issuerRef names ClusterIssuer shared, which signs for every namespace",
+        ),
     ];
     for (args, expected) in cases {
         let error = template(args).expect_err(&format!("{args:?} must be refused"));
@@ -1978,8 +1989,11 @@ fn operator_access(
         ),
     ];
     if workload_nodes != "cluster-secrets" {
-        // runtime/watches.rs: Nodes of this cluster (or of the cluster the operator runs in)
-        access.push(("", "nodes", &["get", "list", "watch"]));
+        // runtime/watches.rs: Nodes of this cluster (or of the cluster the operator runs in);
+        // nodepool/drain.rs: a NodePool server's Node cordoned, its pods listed and evicted
+        access.push(("", "nodes", &["get", "list", "watch", "patch"]));
+        access.push(("", "pods", &["list"]));
+        access.push(("", "pods/eviction", &["create"]));
     }
     // runtime/watches.rs: Clusters (their spec.paused pauses groups; identities name them;
     // workload connections follow them)
@@ -2208,4 +2222,32 @@ fn the_self_signed_ca_is_long_lived_and_renewed_over_its_key() {
     ])
     .unwrap_err();
     assert!(error.contains("caDuration"), "{error}");
+}
+
+/// A ClusterIssuer for the client certificates is taken only when acknowledged, and then
+/// signs the clients as named.
+#[test]
+fn a_cluster_issuer_is_taken_only_when_acknowledged() {
+    let rendered = template(&[
+        "--set",
+        "grpc.certManager.enabled=true",
+        "--set",
+        "grpc.certManager.issuerRef.name=shared",
+        "--set",
+        "grpc.certManager.issuerRef.kind=ClusterIssuer",
+        "--set",
+        "grpc.certManager.allowClusterIssuer=true",
+    ])
+    .expect("acknowledged");
+    assert!(
+        rendered.contains("issuerRef: {name: shared, kind: ClusterIssuer"),
+        "{rendered}"
+    );
+    template(&[
+        "--set",
+        "grpc.certManager.enabled=true",
+        "--set",
+        "grpc.certManager.issuerRef.name=own",
+    ])
+    .expect("an Issuer needs no acknowledgement");
 }
