@@ -212,6 +212,12 @@ struct RunArgs {
     /// refused without it. Set by Alibaba Cloud's pod identity webhook.
     #[arg(long, env = "ALIBABA_CLOUD_OIDC_TOKEN_FILE")]
     alicloud_oidc_token_file: Option<PathBuf>,
+    /// Namespaces whose NodePools may use the operator's own authority (comma-separated; `*`:
+    /// every namespace): Alibaba Cloud's ECSRAMRole, and bootstrap tokens of the cluster the
+    /// operator's own credentials reach (same-cluster and kubeconfig topologies). None by
+    /// default.
+    #[arg(long, env = "NGO_AMBIENT_CREDENTIAL_NAMESPACES", value_delimiter = ',')]
+    ambient_credential_namespaces: Vec<String>,
 }
 
 impl RunArgs {
@@ -283,6 +289,9 @@ impl RunArgs {
                     self.cloud_endpoint_allow_http,
                 ),
                 alicloud_oidc_token_file: self.alicloud_oidc_token_file.clone(),
+                ambient: nodegroup_operator::backends::AmbientPolicy::new(
+                    self.ambient_credential_namespaces.clone(),
+                ),
             },
             workload_nodes: match self.workload_nodes.as_str() {
                 "cluster-secrets" => WorkloadNodes::ClusterSecrets,

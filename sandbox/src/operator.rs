@@ -267,6 +267,15 @@ impl OperatorProcess {
         if let Some(namespace) = &options.leader_election_namespace {
             args.push(format!("--leader-election-namespace={namespace}"));
         }
+        // Each sandbox operator serves its test's namespace, whose pools' Nodes join the
+        // sandbox: tests that check the refusal name their own namespaces.
+        if !options
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--ambient-credential-namespaces"))
+        {
+            args.push("--ambient-credential-namespaces=*".to_string());
+        }
         args.extend(options.extra_args.iter().cloned());
         // Errors, not backtraces, in the log tail a failed start reports.
         let mut env = vec![

@@ -4,12 +4,14 @@
 //! [`BackendConnector`](crate::nodepool::backend::BackendConnector)).
 
 pub mod alicloud;
+pub mod ambient;
 pub mod cherry;
 pub mod endpoints;
 
 use std::path::PathBuf;
 
 use crate::nodepool::backend::BackendConnector;
+pub use ambient::AmbientPolicy;
 pub use endpoints::EndpointPolicy;
 
 /// What the operator's configuration (not a NodePool) decides for every cloud.
@@ -20,6 +22,9 @@ pub struct BackendOptions {
     /// The projected service-account token RRSA pools assume their role with
     /// (`ALIBABA_CLOUD_OIDC_TOKEN_FILE`); RRSA is refused without it.
     pub alicloud_oidc_token_file: Option<PathBuf>,
+    /// Which namespaces' pools may use the operator's own authority (ECSRAMRole, bootstrap
+    /// tokens of a shared cluster).
+    pub ambient: AmbientPolicy,
 }
 
 /// The connector of every cloud this operator runs NodePools on: the one list a new cloud

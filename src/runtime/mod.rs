@@ -488,6 +488,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             pools::PoolControllerOptions {
                 interval: config.node_pool_interval,
                 instance: instance.clone(),
+                ambient: config.backends.ambient.clone(),
                 ..Default::default()
             },
             crate::backends::connectors(&config.backends),

@@ -79,6 +79,8 @@ pub struct PoolControllerOptions {
     pub concurrency: usize,
     /// Name of this replica, in creation request ids.
     pub instance: String,
+    /// Which namespaces' pools may have a bootstrap token of a shared cluster minted.
+    pub ambient: crate::backends::AmbientPolicy,
 }
 
 impl Default for PoolControllerOptions {
@@ -89,6 +91,7 @@ impl Default for PoolControllerOptions {
             machine_type_ttl: Duration::from_secs(600),
             concurrency: 8,
             instance: format!("ngo-{}", std::process::id()),
+            ambient: crate::backends::AmbientPolicy::default(),
         }
     }
 }
@@ -577,6 +580,16 @@ impl PoolController {
             report.instances = Some(decision.instances.clone());
         }
 
+        if decision.create > 0 && self.watches.shares_node_view() {
+            // The token would be of the cluster the operator's own credentials reach.
+            self.options
+                .ambient
+                .check(
+                    &pool.namespace().unwrap_or_default(),
+                    "a bootstrap token of the cluster the operator itself runs against",
+                )
+                .map_err(|m| Blocked::Spec(crate::backends::ambient::NOT_ALLOWED, m))?;
+        }
         if decision.create > 0 {
             let Some((nodes_client, _)) = node_cluster else {
                 return Err(Blocked::Spec(

@@ -45,11 +45,19 @@ ngo_sandbox::deref_to_test_world!(World);
 
 impl World {
     async fn new(prefix: &str, operator_env: &[(&str, &str)]) -> Self {
+        Self::with_args(prefix, operator_env, &[]).await
+    }
+
+    /// As [`World::new`], with `args` added to the operator's.
+    async fn with_args(prefix: &str, operator_env: &[(&str, &str)], args: &[&str]) -> Self {
         let binary = PathBuf::from(env!("CARGO_BIN_EXE_nodegroup-operator"));
         let base = TestWorld::start(sandbox(), prefix, &binary, |operator| {
             operator
                 .extra_args
                 .push("--node-pool-interval-secs=2".into());
+            operator
+                .extra_args
+                .extend(args.iter().map(|a| a.to_string()));
             operator.env = operator_env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -940,4 +948,45 @@ async fn a_lowered_pool_drains_its_node_within_the_pod_disruption_budget() {
             .all(|l| !l.contains("pods CA did not drain")),
         "the node was drained before it went: {by_person:?}"
     );
+}
+
+/// In the same-cluster topology a NodePool's servers join the cluster the operator's own
+/// credentials reach, with a bootstrap token the operator mints there: a pool of a namespace
+/// the operator's configuration does not list gets none, and no server is ordered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_outside_the_ambient_namespaces_gets_no_bootstrap_token_of_the_shared_cluster() {
+    let w = World::with_args(
+        "cherry-ambient",
+        &[],
+        &["--ambient-credential-namespaces=platform"],
+    )
+    .await;
+    w.pool("workers", SMALL, "workers", 1, 3, json!({})).await;
+    let message = w
+        .wait("the pool refused the operator's own authority", || async {
+            let pool = w.get_pool("workers").await;
+            match TestWorld::condition(&pool, "InvalidSpec") {
+                Some((status, reason, message))
+                    if status == "True" && reason == "AmbientCredentialsNotAllowed" =>
+                {
+                    Ok(message)
+                }
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    assert!(
+        message.contains(w.ns()) && message.contains("bootstrap token"),
+        "{message}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(w.requests("POST"), 0, "no server ordered");
+    let tokens = Api::<Secret>::namespaced(w.client.clone(), "kube-system")
+        .list(&ListParams::default().labels(&format!(
+            "autoscaling.nodegroup.dev/node-pool={}.workers",
+            w.ns()
+        )))
+        .await
+        .expect("token secrets");
+    assert!(tokens.items.is_empty(), "no bootstrap token minted");
 }

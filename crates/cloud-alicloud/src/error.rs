@@ -5,6 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use ngo_cloud_http::excerpt::{excerpt, opaque_body};
 use ngo_cloud_http::lenient;
 use serde::Deserialize;
 
@@ -50,16 +51,16 @@ impl ApiError {
         match serde_json::from_slice::<ErrorBody>(body) {
             Ok(b) => Self {
                 status,
-                code: b.code,
-                message: b.message,
-                request_id: b.request_id,
-                host_id: b.host_id,
-                recommend: b.recommend,
+                code: excerpt(&b.code),
+                message: excerpt(&b.message),
+                request_id: b.request_id.as_deref().map(excerpt),
+                host_id: b.host_id.as_deref().map(excerpt),
+                recommend: b.recommend.as_deref().map(excerpt),
             },
             Err(_) => Self {
                 status,
                 code: String::new(),
-                message: String::from_utf8_lossy(body).trim().to_string(),
+                message: opaque_body(None, body),
                 request_id: None,
                 host_id: None,
                 recommend: None,
@@ -288,11 +289,19 @@ mod tests {
     }
 
     #[test]
-    fn a_body_that_is_not_json_becomes_the_message() {
+    fn a_body_that_is_not_json_is_named_by_its_size_and_messages_are_cut() {
         let e = ApiError::from_response(502, b"<html>Bad Gateway</html>\n");
         assert_eq!(e.code, "");
-        assert_eq!(e.message, "<html>Bad Gateway</html>");
+        assert_eq!(e.message, "a body of 25 bytes, not the API's JSON");
         assert_eq!(e.kind(), ApiErrorKind::ServiceUnavailable);
+        let long = format!(
+            r#"{{"Code":"Throttling","Message":"one\r\ntwo {}","RequestId":"r"}}"#,
+            "z".repeat(100_000)
+        );
+        let e = ApiError::from_response(400, long.as_bytes());
+        assert!(e.message.len() < 300, "{}", e.message.len());
+        assert!(!e.message.contains('\n') && e.message.starts_with("one two z"));
+        assert_eq!(e.code, "Throttling");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::Full;
+use ngo_cloud_http::excerpt::{excerpt, opaque_body};
 use ngo_cloud_http::{HttpClient, HttpOptions, SendError};
 use serde::de::DeserializeOwned;
 
@@ -36,8 +37,6 @@ const MAX_ATTEMPTS: u32 = 3;
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(10);
 /// Pages per list before the answer is taken to be broken (100,000 items at [`PAGE_SIZE`]).
 const MAX_PAGES: usize = 1000;
-/// How much of a non-JSON error body goes into a message.
-const MAX_BODY_IN_MESSAGE: usize = 200;
 
 /// How to reach the API.
 #[derive(Clone)]
@@ -519,45 +518,32 @@ fn ensure_success(call: &Call<'_>, answer: &Answer) -> Result<(), CherryError> {
 }
 
 /// The API's error text: `message` of `{"code":..,"message":..}` (cherrygo `cherrygo.go`
-/// `Do`), else `error`/`errors` (cluster-autoscaler's `ErrorResponse`), else the start of a
-/// non-JSON body.
+/// `Do`), else `error`/`errors` (cluster-autoscaler's `ErrorResponse`), each as an
+/// [`excerpt`]; a body that is not JSON is named by type and size only.
 fn api_message(headers: &HeaderMap, body: &[u8]) -> String {
     if body.is_empty() {
         return "(empty body)".into();
     }
     if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) {
         if let Some(m) = value.get("message").and_then(|m| m.as_str()) {
-            return m.to_string();
+            return excerpt(m);
         }
         if let Some(m) = value.get("error").and_then(|m| m.as_str()) {
-            return m.to_string();
+            return excerpt(m);
         }
         if let Some(list) = value.get("errors").and_then(|m| m.as_array()) {
             let texts: Vec<String> = list
                 .iter()
                 .map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_string))
                 .collect();
-            return texts.join("; ");
+            return excerpt(&texts.join("; "));
         }
-        return truncate(&value.to_string());
+        return excerpt(&value.to_string());
     }
     let content_type = headers
         .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("no content type");
-    format!(
-        "{} body: {}",
-        content_type,
-        truncate(&String::from_utf8_lossy(body))
-    )
-}
-
-fn truncate(text: &str) -> String {
-    let text = text.trim();
-    match text.char_indices().nth(MAX_BODY_IN_MESSAGE) {
-        Some((cut, _)) => format!("{}...", &text[..cut]),
-        None => text.to_string(),
-    }
+        .and_then(|v| v.to_str().ok());
+    opaque_body(content_type, body)
 }
 
 /// Decodes a 2xx answer, which must be JSON (as cluster-autoscaler's `request` insists).
@@ -693,15 +679,23 @@ mod tests {
     }
 
     #[test]
-    fn non_json_bodies_are_quoted_not_parsed() {
+    fn non_json_bodies_are_named_not_quoted_and_messages_are_cut() {
         let mut a = answer(502, "<html>Bad gateway</html>");
         a.headers = headers(&[("content-type", "text/html")]);
         let err = ensure_success(&create_call(), &a).unwrap_err();
         assert!(
             err.to_string()
-                .contains("text/html body: <html>Bad gateway</html>"),
+                .contains("a text/html body of 24 bytes, not the API's JSON"),
             "{err}"
         );
+        assert!(!err.to_string().contains("Bad gateway"), "{err}");
+        let long = format!(
+            r#"{{"code":400,"message":"line one\nforged line {}"}}"#,
+            "y".repeat(100_000)
+        );
+        let err = ensure_success(&create_call(), &answer(400, &long)).unwrap_err();
+        let text = err.to_string();
+        assert!(text.len() < 400 && !text.contains('\n'), "{text}");
 
         let mut ok = answer(200, "<html>portal</html>");
         ok.headers = headers(&[("content-type", "text/html; charset=utf-8")]);

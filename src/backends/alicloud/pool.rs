@@ -53,8 +53,10 @@ use super::{
     Client, ClientOptions, CredentialsProvider, Endpoints, Error, InstanceLifecycleState,
     RemovalFailureReason, RemoveOptions, ScalingActivity, ScalingInstance, Scheme, provider_id,
 };
-use crate::api::nodepool::{AliCloudSpec, MachineType, NodePool, UrlScheme};
-use crate::backends::{BackendOptions, EndpointPolicy};
+use crate::api::nodepool::{
+    AliCloudCredentialsMode, AliCloudSpec, MachineType, NodePool, UrlScheme,
+};
+use crate::backends::{AmbientPolicy, BackendOptions, EndpointPolicy};
 use crate::nodepool::backend::{
     BackendConnector, BackendError, BackendErrorKind, ConnectError, Created, CreationFailure,
     MachineTypeInfo, NewServer, OTHER_ERROR, OUT_OF_RESOURCES, PoolBackend, Secrets, pool_key,
@@ -107,6 +109,7 @@ pub struct AliCloudConnector {
     credentials: ProviderCache,
     endpoints: EndpointPolicy,
     oidc_token_file: Option<PathBuf>,
+    ambient: AmbientPolicy,
 }
 
 impl AliCloudConnector {
@@ -116,6 +119,7 @@ impl AliCloudConnector {
             credentials: ProviderCache::default(),
             endpoints: options.endpoints.clone(),
             oidc_token_file: options.alicloud_oidc_token_file.clone(),
+            ambient: options.ambient.clone(),
         }
     }
 }
@@ -163,6 +167,14 @@ impl BackendConnector for AliCloudConnector {
             })?;
         check_endpoints(ali, &self.endpoints)
             .map_err(|m| ConnectError::Spec("EndpointNotAllowed", m))?;
+        if ali.credentials_mode == Some(AliCloudCredentialsMode::EcsRamRole) {
+            self.ambient
+                .check(
+                    &kube::ResourceExt::namespace(pool).unwrap_or_default(),
+                    "credentialsMode ECSRAMRole (the RAM role of the ECS instance the operator runs on)",
+                )
+                .map_err(|m| ConnectError::Spec(crate::backends::ambient::NOT_ALLOWED, m))?;
+        }
         let secret = match &ali.credentials_secret_ref {
             Some(reference) => Some(
                 secrets
