@@ -180,6 +180,10 @@ struct Endpoint {
 
 impl Endpoint {
     async fn start() -> Self {
+        Self::serving(snapshot()).await
+    }
+
+    async fn serving(snapshot: Snapshot) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca = CertificateAuthority::new("scoping-ca").expect("ca");
         let server = ca
@@ -209,7 +213,7 @@ impl Endpoint {
             "scoping".into(),
         );
         let service = CloudProviderService::new(
-            SnapshotHandle::fixed(snapshot()),
+            SnapshotHandle::fixed(snapshot),
             Arc::new(actuator),
             Arc::default(),
             Default::default(),
@@ -676,4 +680,42 @@ async fn scoping_matrix_every_rpc_in_every_scenario() {
         let text = &answers[&(scenario, "Refresh")].text;
         assert!(text.contains(cluster), "{scenario}: {text}");
     }
+}
+
+/// An answer too large for cluster-autoscaler's client names how many groups the caller's
+/// Cluster has, and nothing of the others' (it counted every tenant's groups).
+#[tokio::test]
+async fn a_too_large_answer_counts_the_callers_groups_only() {
+    let mut snapshot = snapshot();
+    let template = |tenant: &str| {
+        snapshot
+            .groups
+            .values()
+            .find(|g| g.id.contains(tenant))
+            .cloned()
+            .expect("the tenant's group")
+    };
+    let (alpha, bravo) = (template("tenant-a"), template("tenant-b"));
+    let padding = "p".repeat(200);
+    for k in 0..20_000 {
+        for (group, tenant) in [(&alpha, "tenant-a"), (&bravo, "tenant-b")] {
+            let mut copy = (**group).clone();
+            copy.id = format!("MachineSet/{tenant}/w{k}-{padding}");
+            snapshot.groups.insert(copy.id.clone(), Arc::new(copy));
+        }
+    }
+    let endpoint = Endpoint::serving(snapshot).await;
+    let mut client = endpoint.client(&endpoint.naming("tenant-a", "alpha")).await;
+    let status = client
+        .node_groups(proto::NodeGroupsRequest {})
+        .await
+        .expect_err("more than cluster-autoscaler's client accepts");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("the caller's Cluster has 20001 node groups"),
+        "{}",
+        status.message()
+    );
 }

@@ -355,11 +355,9 @@ impl CloudProvider for CloudProviderService {
                     .map(|g| convert::node_group(g))
                     .collect(),
             };
+            let visible = answer.node_groups.len();
             convert::receivable(answer, || {
-                format!(
-                    "the caller's Cluster has {} node groups",
-                    snapshot.groups.len()
-                )
+                format!("the caller's Cluster has {visible} node groups")
             })
         })
         .await
