@@ -116,3 +116,113 @@ fn anchors_follow_githubs_rules() {
         ["docs/a.md#b", "https://x/y"]
     );
 }
+
+/// The fields of a CRD's `spec`, as paths (`spec.a.b`, `spec.list[].c`), by kind.
+fn crd_fields() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(repo().join("crds/nodegroup-operator.yaml")).unwrap();
+    let mut fields = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let crd: serde_yaml::Value = serde::Deserialize::deserialize(document).unwrap();
+        if crd.is_null() {
+            continue;
+        }
+        let kind = crd["spec"]["names"]["kind"].as_str().unwrap().to_string();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let mut leaves = Vec::new();
+        walk(spec, "spec", &mut leaves);
+        fields.extend(leaves.into_iter().map(|l| (kind.clone(), l)));
+    }
+    fields
+}
+
+fn walk(node: &serde_yaml::Value, path: &str, leaves: &mut Vec<String>) {
+    if node["type"].as_str() == Some("array") && !node["items"].is_null() {
+        return walk(&node["items"], &format!("{path}[]"), leaves);
+    }
+    match node["properties"].as_mapping() {
+        Some(properties) => {
+            for (name, child) in properties {
+                walk(child, &format!("{path}.{}", name.as_str().unwrap()), leaves);
+            }
+        }
+        None => leaves.push(path.to_string()),
+    }
+}
+
+/// Whether a field named in a row (`spec.a.*`, `spec.a.{b,c}` or `spec.a.b`) covers `field`.
+fn covers(named: &str, field: &str) -> bool {
+    if let Some(prefix) = named.strip_suffix(".*") {
+        return field.starts_with(&format!("{prefix}."));
+    }
+    if let (Some(open), Some(inner)) = (named.find(".{"), named.strip_suffix('}')) {
+        let prefix = &named[..open];
+        return inner[open + 2..]
+            .split(',')
+            .any(|leaf| covers(&format!("{prefix}.{}", leaf.trim()), field));
+    }
+    field == named
+        || field
+            .strip_prefix(named)
+            .is_some_and(|rest| rest.starts_with("[]"))
+}
+
+/// Every NodePool and NodeGroupPolicy field, and every key the operator reads from a pool's
+/// Secret, has a row in docs/security.md: a new field or key without a rule fails here.
+#[test]
+fn every_crd_field_and_secret_key_has_a_row() {
+    let doc = std::fs::read_to_string(repo().join("docs/security.md")).unwrap();
+    let rows: Vec<&str> = doc
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| ---"))
+        .collect();
+    let named = |kind: &str| -> Vec<String> {
+        rows.iter()
+            .filter_map(|row| row.split(" | ").next())
+            .filter(|cell| cell.contains(kind))
+            .flat_map(|cell| {
+                cell.split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let missing: Vec<String> = crd_fields()
+        .into_iter()
+        .filter(|(kind, field)| !named(kind).iter().any(|n| covers(n, field)))
+        .map(|(kind, field)| format!("{kind} {field}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "no row in docs/security.md for {missing:?}"
+    );
+
+    let auth = std::fs::read_to_string(repo().join("src/backends/alicloud/auth.rs")).unwrap();
+    let keys: Vec<&str> = auth
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub const "))
+        .filter(|l| !l.starts_with("DEFAULT"))
+        .filter_map(|l| l.split('"').nth(1))
+        .collect();
+    assert!(keys.contains(&"access-key-id"), "{keys:?}");
+    let secret_rows: Vec<&&str> = rows.iter().filter(|r| r.contains("Secret")).collect();
+    let unlisted: Vec<&&str> = keys
+        .iter()
+        .filter(|k| !secret_rows.iter().any(|r| r.contains(&format!("`{k}`"))))
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "Secret keys without a row: {unlisted:?}"
+    );
+}
+
+#[test]
+fn a_row_covers_fields_by_wildcard_list_or_name() {
+    assert!(covers("spec.a.*", "spec.a.b.c"));
+    assert!(!covers("spec.a.*", "spec.ab"));
+    assert!(covers("spec.a.{b,c}", "spec.a.c"));
+    assert!(!covers("spec.a.{b,c}", "spec.a.d"));
+    assert!(covers("spec.list", "spec.list[]"));
+    assert!(covers("spec.x", "spec.x"));
+}
