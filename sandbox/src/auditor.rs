@@ -301,17 +301,7 @@ impl DeletionAuditor {
     /// After a DeleteNodes naming `nodes` got no answer (see [`Answer::Lost`]): records it and
     /// untaints them, as CA does for any error.
     pub async fn lost(&self, nodes: &[String]) {
-        {
-            let mut record = lock(&self.record);
-            for name in nodes {
-                record.answers.insert(name.clone(), Answer::Lost);
-                if record.deleting.contains(name) {
-                    record.residue.push(format!(
-                        "no answer reached CA for node {name} whose Machine is being deleted"
-                    ));
-                }
-            }
-        }
+        self.heard_nothing(nodes);
         for name in nodes {
             self.set_taint(name, false).await;
         }
@@ -397,6 +387,21 @@ impl DeletionAuditor {
             if !ok && record.deleting.contains(name) {
                 record.violations.push(format!(
                     "CA got an error for node {name} whose Machine is being deleted"
+                ));
+            }
+        }
+    }
+
+    /// A real cluster-autoscaler's DeleteNodes naming `nodes` got no answer of the operator's
+    /// (its deadline passed, or the connection broke): CA untaints them itself, as for any
+    /// error, and a deletion then is U1's residue ([`Answer::Lost`]), not a violation.
+    pub fn heard_nothing(&self, nodes: &[String]) {
+        let mut record = lock(&self.record);
+        for name in nodes {
+            record.answers.insert(name.clone(), Answer::Lost);
+            if record.deleting.contains(name) {
+                record.residue.push(format!(
+                    "no answer reached CA for node {name} whose Machine is being deleted"
                 ));
             }
         }

@@ -164,6 +164,12 @@ forwarding_service! {
     node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest) -> proto::NodeGroupAutoscalingOptionsResponse;
 }
 
+/// True when `answer` is no answer of the operator's: the connection broke or could not be
+/// made (the operator killed mid-call), so the status was made on the client's side.
+fn reached_no_answer<T>(answer: &Result<T, Status>) -> bool {
+    matches!(answer, Err(status) if std::error::Error::source(status).is_some())
+}
+
 impl Service {
     async fn delete_nodes(
         &self,
@@ -180,13 +186,28 @@ impl Service {
         let deadline = grpc_timeout(request.metadata());
         let mut client = self.client();
         let call = client.node_group_delete_nodes(request);
-        let answer = match deadline {
-            Some(limit) => tokio::time::timeout(limit, call)
-                .await
-                .unwrap_or_else(|_| Err(Status::deadline_exceeded("the client's deadline passed"))),
-            None => call.await,
+        let (answer, lost) = match deadline {
+            Some(limit) => match tokio::time::timeout(limit, call).await {
+                Ok(answer) => {
+                    let lost = reached_no_answer(&answer);
+                    (answer, lost)
+                }
+                Err(_) => (
+                    Err(Status::deadline_exceeded("the client's deadline passed")),
+                    true,
+                ),
+            },
+            None => {
+                let answer = call.await;
+                let lost = reached_no_answer(&answer);
+                (answer, lost)
+            }
         };
-        self.0.auditor.heard(&names, answer.is_ok());
+        if lost {
+            self.0.auditor.heard_nothing(&names);
+        } else {
+            self.0.auditor.heard(&names, answer.is_ok());
+        }
         let mut counts = lock(&self.0.counts);
         if answer.is_ok() {
             counts.delete_ok += 1;
