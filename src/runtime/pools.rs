@@ -821,7 +821,43 @@ impl PoolController {
             .iter()
             .filter(|m| m.phase != converge::MemberPhase::Terminating)
             .collect();
-        let ids: Vec<String> = live.iter().map(|m| m.id.clone()).collect();
+        // Drained first, as Cluster API drains the Machines of a deleted MachineDeployment;
+        // Nodes that cannot be reached are not waited for.
+        let cluster = ClusterKey {
+            namespace: pool.namespace().unwrap_or_default(),
+            name: pool.spec.cluster_name.clone(),
+        };
+        let node_cluster = self.watches.node_cluster(&cluster);
+        let nodes = node_cluster
+            .as_ref()
+            .map(|(_, nodes)| seen_nodes(nodes))
+            .unwrap_or_default();
+        let mut ids: Vec<String> = Vec::new();
+        for member in &live {
+            let node = nodes.get(providerid::normalize(&member.provider_id));
+            let gate = match (node, &node_cluster) {
+                (Some(node), Some((client, _))) => drain::prepare(client, &node.name, false).await,
+                _ => Ok(Gate::Proceed),
+            };
+            match gate {
+                Ok(Gate::Proceed) => ids.push(member.id.clone()),
+                Ok(Gate::Draining(message) | Gate::NotHeld(message)) => {
+                    self.event(pool, Severity::Normal, "DrainWaiting", "Delete", message);
+                }
+                Err(error) => {
+                    self.event(
+                        pool,
+                        Severity::Warning,
+                        "DrainFailed",
+                        "Delete",
+                        format!(
+                            "draining the node of server {}: {error}; retrying next pass",
+                            member.id
+                        ),
+                    );
+                }
+            }
+        }
         for (_, result) in backend.delete_many(&ids).await {
             self.observe(backend, "delete", &result);
             result.map_err(Blocked::Backend)?;
