@@ -22,6 +22,11 @@ pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 const DELETE_MACHINE: &str = "cluster.x-k8s.io/delete-machine";
 /// Cluster API's label naming a Machine's MachineDeployment.
 const DEPLOYMENT_LABEL: &str = "cluster.x-k8s.io/deployment-name";
+/// Why a passive auditor counts a node CA gave up, removed with no pod on it, as residue: it
+/// cannot tell an error answer from one that reached CA too late (U1's residue), and nothing
+/// was lost; a pod on it is a violation.
+const PASSIVE_RESIDUE: &str =
+    "CA's answers are not seen: an error and a late answer look alike, and no pod ran on it";
 /// Cluster API's label naming a Machine's MachinePool.
 const MACHINE_POOL_LABEL: &str = "cluster.x-k8s.io/pool-name";
 /// The MachineDeployment revision Cluster API records on it and on each of its MachineSets.
@@ -66,7 +71,8 @@ pub fn violation(node_exists: bool, latest: Option<Answer>, tainted: bool) -> Op
 struct Record {
     /// Passive: CA's answers are not seen (a real CA dialing the operator directly), so a
     /// removal is judged by the taint CA keeps on OK and removes on any error, as seen on
-    /// the Nodes ([`Record::given_up`]).
+    /// the Nodes ([`Record::given_up`]), and by the pods still on the node: a node CA gave up
+    /// that goes with pods is a violation, one that goes empty is residue.
     passive: bool,
     /// Nodes seen carrying CA's taint.
     held: BTreeSet<String>,
@@ -204,6 +210,8 @@ impl DeletionAuditor {
                         record.residue.push(format!(
                             "{line} (the operator's answer never reached cluster-autoscaler)"
                         ));
+                    } else if record.passive && undrained.is_empty() {
+                        record.residue.push(format!("{line} ({PASSIVE_RESIDUE})"));
                     } else {
                         record.violations.push(line);
                     }
@@ -552,6 +560,8 @@ fn watch_nodes(
                 record.residue.push(format!(
                     "{line} (the operator's answer never reached cluster-autoscaler)"
                 ));
+            } else if record.passive && undrained.is_empty() {
+                record.residue.push(format!("{line} ({PASSIVE_RESIDUE})"));
             } else {
                 record.violations.push(line);
             }

@@ -324,6 +324,9 @@ impl Drop for TestWorld {
     /// Fails the test (unless it failed already) when the auditor saw a removal CA had not
     /// left to us (U1 of `docs/safety.md`).
     fn drop(&mut self) {
+        for line in self.auditor.residue() {
+            eprintln!("[{}] auditor residue: {line}", self.ns());
+        }
         let violations = self.auditor.violations();
         if !violations.is_empty() && !std::thread::panicking() {
             panic!("U1 violations in {}: {violations:#?}", self.ns());
