@@ -114,6 +114,43 @@ impl Record {
         })
     }
 
+    /// Spends one decrement a person made of `group` (see
+    /// [`DeletionAuditor::person_lowered`]): false when none is left.
+    fn spend_person_budget(&mut self, group: Option<&str>) -> bool {
+        match group.and_then(|g| self.lowered_by_person.get_mut(g)) {
+            Some(left) if *left > 0 => {
+                *left -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Files `line`, a removal neither a person's nor a rollout's: residue when CA's restart
+    /// removed the taint of a node answered OK (`restarted`), when no answer reached CA, or
+    /// (passive) when nothing ran on it (`drained`); a violation otherwise.
+    fn residue_or_violation(
+        &mut self,
+        line: String,
+        restarted: bool,
+        latest: Option<Answer>,
+        drained: bool,
+    ) {
+        if restarted && matches!(latest, Some(Answer::Ok | Answer::Pending)) {
+            self.residue.push(format!(
+                "{line} (its taint was removed by a restart of cluster-autoscaler)"
+            ));
+        } else if latest == Some(Answer::Lost) {
+            self.residue.push(format!(
+                "{line} (the operator's answer never reached cluster-autoscaler)"
+            ));
+        } else if self.passive && drained {
+            self.residue.push(format!("{line} ({PASSIVE_RESIDUE})"));
+        } else {
+            self.violations.push(line);
+        }
+    }
+
     /// Node `name` seen with (`tainted`) or without CA's taint.
     fn saw(&mut self, name: &str, tainted: bool) {
         if tainted {
@@ -185,35 +222,16 @@ impl DeletionAuditor {
                         .or_else(|| machine.labels().get(MACHINE_POOL_LABEL))
                         .cloned();
                     let annotated = machine.annotations().contains_key(DELETE_MACHINE);
-                    let person_budget = deployment
-                        .as_ref()
-                        .and_then(|d| record.lowered_by_person.get(d).copied())
-                        .unwrap_or(0);
                     if record.excused.contains(&machine.name_any()) {
                         record.by_person.push(line);
                     } else if rolled_out {
                         record.by_rollout.push(line);
-                    } else if !annotated && person_budget > 0 {
-                        if let Some(d) = &deployment {
-                            record
-                                .lowered_by_person
-                                .insert(d.clone(), person_budget - 1);
-                        }
+                    } else if !annotated && record.spend_person_budget(deployment.as_deref()) {
                         record
                             .by_person
                             .push(format!("{line} (replicas lowered by a person)"));
-                    } else if restarted && matches!(latest, Some(Answer::Ok | Answer::Pending)) {
-                        record.residue.push(format!(
-                            "{line} (its taint was removed by a restart of cluster-autoscaler)"
-                        ));
-                    } else if latest == Some(Answer::Lost) {
-                        record.residue.push(format!(
-                            "{line} (the operator's answer never reached cluster-autoscaler)"
-                        ));
-                    } else if record.passive && undrained.is_empty() {
-                        record.residue.push(format!("{line} ({PASSIVE_RESIDUE})"));
                     } else {
-                        record.violations.push(line);
+                        record.residue_or_violation(line, restarted, latest, undrained.is_empty());
                     }
                 }
             }
@@ -535,35 +553,15 @@ fn watch_nodes(
             let group = group_label
                 .as_ref()
                 .and_then(|l| node.labels().get(l).cloned());
-            let person_budget = group
-                .as_ref()
-                .and_then(|g| record.lowered_by_person.get(g).copied())
-                .unwrap_or(0);
             if record.excused.contains(&name) {
                 record.by_person.push(line);
-            } else if person_budget > 0 && undrained.is_empty() {
-                if let Some(g) = &group {
-                    record
-                        .lowered_by_person
-                        .insert(g.clone(), person_budget - 1);
-                }
+            } else if undrained.is_empty() && record.spend_person_budget(group.as_deref()) {
                 record
                     .by_person
                     .push(format!("{line} (replicas lowered by a person)"));
-            } else if record.cleaned_by_restart.contains(&name)
-                && matches!(latest, Some(Answer::Ok | Answer::Pending))
-            {
-                record.residue.push(format!(
-                    "{line} (its taint was removed by a restart of cluster-autoscaler)"
-                ));
-            } else if latest == Some(Answer::Lost) {
-                record.residue.push(format!(
-                    "{line} (the operator's answer never reached cluster-autoscaler)"
-                ));
-            } else if record.passive && undrained.is_empty() {
-                record.residue.push(format!("{line} ({PASSIVE_RESIDUE})"));
             } else {
-                record.violations.push(line);
+                let restarted = record.cleaned_by_restart.contains(&name);
+                record.residue_or_violation(line, restarted, latest, undrained.is_empty());
             }
         }
     })

@@ -67,18 +67,9 @@ pub async fn apply(
     let mut applied = Applied::default();
     let mut refused: Vec<(usize, String, InstanceErrorStatus)> = Vec::new();
     for (id, why) in held {
-        let Some(index) = decision
-            .instances
-            .iter()
-            .position(|i| i.id.as_deref() == Some(id.as_str()))
-        else {
+        let Some((index, asked)) = entry_of(decision, ledger, &id) else {
             continue;
         };
-        let asked = decision.instances[index]
-            .provider_id
-            .as_deref()
-            .and_then(|pid| ledger.get(&pool_instance_key(pid)))
-            .map(|e| e.request.clone());
         if let Some(request) = asked {
             let status = InstanceErrorStatus {
                 class: OTHER_ERROR.into(),
@@ -89,19 +80,10 @@ pub async fn apply(
         }
     }
     for (id, result) in outcomes {
-        let Some(index) = decision
-            .instances
-            .iter()
-            .position(|i| i.id.as_deref() == Some(id.as_str()))
-        else {
+        let Some((index, asked)) = entry_of(decision, ledger, &id) else {
             continue;
         };
         let entry = &mut decision.instances[index];
-        let asked = entry
-            .provider_id
-            .as_deref()
-            .and_then(|pid| ledger.get(&pool_instance_key(pid)))
-            .map(|e| e.request.clone());
         match result {
             Ok(()) => {
                 applied.deleted = true;
@@ -199,6 +181,21 @@ pub async fn apply(
         }
     }
     applied
+}
+
+/// The index of server `id`'s entry in `decision`, and the request the scale-down `ledger`
+/// records its deletion under (`None`: not a DeleteNodes').
+fn entry_of(decision: &Decision, ledger: &Ledger, id: &str) -> Option<(usize, Option<String>)> {
+    let index = decision
+        .instances
+        .iter()
+        .position(|i| i.id.as_deref() == Some(id))?;
+    let asked = decision.instances[index]
+        .provider_id
+        .as_deref()
+        .and_then(|pid| ledger.get(&pool_instance_key(pid)))
+        .map(|e| e.request.clone());
+    Some((index, asked))
 }
 
 /// Records as accepted the DeleteNodes removals the backend already carries out (the

@@ -496,15 +496,7 @@ impl PoolController {
             add_finalizer(api, pool).await?;
         }
 
-        let cluster = ClusterKey {
-            namespace: pool.namespace().unwrap_or_default(),
-            name: pool.spec.cluster_name.clone(),
-        };
-        let node_cluster = self.watches.node_cluster(&cluster);
-        let nodes = node_cluster
-            .as_ref()
-            .map(|(_, nodes)| seen_nodes(nodes))
-            .unwrap_or_default();
+        let (node_cluster, nodes) = self.pool_nodes(pool);
         let ledger = Ledger::parse(
             pool.annotations()
                 .get(LEDGER_ANNOTATION)
@@ -595,7 +587,9 @@ impl PoolController {
                 return Err(Blocked::Spec(
                     "NodesUnreachable",
                     format!(
-                        "the Nodes of cluster {cluster} cannot be read yet, so no bootstrap token can be made for new servers"
+                        "the Nodes of cluster {}/{} cannot be read yet, so no bootstrap token can be made for new servers",
+                        pool.namespace().unwrap_or_default(),
+                        pool.spec.cluster_name
                     ),
                 ));
             };
@@ -823,15 +817,7 @@ impl PoolController {
             .collect();
         // Drained first, as Cluster API drains the Machines of a deleted MachineDeployment;
         // Nodes that cannot be reached are not waited for.
-        let cluster = ClusterKey {
-            namespace: pool.namespace().unwrap_or_default(),
-            name: pool.spec.cluster_name.clone(),
-        };
-        let node_cluster = self.watches.node_cluster(&cluster);
-        let nodes = node_cluster
-            .as_ref()
-            .map(|(_, nodes)| seen_nodes(nodes))
-            .unwrap_or_default();
+        let (node_cluster, nodes) = self.pool_nodes(pool);
         let mut ids: Vec<String> = Vec::new();
         for member in &live {
             let node = nodes.get(providerid::normalize(&member.provider_id));
@@ -881,6 +867,28 @@ impl PoolController {
             .map_err(|e| Blocked::Api(format!("removing finalizer: {e}")))?;
         }
         Ok(())
+    }
+
+    /// The cluster `pool`'s Nodes join (its client and cached Nodes, when it can be reached)
+    /// and those Nodes by normalized provider ID.
+    #[allow(clippy::type_complexity)]
+    fn pool_nodes(
+        &self,
+        pool: &NodePool,
+    ) -> (
+        Option<(Client, Vec<Arc<WatchedNode>>)>,
+        HashMap<String, SeenNode>,
+    ) {
+        let cluster = ClusterKey {
+            namespace: pool.namespace().unwrap_or_default(),
+            name: pool.spec.cluster_name.clone(),
+        };
+        let node_cluster = self.watches.node_cluster(&cluster);
+        let nodes = node_cluster
+            .as_ref()
+            .map(|(_, nodes)| seen_nodes(nodes))
+            .unwrap_or_default();
+        (node_cluster, nodes)
     }
 
     /// The pool's backend, connected by the connector of the cloud its spec names.
