@@ -119,8 +119,9 @@ demo-cherry:
 	$(MAKE) demo DEMO_FLAGS="$(DEMO_FLAGS) --cherry"
 
 ## 10 minutes of mixed reads and writes from many clients against the operator binary on the
-## sandbox, 5% of its writes faulted by the fault proxy (SOAK_FAULT_RATE); writes
-## target/soak/results.json (not part of `make test`).
+## sandbox, 5% of its writes faulted by the fault proxy (SOAK_FAULT_RATE), every DeleteNodes judged
+## by the deletion auditor; writes target/soak/results.json. `make test` runs a 45-second seeded
+## round (tests/safety/soak.rs).
 soak:
 	$(UPSTREAM) $(DEMO_PEERS)
 	$(CARGO) build --locked --workspace --bins

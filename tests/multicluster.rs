@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
+use ngo_sandbox::auditor::DeletionAuditor;
 use ngo_sandbox::autoscaler::{AutoscalerOptions, CloudProvider};
 use ngo_sandbox::ca_client::CaClient;
 use ngo_sandbox::capi;
@@ -111,6 +112,9 @@ struct World {
     /// The operator's gRPC and admin addresses.
     address: std::net::SocketAddr,
     admin: std::net::SocketAddr,
+    /// One passive deletion auditor per Cluster: its Machines here, its Nodes in its workload
+    /// cluster; a removal CA had not left to us fails the test when the world is dropped.
+    auditors: Vec<DeletionAuditor>,
 }
 
 impl World {
@@ -185,12 +189,25 @@ impl World {
         a.start_operator(&options).expect("operator");
         let operator = a.operator().expect("operator");
         let (address, admin) = (operator.grpc_address, operator.admin_address);
+        let mut auditors = Vec::new();
+        for cluster in [&a, &b] {
+            let pool = cluster.namespace.clone();
+            auditors.push(DeletionAuditor::passive_across(
+                management.clone(),
+                &cluster.namespace,
+                &capi::machines(),
+                cluster.nodes_client().await.expect("workload client"),
+                POOL,
+                move |node| node.labels().get(POOL) == Some(&pool),
+            ));
+        }
         Self {
             a,
             b,
             management,
             address,
             admin,
+            auditors,
         }
     }
 
@@ -286,6 +303,19 @@ impl World {
             .iter()
             .find(|g| g.name == Self::id(cluster))
             .map(|g| g.health.cloud_provider_target)
+    }
+}
+
+impl Drop for World {
+    /// Fails the test (unless it failed already) on a removal an auditor judged against U1.
+    fn drop(&mut self) {
+        let violations: Vec<String> = self.auditors.iter().flat_map(|a| a.violations()).collect();
+        for line in self.auditors.iter().flat_map(|a| a.residue()) {
+            eprintln!("auditor residue: {line}");
+        }
+        if !violations.is_empty() && !std::thread::panicking() {
+            panic!("U1 violations: {violations:#?}");
+        }
     }
 }
 

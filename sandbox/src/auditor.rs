@@ -67,6 +67,16 @@ pub fn violation(node_exists: bool, latest: Option<Answer>, tainted: bool) -> Op
     }
 }
 
+/// True when `status` carries no answer of the operator's to a request: the status was made on
+/// the client's side (its deadline passed, the connection broke or could not be made: it
+/// carries a transport source), or it is the one tonic's server makes when the request's
+/// `grpc-timeout` passes (Canceled, "Timeout expired") while the request still runs, so
+/// whatever the operator would have answered could no longer reach the client.
+pub fn unanswered(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
+        || (status.code() == tonic::Code::Cancelled && status.message() == "Timeout expired")
+}
+
 #[derive(Default)]
 struct Record {
     /// Passive: CA's answers are not seen (a real CA dialing the operator directly), so a
@@ -164,6 +174,7 @@ impl Record {
 
 /// The auditor of one namespace's Machines; stops watching when dropped.
 pub struct DeletionAuditor {
+    /// A client of the cluster holding the Nodes (and their pods) it judges.
     client: Client,
     record: Arc<Mutex<Record>>,
     watches: Vec<tokio::task::JoinHandle<()>>,
@@ -172,10 +183,21 @@ pub struct DeletionAuditor {
 impl DeletionAuditor {
     /// Starts watching the Machines (`machines`) of `namespace`.
     pub fn start(client: Client, namespace: &str, machines: &ApiResource) -> Self {
+        Self::start_across(client.clone(), namespace, machines, client)
+    }
+
+    /// [`DeletionAuditor::start`] for Machines in a management cluster (`client`) whose Nodes
+    /// live in a workload cluster (`nodes_client`).
+    pub fn start_across(
+        client: Client,
+        namespace: &str,
+        machines: &ApiResource,
+        nodes_client: Client,
+    ) -> Self {
         let record = Arc::new(Mutex::new(Record::default()));
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, machines);
-        let nodes: Api<Node> = Api::all(client.clone());
-        let pods: Api<Pod> = Api::all(client.clone());
+        let nodes: Api<Node> = Api::all(nodes_client.clone());
+        let pods: Api<Pod> = Api::all(nodes_client.clone());
         let client_for_sets = client.clone();
         let shared = record.clone();
         let watch = tokio::spawn(async move {
@@ -237,7 +259,7 @@ impl DeletionAuditor {
             }
         });
         Self {
-            client,
+            client: nodes_client,
             record,
             watches: vec![watch],
         }
@@ -291,7 +313,27 @@ impl DeletionAuditor {
         group_label: &str,
         node_filter: impl Fn(&Node) -> bool + Send + Sync + 'static,
     ) -> Self {
-        let mut auditor = Self::start(client, namespace, machines);
+        Self::passive_across(
+            client.clone(),
+            namespace,
+            machines,
+            client,
+            group_label,
+            node_filter,
+        )
+    }
+
+    /// [`DeletionAuditor::passive`] for Machines in a management cluster (`client`) whose
+    /// Nodes live in a workload cluster (`nodes_client`).
+    pub fn passive_across(
+        client: Client,
+        namespace: &str,
+        machines: &ApiResource,
+        nodes_client: Client,
+        group_label: &str,
+        node_filter: impl Fn(&Node) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        let mut auditor = Self::start_across(client, namespace, machines, nodes_client);
         lock(&auditor.record).passive = true;
         let watch = watch_nodes(
             auditor.client.clone(),
@@ -334,11 +376,11 @@ impl DeletionAuditor {
     }
 
     /// After a DeleteNodes naming `nodes` returned `answer`, as a test's client saw it: an
-    /// error the client made itself (its deadline passed, the connection broke: the status
-    /// carries a transport source) is [`Answer::Lost`], any other error [`Answer::Error`].
+    /// error that is no answer of the operator's ([`unanswered`]) is [`Answer::Lost`], any
+    /// other error [`Answer::Error`].
     pub async fn returned<T>(&self, nodes: &[String], answer: &Result<T, tonic::Status>) {
         match answer {
-            Err(status) if std::error::Error::source(status).is_some() => self.lost(nodes).await,
+            Err(status) if unanswered(status) => self.lost(nodes).await,
             other => self.answered(nodes, other.is_ok()).await,
         }
     }
@@ -661,6 +703,20 @@ mod tests {
         assert_eq!(record.judge("n", true, true), None, "named again");
         record.saw("n", false);
         assert_eq!(record.judge("n", false, false), None, "no node, no pods");
+    }
+
+    #[test]
+    fn only_statuses_the_operator_did_not_answer_are_unanswered() {
+        assert!(unanswered(&tonic::Status::cancelled("Timeout expired")));
+        assert!(!unanswered(&tonic::Status::cancelled(
+            "the stream was reset"
+        )));
+        assert!(!unanswered(&tonic::Status::deadline_exceeded(
+            "the operator's own deadline"
+        )));
+        assert!(!unanswered(&tonic::Status::failed_precondition("not held")));
+        let broken = tonic::Status::from_error(Box::new(std::io::Error::other("reset")));
+        assert!(unanswered(&broken));
     }
 
     #[test]

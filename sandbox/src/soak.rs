@@ -5,7 +5,10 @@
 //! after commit, resets, 429, 500 after commit, delays), and every Machine deleted must be one a
 //! DeleteNodes named. At the end the load (and the faults) stop, the sweeper gets time to act, and
 //! the results (throughput, outcomes per RPC, RSS over time, stranded claims and marks, wrong
-//! deletions, replicas versus machines) go to `target/soak/results.json`.
+//! deletions, replicas versus machines) go to `target/soak/results.json`. Every DeleteNodes is
+//! made as cluster-autoscaler makes it (the node tainted first, untainted after an error, never
+//! two at once for one node), and a [`DeletionAuditor`] judges every Machine deletion by those
+//! answers (U1 of `docs/safety.md`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -23,8 +26,9 @@ use serde::Serialize;
 use serde_json::json;
 use tonic::transport::Channel;
 
+use crate::auditor::DeletionAuditor;
 use crate::capi;
-use crate::environment::{Sandbox, WORKER_TEMPLATE};
+use crate::environment::{SandboxInfo, WORKER_TEMPLATE};
 use crate::faultproxy::{FaultPlan, FaultProxy};
 use crate::stack::AutoscaledCluster;
 
@@ -78,12 +82,84 @@ pub struct SoakResults {
     pub fault_seed: Option<u64>,
     /// Machines deleted that no DeleteNodes named.
     pub wrong_deletions: Vec<String>,
+    /// Machines deleted while cluster-autoscaler's latest answer for their node was not OK
+    /// (U1), as the auditor judged them.
+    pub u1_violations: Vec<String>,
+    /// Machines deleted after their DeleteNodes got no answer in time (U1's documented
+    /// residue: an OK that could not reach the client).
+    pub u1_residue: Vec<String>,
     /// Machines deleted during the soak.
     pub deleted: usize,
     /// Per group at the end: (spec.replicas, machines not deleting) once Cluster API settled.
     pub groups_final: BTreeMap<String, (i64, usize)>,
     /// True when every group's replicas equal its machines.
     pub replicas_match_machines: bool,
+}
+
+impl SoakResults {
+    /// One line: throughput, errors, memory, deletions and the judges' findings.
+    pub fn summary(&self) -> String {
+        format!(
+            "{:.0}s, {:.0} RPC/s, {} unexpected errors, RSS {} -> {} KiB, {} stranded marks, \
+             {} deleted, {} wrong deletions, {} U1 violations, {} U1 residue, faults {:?}, \
+             replicas match machines: {}",
+            self.duration_s,
+            self.throughput_rps,
+            self.unexpected_errors(),
+            self.rss_kib.start,
+            self.rss_kib.end,
+            self.stranded_marks,
+            self.deleted,
+            self.wrong_deletions.len(),
+            self.u1_violations.len(),
+            self.u1_residue.len(),
+            self.faults_injected,
+            self.replicas_match_machines,
+        )
+    }
+
+    /// RPC errors outside the contract, over all methods.
+    pub fn unexpected_errors(&self) -> u64 {
+        self.rpcs.values().map(|o| o.errors).sum()
+    }
+
+    /// What went wrong, one line each; empty when the soak passed.
+    pub fn failures(&self) -> Vec<String> {
+        let mut failures = Vec::new();
+        if self.unexpected_errors() > 0 {
+            let kinds: Vec<&String> = self
+                .rpcs
+                .values()
+                .flat_map(|o| o.error_kinds.keys())
+                .collect();
+            failures.push(format!("unexpected RPC errors: {kinds:?}"));
+        }
+        if self.stranded_marks > 0 {
+            failures.push(format!(
+                "{} stranded scale-down claims or marks",
+                self.stranded_marks
+            ));
+        }
+        if !self.wrong_deletions.is_empty() {
+            failures.push(format!(
+                "machines deleted that no DeleteNodes named: {:?}",
+                self.wrong_deletions
+            ));
+        }
+        if !self.u1_violations.is_empty() {
+            failures.push(format!(
+                "machines deleted against cluster-autoscaler's latest answer (U1): {:?}",
+                self.u1_violations
+            ));
+        }
+        if !self.replicas_match_machines {
+            failures.push(format!(
+                "replicas do not match machines: {:?}",
+                self.groups_final
+            ));
+        }
+        failures
+    }
 }
 
 /// Resident memory samples.
@@ -100,8 +176,8 @@ pub struct RssSamples {
 type Tally = Arc<Mutex<BTreeMap<String, Outcomes>>>;
 
 /// Runs the soak on a started sandbox.
-pub async fn run(sandbox: &Sandbox, options: &SoakOptions) -> anyhow::Result<SoakResults> {
-    let mut cluster = AutoscaledCluster::create(&sandbox.info(), "soak", "soak", json!({})).await?;
+pub async fn run(sandbox: &SandboxInfo, options: &SoakOptions) -> anyhow::Result<SoakResults> {
+    let mut cluster = AutoscaledCluster::create(sandbox, "soak", "soak", json!({})).await?;
     let client = cluster.client().await?;
     let mut ids = Vec::new();
     for i in 0..options.groups {
@@ -124,7 +200,7 @@ pub async fn run(sandbox: &Sandbox, options: &SoakOptions) -> anyhow::Result<Soa
     operator.log_filter = "warn".into();
     let proxy = match options.faults {
         Some((seed, rate)) => {
-            let dir = sandbox.info().scratch("soak-faults")?;
+            let dir = sandbox.scratch("soak-faults")?;
             let plan = FaultPlan::writes(seed, rate, &["machines", "machinedeployments", "scale"]);
             let proxy = FaultProxy::start(&operator.kubeconfig, &dir, plan).await?;
             operator.kubeconfig = proxy.kubeconfig.clone();
@@ -168,7 +244,15 @@ pub async fn run(sandbox: &Sandbox, options: &SoakOptions) -> anyhow::Result<Soa
     );
 
     let tally: Tally = Arc::default();
-    let named: Named = Arc::default();
+    let ca = Ca {
+        auditor: Arc::new(DeletionAuditor::start(
+            client.clone(),
+            "soak",
+            &capi::machines(),
+        )),
+        named: Arc::default(),
+        node_names: Arc::default(),
+    };
     let started = Instant::now();
     let deadline = started + options.duration;
     let faulted = options.faults.is_some();
@@ -177,18 +261,22 @@ pub async fn run(sandbox: &Sandbox, options: &SoakOptions) -> anyhow::Result<Soa
         let grpc = grpc.clone();
         let ids = ids.clone();
         let tally = tally.clone();
-        let named = named.clone();
+        let ca = ca.clone();
         workers.push(tokio::spawn(async move {
             let mut n: u64 = worker as u64;
             while Instant::now() < deadline {
                 n = n
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
-                one_call(&grpc, &ids, n, &tally, &named, faulted).await;
+                one_call(&grpc, &ids, n, &tally, &ca, faulted).await;
             }
         }));
     }
-    let watcher = tokio::spawn(watch_deletions(client.clone(), deadline));
+    let watcher = tokio::spawn(watch_deletions(
+        client.clone(),
+        deadline,
+        ca.node_names.clone(),
+    ));
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_secs(30).min(deadline - Instant::now())).await;
         let kib = rss_kib(pid)?;
@@ -220,7 +308,7 @@ pub async fn run(sandbox: &Sandbox, options: &SoakOptions) -> anyhow::Result<Soa
     tokio::time::sleep(Duration::from_secs(75)).await;
     let stranded = marked_machines(&client).await? + claims_left(&client).await?;
     let deleted_machines = watcher.await??;
-    let named = named.lock().map(|n| n.clone()).unwrap_or_default();
+    let named = ca.named.lock().map(|n| n.clone()).unwrap_or_default();
     let wrong_deletions: Vec<String> = deleted_machines
         .iter()
         .filter(|(_, pid)| !named.contains(pid.as_str()))
@@ -248,25 +336,39 @@ pub async fn run(sandbox: &Sandbox, options: &SoakOptions) -> anyhow::Result<Soa
         faults_injected,
         fault_seed: options.faults.map(|(seed, _)| seed),
         wrong_deletions,
+        u1_violations: ca.auditor.violations(),
+        u1_residue: ca.auditor.residue(),
         deleted: deleted_machines.len(),
         replicas_match_machines: groups_final.values().all(|(r, m)| *r == *m as i64),
         groups_final,
     })
 }
 
-/// Provider IDs some DeleteNodes named.
-type Named = Arc<Mutex<BTreeSet<String>>>;
+/// The soak's clients as cluster-autoscaler: what they named, and the auditor of their answers.
+#[derive(Clone)]
+struct Ca {
+    auditor: Arc<DeletionAuditor>,
+    /// Provider IDs some DeleteNodes named; each is named once (CA never sends two DeleteNodes
+    /// for one node at a time).
+    named: Arc<Mutex<BTreeSet<String>>>,
+    /// Provider ID -> Node name of the Machines seen (CA taints a node by its name).
+    node_names: NodeNames,
+}
+
+/// Provider ID -> Node name, from the Machines' `status.nodeRef`.
+type NodeNames = Arc<Mutex<BTreeMap<String, String>>>;
 
 /// One call of the mix: 85% reads, 15% writes. A write raises a group near its minimum,
 /// deletes a running node of a group near its maximum, and otherwise does either, so groups
-/// keep moving between their bounds. With `faulted`, a write the API server failed is an
+/// keep moving between their bounds. A node is deleted as `ca` would: tainted first, named
+/// once, its answer told to the auditor. With `faulted`, a write the API server failed is an
 /// expected outcome, not an error.
 async fn one_call(
     grpc: &CloudProviderClient<Channel>,
     ids: &[String],
     n: u64,
     tally: &Tally,
-    named: &Named,
+    ca: &Ca,
     faulted: bool,
 ) {
     let mut grpc = grpc.clone();
@@ -339,13 +441,28 @@ async fn one_call(
             let Some(victim) = running.get((n >> 24) as usize % running.len().max(1)) else {
                 return;
             };
+            let Some(node_name) = ca
+                .node_names
+                .lock()
+                .ok()
+                .and_then(|names| names.get(&victim.id).cloned())
+            else {
+                return;
+            };
+            let first = ca
+                .named
+                .lock()
+                .is_ok_and(|mut named| named.insert(victim.id.clone()));
+            if !first {
+                return;
+            }
             let node = proto::ExternalGrpcNode {
                 provider_id: victim.id.clone(),
+                name: node_name.clone(),
                 ..Default::default()
             };
-            if let Ok(mut named) = named.lock() {
-                named.insert(victim.id.clone());
-            }
+            let names = [node_name];
+            ca.auditor.taint(&names).await;
             let result = grpc
                 .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
                     id,
@@ -353,6 +470,7 @@ async fn one_call(
                 })
                 .await
                 .map(|_| ());
+            ca.auditor.returned(&names, &result).await;
             record_write(tally, "NodeGroupDeleteNodes", result, faulted);
             return;
         }
@@ -448,9 +566,13 @@ async fn claims_left(client: &Client) -> anyhow::Result<usize> {
         .count())
 }
 
-/// Polls the soak's Machines until `until`, then for the settling time after it; returns every
-/// Machine seen deleting or gone, with its provider ID.
-async fn watch_deletions(client: Client, until: Instant) -> anyhow::Result<Vec<(String, String)>> {
+/// Polls the soak's Machines until `until`, then for the settling time after it, keeping
+/// `node_names` up to date; returns every Machine seen deleting or gone, with its provider ID.
+async fn watch_deletions(
+    client: Client,
+    until: Instant,
+    node_names: NodeNames,
+) -> anyhow::Result<Vec<(String, String)>> {
     let api = Api::<DynamicObject>::namespaced_with(client, "soak", &capi::machines());
     let mut seen: BTreeMap<String, String> = BTreeMap::new();
     let mut deleted: BTreeMap<String, String> = BTreeMap::new();
@@ -461,6 +583,12 @@ async fn watch_deletions(client: Client, until: Instant) -> anyhow::Result<Vec<(
         for m in &machines {
             if let Some(pid) = m.data["spec"]["providerID"].as_str() {
                 seen.insert(m.name_any(), pid.to_string());
+                if let (Some(node), Ok(mut names)) = (
+                    m.data["status"]["nodeRef"]["name"].as_str(),
+                    node_names.lock(),
+                ) {
+                    names.insert(pid.to_string(), node.to_string());
+                }
                 if m.metadata.deletion_timestamp.is_some() {
                     deleted.insert(m.name_any(), pid.to_string());
                 }

@@ -164,10 +164,9 @@ forwarding_service! {
     node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest) -> proto::NodeGroupAutoscalingOptionsResponse;
 }
 
-/// True when `answer` is no answer of the operator's: the connection broke or could not be
-/// made (the operator killed mid-call), so the status was made on the client's side.
+/// True when `answer` is no answer of the operator's (see [`crate::auditor::unanswered`]).
 fn reached_no_answer<T>(answer: &Result<T, Status>) -> bool {
-    matches!(answer, Err(status) if std::error::Error::source(status).is_some())
+    matches!(answer, Err(status) if crate::auditor::unanswered(status))
 }
 
 impl Service {

@@ -106,6 +106,34 @@ impl Group {
             .collect()
     }
 
+    /// What CA's own client (`CaClient`, its per-RPC deadline `timeout`) returned for a
+    /// DeleteNodes naming `machines`: OK, an error the operator answered, or no answer (the
+    /// client's deadline passed first, or the connection broke), which CA also takes as an
+    /// error but which is U1's residue when the deletion went on.
+    pub async fn ca_got_from_client(
+        &self,
+        machines: &[&str],
+        result: &serde_json::Value,
+        timeout: Duration,
+    ) {
+        let nodes = self.node_names(machines).await;
+        let took = Duration::from_secs_f64(result["ms"].as_f64().unwrap_or_default() / 1000.0);
+        let error = result["error"].as_str().unwrap_or_default();
+        match result["code"].as_str() {
+            None if result.get("error").is_none() => self.auditor.answered(&nodes, true).await,
+            // The client's deadline passed, on its side (DeadlineExceeded) or on the
+            // operator's (tonic answers Canceled "Timeout expired" at the request's
+            // grpc-timeout): an OK in flight then can no longer reach CA.
+            Some("DeadlineExceeded" | "Canceled") if took >= timeout.mul_f64(0.9) => {
+                self.auditor.lost(&nodes).await
+            }
+            Some("Unavailable") if error.contains("connection") || error.contains("transport") => {
+                self.auditor.lost(&nodes).await
+            }
+            _ => self.auditor.answered(&nodes, false).await,
+        }
+    }
+
     /// Fails on any Machine the auditor saw deleted against CA's latest answer (U1); logs
     /// the documented residue (answers that never reached CA).
     pub fn assert_u1(&self) {
@@ -252,6 +280,18 @@ impl Group {
             .get(LEDGER_ANNOTATION)
             .cloned()
             .unwrap_or_default()
+    }
+}
+
+impl Drop for Group {
+    /// Every safety test on a group is audited: a Machine deleted against CA's latest answer
+    /// fails it (unless it failed already), also where the test does not call
+    /// [`Group::assert_u1`] itself.
+    fn drop(&mut self) {
+        let violations = self.auditor.violations();
+        if !violations.is_empty() && !std::thread::panicking() {
+            panic!("U1 violations in {}: {violations:#?}", self.ns());
+        }
     }
 }
 

@@ -78,8 +78,12 @@ async fn scale_down_through_a_lying_api_server_deletes_only_named_machines() {
         ca.value(json!({"call": "NodeGroups"})).await;
         for _ in 0..3 {
             let node = json!({"providerID": pid, "name": victim});
+            group.ca_asks(&[&victim]).await;
             let result = ca
                 .call(json!({"call": "DeleteNodes", "group": group.id, "nodes": [node]}))
+                .await;
+            group
+                .ca_got_from_client(&[&victim], &result, CA_TIMEOUT)
                 .await;
             let code = result["code"].as_str().unwrap_or("OK").to_string();
             *answers.entry(code.clone()).or_default() += 1;
@@ -146,5 +150,6 @@ async fn scale_down_through_a_lying_api_server_deletes_only_named_machines() {
         !by_kind.is_empty() || rounds == 0,
         "seed {seed}: the run injected no fault"
     );
+    group.assert_u1();
     group.cluster.stop_operator();
 }

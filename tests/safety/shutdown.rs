@@ -46,6 +46,8 @@ async fn sigterm_drains_an_in_flight_delete_and_releases_the_lease() {
     let address = group.cluster.operator().expect("operator").grpc_address;
     let mut client = group.cluster.pki.connect(address).await.expect("client");
     let id = group.id.clone();
+    group.ca_asks(&[&victim]).await;
+    let named = victim.clone();
     let call = tokio::spawn(async move {
         let mut request = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
             id,
@@ -69,6 +71,7 @@ async fn sigterm_drains_an_in_flight_delete_and_releases_the_lease() {
         "the operator exits cleanly on SIGTERM: {status:?}"
     );
     let answer = call.await.expect("rpc task");
+    group.ca_got(&[&named], &answer).await;
     assert!(
         answer.is_ok(),
         "the in-flight DeleteNodes was answered: {answer:?}"
@@ -92,4 +95,9 @@ async fn sigterm_drains_an_in_flight_delete_and_releases_the_lease() {
             .is_empty(),
         "the Lease was released: {lease:?}"
     );
+    poll("Cluster API to delete the victim", || async {
+        (!group.live_machines().await.contains(&named)).then_some(())
+    })
+    .await;
+    group.assert_u1();
 }

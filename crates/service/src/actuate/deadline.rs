@@ -70,6 +70,14 @@ impl MutationDeadline {
         Instant::now() < self.answer_until
     }
 
+    /// [`MutationDeadline::may_answer`] for a write expected to take `round_trip` (as long
+    /// as the read just before it took): its outcome, not only its start, must come before
+    /// the answer's margin. On a slow API server a write sent in time but answered after the
+    /// client's deadline would remove a node its client was told had failed.
+    pub fn may_answer_within(&self, round_trip: Duration) -> bool {
+        Instant::now() + round_trip < self.answer_until
+    }
+
     /// True while a begun change may still be written or rolled back.
     pub fn may_finish(&self) -> bool {
         Instant::now() < self.finish_until
@@ -137,6 +145,16 @@ mod tests {
         for bad in ["", "S", "5", "5s", "-5S", "1234567890S", "5 S", "x5m"] {
             assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_write_that_would_answer_after_the_margin_is_not_sent() {
+        let d = MutationDeadline::new(Some(Duration::from_secs(1)));
+        assert!(d.may_answer_within(Duration::from_millis(100)));
+        assert!(
+            !d.may_answer_within(Duration::from_millis(850)),
+            "a write taking 850 ms ends after the 800 ms the client leaves for writes"
+        );
     }
 
     #[test]

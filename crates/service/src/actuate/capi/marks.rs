@@ -88,9 +88,12 @@ impl CapiActuator {
         let delete_key = self.keys.delete_machine.as_str();
         let mut attempt = 0;
         loop {
+            let read = std::time::Instant::now();
             let machine = api.get_opt(name).await.map_err(ActuateError::api(format!(
                 "reading Machine {namespace}/{name}"
             )))?;
+            // The write goes the same way as this read: it takes about as long.
+            let round_trip = read.elapsed();
             let state = machine.as_ref().map(|m| machine_state(m, delete_key));
             let (patch, then) = match decide(state.as_ref())? {
                 MachineStep::Done(then) => return Ok(then),
@@ -116,7 +119,7 @@ impl CapiActuator {
             let Some(machine) = machine else {
                 return Ok(then);
             };
-            if deadline.is_some_and(|d| !d.may_answer()) {
+            if deadline.is_some_and(|d| !d.may_answer_within(round_trip)) {
                 return Err(ActuateError::DeadlineExceeded {
                     group: format!("Machine {namespace}/{name}"),
                     step: "writing its scale-down mark".into(),

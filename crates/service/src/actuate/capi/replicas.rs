@@ -127,17 +127,20 @@ impl CapiActuator {
         let api = self.scalable(group.kind, &group.namespace);
         let mut attempt = 0;
         loop {
+            let read = std::time::Instant::now();
             let object = api
                 .get(&group.name)
                 .await
                 .map_err(ActuateError::api(format!("reading {}", group.id)))?;
+            // The write goes the same way as this read: it takes about as long.
+            let round_trip = read.elapsed();
             let current = replicas_of(&object);
             let ledger = read_ledger(&group.id, &object)?;
             let (replicas, next, then) = match decide(current, &ledger)? {
                 GroupStep::Done(then) => return Ok(then),
                 GroupStep::Write(replicas, next, then) => (replicas, next, then),
             };
-            if deadline.is_some_and(|d| !d.may_answer()) {
+            if deadline.is_some_and(|d| !d.may_answer_within(round_trip)) {
                 return Err(ActuateError::DeadlineExceeded {
                     group: group.id.clone(),
                     step: "writing its scale-down ledger".into(),
