@@ -177,6 +177,16 @@ struct RunArgs {
     /// --client-identity=uri-san and common-name.
     #[arg(long, value_name = "NAMESPACE/NAME")]
     cluster: Option<String>,
+    /// gRPC requests per second each Cluster a client certificate names may make (one budget
+    /// per Cluster, over every method); a caller over it gets RESOURCE_EXHAUSTED, others are
+    /// served as before. 0: unlimited. Applies with --client-identity=uri-san or common-name.
+    /// The default leaves room for cluster-autoscaler's loop at 5,000 nodes (about 16,000
+    /// calls) every 10 seconds.
+    #[arg(long, default_value_t = 2000)]
+    grpc_rate_limit: u32,
+    /// Requests a Cluster may make at once beyond --grpc-rate-limit after a quiet period.
+    #[arg(long, default_value_t = 20000)]
+    grpc_rate_burst: u32,
     /// Also serve externalgrpc in plaintext on this Unix socket (created with mode 0660,
     /// removed on a clean stop; a stale one is replaced), for a cluster-autoscaler in the same
     /// pod dialing
@@ -299,6 +309,12 @@ impl RunArgs {
                 _ => WorkloadNodes::SameCluster,
             },
             client_identity: self.client_identity()?,
+            grpc_rate_limit: (self.grpc_rate_limit > 0).then(|| {
+                nodegroup_operator::server::rate_limit::RateLimit {
+                    per_second: f64::from(self.grpc_rate_limit),
+                    burst: f64::from(self.grpc_rate_burst.max(1)),
+                }
+            }),
             grpc_unix_socket: self.grpc_unix_socket.clone(),
             leader_election: self
                 .leader_election_namespace

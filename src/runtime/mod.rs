@@ -81,6 +81,8 @@ pub struct Config {
     pub workload_nodes: WorkloadNodes,
     /// Scoping of clients to Clusters by their certificate.
     pub client_identity: crate::server::identity::IdentitySource,
+    /// Each certificate-named Cluster's gRPC request budget; `None`: unlimited.
+    pub grpc_rate_limit: Option<crate::server::rate_limit::RateLimit>,
     /// Also serve externalgrpc in plaintext on this Unix socket (co-located mode).
     pub grpc_unix_socket: Option<PathBuf>,
 }
@@ -514,6 +516,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         mutations.clone(),
     )
     .scoped(config.client_identity.clone());
+    let service = match config.grpc_rate_limit {
+        Some(limit) => service.rate_limited(limit),
+        None => service,
+    };
     let service = Arc::new(service);
 
     let grpc_listener = TcpListener::bind(config.grpc_address)

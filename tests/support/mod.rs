@@ -487,6 +487,7 @@ pub fn operator_config_as(namespace: &str, kubeconfig: PathBuf, tls: Option<TlsF
         },
         workload_nodes: Default::default(),
         client_identity: nodegroup_operator::server::identity::IdentitySource::Off,
+        grpc_rate_limit: None,
         grpc_unix_socket: None,
         leader_election: Some(nodegroup_operator::runtime::leader::LeaderConfig {
             namespace: namespace.to_string(),

@@ -5,6 +5,7 @@ pub mod convert;
 mod error;
 pub mod identity;
 pub mod options;
+pub mod rate_limit;
 pub mod request_id;
 #[cfg(test)]
 mod scoping_matrix;

@@ -16,6 +16,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 use super::CloudProviderService;
 use super::identity::{DEFAULT_PREFIX, IdentitySource};
+use super::rate_limit::RateLimit;
 use super::tls::{self, ReloadingTls, TlsFiles};
 use crate::actuate::CapiActuator;
 use crate::capi::keys::CapiKeys;
@@ -184,6 +185,11 @@ impl Endpoint {
     }
 
     async fn serving(snapshot: Snapshot) -> Self {
+        Self::serving_with(snapshot, None).await
+    }
+
+    /// [`Endpoint::serving`] with each Cluster's request budget `limit`.
+    async fn serving_with(snapshot: Snapshot, limit: Option<RateLimit>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca = CertificateAuthority::new("scoping-ca").expect("ca");
         let server = ca
@@ -221,6 +227,10 @@ impl Endpoint {
         .scoped(IdentitySource::UriSan {
             prefix: DEFAULT_PREFIX.into(),
         });
+        let service = match limit {
+            Some(limit) => service.rate_limited(limit),
+            None => service,
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -718,4 +728,46 @@ async fn a_too_large_answer_counts_the_callers_groups_only() {
         "{}",
         status.message()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_request_budget_is_refused_and_another_is_served_as_before() {
+    let limit = RateLimit {
+        per_second: 20.0,
+        burst: 40.0,
+    };
+    let endpoint = Endpoint::serving_with(snapshot(), Some(limit)).await;
+    let alpha = endpoint.client(&endpoint.naming("tenant-a", "alpha")).await;
+    let bravo = endpoint.client(&endpoint.naming("tenant-b", "bravo")).await;
+    let hammer = (0..400).map(|_| {
+        let mut alpha = alpha.clone();
+        async move { alpha.node_groups(proto::NodeGroupsRequest {}).await }
+    });
+    let flood = tokio::spawn(futures::future::join_all(hammer));
+    let mut served = 0;
+    for _ in 0..20 {
+        let answer = bravo.clone().node_groups(proto::NodeGroupsRequest {}).await;
+        assert!(answer.is_ok(), "bravo is served: {answer:?}");
+        served += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let flood = flood.await.expect("flood");
+    let refused: Vec<&tonic::Status> = flood.iter().filter_map(|r| r.as_ref().err()).collect();
+    let admitted = flood.len() - refused.len();
+    assert_eq!(served, 20);
+    assert!(
+        (40..=100).contains(&admitted),
+        "alpha gets its burst and its rate, not more: {admitted} of 400 admitted"
+    );
+    for status in &refused {
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert!(
+            status
+                .message()
+                .starts_with("Cluster tenant-a/alpha is over its request budget of 20 per second (burst 40); retry in "),
+            "{}",
+            status.message()
+        );
+        assert!(!status.message().contains("bravo"), "{}", status.message());
+    }
 }

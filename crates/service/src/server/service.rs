@@ -10,6 +10,7 @@ use super::convert;
 use super::error::ProviderError;
 use super::identity::{self, IdentityError, IdentitySource, Scope};
 use super::options;
+use super::rate_limit::{Admission, RateLimit, RateLimiter};
 use super::request_id;
 use crate::actuate::deadline::parse_grpc_timeout;
 use crate::actuate::{ActuateError, CapiActuator, MutationDeadline, NodeRef};
@@ -45,6 +46,8 @@ pub struct CloudProviderService {
     metrics: Arc<Metrics>,
     mutations: TaskTracker,
     identity: IdentitySource,
+    /// Each certificate-named Cluster's request budget; `None`: unlimited.
+    rate_limits: Option<RateLimiter>,
 }
 
 type RpcResult<T> = Result<Response<T>, Status>;
@@ -97,6 +100,43 @@ impl CloudProviderService {
             metrics,
             mutations,
             identity: IdentitySource::Off,
+            rate_limits: None,
+        }
+    }
+
+    /// Gives each Cluster a client certificate names `limit` requests (one budget per
+    /// Cluster, whichever method); a caller over it gets `RESOURCE_EXHAUSTED` before anything
+    /// is read or written. Callers not scoped by a certificate (scoping off, `--cluster`) are
+    /// not limited: they are the only tenant there.
+    pub fn rate_limited(mut self, limit: RateLimit) -> Self {
+        self.rate_limits = Some(RateLimiter::new(limit));
+        self
+    }
+
+    /// Spends one request of the caller's budget, or says why it may not be served now.
+    fn admit(&self, method: &str, caller: &Caller) -> Result<(), Status> {
+        let (Some(limiter), Ok(Scope::Cluster(cluster))) = (&self.rate_limits, &caller.scope)
+        else {
+            return Ok(());
+        };
+        if !self.identity.needs_certificate() {
+            return Ok(());
+        }
+        match limiter.admit(cluster, Instant::now()) {
+            Admission::Admitted => Ok(()),
+            Admission::Refused { retry_after, first } => {
+                let limit = limiter.limit();
+                if first {
+                    tracing::warn!(%cluster, method, per_second = limit.per_second, burst = limit.burst,
+                        "a tenant is over its gRPC request budget; its requests are refused until it slows down");
+                }
+                Err(Status::resource_exhausted(format!(
+                    "Cluster {cluster} is over its request budget of {} per second (burst {}); retry in {} ms",
+                    limit.per_second,
+                    limit.burst,
+                    retry_after.as_millis().max(1)
+                )))
+            }
         }
     }
 
@@ -265,6 +305,11 @@ impl CloudProviderService {
             tracing::debug_span!("rpc", method, request_id = %request_id::of(caller.client_request_id.as_deref()), caller = %who)
         };
         let start = Instant::now();
+        if let Err(refused) = self.admit(method, caller) {
+            self.metrics
+                .observe_rpc(method, refused.code(), start.elapsed());
+            return Err(refused);
+        }
         let mut unanswered = crate::metrics::UnansweredRpc::new(&self.metrics, method)
             .client_deadline(caller.timeout);
         let asked_text = asked.as_deref().unwrap_or_default();
