@@ -104,11 +104,15 @@ impl ProbeArgs {
     }
 }
 
+/// The gRPC port when no address is given.
+const DEFAULT_GRPC_PORT: u16 = 8086;
+
 #[derive(Args, Debug, Clone)]
 struct RunArgs {
-    /// gRPC listen address.
-    #[arg(long, default_value = "0.0.0.0:8086", env = "NGO_GRPC_ADDRESS")]
-    grpc_address: SocketAddr,
+    /// gRPC listen address. Default 0.0.0.0:8086; with --grpc-unix-socket, no TCP listener
+    /// unless this is given.
+    #[arg(long, env = "NGO_GRPC_ADDRESS")]
+    grpc_address: Option<SocketAddr>,
     /// Admin listen address (/livez, /readyz, /metrics).
     #[arg(long, default_value = "0.0.0.0:8080", env = "NGO_ADMIN_ADDRESS")]
     admin_address: SocketAddr,
@@ -279,7 +283,11 @@ impl RunArgs {
                 FALLBACK_ARCHITECTURE
             });
         Ok(Config {
-            grpc_address: self.grpc_address,
+            grpc_address: match (self.grpc_address, &self.grpc_unix_socket) {
+                (Some(address), _) => Some(address),
+                (None, Some(_)) => None,
+                (None, None) => Some(SocketAddr::from(([0, 0, 0, 0], DEFAULT_GRPC_PORT))),
+            },
             admin_address: self.admin_address,
             tls,
             tls_reload_interval: Duration::from_secs(10),
@@ -453,6 +461,21 @@ mod tests {
         assert_eq!(
             config.grpc_unix_socket.as_deref(),
             Some(std::path::Path::new("/run/ngo/grpc.sock"))
+        );
+        assert_eq!(
+            config.grpc_address, None,
+            "beside cluster-autoscaler, only the socket is served unless a TCP address is given"
+        );
+        let both = parse(&[
+            "--cluster=tenants/c1",
+            "--grpc-unix-socket=/run/ngo/grpc.sock",
+            "--grpc-address=127.0.0.1:8086",
+        ])
+        .expect("co-located with TCP too");
+        assert_eq!(both.grpc_address, Some(([127, 0, 0, 1], 8086).into()));
+        assert_eq!(
+            parse(&[]).expect("defaults").grpc_address,
+            Some(([0, 0, 0, 0], 8086).into())
         );
         let error = parse(&["--cluster=tenants/c1", "--client-identity=uri-san"])
             .expect_err("two ways of scoping");

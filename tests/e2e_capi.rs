@@ -101,11 +101,14 @@ impl Env {
         let operator = runtime::start(operator_config_as(&name, e2e.kubeconfig.clone(), None))
             .await
             .expect("operator starts");
-        let channel = Channel::from_shared(format!("http://{}", operator.grpc_address))
-            .expect("uri")
-            .connect()
-            .await
-            .expect("connect");
+        let channel = Channel::from_shared(format!(
+            "http://{}",
+            operator.grpc_address.expect("a TCP listener")
+        ))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
         let grpc = Rpc::from(channel);
         let env = Self {
             ns,

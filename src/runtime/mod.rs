@@ -42,8 +42,9 @@ pub use watches::{NodeSource, WatchSpec, Watches};
 /// Everything `run` needs.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// gRPC listen address (port 0 picks a free port).
-    pub grpc_address: SocketAddr,
+    /// gRPC listen address (port 0 picks a free port); `None`: no TCP listener (co-located,
+    /// where cluster-autoscaler dials [`Config::grpc_unix_socket`]).
+    pub grpc_address: Option<SocketAddr>,
     /// Admin (health, metrics) listen address.
     pub admin_address: SocketAddr,
     /// mTLS files; `None` only with `--insecure`.
@@ -104,8 +105,8 @@ pub enum WorkloadNodes {
 
 /// A started operator.
 pub struct Running {
-    /// The bound gRPC address.
-    pub grpc_address: SocketAddr,
+    /// The bound gRPC address, if a TCP listener was asked for.
+    pub grpc_address: Option<SocketAddr>,
     /// The bound admin address.
     pub admin_address: SocketAddr,
     /// Snapshot handle (tests and tools read it).
@@ -235,6 +236,52 @@ async fn our_kinds_served(client: &Client) -> OurKinds {
             }
         }
     }
+}
+
+/// Binds `address` and serves externalgrpc there, with mTLS from `config` (or, with
+/// `--insecure`, in plaintext); returns the bound address.
+async fn serve_grpc_tcp(
+    address: SocketAddr,
+    config: &Config,
+    (service, mutations): (Arc<CloudProviderService>, tokio_util::task::TaskTracker),
+    metrics: &Arc<Metrics>,
+    (tasks, shutdown): (&mut JoinSet<anyhow::Result<()>>, &CancellationToken),
+) -> anyhow::Result<SocketAddr> {
+    let grpc_listener = TcpListener::bind(address)
+        .await
+        .with_context(|| format!("binding gRPC address {address}"))?;
+    let grpc_address = grpc_listener.local_addr()?;
+    match &config.tls {
+        Some(files) => {
+            let tls = ReloadingTls::load(files.clone()).context("loading gRPC TLS files")?;
+            tasks.spawn(tls.clone().watch(
+                config.tls_reload_interval,
+                metrics.clone(),
+                shutdown.clone(),
+            ));
+            let incoming = tls::incoming(grpc_listener, tls, shutdown.clone());
+            tracing::info!(address = %grpc_address, "serving externalgrpc with mTLS (client certificates required)");
+            tasks.spawn(serve_grpc(
+                "gRPC server",
+                service,
+                incoming,
+                shutdown.clone(),
+                mutations,
+            ));
+        }
+        None => {
+            tracing::warn!(address = %grpc_address,
+                "serving externalgrpc WITHOUT TLS (--insecure): anything that reaches this port can scale node groups");
+            tasks.spawn(serve_grpc(
+                "gRPC server",
+                service,
+                TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+                shutdown.clone(),
+                mutations,
+            ));
+        }
+    }
+    Ok(grpc_address)
 }
 
 /// Binds `path` as a Unix socket readable and writable by the owner and group (the containers
@@ -522,10 +569,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     };
     let service = Arc::new(service);
 
-    let grpc_listener = TcpListener::bind(config.grpc_address)
-        .await
-        .with_context(|| format!("binding gRPC address {}", config.grpc_address))?;
-    let grpc_address = grpc_listener.local_addr()?;
+    if config.grpc_address.is_none() && config.grpc_unix_socket.is_none() {
+        anyhow::bail!("no gRPC listener: give a TCP address, a Unix socket, or both");
+    }
     if let Some(path) = &config.grpc_unix_socket {
         let listener = unix_socket(path)?;
         tracing::info!(socket = %path.display(), scope = ?config.client_identity,
@@ -550,36 +596,22 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             result
         });
     }
-    match &config.tls {
-        Some(files) => {
-            let tls = ReloadingTls::load(files.clone()).context("loading gRPC TLS files")?;
-            tasks.spawn(tls.clone().watch(
-                config.tls_reload_interval,
-                metrics.clone(),
-                shutdown.clone(),
-            ));
-            let incoming = tls::incoming(grpc_listener, tls, shutdown.clone());
-            tracing::info!(address = %grpc_address, "serving externalgrpc with mTLS (client certificates required)");
-            tasks.spawn(serve_grpc(
-                "gRPC server",
-                service,
-                incoming,
-                shutdown.clone(),
-                mutations,
-            ));
-        }
+    let grpc_address = match config.grpc_address {
+        Some(address) => Some(
+            serve_grpc_tcp(
+                address,
+                &config,
+                (service, mutations),
+                &metrics,
+                (&mut tasks, &shutdown),
+            )
+            .await?,
+        ),
         None => {
-            tracing::warn!(address = %grpc_address,
-                "serving externalgrpc WITHOUT TLS (--insecure): anything that reaches this port can scale node groups");
-            tasks.spawn(serve_grpc(
-                "gRPC server",
-                service,
-                TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-                shutdown.clone(),
-                mutations,
-            ));
+            tracing::info!("no gRPC TCP listener: only the Unix socket is served");
+            None
         }
-    }
+    };
 
     let admin_listener = TcpListener::bind(config.admin_address)
         .await

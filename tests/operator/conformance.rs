@@ -450,7 +450,7 @@ async fn client_view(release: Release, steps: Steps) {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let operator = pki.operator(&ns).await;
-    let address = operator.grpc_address;
+    let address = operator.grpc_address.expect("a TCP listener");
     steps.at("start");
     let ca = start_ca(release, dir.path(), address, &pki.client()).await;
 
@@ -992,7 +992,13 @@ async fn options_view(release: Release, steps: Steps) {
     let pki = Pki::new(dir.path());
     let operator = pki.operator(&ns).await;
     steps.at("options: start");
-    let ca = start_ca(release, dir.path(), operator.grpc_address, &pki.client()).await;
+    let ca = start_ca(
+        release,
+        dir.path(),
+        operator.grpc_address.expect("a TCP listener"),
+        &pki.client(),
+    )
+    .await;
     steps.at("options: NodeGroups");
     eventually("five node groups, as CA sees them", WAIT, || {
         let ca = &ca;
@@ -1181,7 +1187,13 @@ async fn round_trips_are_not_held_back_by_delayed_acks() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let operator = pki.operator(&ns).await;
-    let ca = start_ca(CA_1_36_1, dir.path(), operator.grpc_address, &pki.client()).await;
+    let ca = start_ca(
+        CA_1_36_1,
+        dir.path(),
+        operator.grpc_address.expect("a TCP listener"),
+        &pki.client(),
+    )
+    .await;
     let id = format!("MachineDeployment/{}/tuned", ns.name);
     eventually("group served", WAIT, || {
         let ca = &ca;
@@ -1396,12 +1408,15 @@ async fn co_located_over_a_unix_socket_scoped_by_configuration() {
     let start = |cluster: &str, socket: PathBuf| {
         let mut config = operator_config_as(&n, shared().kubeconfig.clone(), None);
         config.grpc_unix_socket = Some(socket);
+        // As the sidecar runs by default: no TCP listener beside the socket.
+        config.grpc_address = None;
         config.client_identity = IdentitySource::fixed(&format!("{n}/{cluster}")).unwrap();
         config.leader_election = None;
         nodegroup_operator::runtime::start(config)
     };
     let socket = dir.path().join("ngo.sock");
     let operator = start("c1", socket.clone()).await.expect("operator starts");
+    assert_eq!(operator.grpc_address, None, "no TCP listener is bound");
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
     assert_eq!(
         mode & 0o777,

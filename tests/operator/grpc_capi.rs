@@ -725,12 +725,14 @@ async fn v1beta1_can_be_chosen_with_capi_version() {
     let mut config = operator_config(&ns.name, None);
     config.capi_version = Some("v1beta1".into());
     let operator = nodegroup_operator::runtime::start(config).await.unwrap();
-    let channel =
-        tonic::transport::Channel::from_shared(format!("http://{}", operator.grpc_address))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+    let channel = tonic::transport::Channel::from_shared(format!(
+        "http://{}",
+        operator.grpc_address.expect("a TCP listener")
+    ))
+    .unwrap()
+    .connect()
+    .await
+    .unwrap();
     let rpc = Rpc::from(channel);
     let ids = eventually("group through v1beta1", WAIT, || async {
         rpc.node_groups().await.ok().filter(|g| !g.is_empty())

@@ -31,12 +31,14 @@ async fn one_replica_leads_and_another_takes_over_when_it_stops() {
     .await;
     // Both serve gRPC.
     for running in [&first, &second] {
-        let channel =
-            tonic::transport::Channel::from_shared(format!("http://{}", running.grpc_address))
-                .unwrap()
-                .connect()
-                .await
-                .unwrap();
+        let channel = tonic::transport::Channel::from_shared(format!(
+            "http://{}",
+            running.grpc_address.expect("a TCP listener")
+        ))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
         let client =
             nodegroup_operator::proto::cloud_provider_client::CloudProviderClient::new(channel);
         assert_eq!(wait_groups(&client, 1).await[0].max_size, 3);

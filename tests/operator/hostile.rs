@@ -191,11 +191,14 @@ async fn an_undecodable_request_body_is_refused_and_the_server_keeps_serving() {
     deployment_with_nodes(&ns, "md", 1, 5, 1).await;
     let (operator, client) = ns.operator().await;
     wait_groups(&client, 1).await;
-    let channel = Channel::from_shared(format!("http://{}", operator.grpc_address))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = Channel::from_shared(format!(
+        "http://{}",
+        operator.grpc_address.expect("a TCP listener")
+    ))
+    .unwrap()
+    .connect()
+    .await
+    .unwrap();
     let mut raw = tonic::client::Grpc::new(channel);
     raw.ready().await.unwrap();
     let path = http::uri::PathAndQuery::from_static(
@@ -694,20 +697,23 @@ async fn garbage_on_the_plaintext_port_is_dropped_and_the_server_keeps_serving()
     let (operator, client) = ns.operator().await;
     wait_groups(&client, 1).await;
     // Half an HTTP/2 preface is a slow client, not garbage: it may wait, beside the others.
-    let mut slow = tokio::net::TcpStream::connect(operator.grpc_address)
+    let mut slow = tokio::net::TcpStream::connect(operator.grpc_address.expect("a TCP listener"))
         .await
         .unwrap();
     slow.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
     for (what, bytes) in garbage_payloads() {
         assert!(
-            send_garbage(operator.grpc_address, &bytes).await,
+            send_garbage(operator.grpc_address.expect("a TCP listener"), &bytes).await,
             "the server closes a connection that sent {what}"
         );
-        let fresh = Channel::from_shared(format!("http://{}", operator.grpc_address))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+        let fresh = Channel::from_shared(format!(
+            "http://{}",
+            operator.grpc_address.expect("a TCP listener")
+        ))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
         let groups = CloudProviderClient::new(fresh)
             .node_groups(proto::NodeGroupsRequest {})
             .await
@@ -777,7 +783,7 @@ async fn mtls_operator(ns: &TestNs, tls: &Mtls) -> nodegroup_operator::runtime::
             Some(tls.files.clone()),
         )
         .await;
-    let address = operator.grpc_address;
+    let address = operator.grpc_address.expect("a TCP listener");
     eventually("served over mTLS", Duration::from_secs(20), || async move {
         mtls_groups(address, tls).await.ok().filter(|n| *n == 1)
     })
@@ -799,11 +805,11 @@ async fn garbage_on_the_mtls_port_is_dropped_and_the_server_keeps_serving() {
     ));
     for (what, bytes) in payloads {
         assert!(
-            send_garbage(operator.grpc_address, &bytes).await,
+            send_garbage(operator.grpc_address.expect("a TCP listener"), &bytes).await,
             "the server closes a connection that sent {what}"
         );
         assert_eq!(
-            mtls_groups(operator.grpc_address, &tls).await,
+            mtls_groups(operator.grpc_address.expect("a TCP listener"), &tls).await,
             Ok(1),
             "after {what}"
         );
@@ -820,7 +826,7 @@ async fn connections_that_never_send_a_client_hello_do_not_starve_real_clients()
     let mut idle = Vec::new();
     for _ in 0..256 {
         idle.push(
-            tokio::net::TcpStream::connect(operator.grpc_address)
+            tokio::net::TcpStream::connect(operator.grpc_address.expect("a TCP listener"))
                 .await
                 .unwrap(),
         );
@@ -828,7 +834,7 @@ async fn connections_that_never_send_a_client_hello_do_not_starve_real_clients()
     let start = Instant::now();
     let served = tokio::time::timeout(
         Duration::from_secs(1),
-        mtls_groups(operator.grpc_address, &tls),
+        mtls_groups(operator.grpc_address.expect("a TCP listener"), &tls),
     )
     .await;
     let took = start.elapsed();

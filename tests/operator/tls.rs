@@ -107,7 +107,7 @@ async fn client_certificates_are_required_and_rotation_needs_no_restart() {
     let (operator, _) = ns
         .operator_with(shared().operator_kubeconfig.clone(), Some(files))
         .await;
-    let address = operator.grpc_address;
+    let address = operator.grpc_address.expect("a TCP listener");
 
     let served = eventually("mTLS call succeeds", Duration::from_secs(20), || {
         let (ca, client) = (ca.cert_pem.clone(), client.clone());
@@ -221,7 +221,7 @@ async fn expired_and_foreign_client_certificates_are_refused() {
     let (operator, _) = ns
         .operator_with(shared().operator_kubeconfig.clone(), Some(files))
         .await;
-    let address = operator.grpc_address;
+    let address = operator.grpc_address.expect("a TCP listener");
     let valid = ca.issue("cluster-autoscaler", &[], None).unwrap();
     eventually("mTLS call succeeds", Duration::from_secs(20), || {
         let (ca, valid) = (ca.cert_pem.clone(), valid.clone());
@@ -456,7 +456,7 @@ async fn the_probe_lists_groups_as_cluster_autoscaler_would_and_says_why_it_cann
     let (operator, _) = ns
         .operator_with(shared().operator_kubeconfig.clone(), Some(files))
         .await;
-    let port = operator.grpc_address.port();
+    let port = operator.grpc_address.expect("a TCP listener").port();
     let (cert, key) = ca
         .issue_client("cluster-autoscaler", &[])
         .unwrap()

@@ -1703,6 +1703,10 @@ fn the_upstream_chart_with_the_co_located_values_puts_the_operator_beside_cluste
         .find_map(|a| a.strip_prefix("--grpc-unix-socket="))
         .expect("the operator serves a socket");
     assert!(args.iter().any(|a| a.starts_with("--cluster=")), "{args:?}");
+    assert!(
+        !args.iter().any(|a| a.starts_with("--grpc-address")),
+        "no TCP listener beside the socket: {args:?}"
+    );
     let directory = std::path::Path::new(socket)
         .parent()
         .and_then(|d| d.to_str())

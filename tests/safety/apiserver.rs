@@ -197,11 +197,14 @@ async fn reads_use_the_cache_and_writes_fail_fast_while_the_api_server_is_down()
         .unwrap();
     let config = operator_config_as(&ns.name, plane.operator_kubeconfig.clone(), None);
     let operator = nodegroup_operator::runtime::start(config).await.unwrap();
-    let channel = Channel::from_shared(format!("http://{}", operator.grpc_address))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = Channel::from_shared(format!(
+        "http://{}",
+        operator.grpc_address.expect("a TCP listener")
+    ))
+    .unwrap()
+    .connect()
+    .await
+    .unwrap();
     let client = CloudProviderClient::new(channel);
     let id = format!("MachineDeployment/{}/md", ns.name);
     let before = eventually("the full view of md", Duration::from_secs(20), || {

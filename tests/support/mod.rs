@@ -426,11 +426,14 @@ impl TestNs {
             .await
             .expect("operator starts");
         let client = if tls.is_none() {
-            let channel = Channel::from_shared(format!("http://{}", running.grpc_address))
-                .unwrap()
-                .connect()
-                .await
-                .expect("connect");
+            let channel = Channel::from_shared(format!(
+                "http://{}",
+                running.grpc_address.expect("a TCP listener")
+            ))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect");
             let mut client = CloudProviderClient::new(channel);
             eventually("operator caches synced", Duration::from_secs(20), || {
                 let mut c = client.clone();
@@ -461,7 +464,7 @@ pub fn operator_config(namespace: &str, tls: Option<TlsFiles>) -> Config {
 /// set, or another control plane).
 pub fn operator_config_as(namespace: &str, kubeconfig: PathBuf, tls: Option<TlsFiles>) -> Config {
     Config {
-        grpc_address: "127.0.0.1:0".parse().unwrap(),
+        grpc_address: Some("127.0.0.1:0".parse().unwrap()),
         admin_address: "127.0.0.1:0".parse().unwrap(),
         tls,
         tls_reload_interval: Duration::from_millis(200),
