@@ -226,3 +226,42 @@ fn a_row_covers_fields_by_wildcard_list_or_name() {
     assert!(covers("spec.list", "spec.list[]"));
     assert!(covers("spec.x", "spec.x"));
 }
+
+/// The chart's NOTES and values name pages and their sections in prose, `(docs/<page>.md,
+/// "<heading>")` (a user reads them in a terminal, where links do not work): each must name a
+/// page that exists and one of its headings.
+#[test]
+fn every_section_the_chart_names_exists() {
+    let chart = repo().join("charts/nodegroup-operator");
+    let mut named = 0;
+    for file in ["templates/NOTES.txt", "values.yaml"] {
+        let text = std::fs::read_to_string(chart.join(file)).expect(file);
+        // Comments wrap lines: read the file as one line.
+        let text = text
+            .lines()
+            .map(|l| l.trim_start_matches([' ', '#']))
+            .collect::<Vec<_>>()
+            .join(" ");
+        for (start, _) in text.match_indices("docs/") {
+            let rest = &text[start..];
+            let Some((page, after)) = rest.split_once(".md, \"") else {
+                continue;
+            };
+            let Some((heading, _)) = after.split_once('"') else {
+                continue;
+            };
+            let page_text = std::fs::read_to_string(repo().join(format!("{page}.md")))
+                .unwrap_or_else(|e| panic!("{file} names {page}.md: {e}"));
+            assert!(
+                anchors(&page_text).contains(&anchor(heading)),
+                "{file} names section {heading:?} of {page}.md, which has no such heading"
+            );
+            named += 1;
+        }
+        assert!(
+            !text.contains("README, \"") && !text.contains("README \""),
+            "{file} names a README section: the README's sections move, name a docs page's"
+        );
+    }
+    assert!(named >= 3, "the chart names {named} sections");
+}
