@@ -1431,6 +1431,48 @@ fn subsections(text: &str, section: &str) -> Vec<String> {
     out
 }
 
+/// The aggregations (`sum`, `max`, `min`, `avg`, `count`) of PromQL `expr` whose result loses
+/// one of `labels`: without a `by` clause, or with one that does not name it.
+fn aggregations_dropping(expr: &str, labels: &[&str]) -> Vec<String> {
+    let mut dropped = Vec::new();
+    for op in ["sum", "max", "min", "avg", "count"] {
+        for (at, _) in expr.match_indices(op) {
+            let before = expr[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            let rest = expr[at + op.len()..].trim_start();
+            let grouping = if rest.starts_with('(') {
+                ""
+            } else if let Some(list) = rest.strip_prefix("by") {
+                list.trim_start()
+                    .strip_prefix('(')
+                    .and_then(|l| l.split_once(')'))
+                    .map_or("", |(l, _)| l)
+            } else {
+                continue;
+            };
+            let kept: Vec<&str> = grouping.split(',').map(str::trim).collect();
+            if labels.iter().any(|l| !kept.contains(l)) {
+                dropped.push(format!("{op} by ({grouping})"));
+            }
+        }
+    }
+    dropped
+}
+
+#[test]
+fn an_aggregation_is_judged_by_the_labels_it_keeps() {
+    let release = ["namespace", "job"];
+    assert_eq!(aggregations_dropping("max(x) > 0", &release), ["max by ()"]);
+    assert_eq!(
+        aggregations_dropping("sum by (method) (rate(x[5m]))", &release),
+        ["sum by (method)"]
+    );
+    assert!(aggregations_dropping("min by (namespace, job, cluster) (x)", &release).is_empty());
+    assert!(aggregations_dropping("nodegroup_summary_total > 0", &release).is_empty());
+}
+
 /// Every alert of a rendering's PrometheusRule.
 fn alert_rules(docs: &[serde_json::Value]) -> Vec<serde_json::Value> {
     the(docs, "PrometheusRule")["spec"]["groups"]
@@ -1480,6 +1522,13 @@ fn alerts_select_the_releases_series_and_link_their_runbooks() {
         );
         assert!(!expr.contains("nodegroup-operator"), "{expr}");
         assert!(exposition.problems(expr).is_empty(), "{expr}");
+        let dropped = aggregations_dropping(expr, &["namespace", "job"]);
+        assert!(
+            dropped.is_empty(),
+            "{}: aggregations that drop the release's labels, so two releases' alerts look \
+             alike: {dropped:?}",
+            rule["alert"]
+        );
     }
     let no_leader = rules
         .iter()
@@ -1560,6 +1609,13 @@ fn alerts_select_the_releases_series_and_link_their_runbooks() {
         );
         assert!(!expr.contains("nodegroup-operator"), "{expr}");
         assert!(exposition.problems(expr).is_empty(), "{expr}");
+        let dropped = aggregations_dropping(expr, &["namespace", "job"]);
+        assert!(
+            dropped.is_empty(),
+            "{}: aggregations that drop the release's labels, so two releases' alerts look \
+             alike: {dropped:?}",
+            rule["alert"]
+        );
     }
     let error = template(&[
         "--set",
