@@ -881,6 +881,57 @@ fn reachable_metric(w: &World, cluster: &AutoscaledCluster) -> Option<bool> {
         .map(|l| l.ends_with(" 1"))
 }
 
+/// Co-located beside A's cluster-autoscaler (`--cluster`), an operator in the management
+/// topology reads A's kubeconfig Secret and connects to A's workload cluster only: B's
+/// connection, whose Secret it could read, is never made (the shared operator, unscoped,
+/// makes it in the same time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_co_located_operator_connects_to_its_own_workload_cluster_only() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut w = World::new("sidecar", 1, 1).await;
+    let mut options = w.b.operator_options();
+    options.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
+    options.auto_discovery = vec![
+        format!("clusterapi:namespace={}", w.a.namespace),
+        format!("clusterapi:namespace={}", w.b.namespace),
+    ];
+    options.extra_args = vec![
+        "--workload-nodes=cluster-secrets".into(),
+        format!("--cluster={}/ca", w.a.namespace),
+    ];
+    options.name = format!("{}-sidecar", w.a.namespace);
+    w.b.start_operator(&options).expect("the sidecar");
+    let sidecar = w.b.operator().expect("the sidecar").admin_address;
+    let workload_series = |admin: std::net::SocketAddr| -> Vec<String> {
+        ngo_sandbox::process::http_get(admin, "/metrics")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("nodegroup_workload_cluster_reachable{"))
+            .map(str::to_string)
+            .collect()
+    };
+    poll("the sidecar to reach A's workload cluster", || async {
+        let series = workload_series(sidecar);
+        series
+            .iter()
+            .any(|l| l.contains(&w.a.namespace) && l.ends_with(" 1"))
+            .then_some(())
+            .ok_or(format!("{series:?}"))
+    })
+    .await;
+    poll("the shared operator to reach B's", || async {
+        (reachable_metric(&w, &w.b) == Some(true))
+            .then_some(())
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    let series = workload_series(sidecar);
+    assert!(
+        !series.iter().any(|l| l.contains(&w.b.namespace)),
+        "the sidecar of A connected to B's workload cluster: {series:?}"
+    );
+}
+
 /// A workload API server that goes silent (connections stay open, nothing is answered: a
 /// partition that drops packets, a hung server) is reported unreachable within 30 s, while
 /// the other cluster keeps scaling; it is reachable again once it answers.

@@ -43,6 +43,9 @@ pub struct Pending {
     pub machines: BTreeSet<(String, String)>,
     /// Nodes whose current version must be read.
     pub nodes: BTreeSet<NodeKey>,
+    /// Workload clusters whose connection changed or whose Nodes were listed again: their
+    /// state and every Node of theirs must be read again (their groups only).
+    pub clusters: BTreeSet<ClusterKey>,
 }
 
 impl Pending {
@@ -53,6 +56,7 @@ impl Pending {
             && self.resources.is_empty()
             && self.machines.is_empty()
             && self.nodes.is_empty()
+            && self.clusters.is_empty()
     }
 }
 
@@ -72,6 +76,10 @@ impl Changes {
             watcher::Event::InitDone => {
                 self.update(|p| match track {
                     Track::Context => p.context = true,
+                    // One workload cluster's Nodes: that cluster's groups only.
+                    Track::Nodes(Some(cluster)) => {
+                        p.clusters.insert(cluster.clone());
+                    }
                     _ => p.relist = true,
                 });
                 return;
@@ -98,6 +106,14 @@ impl Changes {
     /// Records that something every group may depend on changed.
     pub fn context(&self) {
         self.update(|p| p.context = true);
+    }
+
+    /// Records that workload cluster `cluster`'s connection changed: its state and Nodes must
+    /// be read again.
+    pub fn cluster(&self, cluster: &ClusterKey) {
+        self.update(|p| {
+            p.clusters.insert(cluster.clone());
+        });
     }
 
     /// Records that every object must be read again.
@@ -183,5 +199,20 @@ mod tests {
         changes.record(&Track::Context, &watcher::Event::Apply(node("policy")));
         assert!(changes.take().context);
         assert!(!changes.wants_full_pass());
+        let cluster = ClusterKey {
+            namespace: "tenant".into(),
+            name: "c1".into(),
+        };
+        changes.record(
+            &Track::Nodes(Some(cluster.clone())),
+            &watcher::Event::<Node>::InitDone,
+        );
+        assert!(
+            !changes.wants_full_pass(),
+            "one workload cluster's list re-reads that cluster only"
+        );
+        let pending = changes.take();
+        assert!(!pending.relist && !pending.context);
+        assert_eq!(pending.clusters.into_iter().collect::<Vec<_>>(), [cluster]);
     }
 }

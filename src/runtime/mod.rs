@@ -8,6 +8,7 @@ mod exclusions;
 pub mod leader;
 pub mod memory;
 pub mod nodes;
+mod pacing;
 pub mod pools;
 mod ready;
 pub(crate) mod watches;
@@ -396,7 +397,12 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 
     let nodes = match &config.workload_nodes {
         WorkloadNodes::SameCluster => NodeSource::Local,
-        WorkloadNodes::ClusterSecrets => NodeSource::ClusterSecrets,
+        WorkloadNodes::ClusterSecrets => NodeSource::ClusterSecrets {
+            only: match &config.client_identity {
+                crate::server::identity::IdentitySource::Fixed(cluster) => Some(cluster.clone()),
+                _ => None,
+            },
+        },
         WorkloadNodes::Kubeconfig(path) => {
             let kube_config = match path {
                 Some(path) => {

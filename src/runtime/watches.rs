@@ -59,8 +59,13 @@ pub enum NodeSource {
     /// One other cluster: the operator runs in a workload cluster and reads Cluster API objects
     /// from the management cluster.
     Cluster(Client),
-    /// Every workload cluster, through Cluster API's `<cluster>-kubeconfig` Secrets.
-    ClusterSecrets,
+    /// Every workload cluster, through Cluster API's `<cluster>-kubeconfig` Secrets; with
+    /// `only` (co-located, `--cluster`), that Cluster's alone: no other kubeconfig is read
+    /// and no other workload cluster is connected.
+    ClusterSecrets {
+        /// The one Cluster served, if the operator is scoped by configuration.
+        only: Option<ClusterKey>,
+    },
 }
 
 /// What to watch.
@@ -237,11 +242,11 @@ impl Watches {
                     node_client,
                 )
             }
-            NodeSource::ClusterSecrets => {
+            NodeSource::ClusterSecrets { only } => {
                 let workload = WorkloadClusters::default();
                 tasks.spawn(workload.clone().run(
                     client.clone(),
-                    clusters.0.clone(),
+                    (clusters.0.clone(), only),
                     changes.clone(),
                     shutdown.clone(),
                 ));
@@ -415,6 +420,16 @@ impl Watches {
                 match self.node(key) {
                     Some(n) => state.upsert_node(n),
                     None => state.remove_node(key.0.as_ref(), &key.1),
+                }
+            }
+            if let NodeStores::PerCluster(workload) = &self.inner.nodes {
+                let states = workload.states();
+                for cluster in &pending.clusters {
+                    let nodes = workload
+                        .cluster(cluster)
+                        .map(|(_, cached)| cached.iter().map(|n| n.view.clone()).collect())
+                        .unwrap_or_default();
+                    state.replace_workload_cluster(cluster, states.get(cluster).cloned(), nodes);
                 }
             }
         }

@@ -126,12 +126,13 @@ struct Rotation {
 }
 
 impl WorkloadClusters {
-    /// Keeps one connection per Cluster in `clusters` until `shutdown`: opened when a Cluster
-    /// appears, replaced when its kubeconfig changes, closed when the Cluster goes.
+    /// Keeps one connection per Cluster in `clusters` (only Cluster `only`, when given) until
+    /// `shutdown`: opened when a Cluster appears, replaced when its kubeconfig changes, closed
+    /// when the Cluster goes.
     pub async fn run(
         self,
         management: Client,
-        clusters: Vec<Store<DynamicObject>>,
+        (clusters, only): (Vec<Store<DynamicObject>>, Option<ClusterKey>),
         changes: Arc<Changes>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
@@ -147,15 +148,12 @@ impl WorkloadClusters {
                 .iter()
                 .flat_map(Store::state)
                 .filter(|c| c.metadata.deletion_timestamp.is_none())
-                .map(|c| {
-                    (
-                        ClusterKey {
-                            namespace: c.namespace().unwrap_or_default(),
-                            name: c.name_any(),
-                        },
-                        (),
-                    )
+                .map(|c| ClusterKey {
+                    namespace: c.namespace().unwrap_or_default(),
+                    name: c.name_any(),
                 })
+                .filter(|c| only.as_ref().is_none_or(|only| only == c))
+                .map(|c| (c, ()))
                 .collect();
             self.close_vanished(&wanted, &changes);
             secrets_read.retain(|k, _| wanted.contains_key(k));
@@ -186,17 +184,14 @@ impl WorkloadClusters {
 
     fn close_vanished(&self, wanted: &BTreeMap<ClusterKey, ()>, changes: &Changes) {
         let mut slots = self.slots();
-        let before = slots.len();
         slots.retain(|key, _| {
             let keep = wanted.contains_key(key);
             if !keep {
                 tracing::info!(cluster = %key, "Cluster gone; closing its connection");
+                changes.cluster(key);
             }
             keep
         });
-        if slots.len() != before {
-            changes.relist();
-        }
     }
 
     /// Reads the kubeconfig Secret of `cluster` and connects with it when it is new to the
@@ -279,7 +274,7 @@ impl WorkloadClusters {
                     rotation: None,
                 },
             );
-            changes.relist();
+            changes.cluster(cluster);
         }
     }
 
@@ -309,7 +304,7 @@ impl WorkloadClusters {
                 rotation: None,
             },
         );
-        changes.relist();
+        changes.cluster(cluster);
     }
 
     /// Swaps in the connections made from rotated kubeconfigs that have listed the Nodes;
@@ -347,7 +342,7 @@ impl WorkloadClusters {
                             .serving
                             .store(true, Ordering::Relaxed);
                         slot.serving = rotation.connection;
-                        changes.relist();
+                        changes.cluster(cluster);
                     }
                 }
             }
@@ -501,14 +496,19 @@ async fn client_from_kubeconfig(kubeconfig: &[u8]) -> Result<Client, String> {
     bounded_client(config).map_err(|e| format!("cannot build a client: {e}"))
 }
 
-/// A client whose every response body is cut at [`MAX_RESPONSE_BYTES`]: the API server is a
-/// tenant's, and kube's client reads a LIST answer (or a watch line) whole, however long.
+/// A client whose every response body is cut at [`MAX_RESPONSE_BYTES`] (the API server is a
+/// tenant's, and kube's client reads a LIST answer, or a watch line, whole, however long) and
+/// whose requests are paced ([`super::pacing`]: kube's watcher reopens a watch that ended
+/// cleanly at once, and follows every 410 with a LIST, so a server doing either in a loop
+/// would otherwise keep the operator busy reconnecting).
 fn bounded_client(config: kube::Config) -> Result<Client, kube::Error> {
     let limit = tower::util::MapResponseLayer::new(|response: http::Response<_>| {
         response.map(|body| http_body_util::Limited::new(body, MAX_RESPONSE_BYTES))
     });
+    let pace = super::pacing::PaceLayer::new(super::pacing::BURST, super::pacing::PER_SECOND);
     Ok(kube::client::ClientBuilder::try_from(config)?
         .with_layer(&limit)
+        .with_layer(&pace)
         .build())
 }
 
@@ -845,7 +845,7 @@ impl SharedHealth {
         if from != to {
             tracing::info!(cluster = %self.cluster, kubeconfig = %self.kubeconfig, ?from, ?to, "workload cluster connection");
             if self.serves() {
-                self.changes.relist();
+                self.changes.cluster(&self.cluster);
             }
         }
         out
@@ -1327,6 +1327,41 @@ mod tests {
             "{}",
             reason(&error)
         );
+    }
+
+    /// A server that ends every watch at once (an empty 200) and lists one Node: kube's
+    /// watcher reopens a cleanly ended watch without backoff, so only the client's pacing
+    /// bounds the requests a tenant's server can make the operator send.
+    #[tokio::test]
+    async fn a_tenants_server_ending_every_watch_at_once_gets_paced_requests() {
+        let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        let router = axum::Router::new().fallback(move |uri: http::Uri| {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::Relaxed);
+                let watch = uri.query().is_some_and(|q| q.contains("watch=true"));
+                let body = if watch {
+                    String::new()
+                } else {
+                    r#"{"kind":"NodeList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[{"metadata":{"name":"n1","resourceVersion":"1"}}]}"#.to_string()
+                };
+                ([("content-type", "application/json")], body)
+            }
+        });
+        let nodes: Api<Node> = Api::all(client_of(router).await);
+        let watch = watcher(nodes, watcher::Config::default()).boxed();
+        let watched = Duration::from_secs(3);
+        let _ = tokio::time::timeout(watched, watch.for_each(|_| async {})).await;
+        let sent = requests.load(Ordering::Relaxed);
+        let allowed = super::super::pacing::BURST as usize
+            + super::super::pacing::PER_SECOND as usize * watched.as_secs() as usize
+            + 1;
+        assert!(
+            sent <= allowed,
+            "{sent} requests in {watched:?}: the pacing allows {allowed}"
+        );
+        assert!(sent > 10, "the watch was reopened: {sent} requests");
     }
 
     #[test]

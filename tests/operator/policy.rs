@@ -555,3 +555,66 @@ async fn policy_changes_reach_answers_within_a_loop() {
     eprintln!("policy watch-to-answer latency: {:?}", start.elapsed());
     operator.shutdown().await.unwrap();
 }
+
+/// A NodePool's `bootstrap.extraGroups` becomes its bootstrap token's `auth-extra-groups`:
+/// the API server refuses, in the CRD schema, any group the bootstrap token authenticator
+/// would not accept (only `system:bootstrappers:` groups), so no tenant can write
+/// `system:masters` there.
+#[tokio::test]
+async fn the_api_server_refuses_bootstrap_groups_outside_system_bootstrappers() {
+    let ns = TestNs::new("np-groups").await;
+    let pools = ns.api(&kube::discovery::ApiResource::erase::<
+        nodegroup_operator::api::NodePool,
+    >(&()));
+    let pool = |name: &str, groups: serde_json::Value| -> kube::api::DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodePool",
+            "metadata": {"name": name},
+            "spec": {"replicas": 0, "minSize": 0, "maxSize": 1, "clusterName": "c1",
+                "bootstrap": {"extraGroups": groups},
+                "cherryServers": {"credentialsSecretRef": {"name": "cherry", "key": "token"},
+                    "projectId": 1, "region": "eu_nord_1", "plan": "B1-1-1gb-20s-shared",
+                    "image": "ubuntu_22_04"}}
+        }))
+        .expect("pool")
+    };
+    let too_many: Vec<String> = (0..17)
+        .map(|i| format!("system:bootstrappers:g{i}"))
+        .collect();
+    for (i, groups) in [
+        json!(["system:masters"]),
+        json!(["system:bootstrappers:"]),
+        json!(["system:bootstrappers:Upper"]),
+        json!(too_many),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let err = pools
+            .create(
+                &Default::default(),
+                &pool(&format!("bad-{i}"), groups.clone()),
+            )
+            .await
+            .expect_err(&format!("{groups} must be refused"));
+        let kube::Error::Api(status) = err else {
+            panic!("{groups}: not an API error")
+        };
+        assert_eq!(status.code, 422, "{groups}: {}", status.message);
+        assert!(
+            status.message.contains("spec.bootstrap.extraGroups"),
+            "{groups}: {}",
+            status.message
+        );
+    }
+    pools
+        .create(
+            &Default::default(),
+            &pool(
+                "good",
+                json!(["system:bootstrappers:kubeadm:default-node-token"]),
+            ),
+        )
+        .await
+        .expect("kubeadm's group is accepted");
+}

@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 use super::policy::ScaleFromZero;
 
 /// Go duration strings (`30s`, `10m`, `1h30m`).
+/// A group a bootstrap token may carry in `auth-extra-groups` (Kubernetes'
+/// `BootstrapGroupPattern`, k8s.io/cluster-bootstrap/token/api).
+const BOOTSTRAP_GROUP_PATTERN: &str = r"^system:bootstrappers:[a-z0-9:-]{0,255}[a-z0-9]$";
 const DURATION_PATTERN: &str = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$";
 
 /// A pool of cloud servers that join the cluster as Nodes.
@@ -142,8 +145,11 @@ pub struct BootstrapSpec {
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub token_ttl: Option<String>,
     /// Extra groups the token authenticates as (default
-    /// `system:bootstrappers:kubeadm:default-node-token`, the group kubeadm's RBAC uses).
+    /// `system:bootstrappers:kubeadm:default-node-token`, the group kubeadm's RBAC uses). Only
+    /// `system:bootstrappers:` groups, as the API server's bootstrap token authenticator
+    /// accepts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = 277), regex(pattern = BOOTSTRAP_GROUP_PATTERN)))]
     pub extra_groups: Vec<String>,
 }
 

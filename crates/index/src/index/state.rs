@@ -24,7 +24,7 @@ use super::build::{
 use super::keyset::KeySet;
 use super::model::{
     ClusterKey, ConfigWarning, Exclusion, ExclusionReason, IndexCounts, MachineEntry, NodeGroup,
-    PolicyReport, ProviderIdOwner, ProviderIdOwners, Snapshot,
+    PolicyReport, ProviderIdOwner, ProviderIdOwners, Snapshot, WorkloadState,
 };
 use super::policy::PolicyRules;
 use super::sharded::ShardedMap;
@@ -456,6 +456,61 @@ impl IndexState {
         let ns = node.annotations.get(&keys.node_cluster_namespace)?;
         let name = node.annotations.get(&keys.node_machine)?;
         Some(format!("{ns}/{name}"))
+    }
+
+    /// Replaces what the index knows of workload cluster `cluster` (its connection's `state`,
+    /// `None` once it is closed, and its Nodes, as listed again): recomputes only that
+    /// cluster's groups, machines and Nodes, so one tenant's connection costs the others
+    /// nothing.
+    pub fn replace_workload_cluster(
+        &mut self,
+        cluster: &ClusterKey,
+        state: Option<WorkloadState>,
+        nodes: Vec<Arc<NodeView>>,
+    ) {
+        if let Some(workload) = self.base.workload.as_mut() {
+            match state {
+                Some(state) => {
+                    workload.insert(cluster.clone(), state);
+                }
+                None => {
+                    workload.remove(cluster);
+                }
+            }
+        }
+        let listed: BTreeSet<String> = nodes.iter().map(|n| n.name.clone()).collect();
+        let gone: Vec<String> = self
+            .nodes
+            .keys()
+            .filter(|(c, name)| c.as_ref() == Some(cluster) && !listed.contains(name))
+            .map(|(_, name)| name.clone())
+            .collect();
+        for name in gone {
+            self.remove_node(Some(cluster), &name);
+        }
+        for node in nodes {
+            let key = (node.cluster.clone(), node.name.clone());
+            if self.nodes.get(&key) != Some(&node) {
+                self.upsert_node(node);
+            }
+        }
+        let of_cluster =
+            |namespace: &str, name: &str| namespace == cluster.namespace && name == cluster.name;
+        self.dirty_roots.extend(
+            self.resources
+                .iter()
+                .filter(|(_, r)| of_cluster(&r.namespace, &r.cluster_name))
+                .map(|(key, _)| key.clone()),
+        );
+        for (key, machine) in &self.machines {
+            if of_cluster(&machine.namespace, &machine.cluster_name) {
+                self.dirty_machines.insert(key.clone());
+                if let Some(pid) = machine.provider_id.as_deref().filter(|p| !p.is_empty()) {
+                    self.dirty_pids
+                        .insert(providerid::normalize(pid).to_string());
+                }
+            }
+        }
     }
 
     /// Replaces everything else the index reads (policies, templates and their watches'
@@ -1295,6 +1350,103 @@ mod tests {
             prop_assert_eq!(&incremental.policies, &full.policies);
             prop_assert_eq!(incremental, full);
         }
+    }
+
+    /// Two tenants' Clusters, each with a MachineSet group of one Machine whose Node is in
+    /// that tenant's workload cluster (`c1` in sync, `c2` as given).
+    fn two_tenants(c2: WorkloadState) -> (IndexState, ClusterKey, ClusterKey) {
+        let key = |name: &str| ClusterKey {
+            namespace: NS.into(),
+            name: name.into(),
+        };
+        let (c1, c2_key) = (key("c1"), key("c2"));
+        let mut state = IndexState::new(&IndexInputs {
+            default_arch: "amd64".into(),
+            clusters: vec![c1.clone(), c2_key.clone()],
+            workload: Some(BTreeMap::from([
+                (c1.clone(), WorkloadState::Synced),
+                (c2_key.clone(), c2),
+            ])),
+            ..Default::default()
+        });
+        for cluster in ["c1", "c2"] {
+            state.upsert_resource(resource(
+                ScalableKind::MachineSet,
+                &format!("ms-{cluster}"),
+                json!({"cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "0",
+                       "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "5"}),
+                json!({"clusterName": cluster, "replicas": 1}),
+                None,
+            ));
+            state.upsert_machine(Machine::from_dynamic(&dynamic(json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+                "metadata": {"name": format!("m-{cluster}"), "namespace": NS,
+                    "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2",
+                        "kind": "MachineSet", "name": format!("ms-{cluster}"), "uid": "y"}]},
+                "spec": {"clusterName": cluster, "providerID": format!("test:////{cluster}")},
+                "status": {"nodeRef": {"name": format!("n-{cluster}")}}
+            }))));
+            state.upsert_node(workload_node(&key(cluster), &format!("n-{cluster}"), true));
+        }
+        (state, c1, c2_key)
+    }
+
+    fn workload_node(cluster: &ClusterKey, name: &str, ready: bool) -> NodeView {
+        NodeView {
+            name: name.into(),
+            provider_id: Some(format!("test:////{}", cluster.name)),
+            ready,
+            cluster: Some(cluster.clone()),
+            ..Default::default()
+        }
+    }
+
+    /// A tenant's workload cluster reconnecting (its state and Nodes replaced) recomputes that
+    /// tenant's groups only: another tenant's group is the very same object before and after,
+    /// and the result equals a rebuild from scratch.
+    #[test]
+    fn one_workload_cluster_replaced_recomputes_its_own_groups_only() {
+        let (mut state, c1, c2) = two_tenants(WorkloadState::Syncing);
+        let before = state.snapshot();
+        let id = |cluster: &str| format!("MachineSet/{NS}/ms-{cluster}");
+        assert!(before.groups.contains_key(&id("c1")));
+        assert!(
+            !before.groups.contains_key(&id("c2")),
+            "c2's Nodes are not read yet: {:?}",
+            before.exclusions
+        );
+        state.replace_workload_cluster(
+            &c2,
+            Some(WorkloadState::Synced),
+            vec![Arc::new(workload_node(&c2, "n-c2", true))],
+        );
+        let after = state.snapshot();
+        assert!(
+            after.groups.contains_key(&id("c2")),
+            "{:?}",
+            after.exclusions
+        );
+        assert!(
+            Arc::ptr_eq(&before.groups[&id("c1")], &after.groups[&id("c1")]),
+            "c1's group was recomputed for c2's connection"
+        );
+        assert_eq!(after, IndexState::new(&state.inputs()).snapshot());
+
+        // Its Nodes listed again without one: that Node is gone, c1 untouched.
+        state.replace_workload_cluster(&c2, Some(WorkloadState::Synced), Vec::new());
+        let relisted = state.snapshot();
+        assert_eq!(relisted.counts.nodes, 1);
+        assert!(Arc::ptr_eq(
+            &before.groups[&id("c1")],
+            &relisted.groups[&id("c1")]
+        ));
+        assert_eq!(relisted, IndexState::new(&state.inputs()).snapshot());
+
+        // Closed: its state is gone from the index.
+        state.replace_workload_cluster(&c1, None, Vec::new());
+        let closed = state.snapshot();
+        assert!(!closed.workload.contains_key(&c1));
+        assert_eq!(closed, IndexState::new(&state.inputs()).snapshot());
     }
 
     /// Found by the property above: Nodes n1 and n3 share a provider ID, Machine m0 (no
