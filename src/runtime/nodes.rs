@@ -97,6 +97,45 @@ fn read_annotation(key: &str) -> bool {
         .is_some_and(|(_, name)| name == "machine" || name == "cluster-namespace")
 }
 
+/// Bytes of labels (keys and values) kept per Node. Kubelet's own come to about 1 KiB and node
+/// feature discovery's to under 10 KiB; a tenant's API server may send any number.
+const MAX_LABEL_BYTES: usize = 16 * 1024;
+/// Capacity entries kept per Node (a real Node has a handful, plus its extended resources).
+const MAX_CAPACITY_ENTRIES: usize = 128;
+/// Longest capacity value kept (a quantity).
+const MAX_QUANTITY_BYTES: usize = 64;
+
+/// The labels of a Node the index keeps: valid Kubernetes labels (a real API server accepts no
+/// others) up to [`MAX_LABEL_BYTES`], Kubernetes' own (`*kubernetes.io/`, `*k8s.io/`: zone,
+/// instance type, architecture, which templates copy) first, then the rest in key order.
+fn kept_labels(
+    labels: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    use crate::template::labels::{valid_label_key, valid_label_value};
+    let kubernetes = |key: &str| {
+        key.split_once('/').is_some_and(|(prefix, _)| {
+            prefix.ends_with("kubernetes.io") || prefix.ends_with("k8s.io")
+        })
+    };
+    let valid = labels
+        .iter()
+        .filter(|(k, v)| valid_label_key(k) && valid_label_value(v));
+    let (own, others): (Vec<_>, Vec<_>) = valid.partition(|(k, _)| kubernetes(k));
+    let mut budget = MAX_LABEL_BYTES;
+    own.into_iter()
+        .chain(others)
+        .filter(|(k, v)| {
+            let size = k.len() + v.len();
+            let fits = size <= budget;
+            if fits {
+                budget -= size;
+            }
+            fits
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 /// The index's view of `node`, read from `cluster` (`None`: the view shared by every cluster).
 pub fn node_view(node: &Node, cluster: Option<ClusterKey>) -> NodeView {
     let ready = node
@@ -117,13 +156,22 @@ pub fn node_view(node: &Node, cluster: Option<ClusterKey>) -> NodeView {
             .filter(|(key, _)| read_annotation(key))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
-        labels: node.labels().clone(),
+        labels: kept_labels(node.labels()),
         ready,
         capacity: node
             .status
             .as_ref()
             .and_then(|s| s.capacity.as_ref())
-            .map(|c| c.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+            .map(|c| {
+                c.iter()
+                    .filter(|(k, v)| {
+                        crate::template::labels::valid_label_key(k)
+                            && v.0.len() <= MAX_QUANTITY_BYTES
+                    })
+                    .take(MAX_CAPACITY_ENTRIES)
+                    .map(|(k, v)| (k.clone(), v.0.clone()))
+                    .collect()
+            })
             .unwrap_or_default(),
         cluster,
     }
@@ -191,6 +239,41 @@ mod tests {
                 "custom.x-k8s.io/cluster-namespace"
             ]
         );
+    }
+
+    #[test]
+    fn labels_and_capacity_are_kept_only_as_a_real_api_server_would_send_them_and_bounded() {
+        let mut node = node_json();
+        let mut labels = serde_json::json!({
+            "kubernetes.io/hostname": "n1",
+            "zone": "a",
+            "huge": "x".repeat(1 << 20),
+            "Bad Key": "v",
+        });
+        for i in 0..2000 {
+            labels[format!("example.com/l{i:04}")] = "v".repeat(60).into();
+        }
+        node["metadata"]["labels"] = labels;
+        let mut capacity =
+            serde_json::json!({"cpu": "4", "memory": "8Gi", "long": "9".repeat(100)});
+        for i in 0..1000 {
+            capacity[format!("example.com/device{i}")] = "1".into();
+        }
+        node["status"]["capacity"] = capacity;
+        let watched: WatchedNode = serde_json::from_value(node).unwrap();
+        let labels = &watched.view.labels;
+        let bytes: usize = labels.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert!(bytes <= MAX_LABEL_BYTES, "{bytes} bytes of labels kept");
+        assert!(labels.len() > 100, "valid labels are kept up to the budget");
+        assert!(
+            labels.contains_key("kubernetes.io/hostname"),
+            "Kubernetes' own labels come first"
+        );
+        assert!(!labels.contains_key("huge") && !labels.contains_key("Bad Key"));
+        let capacity = &watched.view.capacity;
+        assert!(capacity.len() <= MAX_CAPACITY_ENTRIES, "{}", capacity.len());
+        assert_eq!(capacity.get("cpu").map(String::as_str), Some("4"));
+        assert!(!capacity.contains_key("long"));
     }
 
     #[test]
