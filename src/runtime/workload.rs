@@ -82,6 +82,12 @@ const MAX_RESPONSE_BYTES: usize = 256 << 20;
 pub const MAX_NODES: usize = 15_000;
 /// How long a cluster that listed more than [`MAX_NODES`] waits before it is listed again.
 const TOO_MANY_NODES_BACKOFF: Duration = Duration::from_secs(60);
+/// Longest a whole LIST of a cluster's Nodes may take, every page included: the read timeout
+/// bounds the wait for each next byte, not the list, and a tenant's server may send one byte
+/// every few seconds forever. [`MAX_NODES`] Nodes at a few MB/s list in well under a minute.
+const LIST_DEADLINE: Duration = Duration::from_secs(180);
+/// How long a cluster whose list missed [`LIST_DEADLINE`] waits before it is listed again.
+const SLOW_LIST_BACKOFF: Duration = Duration::from_secs(60);
 /// Seconds the API server keeps each Node watch request open; the watch then resumes from
 /// where it was. kube's watcher renews a watch that stays silent 5 s longer than this.
 const WATCH_TIMEOUT_SECS: u32 = 20;
@@ -694,7 +700,7 @@ impl Connection {
         tokio::spawn(watch_nodes(
             client.clone(),
             writer,
-            health.clone(),
+            (health.clone(), LIST_DEADLINE),
             relist.clone(),
             shutdown.clone(),
         ));
@@ -857,7 +863,7 @@ impl SharedHealth {
 async fn watch_nodes(
     client: Client,
     mut writer: reflector::store::Writer<WatchedNode>,
-    health: Arc<SharedHealth>,
+    (health, list_deadline): (Arc<SharedHealth>, Duration),
     relist: Arc<Notify>,
     shutdown: CancellationToken,
 ) {
@@ -878,16 +884,58 @@ async fn watch_nodes(
     let mut seen: HashMap<String, u64> = HashMap::new();
     // Nodes of the list under way.
     let mut listing = 0usize;
+    // Since when the watcher is listing (it opened, a list began, or it must list again),
+    // until the list is done or watch events come.
+    let mut listing_since = Some(Instant::now());
     loop {
+        let list_due = listing_since.map_or_else(
+            || tokio::time::Instant::now() + Duration::from_secs(86_400),
+            |since| tokio::time::Instant::from_std(since + list_deadline),
+        );
         let event = tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = relist.notified() => {
                 tracing::info!(%cluster, kubeconfig = %health.kubeconfig, "workload cluster answers again; listing its Nodes afresh");
                 stream = open();
+                listing_since = Some(Instant::now());
+                continue;
+            }
+            _ = tokio::time::sleep_until(list_due), if listing_since.is_some() => {
+                let reason = format!(
+                    "listing the cluster's Nodes took longer than {}s; it is listed again in {}s",
+                    list_deadline.as_secs(),
+                    SLOW_LIST_BACKOFF.as_secs()
+                );
+                tracing::warn!(%cluster, kubeconfig = %health.kubeconfig, %reason, "workload cluster too slow");
+                health.update(|h| h.watch_failed(reason));
+                drop(std::mem::replace(&mut stream, futures::stream::empty().boxed()));
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(SLOW_LIST_BACKOFF) => {}
+                }
+                listing = 0;
+                stream = open();
+                listing_since = Some(Instant::now());
                 continue;
             }
             event = stream.next() => event,
         };
+        match &event {
+            Some(Ok(
+                watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_),
+            )) => {
+                listing_since = None;
+            }
+            // A list began, or the watcher lists again next (its list failed, or the server
+            // answered 410 Gone); other failures resume the watch without a list.
+            Some(Ok(watcher::Event::Init) | Err(watcher::Error::InitialListFailed(_))) => {
+                listing_since.get_or_insert_with(Instant::now);
+            }
+            Some(Err(watcher::Error::WatchError(status))) if status.code == 410 => {
+                listing_since.get_or_insert_with(Instant::now);
+            }
+            _ => {}
+        }
         match event {
             Some(Ok(event)) => {
                 if let Some(count) = over_node_cap(&event, &mut listing, &seen) {
@@ -904,6 +952,7 @@ async fn watch_nodes(
                     }
                     listing = 0;
                     stream = open();
+                    listing_since = Some(Instant::now());
                     continue;
                 }
                 writer.apply_watcher_event(&event);
@@ -1362,6 +1411,64 @@ mod tests {
             "{sent} requests in {watched:?}: the pacing allows {allowed}"
         );
         assert!(sent > 10, "the watch was reopened: {sent} requests");
+    }
+
+    /// A server sending its Node list one byte every half second (never long enough apart
+    /// for the read timeout): the list is abandoned at the deadline and the cluster reported.
+    #[tokio::test]
+    async fn a_tenants_list_dripping_past_the_deadline_is_abandoned_and_reported() {
+        let router = axum::Router::new().fallback(|| async {
+            let drip = futures::stream::unfold(0u8, |n| async move {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                Some((Ok::<_, std::io::Error>(bytes::Bytes::from_static(b" ")), n))
+            });
+            let head = futures::stream::once(async {
+                Ok::<_, std::io::Error>(bytes::Bytes::from_static(
+                    br#"{"kind":"NodeList","apiVersion":"v1","metadata":{},"items":["#,
+                ))
+            });
+            (
+                [("content-type", "application/json")],
+                axum::body::Body::from_stream(head.chain(drip)),
+            )
+        });
+        let client = client_of(router).await;
+        let cluster = ClusterKey {
+            namespace: "tenant".into(),
+            name: "slow".into(),
+        };
+        let health = Arc::new(SharedHealth {
+            cluster,
+            kubeconfig: "test".into(),
+            health: Mutex::new(Health::new(Instant::now())),
+            serving: AtomicBool::new(true),
+            changes: Arc::default(),
+        });
+        let shutdown = CancellationToken::new();
+        let watching = tokio::spawn(watch_nodes(
+            client,
+            reflector::store::Writer::default(),
+            (health.clone(), Duration::from_secs(2)),
+            Arc::new(Notify::new()),
+            shutdown.clone(),
+        ));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            health.state(),
+            WorkloadState::Syncing,
+            "still within the deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let state = health.state();
+        shutdown.cancel();
+        let _ = watching.await;
+        match state {
+            WorkloadState::NeverSynced(reason) => assert!(
+                reason.starts_with("listing the cluster's Nodes took longer than 2s"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
