@@ -6,6 +6,7 @@ mod admin;
 mod changes;
 mod exclusions;
 pub mod leader;
+mod line_limit;
 pub mod memory;
 pub mod nodes;
 mod pacing;

@@ -503,7 +503,8 @@ async fn client_from_kubeconfig(kubeconfig: &[u8]) -> Result<Client, String> {
 }
 
 /// A client whose every response body is cut at [`MAX_RESPONSE_BYTES`] (the API server is a
-/// tenant's, and kube's client reads a LIST answer, or a watch line, whole, however long) and
+/// tenant's, and kube's client reads a LIST answer, or a watch line, whole, however long),
+/// whose watch lines are cut shorter still ([`super::line_limit`]), and
 /// whose requests are paced ([`super::pacing`]: kube's watcher reopens a watch that ended
 /// cleanly at once, and follows every 410 with a LIST, so a server doing either in a loop
 /// would otherwise keep the operator busy reconnecting).
@@ -511,9 +512,11 @@ fn bounded_client(config: kube::Config) -> Result<Client, kube::Error> {
     let limit = tower::util::MapResponseLayer::new(|response: http::Response<_>| {
         response.map(|body| http_body_util::Limited::new(body, MAX_RESPONSE_BYTES))
     });
+    let lines = super::line_limit::LineLimitLayer::new(super::line_limit::MAX_WATCH_LINE_BYTES);
     let pace = super::pacing::PaceLayer::new(super::pacing::BURST, super::pacing::PER_SECOND);
     Ok(kube::client::ClientBuilder::try_from(config)?
         .with_layer(&limit)
+        .with_layer(&lines)
         .with_layer(&pace)
         .build())
 }
