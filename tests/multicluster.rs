@@ -1149,3 +1149,141 @@ async fn a_rotated_kubeconfig_replaces_the_connection_only_once_the_new_one_work
     })
     .await;
 }
+
+/// The operator's resident memory, KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or_default()
+}
+
+/// Latencies of `calls` NodeGroups from `client`, sorted.
+async fn node_groups_latencies(
+    client: &nodegroup_operator::proto::cloud_provider_client::CloudProviderClient<
+        tonic::transport::Channel,
+    >,
+    calls: usize,
+) -> Vec<Duration> {
+    let mut latencies = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let start = Instant::now();
+        let groups = client
+            .clone()
+            .node_groups(nodegroup_operator::proto::NodeGroupsRequest {})
+            .await
+            .expect("A is served");
+        assert_eq!(groups.into_inner().node_groups.len(), 1, "A's group");
+        latencies.push(start.elapsed());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    latencies.sort();
+    latencies
+}
+
+fn p99(sorted: &[Duration]) -> Duration {
+    sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)]
+}
+
+/// Tenant B's workload API server turns hostile, mode after mode (an endless LIST, endless
+/// `continue` tokens, an endless watch line, megabyte labels, a LIST dripping a byte a second,
+/// watches that end at once): the operator's memory stays under the chart's limit, tenant A's
+/// RPCs stay within twice their latency without the hostile tenant, B is reported, and A's
+/// cluster-autoscaler still scales A.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_nothing() {
+    use ngo_sandbox::hostile_apiserver::{HostileApiServer, Hostility};
+    /// The chart's memory limit (`resources.limits.memory`).
+    const CHART_LIMIT_KIB: u64 = 512 * 1024;
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut w = World::new("hostile", 1, 1).await;
+    let hostile = HostileApiServer::start().await.expect("hostile server");
+    capi::replace_kubeconfig(
+        &w.management,
+        &w.b.namespace,
+        &w.b.cluster,
+        &hostile.kubeconfig(),
+    )
+    .await
+    .expect("B's kubeconfig names the hostile server");
+    restart_operator(&mut w);
+    let pid = w.a.operator().expect("operator").pid();
+    let a_cert =
+        w.a.pki
+            .issue_cluster_client(&w.a.namespace, "ca")
+            .expect("cert");
+    let a = connect_as(&w, &a_cert).await;
+    poll("B's hostile server read honestly first", || async {
+        (reachable_metric(&w, &w.b) == Some(true) && hostile.requests() > 0)
+            .then_some(())
+            .ok_or(format!("{} requests", hostile.requests()))
+    })
+    .await;
+    let baseline = node_groups_latencies(&a, 200).await;
+    let baseline_rss = rss_kib(pid);
+    let floor = Duration::from_millis(5);
+    eprintln!(
+        "without hostility: A's NodeGroups p99 {:?}, operator RSS {} KiB",
+        p99(&baseline),
+        baseline_rss
+    );
+    let mut report = Vec::new();
+    for mode in [
+        Hostility::EndlessList,
+        Hostility::EndlessContinue,
+        Hostility::EndlessWatchLine,
+        Hostility::HugeLabels,
+        Hostility::Drip,
+        Hostility::ClosingWatch,
+    ] {
+        hostile.set(mode);
+        let before = hostile.requests();
+        let sampling = {
+            let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let sampled = peak.clone();
+            let task = tokio::spawn(async move {
+                loop {
+                    sampled.fetch_max(rss_kib(pid), std::sync::atomic::Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            });
+            (peak, task)
+        };
+        let latencies = node_groups_latencies(&a, 300).await;
+        sampling.1.abort();
+        let peak = sampling.0.load(std::sync::atomic::Ordering::Relaxed);
+        let requests = hostile.requests() - before;
+        let line = format!(
+            "{mode:?}: operator RSS peak {peak} KiB, A's NodeGroups p99 {:?} (baseline {:?}), {requests} requests to B's server",
+            p99(&latencies),
+            p99(&baseline)
+        );
+        eprintln!("{line}");
+        report.push(line);
+        assert!(
+            peak < CHART_LIMIT_KIB,
+            "{mode:?}: RSS {peak} KiB reached the chart's limit"
+        );
+        assert!(
+            p99(&latencies) <= (p99(&baseline) * 2).max(floor),
+            "{mode:?}: A's p99 {:?} against {:?} without the hostile tenant",
+            p99(&latencies),
+            p99(&baseline)
+        );
+        assert!(
+            requests <= 400,
+            "{mode:?}: {requests} requests in about 20 s"
+        );
+    }
+    hostile.set(Hostility::Honest);
+    // A still scales with B's server hostile a moment ago.
+    let nodes_a = w.a.nodes_client().await.expect("a");
+    w.start_autoscaler('a');
+    w.load_a(&nodes_a, 2, "A scaled up by A's autoscaler").await;
+    eprintln!("hostile server report:\n{}", report.join("\n"));
+}

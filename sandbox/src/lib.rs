@@ -24,6 +24,7 @@ pub mod emulator;
 pub mod environment;
 pub mod faultproxy;
 pub mod hop;
+pub mod hostile_apiserver;
 pub mod infra_provider;
 pub mod json_shape;
 pub mod kwok;

@@ -165,7 +165,7 @@ mod tests {
         let bytes = ok.collect().await.expect("every line fits").to_bytes();
         assert_eq!(&bytes[..], b"0123\n4567\n89ab");
         let long = body(vec![b"0123\n45", b"6789"], 5);
-        let error = long.collect().await.err().expect("a line of 6 bytes");
+        let error = long.collect().await.expect_err("a line of 6 bytes");
         assert!(error.to_string().contains("longer than 5 bytes"), "{error}");
     }
 
