@@ -257,8 +257,10 @@ impl RunArgs {
     }
 
     fn config(&self) -> anyhow::Result<Config> {
-        let unscoped_management =
-            self.workload_nodes == "cluster-secrets" && self.client_identity == "off";
+        // `--cluster` scopes every client by configuration (the co-located sidecar).
+        let unscoped_management = self.workload_nodes == "cluster-secrets"
+            && self.client_identity == "off"
+            && self.cluster.is_none();
         if unscoped_management && !self.allow_unscoped_clients {
             anyhow::bail!(
                 "--workload-nodes=cluster-secrets serves the cluster-autoscaler of every workload cluster: \
@@ -440,6 +442,10 @@ mod tests {
             .is_ok()
         );
         assert!(parse(&["--workload-nodes=same-cluster"]).is_ok());
+        assert!(
+            parse(&["--workload-nodes=cluster-secrets", "--cluster=tenants/c1"]).is_ok(),
+            "a sidecar scoped by --cluster serves one cluster"
+        );
     }
 
     #[test]

@@ -1226,7 +1226,9 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
     .await;
     let baseline = node_groups_latencies(&a, 200).await;
     let baseline_rss = rss_kib(pid);
-    let floor = Duration::from_millis(5);
+    // Below 20 ms a p99 on this 2-core machine is noise: the API servers, Cluster API, kwok
+    // and the test share it, and one 64 MiB answer read in a window moves its 1% tail.
+    let floor = Duration::from_millis(20);
     eprintln!(
         "without hostility: A's NodeGroups p99 {:?}, operator RSS {} KiB",
         p99(&baseline),
@@ -1241,7 +1243,22 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
         Hostility::Drip,
         Hostility::ClosingWatch,
     ] {
+        // A fresh operator for each mode: it lists B's Nodes at once, into the mode (an
+        // earlier mode's backoff does not hide this one).
         hostile.set(mode);
+        restart_operator(&mut w);
+        let pid = w.a.operator().expect("operator").pid();
+        let a = connect_as(&w, &a_cert).await;
+        poll("A served by the restarted operator", || async {
+            a.clone()
+                .node_groups(nodegroup_operator::proto::NodeGroupsRequest {})
+                .await
+                .ok()
+                .filter(|g| g.get_ref().node_groups.len() == 1)
+                .map(|_| ())
+                .ok_or_else(|| "not yet".to_string())
+        })
+        .await;
         let before = hostile.requests();
         let sampling = {
             let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -1279,6 +1296,7 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
             requests <= 400,
             "{mode:?}: {requests} requests in about 20 s"
         );
+        assert!(requests > 0, "{mode:?}: B's server was asked nothing");
     }
     hostile.set(Hostility::Honest);
     // A still scales with B's server hostile a moment ago.

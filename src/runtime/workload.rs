@@ -73,10 +73,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest a workload client waits to send a request.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest response body read from a workload cluster (one LIST answer, or one watch
-/// request's events): a LIST of 5,000 Nodes, Kubernetes' largest supported cluster, is about
-/// 100 MiB with their image lists.
-const MAX_RESPONSE_BYTES: usize = 256 << 20;
+/// Largest response body read from a workload cluster (one LIST page, or one watch request's
+/// events): the Nodes are listed 500 to a page, and 500 Nodes with their image lists come to
+/// about 10 MiB.
+const MAX_RESPONSE_BYTES: usize = 64 << 20;
 /// Most Nodes kept per workload cluster: three times Kubernetes' largest supported cluster.
 /// A cluster that lists more is reported failed, and its Nodes are not served.
 pub const MAX_NODES: usize = 15_000;
@@ -968,6 +968,23 @@ async fn watch_nodes(
             }
             Some(Err(error)) => {
                 let reason = reason(&error);
+                if oversized(&reason) {
+                    // Reading it again at once would cost the same again.
+                    let reason = format!(
+                        "{reason}; the cluster is listed again in {}s",
+                        SLOW_LIST_BACKOFF.as_secs()
+                    );
+                    tracing::warn!(%cluster, kubeconfig = %health.kubeconfig, %reason, "workload cluster answer too large");
+                    health.update(|h| h.watch_failed(reason));
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(SLOW_LIST_BACKOFF) => {}
+                    }
+                    listing = 0;
+                    stream = open();
+                    listing_since = Some(Instant::now());
+                    continue;
+                }
                 if health.state() == WorkloadState::Synced {
                     tracing::warn!(%cluster, kubeconfig = %health.kubeconfig, %reason, "Node watch of workload cluster failed; retrying");
                 } else {
@@ -978,6 +995,12 @@ async fn watch_nodes(
             None => return,
         }
     }
+}
+
+/// True when a request failed because its answer was larger than a workload client reads
+/// ([`MAX_RESPONSE_BYTES`], or a watch line beyond [`super::line_limit::MAX_WATCH_LINE_BYTES`]).
+fn oversized(reason: &str) -> bool {
+    reason.contains("length limit exceeded") || reason.contains("a watch event line longer than")
 }
 
 /// The number of Nodes when `event` takes a cluster beyond [`MAX_NODES`]: counted per list
@@ -1375,7 +1398,7 @@ mod tests {
             .expect("cut at the limit, not read forever");
         let error = answer.expect_err("an endless body is no list");
         assert!(
-            reason(&error).contains("length limit"),
+            reason(&error).contains("length limit") && oversized(&reason(&error)),
             "{}",
             reason(&error)
         );

@@ -574,7 +574,7 @@ async fn the_api_server_refuses_bootstrap_groups_outside_system_bootstrappers() 
                 "bootstrap": {"extraGroups": groups},
                 "cherryServers": {"credentialsSecretRef": {"name": "cherry", "key": "token"},
                     "projectId": 1, "region": "eu_nord_1", "plan": "B1-1-1gb-20s-shared",
-                    "image": "ubuntu_22_04"}}
+                    "image": "ubuntu_22_04", "userData": "#cloud-config"}}
         }))
         .expect("pool")
     };
