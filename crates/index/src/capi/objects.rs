@@ -374,9 +374,13 @@ impl Machine {
         format!("{}/{}", self.namespace, self.name)
     }
 
-    /// Failed: a failure message and phase `Failed`, as upstream.
+    /// Failed: a failure message, in any phase, as CA's in-tree provider decides
+    /// (`findScalableResourceProviderIDs`): Cluster API sets `Deleting` over `Failed`, and
+    /// v1beta2 Machines may carry no `Failed` phase at all. Read from v1beta1's
+    /// `status.failureMessage` and v1beta2's `status.deprecated.v1beta1.failureMessage` (the
+    /// in-tree provider reads only the first).
     pub fn is_failed(&self) -> bool {
-        self.failure_message.is_some() && self.phase.as_deref() == Some("Failed")
+        self.failure_message.is_some()
     }
 }
 
@@ -727,11 +731,21 @@ mod tests {
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
             "metadata": {"name": "m", "namespace": "ns"},
             "spec": {"clusterName": "c"},
-            "status": {"phase": "Running", "deprecated": {"v1beta1": {"failureMessage": "old"}}}
+            "status": {"phase": "Provisioning", "deprecated": {"v1beta1": {"failureMessage": "no capacity"}}}
         })));
         assert!(
-            !running.is_failed(),
-            "a failure message alone is not a failed machine"
+            running.is_failed(),
+            "a failure message in any phase fails the machine, as in-tree"
+        );
+        let healthy = Machine::from_dynamic(&dynamic(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": "m", "namespace": "ns"},
+            "spec": {"clusterName": "c"},
+            "status": {"phase": "Failed"}
+        })));
+        assert!(
+            !healthy.is_failed(),
+            "a phase without a failure message is not"
         );
     }
 
