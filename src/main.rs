@@ -342,17 +342,43 @@ impl RunArgs {
 }
 
 fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let spec = std::env::var("RUST_LOG").unwrap_or_default();
+    let filter = tracing_subscriber::EnvFilter::try_new(log_filter(&spec))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Colours only on a terminal: `kubectl logs` and log files get plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
     if json {
-        builder.json().init();
+        // The message and every field at the top level of each line.
+        builder.json().flatten_event(true).init();
     } else {
         builder.init();
     }
+}
+
+/// `RUST_LOG` as tracing reads it: empty means `info`, and the level names other logging
+/// systems use (`warning`, `fatal`, `critical`) mean their tracing level. tracing alone would
+/// read a bare `warning` as a module name, and log nothing at all.
+fn log_filter(spec: &str) -> String {
+    let level = |name: &str| match name.trim().to_ascii_lowercase().as_str() {
+        "warning" => Some("warn"),
+        "fatal" | "critical" => Some("error"),
+        _ => None,
+    };
+    if spec.trim().is_empty() {
+        return "info".into();
+    }
+    spec.split(',')
+        .map(|directive| match directive.rsplit_once('=') {
+            Some((target, name)) => match level(name) {
+                Some(level) => format!("{target}={level}"),
+                None => directive.to_string(),
+            },
+            None => level(directive).map_or_else(|| directive.to_string(), String::from),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 async fn shutdown_signal() {
@@ -395,6 +421,17 @@ async fn run() -> anyhow::Result<()> {
         None => cli.run,
     };
     init_logging(args.log_json);
+    let outcome = serve(&args).await;
+    if let Err(error) = &outcome {
+        // A log line (JSON with --log-json) as well as the process's own error output: log
+        // collectors see why the operator stopped.
+        tracing::error!(error = format!("{error:#}"), "nodegroup-operator stopped");
+    }
+    outcome
+}
+
+/// Starts the operator with `args` and serves until asked to stop.
+async fn serve(args: &RunArgs) -> anyhow::Result<()> {
     let config = args.config()?;
     if args.allow_unscoped_clients && args.workload_nodes == "cluster-secrets" {
         tracing::error!(
@@ -411,6 +448,25 @@ async fn run() -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_levels_of_other_systems_mean_their_tracing_level() {
+        assert_eq!(log_filter(""), "info");
+        assert_eq!(log_filter("warning"), "warn");
+        assert_eq!(log_filter("WARNING"), "warn");
+        assert_eq!(
+            log_filter("info,ngo_service=warning"),
+            "info,ngo_service=warn"
+        );
+        assert_eq!(log_filter("fatal"), "error");
+        assert_eq!(log_filter("debug,kube=info"), "debug,kube=info");
+        // A bare `warning` read as tracing reads it names a module: nothing would be logged.
+        let filter = tracing_subscriber::EnvFilter::try_new(log_filter("warning")).expect("filter");
+        assert_eq!(
+            filter.max_level_hint(),
+            Some(tracing_subscriber::filter::LevelFilter::WARN)
+        );
+    }
 
     fn arch(value: &str) -> String {
         let cli = Cli::try_parse_from([

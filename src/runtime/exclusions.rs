@@ -128,9 +128,9 @@ pub async fn report(
                 continue;
             }
             if finding.reason == INVALID_REASON {
-                tracing::warn!(resource = %key, message = %finding.message, "not serving node group: invalid autoscaler configuration");
+                tracing::warn!(resource = %key, detail = %finding.message, "not serving node group: invalid autoscaler configuration");
             } else {
-                tracing::warn!(resource = %key, message = %finding.message, "autoscaler configuration values ignored");
+                tracing::warn!(resource = %key, detail = %finding.message, "autoscaler configuration values ignored");
             }
             let Some(ar) = resources.scalable(finding.kind) else {
                 continue;

@@ -9,5 +9,6 @@ mod conformance;
 mod grpc_capi;
 mod ha;
 mod hostile;
+mod logs;
 mod policy;
 mod tls;

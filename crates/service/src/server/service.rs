@@ -318,9 +318,9 @@ impl CloudProviderService {
             let _in_rpc = span.enter();
             match status.code() {
                 tonic::Code::Unimplemented | tonic::Code::NotFound => {
-                    tracing::debug!(method, caller = %who, asked = asked_text, code = ?status.code(), message = status.message(), "rpc refused")
+                    tracing::debug!(method, caller = %who, asked = asked_text, code = ?status.code(), detail = status.message(), "rpc refused")
                 }
-                _ => tracing::warn!(method, caller = %who, asked = asked_text, code = ?status.code(), message = status.message(), "rpc failed"),
+                _ => tracing::warn!(method, caller = %who, asked = asked_text, code = ?status.code(), detail = status.message(), "rpc failed"),
             }
             status
         });
