@@ -2311,3 +2311,67 @@ fn a_cluster_issuer_is_taken_only_when_acknowledged() {
     ])
     .expect("an Issuer needs no acknowledgement");
 }
+
+/// A team copying its cluster-autoscaler chart values: `extraArgs` and `extraEnv` as maps and
+/// `replicaCount` are taken as that chart takes them; the list forms keep working.
+#[test]
+fn the_cluster_autoscaler_charts_forms_of_extra_args_extra_env_and_replica_count_are_taken() {
+    let docs = rbac::render_chart(
+        "ngo-system",
+        &[
+            "--set",
+            "replicaCount=3",
+            "--set-json",
+            r#"extraArgs={"sweep-interval-secs":30,"log-json":true}"#,
+            "--set-json",
+            r#"extraEnv={"HTTPS_PROXY":"http://proxy:3128","RETRIES":3}"#,
+        ],
+    )
+    .unwrap();
+    let deployment = the(&docs, "Deployment");
+    assert_eq!(deployment["spec"]["replicas"], 3);
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert!(args.contains(&"--sweep-interval-secs=30"), "{args:?}");
+    assert!(args.contains(&"--log-json=true"), "{args:?}");
+    let env = container["env"].as_array().unwrap();
+    assert!(env.contains(&json!({"name": "HTTPS_PROXY", "value": "http://proxy:3128"})));
+    assert!(env.contains(&json!({"name": "RETRIES", "value": "3"})));
+    assert_eq!(
+        the(&docs, "PodDisruptionBudget")["kind"],
+        "PodDisruptionBudget"
+    );
+
+    let lists = rbac::render_chart(
+        "ngo-system",
+        &[
+            "--set",
+            "extraArgs[0]=--sweep-interval-secs=30",
+            "--set",
+            "extraEnv[0].name=A",
+            "--set",
+            "extraEnv[0].value=b",
+        ],
+    )
+    .unwrap();
+    let deployment = the(&lists, "Deployment");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert!(
+        container["args"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("--sweep-interval-secs=30"))
+    );
+    assert!(
+        container["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "A", "value": "b"}))
+    );
+}

@@ -111,3 +111,14 @@ namespace=<its namespace>). validate.yaml refuses the rule with neither.
 job="{{ include "ngo.fullname" . }}",namespace="{{ .Release.Namespace }}"
 {{- end -}}
 {{- end -}}
+{{- /*
+The replica count: `replicas`, or `replicaCount` (the cluster-autoscaler chart's name for it),
+which wins when set.
+*/ -}}
+{{- define "ngo.replicas" -}}
+{{- if kindIs "invalid" .Values.replicaCount -}}
+{{- .Values.replicas -}}
+{{- else -}}
+{{- .Values.replicaCount -}}
+{{- end -}}
+{{- end -}}
