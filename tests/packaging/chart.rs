@@ -2375,3 +2375,23 @@ fn the_cluster_autoscaler_charts_forms_of_extra_args_extra_env_and_replica_count
             .contains(&json!({"name": "A", "value": "b"}))
     );
 }
+
+/// The operator's priority: system-cluster-critical in kube-system by default (as the
+/// cluster-autoscaler chart), none elsewhere unless given, and exactly what a value names.
+#[test]
+fn the_operator_is_system_cluster_critical_in_kube_system_unless_told_otherwise() {
+    let class = |namespace: &str, args: &[&str]| {
+        let docs = rbac::render_chart(namespace, args).unwrap();
+        the(&docs, "Deployment")["spec"]["template"]["spec"]["priorityClassName"].clone()
+    };
+    assert_eq!(class("kube-system", &[]), json!("system-cluster-critical"));
+    assert_eq!(class("ngo-system", &[]), serde_json::Value::Null);
+    assert_eq!(
+        class("ngo-system", &["--set", "priorityClassName=platform-critical"]),
+        json!("platform-critical")
+    );
+    assert_eq!(
+        class("kube-system", &["--set", "priorityClassName="]),
+        serde_json::Value::Null
+    );
+}

@@ -122,3 +122,16 @@ which wins when set.
 {{- .Values.replicaCount -}}
 {{- end -}}
 {{- end -}}
+{{- /*
+The pod's priority class. `auto`: system-cluster-critical in kube-system, where Kubernetes
+always admits it (as the cluster-autoscaler chart does), so the provider of the autoscaler is
+not evicted for the pods it lets the autoscaler place; none elsewhere, where a ResourceQuota
+may limit system classes to kube-system (GKE's does). "" means none.
+*/ -}}
+{{- define "ngo.priorityClassName" -}}
+{{- if eq .Values.priorityClassName "auto" -}}
+{{- if eq .Release.Namespace "kube-system" -}}system-cluster-critical{{- end -}}
+{{- else -}}
+{{- .Values.priorityClassName -}}
+{{- end -}}
+{{- end -}}
