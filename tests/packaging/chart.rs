@@ -385,6 +385,15 @@ fn template(args: &[&str]) -> Result<String, String> {
 const VALUE_SETS: &[(&str, &[&str])] = &[
     ("defaults", &[]),
     (
+        "one Cluster of a management cluster, scoped by configuration",
+        &[
+            "--set",
+            "topology.workloadNodes=cluster-secrets",
+            "--set",
+            "topology.cluster=tenants/c1",
+        ],
+    ),
+    (
         "cert-manager, monitoring, dashboard, network policy",
         &[
             "--set",
@@ -547,6 +556,10 @@ fn bad_values_fail_with_the_value_and_the_reason() {
                 "grpc.certManager.issuerRef.kind=ClusterIssuer",
             ],
             "grpc.certManager.issuerRef names ClusterIssuer shared, which signs for every namespace",
+        ),
+        (
+            &["--set", "securityContext.fsGroup=65532"],
+            "securityContext.fsGroup: securityContext is the container's in this chart; fsGroup is the pod's, so it goes in podSecurityContext",
         ),
     ];
     for (args, expected) in cases {
@@ -2387,7 +2400,10 @@ fn the_operator_is_system_cluster_critical_in_kube_system_unless_told_otherwise(
     assert_eq!(class("kube-system", &[]), json!("system-cluster-critical"));
     assert_eq!(class("ngo-system", &[]), serde_json::Value::Null);
     assert_eq!(
-        class("ngo-system", &["--set", "priorityClassName=platform-critical"]),
+        class(
+            "ngo-system",
+            &["--set", "priorityClassName=platform-critical"]
+        ),
         json!("platform-critical")
     );
     assert_eq!(
