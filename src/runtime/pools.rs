@@ -656,7 +656,15 @@ impl PoolController {
             &spec.extra_groups,
         )
         .await
-        .map_err(|e| Blocked::Api(format!("creating a bootstrap token: {e}")))?;
+        .map_err(|e| {
+            let hint = match &e {
+                kube::Error::Api(status) if status.code == 403 => {
+                    " (the chart grants it with nodePools.bootstrapTokens=true)"
+                }
+                _ => "",
+            };
+            Blocked::Api(format!("creating a bootstrap token: {e}{hint}"))
+        })?;
         let mut labels = pool
             .spec
             .template

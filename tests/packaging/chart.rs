@@ -97,9 +97,22 @@ fn grants_anywhere(grants: &[(Option<String>, String, String, String)], resource
 #[test]
 fn each_topology_renders_only_the_rbac_it_needs() {
     // Self-hosted, every namespace: Nodes, Clusters (their spec.paused); Secrets only where NodePools need
-    // them: credentials read by name in the release namespace, bootstrap tokens in
-    // kube-system, nothing cluster-wide.
-    let docs = rbac::render_chart("ngo-system", &[]).unwrap();
+    // them: credentials read by name in the release namespace, nothing cluster-wide, and
+    // nothing in kube-system unless bootstrap tokens are asked for.
+    let secrets_of = |docs: &[serde_json::Value]| {
+        let mut secrets: Vec<(Option<String>, String)> = grants(docs)
+            .iter()
+            .filter(|(_, _, r, _)| r == "secrets")
+            .map(|(n, _, _, v)| (n.clone(), v.clone()))
+            .collect();
+        secrets.sort();
+        secrets
+    };
+    let at = |ns: &str, verb: &str| (Some(ns.to_string()), verb.to_string());
+    let defaults = rbac::render_chart("ngo-system", &[]).unwrap();
+    assert_eq!(secrets_of(&defaults), vec![at("ngo-system", "get")]);
+    let docs =
+        rbac::render_chart("ngo-system", &["--set", "nodePools.bootstrapTokens=true"]).unwrap();
     let g = grants(&docs);
     assert!(grants_anywhere(&g, "nodes"));
     assert!(grants_anywhere(&g, "clusters"));
@@ -109,7 +122,6 @@ fn each_topology_renders_only_the_rbac_it_needs() {
         .map(|(n, _, _, v)| (n.clone(), v.clone()))
         .collect();
     secrets.sort();
-    let at = |ns: &str, verb: &str| (Some(ns.to_string()), verb.to_string());
     assert_eq!(
         secrets,
         vec![
@@ -890,12 +902,21 @@ fn a_second_release_gets_names_of_its_own_and_the_first_keeps_its_names() {
         );
     }
     assert!(
-        first_keys.contains(&(
+        !first_keys.iter().any(|(_, ns, _)| ns == "kube-system"),
+        "no access to kube-system's Secrets unless asked for: {first_keys:?}"
+    );
+    let with_tokens = object_keys(&render_release(
+        "ngo",
+        "ngo-system",
+        &["--set", "nodePools.bootstrapTokens=true"],
+    ));
+    assert!(
+        with_tokens.contains(&(
             "Role".into(),
             "kube-system".into(),
             "nodegroup-operator-bootstrap-tokens".into()
         )),
-        "{first_keys:?}"
+        "{with_tokens:?}"
     );
 
     // (release, namespace, values, base of the names, app.kubernetes.io/name)
@@ -925,7 +946,8 @@ fn a_second_release_gets_names_of_its_own_and_the_first_keeps_its_names() {
         ),
     ];
     for (release, namespace, values, base, app) in second {
-        let docs = render_release(release, namespace, values);
+        let values = [*values, &["--set", "nodePools.bootstrapTokens=true"]].concat();
+        let docs = render_release(release, namespace, &values);
         let keys = object_keys(&docs);
         let cluster_scoped: Vec<_> = keys.iter().filter(|(_, ns, _)| ns.is_empty()).collect();
         assert_eq!(cluster_scoped.len(), 2, "ClusterRole and binding: {keys:?}");
@@ -934,7 +956,10 @@ fn a_second_release_gets_names_of_its_own_and_the_first_keeps_its_names() {
             outside.len() >= 4,
             "cluster-scoped objects and the kube-system Role and binding: {outside:?}"
         );
-        let collisions: Vec<_> = keys.iter().filter(|k| first_keys.contains(k)).collect();
+        let collisions: Vec<_> = keys
+            .iter()
+            .filter(|k| first_keys.contains(k) || with_tokens.contains(k))
+            .collect();
         assert!(
             collisions.is_empty(),
             "{release}: objects the first release owns: {collisions:?}"
@@ -2134,6 +2159,8 @@ fn rendered_rbac_is_exactly_the_operators_access_in_each_topology() {
                 &format!("topology.clientIdentity={client_identity}"),
                 "--set",
                 "topology.managementKubeconfigSecret=management",
+                "--set",
+                "nodePools.bootstrapTokens=true",
             ],
         )
         .unwrap();
