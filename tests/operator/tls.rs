@@ -10,7 +10,9 @@ use nodegroup_operator::runtime::Running;
 use nodegroup_operator::server::tls::{
     HandshakeLimits, Listener, ReloadingTls, TlsFiles, incoming_with,
 };
+use rustls::pki_types::pem::PemObject as _;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use x509_parser::prelude::{FromDer as _, X509Certificate};
 
 async fn call(
     address: std::net::SocketAddr,
@@ -246,6 +248,41 @@ async fn expired_and_foreign_client_certificates_are_refused() {
     );
     // Refusals do not disturb the listener.
     assert_eq!(call(address, &ca.cert_pem, Some(&valid)).await, Ok(1));
+    // They are counted, and the accepted client's certificate expiry is exported: CA reads
+    // its certificate once, so that is where its expiry shows.
+    let (_, metrics) = http_get(operator.admin_address, "/metrics").await;
+    let rejected = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("nodegroup_grpc_tls_handshake_failures_total{reason=\"rejected\"} ")
+        })
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(
+        rejected.is_some_and(|n| n >= 2),
+        "two refused handshakes counted: {rejected:?}"
+    );
+    let valid_until = X509Certificate::from_der(
+        &rustls::pki_types::CertificateDer::pem_slice_iter(valid.cert_pem.as_bytes())
+            .next()
+            .unwrap()
+            .unwrap(),
+    )
+    .unwrap()
+    .1
+    .validity()
+    .not_after
+    .timestamp();
+    assert!(
+        metrics.contains(&format!(
+            "nodegroup_grpc_client_certificate_expiry_timestamp_seconds{{client=\"cluster-autoscaler\"}} {valid_until}"
+        )),
+        "the client's certificate expiry: {}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("client_certificate"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     operator.shutdown().await.unwrap();
 }
 

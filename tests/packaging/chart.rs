@@ -1290,6 +1290,8 @@ fn operator_exposition() -> support::promql::Exposition {
     metrics.observe_backend_call("cherryServers", "create", "ok");
     metrics.set_backend_available("ns/pool", true);
     metrics.set_certificate_expiry("serving", 1_900_000_000);
+    metrics.set_client_certificate_expiry("nodegroup.dev/cluster/ns/c", 1_900_000_000);
+    metrics.count_handshake_failure("rejected");
     metrics.observe_sweep(&nodegroup_operator::metrics::SweepCounts {
         unacted: vec![("MachineDeployment/ns/md".into(), 1)],
         ..Default::default()

@@ -155,7 +155,19 @@ pub struct Metrics {
     backend_calls: Family<BackendCallLabels, Counter>,
     backend_available: Family<PoolLabels, Gauge>,
     certificate_expiry: Family<CertificateLabels, Gauge>,
+    handshake_failures: Family<HandshakeLabels, Counter>,
+    client_certificate_expiry: Family<ClientCertificateLabels, Gauge>,
     registry: Registry,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HandshakeLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClientCertificateLabels {
+    client: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -357,7 +369,21 @@ impl Metrics {
             "When the gRPC endpoint's certificates in use expire (notAfter, Unix seconds): certificate=serving for the serving certificate, client-ca for the first to expire of the client CA bundle",
             certificate_expiry.clone(),
         );
+        let handshake_failures = Family::<HandshakeLabels, Counter>::default();
+        registry.register(
+            "grpc_tls_handshake_failures",
+            "gRPC connections refused during the TLS handshake, by reason: rejected (no client certificate, or one not signed by --tls-client-ca, or expired), timeout (the client did not finish), abandoned (too many handshakes at once)",
+            handshake_failures.clone(),
+        );
+        let client_certificate_expiry = Family::<ClientCertificateLabels, Gauge>::default();
+        registry.register(
+            "grpc_client_certificate_expiry_timestamp_seconds",
+            "When the client certificate each client last connected with expires (notAfter, Unix seconds), by client (its first URI SAN, else its common name): cluster-autoscaler reads its certificate once, at start",
+            client_certificate_expiry.clone(),
+        );
         Self {
+            handshake_failures,
+            client_certificate_expiry,
             backend_calls,
             backend_available,
             certificate_expiry,
@@ -507,6 +533,22 @@ impl Metrics {
     pub fn set_certificate_expiry(&self, certificate: &'static str, at: i64) {
         self.certificate_expiry
             .get_or_create(&CertificateLabels { certificate })
+            .set(at);
+    }
+
+    /// Counts a TLS handshake refused for `reason` (`rejected`, `timeout`, `abandoned`).
+    pub fn count_handshake_failure(&self, reason: &'static str) {
+        self.handshake_failures
+            .get_or_create(&HandshakeLabels { reason })
+            .inc();
+    }
+
+    /// Records that `client` connected with a certificate expiring at `at` (Unix seconds).
+    pub fn set_client_certificate_expiry(&self, client: &str, at: i64) {
+        self.client_certificate_expiry
+            .get_or_create(&ClientCertificateLabels {
+                client: client.to_string(),
+            })
             .set(at);
     }
 

@@ -207,6 +207,8 @@ pub struct ReloadingTls {
     files: TlsFiles,
     current: RwLock<(Option<u64>, Arc<ServerConfig>)>,
     expiries: RwLock<Expiries>,
+    /// Where handshakes are counted, once [`ReloadingTls::watch`] runs.
+    metrics: std::sync::OnceLock<Arc<Metrics>>,
 }
 
 impl ReloadingTls {
@@ -218,6 +220,7 @@ impl ReloadingTls {
             files,
             current: RwLock::new((fingerprint, Arc::new(config))),
             expiries: RwLock::new(expiries),
+            metrics: std::sync::OnceLock::new(),
         }))
     }
 
@@ -268,6 +271,7 @@ impl ReloadingTls {
         metrics: Arc<Metrics>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
+        let _ = self.metrics.set(metrics.clone());
         self.publish_expiries(&metrics);
         loop {
             tokio::select! {
@@ -402,6 +406,7 @@ async fn accept_loop<L: Listener>(
             // milliseconds, so under a flood of idle connections it is the idle ones that go.
             oldest.abort();
             abandoned += 1;
+            tls.count_failure("abandoned");
             if last_abandon_log.is_none_or(|at| at.elapsed() >= ABANDON_LOG_INTERVAL) {
                 tracing::warn!(
                     max_pending,
@@ -413,17 +418,77 @@ async fn accept_loop<L: Listener>(
         }
         let acceptor = tls.acceptor();
         let tx = tx.clone();
+        let observed = tls.clone();
         let handshake = tokio::spawn(async move {
             match tokio::time::timeout(limits.timeout, acceptor.accept(stream)).await {
                 Ok(Ok(tls_stream)) => {
+                    observed.observe_client(&tls_stream);
                     let _ = tx.send(Ok(tls_stream)).await;
                 }
-                Ok(Err(error)) => log_handshake_failure(peer, &error.to_string()),
-                Err(_) => log_handshake_failure(peer, "handshake timed out"),
+                Ok(Err(error)) => {
+                    observed.count_failure("rejected");
+                    log_handshake_failure(peer, &error.to_string());
+                }
+                Err(_) => {
+                    observed.count_failure("timeout");
+                    log_handshake_failure(peer, "handshake timed out");
+                }
             }
         });
         pending.push_back(handshake.abort_handle());
     }
+}
+
+impl ReloadingTls {
+    /// Counts a refused handshake.
+    fn count_failure(&self, reason: &'static str) {
+        if let Some(metrics) = self.metrics.get() {
+            metrics.count_handshake_failure(reason);
+        }
+    }
+
+    /// Records when the certificate `stream`'s client presented expires.
+    fn observe_client<Io>(&self, stream: &TlsStream<Io>) {
+        let Some(metrics) = self.metrics.get() else {
+            return;
+        };
+        let Some(cert) = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+        else {
+            return;
+        };
+        if let Some((client, not_after)) = client_and_expiry(cert) {
+            metrics.set_client_certificate_expiry(&client, not_after);
+        }
+    }
+}
+
+/// A client certificate's name (its first URI SAN, else its common name) and `notAfter`.
+fn client_and_expiry(cert: &CertificateDer<'_>) -> Option<(String, i64)> {
+    use x509_parser::extensions::GeneralName;
+    let (_, parsed) = X509Certificate::from_der(cert).ok()?;
+    let uri = parsed
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .and_then(|san| {
+            san.value.general_names.iter().find_map(|n| match n {
+                GeneralName::URI(uri) => Some(uri.to_string()),
+                _ => None,
+            })
+        });
+    let name = uri.or_else(|| {
+        parsed
+            .subject()
+            .iter_common_name()
+            .next()
+            .and_then(|cn| cn.as_str().ok())
+            .map(str::to_string)
+    })?;
+    Some((name, parsed.validity().not_after.timestamp()))
 }
 
 fn log_handshake_failure(peer: SocketAddr, reason: &str) {
