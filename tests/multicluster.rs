@@ -835,20 +835,36 @@ fn api_server_address(index: usize) -> std::net::SocketAddr {
 /// Restarts the shared operator, which then connects to the workload clusters as their
 /// kubeconfig Secrets say now.
 fn restart_operator(w: &mut World) {
+    let options = operator_of_both(
+        w,
+        vec!["--client-identity=uri-san".into()],
+        format!("{}-operator-restarted", w.a.namespace),
+    );
+    w.a.start_operator(&options).expect("operator");
+    let operator = w.a.operator().expect("operator");
+    (w.address, w.admin) = (operator.grpc_address, operator.admin_address);
+}
+
+/// Options for an operator (this test binary's build, named `name`) that discovers both
+/// Clusters' namespaces and reads their Nodes through their kubeconfig Secrets, with
+/// `extra_args` scoping its clients.
+fn operator_of_both(
+    w: &World,
+    extra_args: Vec<String>,
+    name: String,
+) -> ngo_sandbox::operator::OperatorOptions {
     let mut options = w.a.operator_options();
     options.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
     options.auto_discovery = vec![
         format!("clusterapi:namespace={}", w.a.namespace),
         format!("clusterapi:namespace={}", w.b.namespace),
     ];
-    options.extra_args = vec![
-        "--workload-nodes=cluster-secrets".into(),
-        "--client-identity=uri-san".into(),
-    ];
-    options.name = format!("{}-operator-restarted", w.a.namespace);
-    w.a.start_operator(&options).expect("operator");
-    let operator = w.a.operator().expect("operator");
-    (w.address, w.admin) = (operator.grpc_address, operator.admin_address);
+    options.extra_args = ["--workload-nodes=cluster-secrets".to_string()]
+        .into_iter()
+        .chain(extra_args)
+        .collect();
+    options.name = name;
+    options
 }
 
 /// The `WorkloadClustersReachable` condition of `cluster`'s policy: its status and message.
@@ -889,17 +905,11 @@ fn reachable_metric(w: &World, cluster: &AutoscaledCluster) -> Option<bool> {
 async fn a_co_located_operator_connects_to_its_own_workload_cluster_only() {
     let _one = ONE_AT_A_TIME.lock().await;
     let mut w = World::new("sidecar", 1, 1).await;
-    let mut options = w.b.operator_options();
-    options.binary = env!("CARGO_BIN_EXE_nodegroup-operator").into();
-    options.auto_discovery = vec![
-        format!("clusterapi:namespace={}", w.a.namespace),
-        format!("clusterapi:namespace={}", w.b.namespace),
-    ];
-    options.extra_args = vec![
-        "--workload-nodes=cluster-secrets".into(),
-        format!("--cluster={}/ca", w.a.namespace),
-    ];
-    options.name = format!("{}-sidecar", w.a.namespace);
+    let options = operator_of_both(
+        &w,
+        vec![format!("--cluster={}/ca", w.a.namespace)],
+        format!("{}-sidecar", w.a.namespace),
+    );
     w.b.start_operator(&options).expect("the sidecar");
     let sidecar = w.b.operator().expect("the sidecar").admin_address;
     let workload_series = |admin: std::net::SocketAddr| -> Vec<String> {

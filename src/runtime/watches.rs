@@ -422,7 +422,9 @@ impl Watches {
                     None => state.remove_node(key.0.as_ref(), &key.1),
                 }
             }
-            if let NodeStores::PerCluster(workload) = &self.inner.nodes {
+            if let NodeStores::PerCluster(workload) = &self.inner.nodes
+                && !pending.clusters.is_empty()
+            {
                 let states = workload.states();
                 for cluster in &pending.clusters {
                     let nodes = workload

@@ -909,12 +909,11 @@ async fn watch_nodes(
                     list_deadline.as_secs(),
                     SLOW_LIST_BACKOFF.as_secs()
                 );
-                tracing::warn!(%cluster, kubeconfig = %health.kubeconfig, %reason, "workload cluster too slow");
-                health.update(|h| h.watch_failed(reason));
+                // The list under way goes now, not after the pause.
                 drop(std::mem::replace(&mut stream, futures::stream::empty().boxed()));
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(SLOW_LIST_BACKOFF) => {}
+                let slow = "workload cluster too slow";
+                if !pause_listing(&health, slow, reason, SLOW_LIST_BACKOFF, &shutdown).await {
+                    return;
                 }
                 listing = 0;
                 stream = open();
@@ -946,12 +945,12 @@ async fn watch_nodes(
                         "the cluster lists more than {MAX_NODES} Nodes ({count} so far); its Nodes are not served, and it is listed again in {}s",
                         TOO_MANY_NODES_BACKOFF.as_secs()
                     );
-                    tracing::warn!(%cluster, kubeconfig = %health.kubeconfig, %reason, "workload cluster too large");
                     writer.apply_watcher_event(&watcher::Event::Init);
-                    health.update(|h| h.watch_failed(reason));
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(TOO_MANY_NODES_BACKOFF) => {}
+                    let large = "workload cluster too large";
+                    if !pause_listing(&health, large, reason, TOO_MANY_NODES_BACKOFF, &shutdown)
+                        .await
+                    {
+                        return;
                     }
                     listing = 0;
                     stream = open();
@@ -974,11 +973,9 @@ async fn watch_nodes(
                         "{reason}; the cluster is listed again in {}s",
                         SLOW_LIST_BACKOFF.as_secs()
                     );
-                    tracing::warn!(%cluster, kubeconfig = %health.kubeconfig, %reason, "workload cluster answer too large");
-                    health.update(|h| h.watch_failed(reason));
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(SLOW_LIST_BACKOFF) => {}
+                    let big = "workload cluster answer too large";
+                    if !pause_listing(&health, big, reason, SLOW_LIST_BACKOFF, &shutdown).await {
+                        return;
                     }
                     listing = 0;
                     stream = open();
@@ -994,6 +991,23 @@ async fn watch_nodes(
             }
             None => return,
         }
+    }
+}
+
+/// Reports the cluster failed for `reason` (`what` names it in the log line), then waits
+/// `pause` before it is listed again; false when the operator stops meanwhile.
+async fn pause_listing(
+    health: &SharedHealth,
+    what: &str,
+    reason: String,
+    pause: Duration,
+    shutdown: &CancellationToken,
+) -> bool {
+    tracing::warn!(cluster = %health.cluster, kubeconfig = %health.kubeconfig, %reason, "{what}");
+    health.update(|h| h.watch_failed(reason));
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tokio::time::sleep(pause) => true,
     }
 }
 
