@@ -16,6 +16,10 @@ use nodegroup_operator::proto;
 use serde_json::json;
 use tonic::Code;
 
+/// `networkPolicy.metricsFrom` admitting every namespace, for renderings with the ServiceMonitor
+/// (the chart refuses it when no pod may reach /metrics).
+const METRICS_FROM_ANY_NAMESPACE: &str = r#"networkPolicy.metricsFrom=[{"namespaceSelector":{}}]"#;
+
 #[test]
 fn chart_renders_and_grants_no_wildcards() {
     let docs = rbac::render_chart("ngo-system", &[]).unwrap();
@@ -482,6 +486,8 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
             "podDisruptionBudget.maxUnavailable=50%",
             "--set",
             "metrics.serviceMonitor.enabled=true",
+            "--set-json",
+            METRICS_FROM_ANY_NAMESPACE,
             "--set",
             "metrics.serviceMonitor.interval=1m30s",
             "--set-json",
@@ -568,6 +574,10 @@ fn bad_values_fail_with_the_value_and_the_reason() {
                 "grpc.certManager.issuerRef.kind=ClusterIssuer",
             ],
             "grpc.certManager.issuerRef names ClusterIssuer shared, which signs for every namespace",
+        ),
+        (
+            &["--set", "metrics.serviceMonitor.enabled=true"],
+            "metrics.serviceMonitor.enabled, but the NetworkPolicy admits the admin port (/metrics) from no pod",
         ),
         (
             &["--set", "securityContext.fsGroup=65532"],
@@ -822,11 +832,8 @@ fn the_network_policy_admits_only_cluster_autoscaler_and_the_test_pod_to_grpc() 
             {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "ngo", "app.kubernetes.io/component": "helm-test"}}}
         ])
     );
-    let admin = &policy["spec"]["ingress"][1];
-    assert_eq!(
-        admin["ports"],
-        json!([{"port": "admin", "protocol": "TCP"}])
-    );
+    // No metricsFrom: the admin port admits no pod (kubelet's probes come from the node).
+    assert_eq!(policy["spec"]["ingress"].as_array().unwrap().len(), 1);
     // The test pod carries the labels the policy admits, and not the operator's selector (the
     // Service must not route gRPC to it).
     let test_pod = docs.iter().find(|d| d["kind"] == "Pod").unwrap();
@@ -837,6 +844,57 @@ fn the_network_policy_admits_only_cluster_autoscaler_and_the_test_pod_to_grpc() 
     assert_ne!(
         test_pod["metadata"]["labels"]["app.kubernetes.io/name"],
         "nodegroup-operator"
+    );
+}
+
+/// `/metrics` names every tenant's Cluster: by default the chart's NetworkPolicy admits the
+/// admin port from no pod (kubelet's probes come from the pod's own node, always admitted) and
+/// gRPC from anywhere; `metricsFrom` opens the admin port to the peers it names, and
+/// `restrictMetrics=false` to anyone (then without `enabled` no policy is rendered).
+#[test]
+fn the_admin_port_is_closed_to_every_pod_by_default_and_grpc_stays_open() {
+    let policy_of = |args: &[&str]| {
+        rbac::render_chart("ngo-system", args)
+            .unwrap()
+            .into_iter()
+            .find(|d| d["kind"] == "NetworkPolicy")
+    };
+    let policy = policy_of(&[]).expect("a NetworkPolicy by default");
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([{"ports": [{"port": "grpc", "protocol": "TCP"}]}]),
+        "gRPC from anywhere, the admin port from no pod"
+    );
+
+    let monitoring = json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]);
+    let policy = policy_of(&[
+        "--set-json",
+        &format!("networkPolicy.metricsFrom={monitoring}"),
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+    ])
+    .expect("a NetworkPolicy");
+    assert_eq!(
+        policy["spec"]["ingress"][1],
+        json!({"ports": [{"port": "admin", "protocol": "TCP"}], "from": monitoring})
+    );
+
+    assert!(
+        policy_of(&["--set", "networkPolicy.restrictMetrics=false"]).is_none(),
+        "nothing to restrict"
+    );
+    let policy = policy_of(&[
+        "--set",
+        "networkPolicy.restrictMetrics=false",
+        "--set",
+        "networkPolicy.enabled=true",
+    ])
+    .expect("a NetworkPolicy");
+    assert_eq!(
+        policy["spec"]["ingress"][1],
+        json!({"ports": [{"port": "admin", "protocol": "TCP"}]}),
+        "the admin port from anywhere"
     );
 }
 
@@ -1352,6 +1410,8 @@ fn alerts_name_only_metrics_the_operator_exports() {
             "metrics.prometheusRule.enabled=true",
             "--set",
             "metrics.serviceMonitor.enabled=true",
+            "--set-json",
+            METRICS_FROM_ANY_NAMESPACE,
         ],
     )
     .unwrap();
@@ -1529,6 +1589,8 @@ fn alerts_select_the_releases_series_and_link_their_runbooks() {
     let monitoring = [
         "--set",
         "metrics.serviceMonitor.enabled=true",
+        "--set-json",
+        METRICS_FROM_ANY_NAMESPACE,
         "--set",
         "metrics.prometheusRule.enabled=true",
     ];
@@ -1678,6 +1740,8 @@ fn the_service_monitor_takes_relabelings_and_prometheus_durations() {
         &[
             "--set",
             "metrics.serviceMonitor.enabled=true",
+            "--set-json",
+            METRICS_FROM_ANY_NAMESPACE,
             "--set",
             "metrics.serviceMonitor.interval=1d",
             "--set",
@@ -1703,7 +1767,12 @@ fn the_service_monitor_takes_relabelings_and_prometheus_durations() {
     let docs = render_release(
         "ngo",
         "ngo-system",
-        &["--set", "metrics.serviceMonitor.enabled=true"],
+        &[
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set-json",
+            METRICS_FROM_ANY_NAMESPACE,
+        ],
     );
     let endpoint = &the(&docs, "ServiceMonitor")["spec"]["endpoints"][0];
     assert!(endpoint.get("relabelings").is_none() && endpoint.get("metricRelabelings").is_none());
@@ -1715,6 +1784,8 @@ fn the_service_monitor_takes_relabelings_and_prometheus_durations() {
             template(&[
                 "--set",
                 "metrics.serviceMonitor.enabled=true",
+                "--set-json",
+                METRICS_FROM_ANY_NAMESPACE,
                 "--set",
                 &format!("metrics.serviceMonitor.{field}={good}"),
             ])
