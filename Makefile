@@ -5,7 +5,7 @@ CARGO ?= cargo
 UPSTREAM := tests/upstream/build.sh
 # Upstream peers the tests run against (cluster-autoscaler and the example server are built from
 # the source in ../shared/upstream; the rest from the Go module proxy).
-TEST_PEERS ?= etcd kube capi kwok helm ca-source ecosystem-crds cluster-autoscaler cluster-autoscaler-test example-server conformance cherry-check alicloud-check
+TEST_PEERS ?= etcd kube capi kwok helm ca-source ecosystem-crds cluster-autoscaler cluster-autoscaler-test example-server conformance cherry-check alicloud-check clusterapi-diff
 # What `make demo` needs.
 DEMO_PEERS ?= etcd kube capi kwok cluster-autoscaler
 # What `make bench` needs.

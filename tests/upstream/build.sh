@@ -13,6 +13,7 @@
 #                                           # CONFORMANCE_ALL_VERSIONS; conformance-1.31.5: one
 #   tests/upstream/build.sh cherry-check    # cherrygo and CA's in-tree cherryservers provider vs the emulator
 #   tests/upstream/build.sh alicloud-check  # CA's in-tree alicloud provider (vendored SDK) vs the emulator
+#   tests/upstream/build.sh clusterapi-diff # CA's in-tree clusterapi provider and its externalgrpc client, same questions
 #   tests/upstream/build.sh ca-source       # only extract CA's source (its Helm chart, for tests/packaging/chart.rs)
 #   tests/upstream/build.sh ecosystem-crds  # prometheus-operator and cert-manager CRDs (tests/packaging/helm.rs)
 #   tests/upstream/build.sh --layout        # print the fixed paths only
@@ -22,7 +23,7 @@
 #                        capi-manager,cluster-autoscaler(-<CA version>),
 #                        externalgrpc-example-server,kwok,helm,
 #                        nodegroup-conformance(-<CA version>), cherry-check,
-#                        cherry-check-intree, alicloud-check-intree}
+#                        cherry-check-intree, alicloud-check-intree, clusterapi-diff}
 #   target/upstream/capi-crds/*.yaml     Cluster API core CRDs
 #   target/upstream/kwok-stages/*.yaml   kwok Stage YAMLs (default.yaml = the kwokctl default set)
 #   target/upstream/ecosystem-crds/*.yaml ServiceMonitor, PrometheusRule, Certificate, Issuer CRDs
@@ -52,7 +53,7 @@ export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=fa
 # committed go.sum pins the hash and no checksum-database lookup happens.
 export GONOSUMDB=${GONOSUMDB:-k8s.io/kubernetes}
 
-ALL=(etcd kube capi kwok helm ca-source ecosystem-crds cluster-autoscaler cluster-autoscaler-test example-server conformance cherry-check alicloud-check)
+ALL=(etcd kube capi kwok helm ca-source ecosystem-crds cluster-autoscaler cluster-autoscaler-test example-server conformance cherry-check alicloud-check clusterapi-diff)
 
 KEY_etcd=etcd-v$ETCD_VERSION
 KEY_kube=kube-v$KUBERNETES_VERSION
@@ -649,6 +650,36 @@ build_alicloud_check() {
   link_bin "$key" alicloud-check-intree
 }
 
+# clusterapi-diff: our own Go module in tests/upstream/clusterapi-diff (go.mod and go.sum committed)
+# that asks CA's in-tree cloudprovider/clusterapi provider and CA's externalgrpc client (talking to
+# the operator) the same questions over the same Cluster API objects (tests/operator/intree_diff.rs
+# runs it): bin/clusterapi-diff. Both providers are CA_VERSION's packages, unmodified, registered
+# as cloudprovider/router registers them and built by cloudprovider/builder.NewCloudProvider from
+# CA's own flags. CA's source comes from ../shared/upstream (checksum verified, extracted under
+# $WORK, never modified), named by go.mod's replace line relative to the scratch copy
+# $WORK/clusterapi-diff. Built with -mod=readonly: the committed go.sum is the pin.
+clusterapi_diff_hash() {
+  ( cd "$HERE/clusterapi-diff" 2>/dev/null && find . -maxdepth 1 -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) \
+      | LC_ALL=C sort | xargs -r sha256sum | sha256sum | cut -c1-12 )
+}
+KEY_clusterapi_diff=clusterapi-diff-$CA_VERSION-$(clusterapi_diff_hash)
+build_clusterapi_diff() {
+  local key=$KEY_clusterapi_diff src=$HERE/clusterapi-diff dst=$WORK/clusterapi-diff t
+  if begin "$key" clusterapi-diff; then
+    [ -f "$src/go.mod" ] && [ -f "$src/go.sum" ] || die "tests/upstream/clusterapi-diff/go.mod or go.sum missing"
+    t=$(ca_source "$CA_VERSION")
+    grep -q "^replace k8s.io/autoscaler/cluster-autoscaler => \.\./${t##*/}\$" "$src/go.mod" \
+      || die "tests/upstream/clusterapi-diff/go.mod must replace k8s.io/autoscaler/cluster-autoscaler => ../${t##*/} (CA_VERSION=$CA_VERSION)"
+    rm -rf "$dst"; mkdir -p "$dst"
+    cp "$src"/*.go "$src/go.mod" "$src/go.sum" "$dst/"
+    ( cd "$dst" && GOFLAGS="-mod=readonly -buildvcs=false" go build -p "$JOBS" -trimpath -ldflags "-s -w" \
+        -o "$OUT/$key.tmp/bin/clusterapi-diff" . ) \
+      || die "building clusterapi-diff failed (go.sum incomplete? run go mod tidy in $dst and copy go.mod and go.sum back)"
+    finish "$key"
+  fi
+  link_bin "$key" clusterapi-diff
+}
+
 # ---------------------------------------------------------------------------------------------
 [ "${1:-}" = --layout ] && { layout; exit 0; }
 comps=("$@"); [ ${#comps[@]} -eq 0 ] || [ "${comps[0]}" = all ] && comps=("${ALL[@]}")
@@ -694,6 +725,7 @@ for c in "${comps[@]}"; do
       fn="build_conformance $v" key=$(conformance_key "$v") ;;
     cherry-check) fn=build_cherry_check key=$KEY_cherry_check ;;
     alicloud-check) fn=build_alicloud_check key=$KEY_alicloud_check ;;
+    clusterapi-diff) fn=build_clusterapi_diff key=$KEY_clusterapi_diff ;;
     *) die "unknown component '$c' (known: ${ALL[*]} conformance-all conformance-<version> cluster-autoscaler-all cluster-autoscaler-<version>)" ;;
   esac
   if [ -d "$OUT/$key" ]; then state=cached; else state=built; fi
