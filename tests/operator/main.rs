@@ -9,6 +9,7 @@ mod conformance;
 mod grpc_capi;
 mod ha;
 mod hostile;
+mod intree_diff;
 mod logs;
 mod policy;
 mod tls;

@@ -14,7 +14,8 @@
 // TargetSize, Nodes (id, state, error class and code), TemplateNodeInfo (labels, taints,
 // capacity, allocatable, the CPU requested by the NodeInfo's pods) and GetOptions (with the
 // NodeGroupDefaults of CA's flags, the same for both), and NodeGroupForNode for every Node whose
-// name starts with --node-prefix (the same Node objects, read once, for both sides).
+// name starts with --node-prefix (the same Node objects, read once, for both sides: the group's
+// id, min and max, or null). "defaults" is what both got as CA's default options.
 //
 // Only what is necessarily different is normalized: the template node's name (random in-tree)
 // is replaced in its kubernetes.io/hostname label by "<template node name>", instances are
@@ -140,9 +141,10 @@ func main() {
 
 	intree := build(caOptions, cloudprovider.ClusterAPIProviderName, "")
 	operator := build(caOptions, cloudprovider.ExternalGrpcProviderName, *grpcConfig)
-	out := map[string]side{
+	out := map[string]any{
 		"intree":   ask(intree, nodes, defaults),
 		"operator": ask(operator, nodes, defaults),
+		"defaults": viewOptions(defaults),
 	}
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetEscapeHTML(false)
@@ -215,11 +217,11 @@ func ask(p cloudprovider.CloudProvider, nodes []*apiv1.Node, defaults config.Nod
 	sort.Slice(s.Groups, func(i, j int) bool { return s.Groups[i].ID < s.Groups[j].ID })
 	for _, node := range nodes {
 		ng, err := p.NodeGroupForNode(node)
-		var id any
+		var view any
 		if err == nil && ng != nil && !isNil(ng) {
-			id = ng.Id()
+			view = map[string]any{"id": ng.Id(), "min": ng.MinSize(), "max": ng.MaxSize()}
 		}
-		s.NodeGroupForNode[node.Name] = answerOf(id, err)
+		s.NodeGroupForNode[node.Name] = answerOf(view, err)
 	}
 	return s
 }
