@@ -6,6 +6,7 @@ use ngo_sandbox::environment::process_sandbox as sandbox;
 
 mod alicloud;
 mod alicloud_api;
+mod canary;
 mod cherry;
 mod cherry_api;
 

@@ -84,12 +84,28 @@ pub fn merge(
                 type_: d.type_.into(),
                 status: status.into(),
                 reason: d.reason.clone(),
-                message: d.message.clone(),
+                message: bounded(&d.message),
                 observed_generation: generation,
                 last_transition_time,
             }
         })
         .collect()
+}
+
+/// Most bytes of a condition's message: messages quote what tenants wrote (cut short where
+/// they are built); this bounds a message made of many such quotes.
+pub const MAX_MESSAGE_BYTES: usize = 4096;
+
+/// `message` cut to [`MAX_MESSAGE_BYTES`] on a character boundary, saying how long it was.
+fn bounded(message: &str) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message.to_string();
+    }
+    let mut end = MAX_MESSAGE_BYTES - 64;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes in all)", &message[..end], message.len())
 }
 
 #[cfg(test)]
@@ -134,6 +150,18 @@ mod tests {
         );
         assert_eq!(flipped[0].last_transition_time, time(400));
         assert_eq!(flipped[0].status, "False");
+    }
+
+    #[test]
+    fn a_long_message_is_cut_saying_how_long_it_was() {
+        let mut long = ready(false, "Invalid");
+        long.message = "é".repeat(10_000);
+        let merged = merge(&[], &[long], None, &time(1));
+        let message = &merged[0].message;
+        assert!(message.len() <= MAX_MESSAGE_BYTES, "{}", message.len());
+        assert!(message.ends_with("... (20000 bytes in all)"), "{message}");
+        let short = merge(&[], &[ready(true, "Ok")], None, &time(1));
+        assert_eq!(short[0].message, "m");
     }
 
     #[test]

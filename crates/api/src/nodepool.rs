@@ -250,7 +250,10 @@ pub struct AliCloudSpec {
     /// `ECSRAMRole` only: the RAM role whose credentials the metadata server gives; found
     /// through the metadata server (the role attached to the instance) when left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 64))]
+    #[schemars(
+        length(min = 1, max = 64),
+        regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
+    )]
     pub ram_role_name: Option<String>,
     /// Region of the scaling group, e.g. `cn-hangzhou`.
     #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z]+(-[a-z0-9]+)+$"))]

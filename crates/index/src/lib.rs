@@ -12,6 +12,7 @@ pub mod capi;
 pub mod duration;
 pub mod index;
 pub mod quantity;
+pub mod quoted;
 pub mod template;
 
 /// The CRD types (crate `ngo-api`).

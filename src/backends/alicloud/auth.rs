@@ -46,6 +46,67 @@ pub mod keys {
     pub const SESSION_NAME: &str = "session-name";
 }
 
+/// Most bytes of a Secret value the operator uses (an STS token is about 1-2 KiB).
+pub const MAX_SECRET_VALUE_BYTES: usize = 8192;
+
+/// Checks the tenant's `key` = `value` against Alibaba Cloud's rules for it
+/// (`AssumeRoleWithOIDC`'s `RoleSessionName`: 2-64 letters, digits, `.`, `@`, `-`, `_`; ARNs
+/// `acs:ram::<account>:<kind>/<name>`), so nothing else is sent to STS or logged.
+fn check_secret_value(key: &str, value: &str) -> Result<(), String> {
+    if value.len() > MAX_SECRET_VALUE_BYTES {
+        return Err(format!(
+            "{key} is {} bytes, more than the {MAX_SECRET_VALUE_BYTES} the operator reads",
+            value.len()
+        ));
+    }
+    let arn = |kind: &str| {
+        let name = value
+            .strip_prefix("acs:ram::")
+            .and_then(|rest| rest.split_once(':'))
+            .filter(|(account, _)| {
+                !account.is_empty()
+                    && account.len() <= 32
+                    && account.bytes().all(|b| b.is_ascii_digit())
+            })
+            .and_then(|(_, resource)| resource.strip_prefix(kind)?.strip_prefix('/'));
+        match name {
+            Some(name) if is_ram_name(name, 128) => Ok(()),
+            _ => Err(format!("{key} must be acs:ram::<account>:{kind}/<name>")),
+        }
+    };
+    match key {
+        keys::SESSION_NAME => {
+            let valid = (2..=64).contains(&value.len())
+                && value
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".@-_".contains(&b));
+            if valid {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{key} must be 2-64 letters, digits, '.', '@', '-' or '_' (RoleSessionName)"
+                ))
+            }
+        }
+        keys::ROLE_ARN => arn("role"),
+        keys::OIDC_PROVIDER_ARN => arn("oidc-provider"),
+        _ => Ok(()),
+    }
+}
+
+/// A RAM name of at most `max` bytes: letters, digits, `.`, `-`, `_` and `@`, starting with
+/// a letter or digit (so never `.` or `..`: a role name becomes a metadata server path).
+fn is_ram_name(name: &str, max: usize) -> bool {
+    name.len() <= max
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-_@".contains(&b))
+}
+
 /// What a pool's credentials are made from: everything but the provider's cache.
 #[derive(Clone, PartialEq, Eq)]
 pub enum CredentialsSource {
@@ -108,6 +169,29 @@ impl CredentialsSource {
                 .map(|t| t.trim().to_string())
                 .filter(|t| !t.is_empty())
         };
+        let mode = spec.credentials_mode.unwrap_or_default();
+        if mode == AliCloudCredentialsMode::Rrsa
+            && data.is_some_and(|d| d.contains_key(keys::OIDC_TOKEN_FILE_PATH))
+        {
+            return Err(format!(
+                "has key {:?}, which is refused: the OIDC token file is the operator's configuration (--alicloud-oidc-token-file, ALIBABA_CLOUD_OIDC_TOKEN_FILE), not a Secret's",
+                keys::OIDC_TOKEN_FILE_PATH
+            ));
+        }
+        if let Some(data) = data {
+            for (key, value) in data {
+                if let Ok(value) = std::str::from_utf8(&value.0) {
+                    if !value.trim().is_empty() {
+                        check_secret_value(key, value.trim())?;
+                    }
+                } else if value.0.len() > MAX_SECRET_VALUE_BYTES {
+                    return Err(format!(
+                        "{key} is {} bytes, more than the {MAX_SECRET_VALUE_BYTES} the operator reads",
+                        value.0.len()
+                    ));
+                }
+            }
+        }
         let require = |wanted: &[&str]| {
             let missing: Vec<String> = wanted
                 .iter()
@@ -120,7 +204,7 @@ impl CredentialsSource {
                 Err(format!("needs non-empty keys {}", missing.join(" and ")))
             }
         };
-        match spec.credentials_mode.unwrap_or_default() {
+        match mode {
             AliCloudCredentialsMode::AccessKey => {
                 require(&[keys::ACCESS_KEY_ID, keys::ACCESS_KEY_SECRET])?;
                 let (Some(id), Some(secret)) =
@@ -135,12 +219,6 @@ impl CredentialsSource {
                 Ok(Self::AccessKey(credentials))
             }
             AliCloudCredentialsMode::Rrsa => {
-                if data.is_some_and(|d| d.contains_key(keys::OIDC_TOKEN_FILE_PATH)) {
-                    return Err(format!(
-                        "has key {:?}, which is refused: the OIDC token file is the operator's configuration (--alicloud-oidc-token-file, ALIBABA_CLOUD_OIDC_TOKEN_FILE), not a Secret's",
-                        keys::OIDC_TOKEN_FILE_PATH
-                    ));
-                }
                 require(&[keys::ROLE_ARN, keys::OIDC_PROVIDER_ARN])?;
                 let Some(token_file) = rrsa_token_file else {
                     return Err(
@@ -155,9 +233,18 @@ impl CredentialsSource {
                         .unwrap_or_else(|| DEFAULT_SESSION_NAME.into()),
                 })
             }
-            AliCloudCredentialsMode::EcsRamRole => Ok(Self::EcsRamRole {
-                role_name: spec.ram_role_name.clone().filter(|r| !r.is_empty()),
-            }),
+            AliCloudCredentialsMode::EcsRamRole => {
+                let role_name = spec.ram_role_name.clone().filter(|r| !r.is_empty());
+                if let Some(role) = &role_name
+                    && !is_ram_name(role, 64)
+                {
+                    return Err(format!(
+                        "spec.aliCloud.ramRoleName {} must be 1-64 letters, digits, '.', '-', '_' or '@', starting with a letter or digit",
+                        ngo_index::quoted::quoted(role)
+                    ));
+                }
+                Ok(Self::EcsRamRole { role_name })
+            }
         }
     }
 
@@ -324,6 +411,68 @@ mod tests {
         );
     }
 
+    /// What a tenant writes in its Secret and spec is sent to STS or the metadata server and
+    /// logged: bounded and checked against Alibaba Cloud's own rules before it is used.
+    #[test]
+    fn tenant_values_are_bounded_and_checked_before_they_are_used() {
+        let rrsa = |extra: &[(&str, &str)]| {
+            let mut entries = vec![
+                ("role-arn", "acs:ram::1:role/ca"),
+                ("oidc-provider-arn", "acs:ram::1:oidc-provider/c1"),
+            ];
+            entries.extend_from_slice(extra);
+            CredentialsSource::of(
+                &spec(Some(AliCloudCredentialsMode::Rrsa)),
+                Some(&data(&entries)),
+                Some(std::path::Path::new("/token")),
+            )
+        };
+        let huge = "z".repeat(70_000);
+        for (key, value, expected) in [
+            ("session-name", "a", "session-name must be 2-64"),
+            ("session-name", "/tmp/x", "session-name must be 2-64"),
+            ("session-name", huge.as_str(), "session-name is 70000 bytes"),
+            (
+                "role-arn",
+                "http://127.0.0.2:1/x",
+                "role-arn must be acs:ram::<account>:role/<name>",
+            ),
+            ("role-arn", huge.as_str(), "role-arn is 70000 bytes"),
+            (
+                "oidc-provider-arn",
+                "/etc/passwd",
+                "oidc-provider-arn must be acs:ram::<account>:oidc-provider/<name>",
+            ),
+        ] {
+            let error = rrsa(&[(key, value)]).expect_err(key);
+            assert!(error.contains(expected), "{key}={value:.20}: {error}");
+            assert!(error.len() < 300, "{error:.300}");
+        }
+        assert!(rrsa(&[("session-name", "ngo.e2e@c1_x-y")]).is_ok());
+        let error = CredentialsSource::of(
+            &spec(None),
+            Some(&data(&[
+                ("access-key-id", "LTAI"),
+                ("access-key-secret", &huge),
+            ])),
+            None,
+        )
+        .expect_err("oversized");
+        assert!(
+            error.contains("access-key-secret is 70000 bytes"),
+            "{error:.300}"
+        );
+
+        let mut ecs = spec(Some(AliCloudCredentialsMode::EcsRamRole));
+        for role in ["..", "a/b", "/tmp/canary", "http://127.0.0.2:1/x"] {
+            ecs.ram_role_name = Some(role.into());
+            let error = CredentialsSource::of(&ecs, None, None).expect_err(role);
+            assert!(error.contains("spec.aliCloud.ramRoleName"), "{error}");
+        }
+        ecs.ram_role_name = Some("Worker-role.1".into());
+        assert!(CredentialsSource::of(&ecs, None, None).is_ok());
+    }
+
     #[test]
     fn missing_keys_are_named() {
         let e = CredentialsSource::of(
@@ -338,10 +487,11 @@ mod tests {
         );
         let token = Some(std::path::Path::new("/var/run/secrets/tokens/token"));
         let rrsa = spec(Some(AliCloudCredentialsMode::Rrsa));
-        let e = CredentialsSource::of(&rrsa, Some(&data(&[("role-arn", "r")])), token).unwrap_err();
+        let role = ("role-arn", "acs:ram::1:role/r");
+        let e = CredentialsSource::of(&rrsa, Some(&data(&[role])), token).unwrap_err();
         assert!(e.contains("oidc-provider-arn"), "{e}");
         assert!(CredentialsSource::of(&spec(None), None, None).is_err());
-        let arns = [("role-arn", "r"), ("oidc-provider-arn", "p")];
+        let arns = [role, ("oidc-provider-arn", "acs:ram::1:oidc-provider/p")];
         let e = CredentialsSource::of(&rrsa, Some(&data(&arns)), None).unwrap_err();
         assert!(e.contains("--alicloud-oidc-token-file"), "{e}");
     }

@@ -17,6 +17,7 @@ use thiserror::Error;
 
 use super::keys::{CAPACITY_PREFIX, CapiKeys};
 use super::objects::Taint;
+use crate::quoted::quoted;
 use crate::{duration, quantity};
 
 /// An annotation value we cannot use: only the min/max bounds produce these.
@@ -56,8 +57,8 @@ impl fmt::Display for Fallback {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Fallback::Ignored => f.write_str("ignored, as if unset"),
-            Fallback::ItemSkipped(item) => write!(f, "item {item:?} skipped"),
-            Fallback::KeptAsWritten(item) => write!(f, "item {item:?} kept as written"),
+            Fallback::ItemSkipped(item) => write!(f, "item {} skipped", quoted(item)),
+            Fallback::KeptAsWritten(item) => write!(f, "item {} kept as written", quoted(item)),
         }
     }
 }
@@ -65,7 +66,7 @@ impl fmt::Display for Fallback {
 /// An annotation value that could not be used as written. The group is still served; the
 /// warning says what was wrong and what applies instead.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
-#[error("annotation {key}={value:?}: {reason}; {fallback}")]
+#[error("annotation {key}={}: {reason}; {fallback}", quoted(value))]
 pub struct AnnotationWarning {
     /// The annotation key.
     pub key: String,
@@ -403,7 +404,7 @@ pub fn parse_label_list(
             warnings.push(AnnotationWarning::new(
                 key,
                 value,
-                format!("label {item:?} is not key=value"),
+                format!("label {} is not key=value", quoted(item)),
                 Fallback::ItemSkipped(item.into()),
             ));
             continue;
@@ -412,7 +413,7 @@ pub fn parse_label_list(
             warnings.push(AnnotationWarning::new(
                 key,
                 value,
-                format!("label {item:?}: {reason}"),
+                format!("label {}: {reason}", quoted(item)),
                 Fallback::KeptAsWritten(item.into()),
             ));
         }
@@ -443,8 +444,9 @@ pub fn parse_taint_list(key: &str, value: &str) -> (Vec<Taint>, Vec<AnnotationWa
                         key,
                         value,
                         format!(
-                            "taint {item:?}: effect {:?} is not NoSchedule, PreferNoSchedule or NoExecute, so the scheduler ignores this taint",
-                            taint.effect
+                            "taint {}: effect {} is not NoSchedule, PreferNoSchedule or NoExecute, so the scheduler ignores this taint",
+                            quoted(item),
+                            quoted(&taint.effect)
                         ),
                         Fallback::KeptAsWritten(item.into()),
                     ));
@@ -454,7 +456,7 @@ pub fn parse_taint_list(key: &str, value: &str) -> (Vec<Taint>, Vec<AnnotationWa
             Err(reason) => warnings.push(AnnotationWarning::new(
                 key,
                 value,
-                format!("taint {item:?}: {reason}"),
+                format!("taint {}: {reason}", quoted(item)),
                 Fallback::ItemSkipped(item.into()),
             )),
         }

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
+use crate::quoted::quoted;
+
 /// A bad auto-discovery spec.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum DiscoverySpecError {
@@ -159,7 +161,10 @@ pub fn validate_label(key: &str, value: &str) -> Result<(), String> {
     let name = match key.split_once('/') {
         Some((prefix, name)) => {
             if prefix.is_empty() || prefix.len() > 253 || !is_dns_subdomain(prefix) {
-                return Err(format!("prefix of key {key:?} must be a DNS subdomain"));
+                return Err(format!(
+                    "prefix of key {} must be a DNS subdomain",
+                    quoted(key)
+                ));
             }
             name
         }
@@ -167,12 +172,14 @@ pub fn validate_label(key: &str, value: &str) -> Result<(), String> {
     };
     if !is_label_name(name, false) {
         return Err(format!(
-            "name part of key {key:?} must be 1-63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
+            "name part of key {} must be 1-63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric",
+            quoted(key)
         ));
     }
     if !is_label_name(value, true) {
         return Err(format!(
-            "value {value:?} must be at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
+            "value {} must be at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric",
+            quoted(value)
         ));
     }
     Ok(())
@@ -258,6 +265,22 @@ mod tests {
         assert_eq!(s.namespace, "n");
         assert_eq!(s.cluster_name, "c");
         assert_eq!(s.labels, labels(&[("a", "1"), ("example.com/b", "2")]));
+    }
+
+    /// The refusal quotes what the tenant wrote, cut short: a megabyte label reaches no
+    /// condition, Event or log line whole.
+    #[test]
+    fn an_invalid_label_is_quoted_cut_short() {
+        let huge = "z".repeat(70_000);
+        for (key, value) in [
+            (huge.as_str(), "v"),
+            ("k", huge.as_str()),
+            (&*format!("{huge}/k"), "v"),
+        ] {
+            let error = validate_label(key, value).unwrap_err();
+            let cut = error.contains("(70000 bytes)") || error.contains("(70002 bytes)");
+            assert!(error.len() < 300 && cut, "{error:.300}");
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use super::keys::CapiKeys;
+use crate::quoted::quoted;
 
 /// The kinds that can be node groups: Cluster API's three, and our NodePool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -91,7 +92,7 @@ impl FromStr for ScalableKind {
             .into_iter()
             .chain([ScalableKind::NodePool])
             .find(|k| k.as_str() == s)
-            .ok_or_else(|| format!("unknown scalable kind {s:?}"))
+            .ok_or_else(|| format!("unknown scalable kind {}", quoted(s)))
     }
 }
 

@@ -10,6 +10,7 @@ use crate::capi::annotations::OptionOverrides;
 use crate::capi::autodiscovery::validate_label;
 use crate::capi::groups::PolicyTemplate;
 use crate::capi::objects::{ScalableKind, Selector, Taint};
+use crate::quoted::quoted;
 use crate::{duration, quantity};
 
 /// `policy` as index rules. Problems the API server's schema cannot catch (bad label keys,
@@ -83,8 +84,8 @@ fn validated(
             "In" | "NotIn" | "Exists" | "DoesNotExist"
         ) {
             return Err(format!(
-                "spec.selector.matchExpressions: unknown operator {:?} (In, NotIn, Exists, DoesNotExist)",
-                expr.operator
+                "spec.selector.matchExpressions: unknown operator {} (In, NotIn, Exists, DoesNotExist)",
+                quoted(&expr.operator)
             ));
         }
     }
