@@ -233,7 +233,7 @@ fn operator_secrets(w: &World) -> Vec<(String, String)> {
         ),
         (
             "the operator's kubeconfig credential".into(),
-            credential.into(),
+            credential,
         ),
         ("the operator's RRSA token".into(), OIDC_TOKEN.into()),
         ("the tenant's AccessKey secret".into(), KEY_SECRET.into()),
