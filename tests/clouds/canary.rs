@@ -231,10 +231,7 @@ fn operator_secrets(w: &World) -> Vec<(String, String)> {
             "the operator's gRPC serving key".into(),
             pem_body(&w.cluster.pki.server.1),
         ),
-        (
-            "the operator's kubeconfig credential".into(),
-            credential,
-        ),
+        ("the operator's kubeconfig credential".into(), credential),
         ("the operator's RRSA token".into(), OIDC_TOKEN.into()),
         ("the tenant's AccessKey secret".into(), KEY_SECRET.into()),
         (

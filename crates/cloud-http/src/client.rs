@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::{BodyExt as _, Full, LengthLimitError, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -18,6 +18,10 @@ use thiserror::Error;
 
 /// How long an unused pooled connection stays open unless [`HttpOptions`] says otherwise.
 pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Most bytes of an answer read unless [`HttpOptions`] says otherwise: a page of 100 servers
+/// or instances is well under 1 MiB; an endpoint sending more is not the cloud's API.
+pub const DEFAULT_MAX_ANSWER_BYTES: usize = 16 << 20;
 
 /// How an [`HttpClient`] connects and how long it waits.
 #[derive(Clone, Debug)]
@@ -29,6 +33,9 @@ pub struct HttpOptions {
     pub extra_root_certificates: Vec<CertificateDer<'static>>,
     /// How long an unused pooled connection stays open.
     pub pool_idle_timeout: Duration,
+    /// Most bytes of an answer's body; reading stops there and the exchange is
+    /// [`SendError::Broken`].
+    pub max_answer_bytes: usize,
 }
 
 impl HttpOptions {
@@ -38,6 +45,7 @@ impl HttpOptions {
             timeout,
             extra_root_certificates: Vec::new(),
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
+            max_answer_bytes: DEFAULT_MAX_ANSWER_BYTES,
         }
     }
 }
@@ -85,6 +93,7 @@ pub struct Answer {
 pub struct HttpClient {
     http: HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
     timeout: Duration,
+    max_answer_bytes: usize,
 }
 
 impl fmt::Debug for HttpClient {
@@ -132,6 +141,7 @@ impl HttpClient {
         Ok(Self {
             http,
             timeout: options.timeout,
+            max_answer_bytes: options.max_answer_bytes,
         })
     }
 
@@ -152,10 +162,19 @@ impl HttpClient {
                 }
             })?;
             let (parts, body) = response.into_parts();
-            let body = body
+            let max = self.max_answer_bytes;
+            let body = Limited::new(body, max)
                 .collect()
                 .await
-                .map_err(|e| SendError::Broken(format!("reading the answer: {}", error_chain(&e))))?
+                .map_err(|e| {
+                    if e.is::<LengthLimitError>() {
+                        SendError::Broken(format!(
+                            "reading the answer: it is longer than {max} bytes"
+                        ))
+                    } else {
+                        SendError::Broken(format!("reading the answer: {}", error_chain(&*e)))
+                    }
+                })?
                 .to_bytes();
             Ok(Answer {
                 status: parts.status,
@@ -302,6 +321,38 @@ mod tests {
             matches!(&err, SendError::Broken(m) if m.starts_with("reading the answer: ")),
             "{err:?}"
         );
+    }
+
+    /// An endpoint sending an endless answer (chunked, no length) gets it cut at the limit,
+    /// whatever the timeout.
+    #[tokio::test]
+    async fn an_endless_answer_is_cut_at_the_limit() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            read_head(&mut stream).await;
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .await;
+            let chunk = format!("10000\r\n{}\r\n", "z".repeat(0x10000));
+            while stream.write_all(chunk.as_bytes()).await.is_ok() {}
+        });
+        let options = HttpOptions {
+            max_answer_bytes: 1 << 20,
+            ..HttpOptions::new(Duration::from_secs(30))
+        };
+        let started = std::time::Instant::now();
+        let err = HttpClient::new(&options)
+            .unwrap()
+            .send(get(addr))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            SendError::Broken("reading the answer: it is longer than 1048576 bytes".into())
+        );
+        assert!(started.elapsed() < Duration::from_secs(10));
     }
 
     #[test]
