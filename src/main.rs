@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use nodegroup_operator::capi::keys::DEFAULT_GROUP;
 use nodegroup_operator::probe::{self, CloudConfig};
 use nodegroup_operator::runtime::leader::LeaderConfig;
-use nodegroup_operator::runtime::{self, Config, WorkloadNodes};
+use nodegroup_operator::runtime::{self, Config, ReadLimits, WorkloadNodes};
 use nodegroup_operator::server::identity::IdentitySource;
 use nodegroup_operator::server::tls::TlsFiles;
 use nodegroup_operator::template::{self, FALLBACK_ARCHITECTURE};
@@ -169,6 +169,23 @@ struct RunArgs {
     /// in-cluster).
     #[arg(long)]
     workload_kubeconfig: Option<PathBuf>,
+    /// With `--workload-nodes=cluster-secrets`: most Nodes kept per workload cluster (a tenant
+    /// runs that API server); a cluster listing more is reported failed and its Nodes are not
+    /// served. The default is three times Kubernetes' largest supported cluster.
+    #[arg(long, default_value_t = 15_000, value_parser = clap::value_parser!(u32).range(1..))]
+    workload_max_nodes: u32,
+    /// With `--workload-nodes=cluster-secrets`: longest a whole LIST of a workload cluster's
+    /// Nodes may take, every page included; a slower one is reported and listed again later.
+    #[arg(long, default_value_t = 180, value_parser = clap::value_parser!(u32).range(1..))]
+    workload_list_deadline_secs: u32,
+    /// With `--workload-nodes=cluster-secrets`: largest response body read from a workload
+    /// cluster (a LIST page of 500 Nodes, or one watch request's events), in MiB.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    workload_max_response_mib: u32,
+    /// With `--workload-nodes=cluster-secrets`: longest watch event line read from a workload
+    /// cluster (one Node), in MiB.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    workload_max_watch_line_mib: u32,
     /// Scope each client to the Cluster its certificate names: `off`, `uri-san` (a URI SAN
     /// `<prefix><namespace>/<name>`) or `common-name`.
     #[arg(long, default_value = "off", value_parser = ["off", "uri-san", "common-name"])]
@@ -314,7 +331,12 @@ impl RunArgs {
                 ),
             },
             workload_nodes: match self.workload_nodes.as_str() {
-                "cluster-secrets" => WorkloadNodes::ClusterSecrets,
+                "cluster-secrets" => WorkloadNodes::ClusterSecrets(ReadLimits {
+                    response_bytes: (self.workload_max_response_mib as usize) << 20,
+                    watch_line_bytes: (self.workload_max_watch_line_mib as usize) << 20,
+                    nodes: self.workload_max_nodes as usize,
+                    list_deadline: Duration::from_secs(u64::from(self.workload_list_deadline_secs)),
+                }),
                 "kubeconfig" => WorkloadNodes::Kubeconfig(self.workload_kubeconfig.clone()),
                 _ => WorkloadNodes::SameCluster,
             },
@@ -477,6 +499,49 @@ mod tests {
         ])
         .expect("an unknown architecture does not stop the process");
         cli.run.config().unwrap().default_arch
+    }
+
+    #[test]
+    fn the_workload_read_limits_come_from_their_flags() {
+        let limits = |extra: &[&str]| {
+            let mut args = vec![
+                "nodegroup-operator",
+                "--insecure",
+                "--workload-nodes=cluster-secrets",
+                "--allow-unscoped-clients",
+            ];
+            args.extend_from_slice(extra);
+            match Cli::try_parse_from(args).map(|cli| cli.run.config()) {
+                Ok(Ok(config)) => match config.workload_nodes {
+                    WorkloadNodes::ClusterSecrets(limits) => Ok(limits),
+                    other => panic!("{other:?}"),
+                },
+                Ok(Err(error)) => Err(error.to_string()),
+                Err(error) => Err(error.to_string()),
+            }
+        };
+        assert_eq!(limits(&[]), Ok(ReadLimits::default()));
+        assert_eq!(
+            limits(&[
+                "--workload-max-nodes=100",
+                "--workload-list-deadline-secs=5",
+                "--workload-max-response-mib=8",
+                "--workload-max-watch-line-mib=2",
+            ]),
+            Ok(ReadLimits {
+                response_bytes: 8 << 20,
+                watch_line_bytes: 2 << 20,
+                nodes: 100,
+                list_deadline: Duration::from_secs(5),
+            })
+        );
+        for zero in [
+            "--workload-max-nodes=0",
+            "--workload-list-deadline-secs=0",
+            "--workload-max-response-mib=0",
+        ] {
+            assert!(limits(&[zero]).is_err(), "{zero}");
+        }
     }
 
     #[test]

@@ -835,9 +835,18 @@ fn api_server_address(index: usize) -> std::net::SocketAddr {
 /// Restarts the shared operator, which then connects to the workload clusters as their
 /// kubeconfig Secrets say now.
 fn restart_operator(w: &mut World) {
+    restart_operator_with(w, &[]);
+}
+
+/// As [`restart_operator`], with `extra_args` too.
+fn restart_operator_with(w: &mut World, extra_args: &[&str]) {
     let options = operator_of_both(
         w,
-        vec!["--client-identity=uri-san".into()],
+        ["--client-identity=uri-san"]
+            .iter()
+            .chain(extra_args)
+            .map(|a| a.to_string())
+            .collect(),
         format!("{}-operator-restarted", w.a.namespace),
     );
     w.a.start_operator(&options).expect("operator");
@@ -1245,18 +1254,26 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
         baseline_rss
     );
     let mut report = Vec::new();
-    for mode in [
-        Hostility::EndlessList,
-        Hostility::EndlessContinue,
-        Hostility::EndlessWatchLine,
-        Hostility::HugeLabels,
-        Hostility::Drip,
-        Hostility::ClosingWatch,
+    // Each mode with the operator's bound it runs into, as B's condition must name it (a
+    // list deadline of 10 s instead of 180 s, so that a slow list is judged in the window).
+    for (mode, bound) in [
+        (Hostility::EndlessList, Some("--workload-max-response-mib")),
+        (
+            Hostility::EndlessContinue,
+            Some("--workload-list-deadline-secs"),
+        ),
+        (
+            Hostility::EndlessWatchLine,
+            Some("--workload-max-watch-line-mib"),
+        ),
+        (Hostility::HugeLabels, None),
+        (Hostility::Drip, Some("--workload-list-deadline-secs")),
+        (Hostility::ClosingWatch, None),
     ] {
         // A fresh operator for each mode: it lists B's Nodes at once, into the mode (an
         // earlier mode's backoff does not hide this one).
         hostile.set(mode);
-        restart_operator(&mut w);
+        restart_operator_with(&mut w, &["--workload-list-deadline-secs=10"]);
         let pid = w.a.operator().expect("operator").pid();
         let a = connect_as(&w, &a_cert).await;
         poll("A served by the restarted operator", || async {
@@ -1307,6 +1324,18 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
             "{mode:?}: {requests} requests in about 20 s"
         );
         assert!(requests > 0, "{mode:?}: B's server was asked nothing");
+        if let Some(bound) = bound {
+            let (_, message) = poll(&format!("B reported over {bound}"), || async {
+                match reachable_condition(&w, &w.b).await {
+                    Ok((status, message)) if status == "False" && message.contains(bound) => {
+                        Ok((status, message))
+                    }
+                    other => Err(format!("{other:?}")),
+                }
+            })
+            .await;
+            eprintln!("{mode:?}: B's WorkloadClustersReachable: {message}");
+        }
     }
     hostile.set(Hostility::Honest);
     // A still scales with B's server hostile a moment ago.

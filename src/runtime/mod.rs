@@ -40,6 +40,7 @@ use crate::server::tls::{self, ReloadingTls, TlsFiles};
 use crate::status::writer::StatusWriter;
 
 pub use watches::{NodeSource, WatchSpec, Watches};
+pub use workload::ReadLimits;
 
 /// Everything `run` needs.
 #[derive(Clone, Debug)]
@@ -101,8 +102,8 @@ pub enum WorkloadNodes {
     /// configuration when `None`.
     Kubeconfig(Option<PathBuf>),
     /// The operator runs in the management cluster: each workload cluster's Nodes are read
-    /// through Cluster API's `<cluster>-kubeconfig` Secret.
-    ClusterSecrets,
+    /// through Cluster API's `<cluster>-kubeconfig` Secret, at most `ReadLimits` of each.
+    ClusterSecrets(workload::ReadLimits),
 }
 
 /// A started operator.
@@ -398,7 +399,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 
     let nodes = match &config.workload_nodes {
         WorkloadNodes::SameCluster => NodeSource::Local,
-        WorkloadNodes::ClusterSecrets => NodeSource::ClusterSecrets {
+        WorkloadNodes::ClusterSecrets(limits) => NodeSource::ClusterSecrets {
+            limits: *limits,
             only: match &config.client_identity {
                 crate::server::identity::IdentitySource::Fixed(cluster) => Some(cluster.clone()),
                 _ => None,

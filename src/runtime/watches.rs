@@ -65,6 +65,8 @@ pub enum NodeSource {
     ClusterSecrets {
         /// The one Cluster served, if the operator is scoped by configuration.
         only: Option<ClusterKey>,
+        /// What is read from each workload cluster at most.
+        limits: super::workload::ReadLimits,
     },
 }
 
@@ -242,8 +244,8 @@ impl Watches {
                     node_client,
                 )
             }
-            NodeSource::ClusterSecrets { only } => {
-                let workload = WorkloadClusters::default();
+            NodeSource::ClusterSecrets { only, limits } => {
+                let workload = WorkloadClusters::new(limits);
                 tasks.spawn(workload.clone().run(
                     client.clone(),
                     (clusters.0.clone(), only),

@@ -73,21 +73,43 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest a workload client waits to send a request.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest response body read from a workload cluster (one LIST page, or one watch request's
-/// events): the Nodes are listed 500 to a page, and 500 Nodes with their image lists come to
-/// about 10 MiB.
-const MAX_RESPONSE_BYTES: usize = 64 << 20;
-/// Most Nodes kept per workload cluster: three times Kubernetes' largest supported cluster.
-/// A cluster that lists more is reported failed, and its Nodes are not served.
-pub const MAX_NODES: usize = 15_000;
-/// How long a cluster that listed more than [`MAX_NODES`] waits before it is listed again.
+/// How long a cluster that listed more than [`ReadLimits::nodes`] Nodes waits before it is
+/// listed again.
 const TOO_MANY_NODES_BACKOFF: Duration = Duration::from_secs(60);
-/// Longest a whole LIST of a cluster's Nodes may take, every page included: the read timeout
-/// bounds the wait for each next byte, not the list, and a tenant's server may send one byte
-/// every few seconds forever. [`MAX_NODES`] Nodes at a few MB/s list in well under a minute.
-const LIST_DEADLINE: Duration = Duration::from_secs(180);
-/// How long a cluster whose list missed [`LIST_DEADLINE`] waits before it is listed again.
+/// How long a cluster whose list missed [`ReadLimits::list_deadline`], or whose answer was
+/// beyond a size limit, waits before it is listed again.
 const SLOW_LIST_BACKOFF: Duration = Duration::from_secs(60);
+
+/// What the operator reads from one workload cluster at most: the tenant runs that API
+/// server. A cluster beyond a limit is reported failed (naming the limit), its Nodes are not
+/// served, and it is listed again after a minute; other clusters are not affected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadLimits {
+    /// Largest response body (one LIST page, or one watch request's events). Default 64 MiB:
+    /// the Nodes are listed 500 to a page, and 500 Nodes with their image lists come to
+    /// about 10 MiB.
+    pub response_bytes: usize,
+    /// Longest watch event line. Default 16 MiB.
+    pub watch_line_bytes: usize,
+    /// Most Nodes kept. Default 15,000: three times Kubernetes' largest supported cluster.
+    pub nodes: usize,
+    /// Longest a whole LIST of the Nodes may take, every page included: the read timeout
+    /// bounds the wait for each next byte, not the list, and a tenant's server may send one
+    /// byte every few seconds forever. Default 180 s: 15,000 Nodes at a few MB/s list in
+    /// well under a minute.
+    pub list_deadline: Duration,
+}
+
+impl Default for ReadLimits {
+    fn default() -> Self {
+        Self {
+            response_bytes: 64 << 20,
+            watch_line_bytes: super::line_limit::MAX_WATCH_LINE_BYTES,
+            nodes: 15_000,
+            list_deadline: Duration::from_secs(180),
+        }
+    }
+}
 /// Seconds the API server keeps each Node watch request open; the watch then resumes from
 /// where it was. kube's watcher renews a watch that stays silent 5 s longer than this.
 const WATCH_TIMEOUT_SECS: u32 = 20;
@@ -113,6 +135,7 @@ const ROTATION_WARN_AFTER: Duration = Duration::from_secs(30);
 #[derive(Clone, Default)]
 pub struct WorkloadClusters {
     slots: Arc<Mutex<HashMap<ClusterKey, Slot>>>,
+    limits: ReadLimits,
 }
 
 /// The connections to one workload cluster.
@@ -132,6 +155,14 @@ struct Rotation {
 }
 
 impl WorkloadClusters {
+    /// No connection yet; each one made reads at most `limits`.
+    pub fn new(limits: ReadLimits) -> Self {
+        Self {
+            slots: Arc::default(),
+            limits,
+        }
+    }
+
     /// Keeps one connection per Cluster in `clusters` (only Cluster `only`, when given) until
     /// `shutdown`: opened when a Cluster appears, replaced when its kubeconfig changes, closed
     /// when the Cluster goes.
@@ -241,7 +272,7 @@ impl WorkloadClusters {
             }
             SecretAction::Serve | SecretAction::Rotate => {}
         }
-        let client = match client_from_kubeconfig(kubeconfig).await {
+        let client = match client_from_kubeconfig(kubeconfig, &self.limits).await {
             Ok(client) => client,
             Err(reason) => {
                 let secret = secret_name(cluster);
@@ -259,7 +290,7 @@ impl WorkloadClusters {
             cluster.clone(),
             client,
             digest,
-            !rotation,
+            (!rotation, self.limits),
             changes.clone(),
             shutdown.child_token(),
         );
@@ -497,22 +528,23 @@ fn kubeconfig_value(secret: &Secret) -> Result<&[u8], String> {
 
 /// A client for a workload cluster from a kubeconfig, which must be self-contained
 /// ([`self_contained`]).
-async fn client_from_kubeconfig(kubeconfig: &[u8]) -> Result<Client, String> {
+async fn client_from_kubeconfig(kubeconfig: &[u8], limits: &ReadLimits) -> Result<Client, String> {
     let config = workload_config(kubeconfig).await?;
-    bounded_client(config).map_err(|e| format!("cannot build a client: {e}"))
+    bounded_client(config, limits).map_err(|e| format!("cannot build a client: {e}"))
 }
 
-/// A client whose every response body is cut at [`MAX_RESPONSE_BYTES`] (the API server is a
+/// A client whose every response body is cut at [`ReadLimits::response_bytes`] (the API server is a
 /// tenant's, and kube's client reads a LIST answer, or a watch line, whole, however long),
 /// whose watch lines are cut shorter still ([`super::line_limit`]), and
 /// whose requests are paced ([`super::pacing`]: kube's watcher reopens a watch that ended
 /// cleanly at once, and follows every 410 with a LIST, so a server doing either in a loop
 /// would otherwise keep the operator busy reconnecting).
-fn bounded_client(config: kube::Config) -> Result<Client, kube::Error> {
-    let limit = tower::util::MapResponseLayer::new(|response: http::Response<_>| {
-        response.map(|body| http_body_util::Limited::new(body, MAX_RESPONSE_BYTES))
+fn bounded_client(config: kube::Config, limits: &ReadLimits) -> Result<Client, kube::Error> {
+    let response_bytes = limits.response_bytes;
+    let limit = tower::util::MapResponseLayer::new(move |response: http::Response<_>| {
+        response.map(|body| http_body_util::Limited::new(body, response_bytes))
     });
-    let lines = super::line_limit::LineLimitLayer::new(super::line_limit::MAX_WATCH_LINE_BYTES);
+    let lines = super::line_limit::LineLimitLayer::new(limits.watch_line_bytes);
     let pace = super::pacing::PaceLayer::new(super::pacing::BURST, super::pacing::PER_SECOND);
     Ok(kube::client::ClientBuilder::try_from(config)?
         .with_layer(&limit)
@@ -686,7 +718,7 @@ impl Connection {
         cluster: ClusterKey,
         client: Client,
         kubeconfig: KubeconfigDigest,
-        serving: bool,
+        (serving, limits): (bool, ReadLimits),
         changes: Arc<Changes>,
         shutdown: CancellationToken,
     ) -> Self {
@@ -703,7 +735,7 @@ impl Connection {
         tokio::spawn(watch_nodes(
             client.clone(),
             writer,
-            (health.clone(), LIST_DEADLINE),
+            (health.clone(), limits),
             relist.clone(),
             shutdown.clone(),
         ));
@@ -866,11 +898,12 @@ impl SharedHealth {
 async fn watch_nodes(
     client: Client,
     mut writer: reflector::store::Writer<WatchedNode>,
-    (health, list_deadline): (Arc<SharedHealth>, Duration),
+    (health, limits): (Arc<SharedHealth>, ReadLimits),
     relist: Arc<Notify>,
     shutdown: CancellationToken,
 ) {
     let cluster = health.cluster.clone();
+    let list_deadline = limits.list_deadline;
     let api = Api::<WatchedNode>::all(client);
     let config = watcher::Config::default()
         .any_semantic()
@@ -905,7 +938,7 @@ async fn watch_nodes(
             }
             _ = tokio::time::sleep_until(list_due), if listing_since.is_some() => {
                 let reason = format!(
-                    "listing the cluster's Nodes took longer than {}s; it is listed again in {}s",
+                    "listing the cluster's Nodes took longer than {}s (--workload-list-deadline-secs); it is listed again in {}s",
                     list_deadline.as_secs(),
                     SLOW_LIST_BACKOFF.as_secs()
                 );
@@ -940,9 +973,10 @@ async fn watch_nodes(
         }
         match event {
             Some(Ok(event)) => {
-                if let Some(count) = over_node_cap(&event, &mut listing, &seen) {
+                if let Some(count) = over_node_cap(&event, &mut listing, &seen, limits.nodes) {
                     let reason = format!(
-                        "the cluster lists more than {MAX_NODES} Nodes ({count} so far); its Nodes are not served, and it is listed again in {}s",
+                        "the cluster lists more than {} Nodes ({count} so far; --workload-max-nodes); its Nodes are not served, and it is listed again in {}s",
+                        limits.nodes,
                         TOO_MANY_NODES_BACKOFF.as_secs()
                     );
                     writer.apply_watcher_event(&watcher::Event::Init);
@@ -967,10 +1001,10 @@ async fn watch_nodes(
             }
             Some(Err(error)) => {
                 let reason = reason(&error);
-                if oversized(&reason) {
+                if let Some(bound) = oversized(&reason, &limits) {
                     // Reading it again at once would cost the same again.
                     let reason = format!(
-                        "{reason}; the cluster is listed again in {}s",
+                        "{bound}; the cluster is listed again in {}s",
                         SLOW_LIST_BACKOFF.as_secs()
                     );
                     let big = "workload cluster answer too large";
@@ -1012,17 +1046,31 @@ async fn pause_listing(
 }
 
 /// True when a request failed because its answer was larger than a workload client reads
-/// ([`MAX_RESPONSE_BYTES`], or a watch line beyond [`super::line_limit::MAX_WATCH_LINE_BYTES`]).
-fn oversized(reason: &str) -> bool {
-    reason.contains("length limit exceeded") || reason.contains("a watch event line longer than")
+/// ([`ReadLimits::response_bytes`], or a watch line beyond [`ReadLimits::watch_line_bytes`]).
+/// Which, named as the operator's flag says it.
+fn oversized(reason: &str, limits: &ReadLimits) -> Option<String> {
+    if reason.contains("length limit exceeded") {
+        Some(format!(
+            "an answer was larger than {} MiB (--workload-max-response-mib)",
+            limits.response_bytes >> 20
+        ))
+    } else if reason.contains("a watch event line longer than") {
+        Some(format!(
+            "a watch event was longer than {} MiB (--workload-max-watch-line-mib)",
+            limits.watch_line_bytes >> 20
+        ))
+    } else {
+        None
+    }
 }
 
-/// The number of Nodes when `event` takes a cluster beyond [`MAX_NODES`]: counted per list
+/// The number of Nodes when `event` takes a cluster beyond `max` Nodes: counted per list
 /// (`listing`, reset when a list begins) and, once listed, as the Nodes known (`seen`).
 fn over_node_cap(
     event: &watcher::Event<WatchedNode>,
     listing: &mut usize,
     seen: &HashMap<String, u64>,
+    max: usize,
 ) -> Option<usize> {
     match event {
         watcher::Event::Init => {
@@ -1031,7 +1079,7 @@ fn over_node_cap(
         }
         watcher::Event::InitApply(_) => {
             *listing += 1;
-            (*listing > MAX_NODES).then_some(*listing)
+            (*listing > max).then_some(*listing)
         }
         watcher::Event::Apply(node) => {
             let new = node
@@ -1040,7 +1088,7 @@ fn over_node_cap(
                 .as_ref()
                 .is_some_and(|n| !seen.contains_key(n));
             let count = seen.len() + usize::from(new);
-            (count > MAX_NODES).then_some(count)
+            (count > max).then_some(count)
         }
         _ => None,
     }
@@ -1369,7 +1417,7 @@ mod tests {
         tokio::spawn(async move { axum::serve(listener, router).await });
         let mut config = kube::Config::new(format!("http://{address}").parse().unwrap());
         bound(&mut config);
-        bounded_client(config).unwrap()
+        bounded_client(config, &ReadLimits::default()).unwrap()
     }
 
     #[tokio::test]
@@ -1411,8 +1459,9 @@ mod tests {
             .await
             .expect("cut at the limit, not read forever");
         let error = answer.expect_err("an endless body is no list");
-        assert!(
-            reason(&error).contains("length limit") && oversized(&reason(&error)),
+        assert_eq!(
+            oversized(&reason(&error), &ReadLimits::default()).as_deref(),
+            Some("an answer was larger than 64 MiB (--workload-max-response-mib)"),
             "{}",
             reason(&error)
         );
@@ -1488,7 +1537,13 @@ mod tests {
         let watching = tokio::spawn(watch_nodes(
             client,
             reflector::store::Writer::default(),
-            (health.clone(), Duration::from_secs(2)),
+            (
+                health.clone(),
+                ReadLimits {
+                    list_deadline: Duration::from_secs(2),
+                    ..ReadLimits::default()
+                },
+            ),
             Arc::new(Notify::new()),
             shutdown.clone(),
         ));
@@ -1516,33 +1571,34 @@ mod tests {
         let node = |name: &str| -> WatchedNode {
             serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap()
         };
+        const MAX_NODES: usize = 1_000;
         let mut listing = 0;
         let mut seen: HashMap<String, u64> = HashMap::new();
         assert_eq!(
-            over_node_cap(&watcher::Event::Init, &mut listing, &seen),
+            over_node_cap(&watcher::Event::Init, &mut listing, &seen, MAX_NODES),
             None
         );
         for k in 0..MAX_NODES {
             let event = watcher::Event::InitApply(node(&format!("n{k}")));
-            assert_eq!(over_node_cap(&event, &mut listing, &seen), None);
+            assert_eq!(over_node_cap(&event, &mut listing, &seen, MAX_NODES), None);
         }
         let beyond = watcher::Event::InitApply(node("one-more"));
         assert_eq!(
-            over_node_cap(&beyond, &mut listing, &seen),
+            over_node_cap(&beyond, &mut listing, &seen, MAX_NODES),
             Some(MAX_NODES + 1)
         );
         // A new list starts the count again; once listed, a new Node beyond the cap stops it.
         assert_eq!(
-            over_node_cap(&watcher::Event::Init, &mut listing, &seen),
+            over_node_cap(&watcher::Event::Init, &mut listing, &seen, MAX_NODES),
             None
         );
         assert_eq!(listing, 0);
         seen.extend((0..MAX_NODES).map(|k| (format!("n{k}"), 0)));
         let known = watcher::Event::Apply(node("n7"));
-        assert_eq!(over_node_cap(&known, &mut listing, &seen), None);
+        assert_eq!(over_node_cap(&known, &mut listing, &seen, MAX_NODES), None);
         let new = watcher::Event::Apply(node("n-new"));
         assert_eq!(
-            over_node_cap(&new, &mut listing, &seen),
+            over_node_cap(&new, &mut listing, &seen, MAX_NODES),
             Some(MAX_NODES + 1)
         );
     }
