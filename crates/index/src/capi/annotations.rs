@@ -376,6 +376,21 @@ pub fn parse_capacity(
             taints
         }
     };
+    for (name, carried) in [
+        ("dra-driver", "ResourceSlices of the driver's devices"),
+        ("csi-driver", "a CSINode with the driver's volume limit"),
+    ] {
+        if let Some((key, raw)) = get(name).filter(|(_, v)| !v.trim().is_empty()) {
+            warnings.push(AnnotationWarning::new(
+                &key,
+                raw,
+                format!(
+                    "externalgrpc carries a template Node only, not {carried}, so cluster-autoscaler cannot count them when scaling this group from zero (keep one node in the group, or describe GPUs with gpu-type and gpu-count)"
+                ),
+                Fallback::Ignored,
+            ));
+        }
+    }
     let hints = CapacityHints {
         cpu,
         memory,
@@ -508,6 +523,41 @@ mod tests {
             a.insert(keys.max_size.clone(), m.to_string());
         }
         parse_bounds(&a, &keys)
+    }
+
+    /// The DRA and CSI driver annotations, which in-tree turns into ResourceSlices and a
+    /// CSINode of the template, cannot travel over externalgrpc (a template is a Node):
+    /// each is reported as ignored, never dropped silently.
+    #[test]
+    fn dra_and_csi_driver_annotations_are_reported_as_not_carried() {
+        let a = ann(&[
+            (
+                "capacity.cluster-autoscaler.kubernetes.io/dra-driver",
+                "gpu.nvidia.com=2",
+            ),
+            (
+                "capacity.cluster-autoscaler.kubernetes.io/csi-driver",
+                "ebs.csi.aws.com=25",
+            ),
+            ("capacity.cluster-autoscaler.kubernetes.io/cpu", "4"),
+        ]);
+        let (hints, warnings) = parse_capacity(&a);
+        assert_eq!(hints.cpu.as_deref(), Some("4"));
+        let keys: Vec<&str> = warnings.iter().map(|w| w.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "capacity.cluster-autoscaler.kubernetes.io/dra-driver",
+                "capacity.cluster-autoscaler.kubernetes.io/csi-driver"
+            ]
+        );
+        assert!(
+            warnings
+                .iter()
+                .all(|w| w.fallback == Fallback::Ignored && w.reason.contains("externalgrpc")),
+            "{warnings:?}"
+        );
+        assert!(parse_capacity(&ann(&[])).1.is_empty());
     }
 
     #[test]
