@@ -326,7 +326,7 @@ impl RunArgs {
                     self.cloud_endpoint_allow_http,
                 ),
                 alicloud_oidc_token_file: self.alicloud_oidc_token_file.clone(),
-                ambient: nodegroup_operator::backends::AmbientPolicy::new(
+                ambient: nodegroup_operator::nodepool::ambient::AmbientPolicy::new(
                     self.ambient_credential_namespaces.clone(),
                 ),
             },

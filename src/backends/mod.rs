@@ -4,14 +4,13 @@
 //! [`BackendConnector`](crate::nodepool::backend::BackendConnector)).
 
 pub mod alicloud;
-pub mod ambient;
 pub mod cherry;
 pub mod endpoints;
 
 use std::path::PathBuf;
 
+use crate::nodepool::ambient::AmbientPolicy;
 use crate::nodepool::backend::BackendConnector;
-pub use ambient::AmbientPolicy;
 pub use endpoints::EndpointPolicy;
 
 /// What the operator's configuration (not a NodePool) decides for every cloud.

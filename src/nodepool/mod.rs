@@ -3,6 +3,7 @@
 //! towards `spec.replicas` through the pool's backend ([`backend::PoolBackend`]), with the
 //! decisions made here ([`converge`], [`deletions`]).
 
+pub mod ambient;
 pub mod backend;
 pub mod bootstrap;
 pub mod converge;

@@ -80,7 +80,7 @@ pub struct PoolControllerOptions {
     /// Name of this replica, in creation request ids.
     pub instance: String,
     /// Which namespaces' pools may have a bootstrap token of a shared cluster minted.
-    pub ambient: crate::backends::AmbientPolicy,
+    pub ambient: crate::nodepool::ambient::AmbientPolicy,
 }
 
 impl Default for PoolControllerOptions {
@@ -91,7 +91,7 @@ impl Default for PoolControllerOptions {
             machine_type_ttl: Duration::from_secs(600),
             concurrency: 8,
             instance: format!("ngo-{}", std::process::id()),
-            ambient: crate::backends::AmbientPolicy::default(),
+            ambient: crate::nodepool::ambient::AmbientPolicy::default(),
         }
     }
 }
@@ -580,7 +580,7 @@ impl PoolController {
                     &pool.namespace().unwrap_or_default(),
                     "a bootstrap token of the cluster the operator itself runs against",
                 )
-                .map_err(|m| Blocked::Spec(crate::backends::ambient::NOT_ALLOWED, m))?;
+                .map_err(|m| Blocked::Spec(crate::nodepool::ambient::NOT_ALLOWED, m))?;
         }
         if decision.create > 0 {
             let Some((nodes_client, _)) = node_cluster else {

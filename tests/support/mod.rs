@@ -486,7 +486,9 @@ pub fn operator_config_as(namespace: &str, kubeconfig: PathBuf, tls: Option<TlsF
             ),
             alicloud_oidc_token_file: None,
             // The in-process operator serves the test's namespace alone.
-            ambient: nodegroup_operator::backends::AmbientPolicy::new(vec![namespace.to_string()]),
+            ambient: nodegroup_operator::nodepool::ambient::AmbientPolicy::new(vec![
+                namespace.to_string(),
+            ]),
         },
         workload_nodes: Default::default(),
         client_identity: nodegroup_operator::server::identity::IdentitySource::Off,

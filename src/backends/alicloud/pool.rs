@@ -56,7 +56,8 @@ use super::{
 use crate::api::nodepool::{
     AliCloudCredentialsMode, AliCloudSpec, MachineType, NodePool, UrlScheme,
 };
-use crate::backends::{AmbientPolicy, BackendOptions, EndpointPolicy};
+use crate::backends::{BackendOptions, EndpointPolicy};
+use crate::nodepool::ambient::AmbientPolicy;
 use crate::nodepool::backend::{
     BackendConnector, BackendError, BackendErrorKind, ConnectError, Created, CreationFailure,
     MachineTypeInfo, NewServer, OTHER_ERROR, OUT_OF_RESOURCES, PoolBackend, Secrets, pool_key,
@@ -173,7 +174,7 @@ impl BackendConnector for AliCloudConnector {
                     &kube::ResourceExt::namespace(pool).unwrap_or_default(),
                     "credentialsMode ECSRAMRole (the RAM role of the ECS instance the operator runs on)",
                 )
-                .map_err(|m| ConnectError::Spec(crate::backends::ambient::NOT_ALLOWED, m))?;
+                .map_err(|m| ConnectError::Spec(crate::nodepool::ambient::NOT_ALLOWED, m))?;
         }
         let secret = match &ali.credentials_secret_ref {
             Some(reference) => Some(
