@@ -34,7 +34,8 @@
 # its dependencies come from the proxy.
 #
 # Env: UPSTREAM_OUT (default <repo>/target/upstream), UPSTREAM_JOBS (go build -p, default 2),
-#      NGO_SHARED_UPSTREAM (default <repo>/../shared/upstream).
+#      NGO_SHARED_UPSTREAM (default <repo>/../shared/upstream), NGO_UPSTREAM_ARCHIVES (where a
+#      source missing there is downloaded from; default https://codeload.github.com).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -228,16 +229,26 @@ build_capi() {
 
 # shared_source NAME WHAT -> prints the extracted NAME/ tree under $WORK, after verifying
 # ../shared/upstream/NAME.tar.xz (WHAT's source, which the module proxy does not serve) against
-# its .sha256 file. The tree is read-only input: builds write nothing into it (-mod=readonly,
+# its .sha256 file. Without that tarball, the same release is downloaded from its public
+# repository and accepted only with the tree digest of tests/upstream/sources.lock
+# (fetch_source). The tree is read-only input: builds write nothing into it (-mod=readonly,
 # -o outside).
 shared_source() {
   local name=$1 what=$2 tarball sum want got dir
   tarball=$SHARED_UPSTREAM/$name.tar.xz
   sum=$tarball.sha256
-  [ -f "$tarball" ] || die "missing $tarball: $what's source is provided there (the Go module proxy does not serve it); set NGO_SHARED_UPSTREAM if ../shared/upstream lives elsewhere"
+  dir=$WORK/$name
+  if [ ! -f "$tarball" ]; then
+    want=$(pinned_tarball_sha "$name")
+    if [ ! -f "$dir/.complete" ] || [ "$(cat "$dir/.complete")" != "$want" ]; then
+      fetch_source "$name" "$what" "$dir" >&2
+      echo "$want" >"$dir/.complete"
+    fi
+    printf '%s\n' "$dir"
+    return 0
+  fi
   [ -f "$sum" ] || die "missing $sum (the checksum of $tarball)"
   want=$(cut -d' ' -f1 "$sum")
-  dir=$WORK/$name
   if [ ! -f "$dir/.complete" ] || [ "$(cat "$dir/.complete")" != "$want" ]; then
     got=$(sha256sum "$tarball" | cut -d' ' -f1)
     [ "$got" = "$want" ] || die "checksum mismatch for $tarball: got $got, want $want"
@@ -247,6 +258,67 @@ shared_source() {
     echo "$want" >"$dir/.complete"
   fi
   printf '%s\n' "$dir"
+}
+
+# lock_field NAME COLUMN -> column 2 (the shared tarball's sha256) or 3 (the tree digest) of
+# NAME's line in tests/upstream/sources.lock.
+lock_field() {
+  local v
+  v=$(awk -v n="$1" -v c="$2" '$1 == n { print $c }' "$HERE/sources.lock")
+  [ -n "$v" ] || die "tests/upstream/sources.lock has no line for $1"
+  printf '%s\n' "$v"
+}
+
+# pinned_tarball_sha NAME -> the sha256 of ../shared/upstream/NAME.tar.xz: its .sha256 file, or
+# the lock's when the tarball is not there (the cache keys stay the same either way).
+pinned_tarball_sha() {
+  local f=$SHARED_UPSTREAM/$1.tar.xz.sha256
+  if [ -f "$f" ]; then cut -d' ' -f1 "$f"; else lock_field "$1" 2; fi
+}
+
+# tree_digest DIR -> the digest tests/upstream/sources.lock pins (see there).
+tree_digest() {
+  ( cd "$1" \
+      && find . -type f ! -path ./.complete -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum \
+      && find . -type l -print0 | LC_ALL=C sort -z \
+        | while IFS= read -r -d '' f; do printf 'symlink %s -> %s\n' "$f" "$(readlink "$f")"; done
+  ) | sha256sum | cut -d' ' -f1
+}
+
+# fetch_source NAME WHAT DIR: downloads NAME's release from its public repository
+# ($NGO_UPSTREAM_ARCHIVES, default https://codeload.github.com: cluster-autoscaler-<v> is the
+# cluster-autoscaler/ directory of kubernetes/autoscaler at tag cluster-autoscaler-<v>,
+# cherrygo-<v> is cherryservers/cherrygo at tag v<v>), keeps the tree ../shared/upstream would
+# hold, and accepts it only with the lock's tree digest.
+fetch_source() {
+  local name=$1 what=$2 dir=$3 base=${NGO_UPSTREAM_ARCHIVES:-https://codeload.github.com}
+  local path subdir want got scratch top
+  case $name in
+    cluster-autoscaler-*) path=kubernetes/autoscaler/tar.gz/refs/tags/$name subdir=cluster-autoscaler ;;
+    cherrygo-*) path=cherryservers/cherrygo/tar.gz/refs/tags/v${name#cherrygo-} subdir=. ;;
+    *) die "no public repository known for $name" ;;
+  esac
+  want=$(lock_field "$name" 3)
+  command -v curl >/dev/null || die "$SHARED_UPSTREAM/$name.tar.xz is missing and curl is not installed to fetch $what's source"
+  echo "--- $SHARED_UPSTREAM/$name.tar.xz is missing: fetching $what's source from $base/$path"
+  scratch=$(mktemp -d "$WORK/.fetch-$name.XXXXXX")
+  curl -fsSL --retry 3 "$base/$path" -o "$scratch/archive.tar.gz" \
+    || { rm -rf "$scratch"; die "cannot download $base/$path ($what's source; or put $name.tar.xz and its .sha256 in $SHARED_UPSTREAM)"; }
+  mkdir "$scratch/tree"
+  tar -xzf "$scratch/archive.tar.gz" -C "$scratch/tree" || { rm -rf "$scratch"; die "$base/$path is not a tar.gz archive"; }
+  top=$(find "$scratch/tree" -mindepth 1 -maxdepth 1 -type d | head -n 1)
+  [ -n "$top" ] && [ -d "$top/$subdir" ] || { rm -rf "$scratch"; die "$base/$path has no $subdir/ directory"; }
+  rm -rf "$dir"
+  mv "$top/$subdir" "$dir"
+  rm -rf "$scratch"
+  # What ../shared/upstream leaves out: never used by a build here.
+  rm -rf "$dir/vendor" "$dir/cloudprovider/aws/aws-sdk-go"
+  got=$(tree_digest "$dir")
+  if [ "$got" != "$want" ]; then
+    rm -rf "$dir"
+    die "the source of $name from $base/$path is not the pinned tree (digest $got, tests/upstream/sources.lock pins $want)"
+  fi
+  [ -f "$dir/go.mod" ] || die "$name from $base/$path has no go.mod"
 }
 
 # ca_source VERSION -> prints the extracted cluster-autoscaler-VERSION/ tree under $WORK.
@@ -318,9 +390,9 @@ ca_binary_tags() {
 # ca_binary_key VERSION -> cluster-autoscaler-<version>-<hash of the tarball's checksum, the tags
 # and the substitutes>; KEY_ca for CA_VERSION.
 ca_binary_key() {
-  local v=$1 sum=none f=$SHARED_UPSTREAM/cluster-autoscaler-$1.tar.xz.sha256
+  local v=$1 sum
   if [ "$v" = "$CA_VERSION" ]; then echo "$KEY_ca"; return 0; fi
-  [ -f "$f" ] && sum=$(cut -d' ' -f1 "$f")
+  sum=$(pinned_tarball_sha "cluster-autoscaler-$v")
   printf 'cluster-autoscaler-%s-%s\n' "$v" \
     "$( { echo "$sum"; ca_binary_tags "$v"; conformance_substitutes "$v"; } | sha256sum | cut -c1-12)"
 }
