@@ -8,3 +8,4 @@ mod chart;
 mod crds;
 mod helm;
 mod proto;
+mod workflows;
