@@ -1,7 +1,8 @@
 //! NodePools: node groups of cloud servers. The index reads them like any scalable resource
-//! ([`view`]); the leader's reconciler (`runtime::pools`) converges each pool's cloud servers
+//! ([`view`]); the leader's reconciler ([`reconciler`]) converges each pool's cloud servers
 //! towards `spec.replicas` through the pool's backend ([`backend::PoolBackend`]), with the
-//! decisions made here ([`converge`], [`deletions`]).
+//! decisions made here ([`converge`], [`deletions`]). It reads the operator's watches through
+//! [`watches::PoolWatches`], which the runtime implements.
 
 pub mod ambient;
 pub mod backend;
@@ -11,5 +12,7 @@ pub mod deletions;
 pub mod drain;
 #[cfg(test)]
 mod model;
+pub mod reconciler;
 pub mod render;
 pub mod view;
+pub mod watches;

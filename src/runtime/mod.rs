@@ -10,7 +10,7 @@ mod line_limit;
 pub mod memory;
 pub mod nodes;
 mod pacing;
-pub mod pools;
+mod pool_watches;
 mod ready;
 pub(crate) mod watches;
 mod workload;
@@ -34,6 +34,7 @@ use crate::discovery::CapiResources;
 use crate::events::EventPublisher;
 use crate::index;
 use crate::metrics::Metrics;
+use crate::nodepool::reconciler::{PoolController, PoolControllerOptions};
 use crate::proto::cloud_provider_server::CloudProviderServer;
 use crate::server::CloudProviderService;
 use crate::server::tls::{self, ReloadingTls, TlsFiles};
@@ -538,12 +539,12 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         },
     ));
     if our_kinds.node_pools {
-        let pools = Arc::new(pools::PoolController::new(
+        let pools = Arc::new(PoolController::new(
             client.clone(),
-            watches.clone(),
+            Arc::new(watches.clone()),
             events.clone(),
             metrics.clone(),
-            pools::PoolControllerOptions {
+            PoolControllerOptions {
                 interval: config.node_pool_interval,
                 instance: instance.clone(),
                 ambient: config.backends.ambient.clone(),
