@@ -740,6 +740,19 @@ pub struct RegisteredCounts {
 pub struct Condition {
     /// The status word.
     pub status: String,
+    /// `backoffInfo` of a group's scale-up condition in `Backoff`: the error that backed it off.
+    pub backoff_info: BackoffInfo,
+}
+
+/// `scaleUp.backoffInfo`: the instance error cluster-autoscaler backed a group off for
+/// (`buildScaleUpStatusNodeGroup` in `clusterstate/clusterstate.go`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct BackoffInfo {
+    /// The provider's error code.
+    pub error_code: String,
+    /// The provider's message (cut at 500 characters by cluster-autoscaler).
+    pub error_message: String,
 }
 
 /// Samples of a histogram's `_count` and `_sum` for one label set, from Prometheus text.

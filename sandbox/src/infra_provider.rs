@@ -43,6 +43,12 @@
 //!   its `status.nodeRef` (it finds Nodes only by providerID: `reconcileNode` in
 //!   `machine_controller_noderef.go`): a Machine stuck provisioning whose instance did
 //!   register.
+//! - [`FAIL_ANNOTATION`]`: "<message>"` fails the machine's infrastructure instead of
+//!   provisioning it: no Node, no providerID, never provisioned, and `status.failureReason:
+//!   CreateError` with `status.failureMessage: <message>`, the fields an infrastructure
+//!   provider reports a terminal failure in (`FailuresFrom` in Cluster API's
+//!   `controllers/external/util.go`). Cluster API's Machine controller copies them to its
+//!   Machine (`reconcileExternal` in `machine_controller_phases.go`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -70,6 +76,11 @@ pub const NEVER_REGISTER_ANNOTATION: &str = "test.nodegroup.dev/never-register";
 pub const PROVISION_DELAY_ANNOTATION: &str = "test.nodegroup.dev/provision-delay-seconds";
 /// `"true"` on a `TestMachine`: create its Node, but leave its `spec.providerID` unset.
 pub const OMIT_PROVIDER_ID_ANNOTATION: &str = "test.nodegroup.dev/omit-provider-id";
+/// `"<message>"` on a `TestMachine`: its infrastructure fails with that message.
+pub const FAIL_ANNOTATION: &str = "test.nodegroup.dev/fail";
+/// The `status.failureReason` of a machine failed by [`FAIL_ANNOTATION`]: one of Cluster
+/// API's `MachineStatusError` values (`api/deprecated/errors`).
+pub const FAILURE_REASON: &str = "CreateError";
 /// Annotation on each Node naming its `TestMachine` (`<namespace>/<name>`).
 pub const TEST_MACHINE_ANNOTATION: &str = "test.nodegroup.dev/test-machine";
 /// The kwok annotation selecting the Nodes kwok manages.
@@ -328,6 +339,9 @@ async fn provision(
         return Ok(Action::await_change());
     }
     let annotations = machine.annotations();
+    if let Some(message) = annotations.get(FAIL_ANNOTATION) {
+        return fail(api, machine, message).await;
+    }
     if let Some(delay) = annotations
         .get(PROVISION_DELAY_ANNOTATION)
         .and_then(|d| d.parse::<u64>().ok())
@@ -373,6 +387,29 @@ async fn provision(
             "marking TestMachine {namespace}/{name} provisioned"
         )))?;
     tracing::info!(machine = %name, %namespace, node, never_register, "test machine provisioned");
+    Ok(Action::await_change())
+}
+
+/// Reports `machine`'s infrastructure as failed with `message` (see [`FAIL_ANNOTATION`]),
+/// once.
+async fn fail(
+    api: &Api<DynamicObject>,
+    machine: &DynamicObject,
+    message: &str,
+) -> Result<Action, ProviderError> {
+    let status = &machine.data["status"];
+    if status["failureReason"] == FAILURE_REASON && status["failureMessage"] == message {
+        return Ok(Action::await_change());
+    }
+    let namespace = machine.namespace().unwrap_or_default();
+    let name = machine.name_any();
+    let failed = json!({"status": {"failureReason": FAILURE_REASON, "failureMessage": message}});
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(failed))
+        .await
+        .map_err(api_err(format!(
+            "reporting the failure of TestMachine {namespace}/{name}"
+        )))?;
+    tracing::info!(machine = %name, %namespace, message, "test machine failed");
     Ok(Action::await_change())
 }
 
