@@ -644,7 +644,7 @@ fn default_rendering_matches_the_golden_file() {
 
 /// `nodegroup-operator run --help`: every long flag, with the environment variable that
 /// sets it when there is one.
-fn operator_flags() -> Vec<(String, Option<String>)> {
+pub(crate) fn operator_flags() -> Vec<(String, Option<String>)> {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodegroup-operator"))
         .args(["run", "--help"])
         .output()
@@ -1335,7 +1335,7 @@ fn probe_timings_and_the_disruption_budget_are_values() {
 /// The operator's exposition with a sample in every family (the encoder leaves out families
 /// without samples): one served group with a warning, one workload cluster, one RPC, one index
 /// update, one sweep.
-fn operator_exposition() -> support::promql::Exposition {
+pub(crate) fn operator_exposition() -> support::promql::Exposition {
     use nodegroup_operator::capi::ScalableKind;
     use nodegroup_operator::index::{
         ClusterKey, ConfigWarning, IndexInputs, NodeGroup, Source, WorkloadState, build_snapshot,
@@ -2194,7 +2194,7 @@ fn operator_namespaced_access(
             "leases",
             &["get", "create", "update"],
         ),
-        // runtime/pools.rs: a NodePool's credentials Secret, by name
+        // nodepool/reconciler/pass.rs: a NodePool's credentials Secret, by name
         (
             "nodegroup-operator-nodepool-credentials",
             "ngo-system",

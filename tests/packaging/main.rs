@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod changelog;
 mod chart;
 mod crds;
 mod helm;
