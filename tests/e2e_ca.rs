@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use ngo_sandbox::autoscaler::{
@@ -29,7 +29,7 @@ use ngo_sandbox::autoscaler::{
 };
 use ngo_sandbox::capi;
 use ngo_sandbox::environment::process_sandbox as sandbox;
-use ngo_sandbox::infra_provider::{self, PROVISION_DELAY_ANNOTATION};
+use ngo_sandbox::infra_provider::{self, FAIL_ANNOTATION, PROVISION_DELAY_ANNOTATION};
 use ngo_sandbox::workload::{self, Decision, PodCounts};
 use ngo_sandbox::world::{POOL_LABEL as POOL, TestWorld};
 use serde_json::{Value, json};
@@ -709,6 +709,271 @@ async fn an_instance_that_never_registers_is_removed_through_its_synthetic_id() 
         }
     })
     .await;
+}
+
+/// What a Machine of the failing group looked like while it existed, as a user's
+/// `kubectl get machine -o yaml` would show it.
+#[derive(Clone, Debug, Default)]
+struct SeenMachine {
+    /// Every `status.phase` it went through, in order.
+    phases: Vec<String>,
+    /// `status.deprecated.v1beta1.failureMessage` (v1beta2 has no top-level one).
+    failure_message: Option<String>,
+    /// `status.nodeRef.name`, once set.
+    node_ref: Option<String>,
+}
+
+/// Records, until dropped, every Machine of MachineDeployment `deployment` in `namespace`:
+/// the failing group's Machines live only seconds before cluster-autoscaler deletes them.
+struct MachineRecorder {
+    seen: Arc<Mutex<BTreeMap<String, SeenMachine>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MachineRecorder {
+    fn start(client: kube::Client, namespace: &str, deployment: &str) -> Self {
+        use futures::StreamExt as _;
+        use kube::runtime::watcher;
+        let api = Api::<DynamicObject>::namespaced_with(client, namespace, &capi::machines());
+        let config = watcher::Config::default()
+            .labels(&format!("cluster.x-k8s.io/deployment-name={deployment}"));
+        let seen: Arc<Mutex<BTreeMap<String, SeenMachine>>> = Arc::default();
+        let record = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut events = watcher(api, config).boxed();
+            while let Some(event) = events.next().await {
+                let (Ok(watcher::Event::Apply(m)) | Ok(watcher::Event::InitApply(m))) = event
+                else {
+                    continue;
+                };
+                let status = &m.data["status"];
+                let text = |v: &Value| v.as_str().map(String::from);
+                let mut seen = record.lock().unwrap_or_else(|p| p.into_inner());
+                let entry = seen.entry(m.name_any()).or_default();
+                if let Some(phase) = text(&status["phase"])
+                    && entry.phases.last() != Some(&phase)
+                {
+                    entry.phases.push(phase);
+                }
+                entry.failure_message = entry
+                    .failure_message
+                    .take()
+                    .or_else(|| text(&status["deprecated"]["v1beta1"]["failureMessage"]));
+                entry.node_ref = entry
+                    .node_ref
+                    .take()
+                    .or_else(|| text(&status["nodeRef"]["name"]));
+            }
+        });
+        Self { seen, task }
+    }
+
+    fn seen(&self) -> BTreeMap<String, SeenMachine> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl Drop for MachineRecorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The real Cluster API manager marks a Machine failed when its infrastructure fails, the
+/// operator reports that instance to the real cluster-autoscaler with error info, and
+/// cluster-autoscaler backs the group off and scales another one instead.
+///
+/// Two MachineDeployments at 0 fit the same pending pods; the priority expander prefers
+/// `broken`, whose infrastructure machines fail (the test provider sets `status.failureReason`
+/// and `status.failureMessage` on them, as a cloud's provider would). Nothing in the test
+/// writes a Machine. What cluster-autoscaler 1.36.1 does with instances in state Creating with
+/// error info (`handleInstanceCreationErrorsForNodeGroup` in `clusterstate/clusterstate.go`):
+/// while the group is scaling up it records a `ScaleUpFailed` Event, takes the failed instances
+/// off the scale-up request and backs the group off (`RegisterFailedScaleUp`); every loop it
+/// then deletes them (`deleteCreatedNodesWithErrors` in `core/static_autoscaler.go`, DeleteNodes
+/// with nodes named by the instance ids), and its next scale-up leaves the backed-off group out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_machines_back_their_group_off_and_another_group_scales_instead() {
+    let mut w = World::new("ca-failed").await;
+    let cause = "quota exceeded for instance type t.sandbox in zone sandbox-a";
+    // Both groups make Nodes with the same pool label; only `broken`'s machines fail.
+    let pool = w.label("shared");
+    for (name, machine_annotations) in [
+        ("broken", json!({FAIL_ANNOTATION: cause})),
+        ("healthy", json!({})),
+    ] {
+        let template = capi::test_machine_template(
+            w.ns(),
+            name,
+            json!({"nodeLabels": {POOL: pool}}),
+            machine_annotations,
+        )
+        .expect("template");
+        w.create(template, &capi::test_machine_templates()).await;
+    }
+    let from_zero = || merged(bounds(0, 3), zero_capacity(&pool));
+    let broken = w
+        .md_from("broken", 0, from_zero(), "broken", json!({}))
+        .await;
+    let healthy = w
+        .md_from("healthy", 0, from_zero(), "healthy", json!({}))
+        .await;
+    // CA's priority expander (`expander/priority/priority.go`): the highest priority whose
+    // regular expression matches a group's id wins.
+    let priorities: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "cluster-autoscaler-priority-expander", "namespace": w.ns()},
+        "data": {"priorities": format!("20:\n  - ^{broken}$\n10:\n  - ^{healthy}$\n")}
+    }))
+    .expect("priorities");
+    Api::<ConfigMap>::namespaced(w.client.clone(), w.ns())
+        .create(&PostParams::default(), &priorities)
+        .await
+        .expect("priority expander ConfigMap");
+    let machines = MachineRecorder::start(w.client.clone(), w.ns(), "broken");
+    w.app_settled("load", 2, "shared", 0).await;
+    let start = Instant::now();
+    w.start_autoscaler(|o| {
+        o.expander = "priority".into();
+        // CA lets one Event per reason and object through every 5 minutes (the spam key of
+        // `utils/kubernetes/factory.go`; only a status ConfigMap in kube-system is exempt), so
+        // the pods' second TriggeredScaleUp would be dropped without this flag.
+        o.extra_args.push("--record-duplicated-events=true".into());
+    });
+
+    let first = w
+        .wait_decision("TriggeredScaleUp", &format!("{broken} 0->2 (max: 3)"))
+        .await;
+    w.log(&format!("first choice: {}", first.message));
+    let backoff = w
+        .wait(&format!("cluster-autoscaler to back {broken} off"), || {
+            let (w, broken) = (&w, &broken);
+            async move {
+                let group = w.ca_group(broken).await.ok_or("group not reported")?;
+                if group.scale_up.status == "Backoff" {
+                    Ok(group.scale_up.backoff_info)
+                } else {
+                    Err(format!("scale-up {:?}", group.scale_up))
+                }
+            }
+        })
+        .await;
+    let backed_off = start.elapsed();
+    w.log(&format!("status ConfigMap: Backoff {backoff:?}"));
+    // The operator's error info, carrying the message Cluster API put on the Machine, which
+    // carries the one the infrastructure reported.
+    assert_eq!(backoff.error_code, "ProvisioningFailed");
+    let detected = "Machine provisioning failed: Failure detected from referenced resource \
+                    infrastructure.cluster.x-k8s.io/v1alpha1, Kind=TestMachine with name";
+    assert!(
+        backoff.error_message.starts_with(detected) && backoff.error_message.ends_with(cause),
+        "{backoff:?}"
+    );
+    let failed = w
+        .wait_decision(
+            "ScaleUpFailed",
+            &format!("to group {broken} due to Other.ProvisioningFailed"),
+        )
+        .await;
+    w.log(&format!("{}: {}", failed.object, failed.message));
+    assert!(
+        failed.object == "ConfigMap/cluster-autoscaler-status"
+            && failed.message.contains(detected)
+            && failed.message.contains(cause),
+        "{failed:?}"
+    );
+
+    // The next scale-up leaves the backed-off group out. (Had CA seen the two failures in
+    // different loops, it would raise the other group one node at a time.)
+    let second = w
+        .wait_decision("TriggeredScaleUp", &format!("{{{healthy} 0->"))
+        .await;
+    w.log(&format!("second choice: {}", second.message));
+    w.wait_group_size(&healthy, 2).await;
+    let on = w.wait_nodes_running("load", 2).await;
+    let running = start.elapsed();
+    let healthy_nodes: Vec<String> =
+        Api::<DynamicObject>::namespaced_with(w.client.clone(), w.ns(), &capi::machines())
+            .list(&ListParams::default().labels("cluster.x-k8s.io/deployment-name=healthy"))
+            .await
+            .expect("machines")
+            .items
+            .iter()
+            .filter_map(|m| {
+                m.data["status"]["nodeRef"]["name"]
+                    .as_str()
+                    .map(String::from)
+            })
+            .collect();
+    assert!(
+        on.iter().all(|n| healthy_nodes.contains(n)),
+        "the pods run on the healthy group's Nodes {healthy_nodes:?}: {on:?}"
+    );
+
+    // cluster-autoscaler deleted the failed instances: their Machines are gone and the group
+    // is back at 0, without a Node ever.
+    w.wait("the failed Machines deleted", || async {
+        let left =
+            Api::<DynamicObject>::namespaced_with(w.client.clone(), w.ns(), &capi::machines())
+                .list(&ListParams::default().labels("cluster.x-k8s.io/deployment-name=broken"))
+                .await
+                .map_err(|e| e.to_string())?
+                .items;
+        let replicas = w.replicas(&capi::machine_deployments(), "broken").await;
+        if left.is_empty() && replicas == 0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "replicas {replicas}, {} Machine(s) left",
+                left.len()
+            ))
+        }
+    })
+    .await;
+    assert!(
+        w.nodes("shared")
+            .await
+            .iter()
+            .all(|n| healthy_nodes.contains(n))
+    );
+    // `deleteCreatedNodesWithErrors` did it, in CA's own words.
+    let log = w
+        .cluster
+        .autoscaler()
+        .map(|a| a.log_path().to_path_buf())
+        .expect("cluster-autoscaler running");
+    let log = std::fs::read_to_string(&log).expect("cluster-autoscaler log");
+    let deleted = format!(" from {broken} node group because of create errors");
+    let deleted = log
+        .lines()
+        .find(|l| l.contains("Deleting ") && l.contains(&deleted))
+        .unwrap_or_else(|| panic!("no \"Deleting N{deleted}\" in cluster-autoscaler's log"));
+    w.log(&format!("cluster-autoscaler's log: {deleted}"));
+    let seen = machines.seen();
+    w.log(&format!(
+        "the failing group's Machines as Cluster API left them: {seen:#?}"
+    ));
+    assert!(seen.len() >= 2, "{seen:?}");
+    for (name, machine) in &seen {
+        let message = machine.failure_message.as_deref().unwrap_or_default();
+        assert!(
+            message.starts_with("Failure detected from referenced resource")
+                && message.contains(&format!("with name \"{name}\""))
+                && message.ends_with(cause)
+                && machine.node_ref.is_none(),
+            "Machine {name}: {machine:?}"
+        );
+        // Cluster API 1.14 sets no `Failed` phase (`setMachinePhaseAndLastUpdated` in
+        // `machine_controller_status.go`): the failure message alone says it failed.
+        assert!(
+            !machine.phases.iter().any(|p| p == "Failed"),
+            "Machine {name}: {machine:?}"
+        );
+    }
+    w.log(&format!(
+        "backed off after {:.1}s, pods running on the other group after {:.1}s",
+        backed_off.as_secs_f64(),
+        running.as_secs_f64()
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
