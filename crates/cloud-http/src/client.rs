@@ -16,6 +16,8 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::CertificateDer;
 use thiserror::Error;
 
+use crate::proxy::{ProxiedConnector, ProxySettings};
+
 /// How long an unused pooled connection stays open unless [`HttpOptions`] says otherwise.
 pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -36,16 +38,20 @@ pub struct HttpOptions {
     /// Most bytes of an answer's body; reading stops there and the exchange is
     /// [`SendError::Broken`].
     pub max_answer_bytes: usize,
+    /// The HTTP proxy per URL ([`ProxySettings::from_env`] unless set otherwise).
+    pub proxy: ProxySettings,
 }
 
 impl HttpOptions {
-    /// `timeout` per exchange, the system's roots only, [`DEFAULT_POOL_IDLE_TIMEOUT`].
+    /// `timeout` per exchange, the system's roots only, [`DEFAULT_POOL_IDLE_TIMEOUT`], the
+    /// proxy of the environment.
     pub fn new(timeout: Duration) -> Self {
         Self {
             timeout,
             extra_root_certificates: Vec::new(),
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
             max_answer_bytes: DEFAULT_MAX_ANSWER_BYTES,
+            proxy: ProxySettings::from_env(),
         }
     }
 }
@@ -91,7 +97,7 @@ pub struct Answer {
 /// clone; clones share the pool.
 #[derive(Clone)]
 pub struct HttpClient {
-    http: HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    http: HyperClient<HttpsConnector<ProxiedConnector>, Full<Bytes>>,
     timeout: Duration,
     max_answer_bytes: usize,
 }
@@ -129,11 +135,14 @@ impl HttpClient {
         .map_err(BuildError::Tls)?
         .with_root_certificates(roots)
         .with_no_client_auth();
+        let mut direct = HttpConnector::new();
+        // The TLS layer above dials https:// URLs through it.
+        direct.enforce_http(false);
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
             .enable_http1()
-            .build();
+            .wrap_connector(ProxiedConnector::new(direct, &options.proxy));
         let http = HyperClient::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(options.pool_idle_timeout)
@@ -209,6 +218,7 @@ mod tests {
     use tokio::net::{TcpListener, TcpStream};
 
     use super::*;
+    use crate::ProxySettings;
 
     fn client(timeout: Duration) -> HttpClient {
         HttpClient::new(&HttpOptions::new(timeout)).unwrap()
@@ -353,6 +363,120 @@ mod tests {
             SendError::Broken("reading the answer: it is longer than 1048576 bytes".into())
         );
         assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    /// A CONNECT proxy on loopback: records each request head, answers `status`, and with 200
+    /// pipes the tunnel to `upstream` whatever host was asked for (the proxy resolves names,
+    /// not the client).
+    async fn connect_proxy(
+        status: &'static str,
+        upstream: SocketAddr,
+    ) -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = heads.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        match stream.read(&mut byte).await {
+                            Ok(1) => head.push(byte[0]),
+                            _ => return,
+                        }
+                    }
+                    seen.lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&head).into_owned());
+                    let reply = format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n");
+                    if stream.write_all(reply.as_bytes()).await.is_err()
+                        || !status.starts_with("200")
+                    {
+                        return;
+                    }
+                    let mut target = TcpStream::connect(upstream).await.unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut stream, &mut target).await;
+                });
+            }
+        });
+        (addr, heads)
+    }
+
+    fn via(proxy: ProxySettings) -> HttpClient {
+        HttpClient::new(&HttpOptions {
+            proxy,
+            ..HttpOptions::new(Duration::from_secs(5))
+        })
+        .unwrap()
+    }
+
+    /// HTTP(S)_PROXY and NO_PROXY as curl reads them: a proxied URL goes through a CONNECT
+    /// tunnel (the proxy resolves the name, with the credentials of the proxy URL), a URL
+    /// NO_PROXY names goes direct, and a proxy's refusal is an error naming the proxy without
+    /// its password.
+    #[tokio::test]
+    async fn requests_go_through_the_proxy_the_environment_names_unless_no_proxy_says_otherwise() {
+        let (target, _) = serve("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
+        let (proxy, heads) = connect_proxy("200 Connection established", target).await;
+        let settings = ProxySettings {
+            http: format!("http://ngo:s3cret@{proxy}"),
+            ..ProxySettings::none()
+        };
+        let request = |host: &str| {
+            Request::get(format!("http://{host}:{}/v1/things", target.port()))
+                .body(Full::default())
+                .unwrap()
+        };
+        let answer = via(settings.clone())
+            .send(request("cloud.example.invalid"))
+            .await
+            .unwrap();
+        assert_eq!(&answer.body[..], b"ok");
+        {
+            let heads = heads.lock().unwrap();
+            assert_eq!(heads.len(), 1, "{heads:?}");
+            assert!(
+                heads[0].starts_with(&format!(
+                    "CONNECT cloud.example.invalid:{} HTTP/1.1\r\n",
+                    target.port()
+                )),
+                "{heads:?}"
+            );
+            // base64("ngo:s3cret")
+            assert!(heads[0].contains("Basic bmdvOnMzY3JldA=="), "{heads:?}");
+        }
+
+        let direct = ProxySettings {
+            no: "127.0.0.1,.internal.example".into(),
+            ..settings.clone()
+        };
+        let answer = via(direct).send(request("127.0.0.1")).await.unwrap();
+        assert_eq!(&answer.body[..], b"ok");
+        assert_eq!(
+            heads.lock().unwrap().len(),
+            1,
+            "NO_PROXY: not through the proxy"
+        );
+
+        let (refusing, _) = connect_proxy("407 Proxy Authentication Required", target).await;
+        let refused = ProxySettings {
+            http: format!("http://ngo:s3cret@{refusing}"),
+            ..ProxySettings::none()
+        };
+        let err = via(refused)
+            .send(request("cloud.example.invalid"))
+            .await
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(matches!(err, SendError::Connect(_)), "{err:?}");
+        assert!(
+            message.contains(&format!("through the proxy {refusing}")),
+            "{message}"
+        );
+        assert!(!message.contains("s3cret"), "{message}");
     }
 
     #[test]
