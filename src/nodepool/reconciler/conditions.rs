@@ -7,13 +7,13 @@ use super::{Blocked, SIZE_OUTSIDE_BACKEND};
 use crate::api::conditions::{ConditionStatus, DesiredCondition};
 
 /// The pool's conditions after a pass that ended with `blocked` (see
-/// [`NodePoolStatus::conditions`] for their polarity). What the pass did not get to check is
-/// Unknown: a pass blocked before it connected the backend (`report.backend` unset: the spec
-/// names no usable backend, or the credentials Secret could not be read) leaves the backend's
-/// availability Unknown (`NotConnected`), and a Kubernetes API error before connecting leaves
-/// the spec's credentials unchecked (`InvalidSpec` Unknown, `NotChecked`). A pass that
-/// connected got the backend's members and bounds before anything else could block it, so
-/// the backend is then known to answer.
+/// [`NodePoolStatus::conditions`](crate::api::nodepool::NodePoolStatus::conditions) for their
+/// polarity). What the pass did not get to check is Unknown: a pass blocked before it connected the
+/// backend (`report.backend` unset: the spec names no usable backend, or the credentials Secret
+/// could not be read) leaves the backend's availability Unknown (`NotConnected`), and a Kubernetes
+/// API error before connecting leaves the spec's credentials unchecked (`InvalidSpec` Unknown,
+/// `NotChecked`). A pass that connected got the backend's members and bounds before anything else
+/// could block it, so the backend is then known to answer.
 pub(super) fn conditions(
     blocked: &Option<Blocked>,
     report: &PassReport,

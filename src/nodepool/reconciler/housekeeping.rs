@@ -82,9 +82,9 @@ impl Drop for TokenSweeps {
 }
 
 impl PoolController {
-    /// Every [`PoolControllerOptions::interval`] until `term` ends: forgets the pools that are
-    /// gone (their metrics, failure counts and cached backend connections) and sweeps expired
-    /// bootstrap tokens.
+    /// Every [`interval`](super::PoolControllerOptions::interval) until `term` ends: forgets
+    /// the pools that are gone (their metrics, failure counts and cached backend connections)
+    /// and sweeps expired bootstrap tokens.
     pub(super) async fn housekeeping(&self, context: &PassContext, term: &CancellationToken) {
         let mut known: HashSet<String> = HashSet::new();
         let mut token_sweeps = TokenSweeps::default();

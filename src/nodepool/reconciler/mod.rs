@@ -11,6 +11,7 @@
 //! the delete call. Pools are deleted with their servers (finalizer).
 //!
 //! What it reads of the watches comes through [`PoolWatches`], which the runtime implements.
+//! Its parts:
 //! - [`schedule`]: when passes run, their concurrency, retries and the end of a term;
 //! - [`pass`]: one pass: read the pool, connect its backend, decide, act;
 //! - [`create`]: ordering servers (bootstrap token, user data) and creations that failed;

@@ -247,8 +247,9 @@ impl PoolController {
             })
     }
 
-    /// The pool's machine type: cached for [`PoolControllerOptions::machine_type_ttl`] unless
-    /// `fresh`; the last one known when the backend does not answer.
+    /// The pool's machine type: cached for
+    /// [`machine_type_ttl`](super::PoolControllerOptions::machine_type_ttl) unless `fresh`; the
+    /// last one known when the backend does not answer.
     pub(super) async fn machine_type(
         &self,
         key: &str,

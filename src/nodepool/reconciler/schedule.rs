@@ -121,9 +121,10 @@ impl PoolController {
     /// until `term` is cancelled, with one kube-runtime [`Controller`] per watched scope:
     /// - a pass is due when a pool's generation, scale-down ledger or deletion changes
     ///   ([`pass_trigger`]; the pass's own status writes do not trigger one), and
-    ///   [`PoolControllerOptions::interval`](super::PoolControllerOptions::interval) after the last pass otherwise;
-    /// - up to [`PoolControllerOptions::concurrency`](super::PoolControllerOptions::concurrency) passes run at once over all scopes, never
-    ///   two over one pool, so a pool whose cloud does not answer holds back no other pool;
+    ///   [`interval`](super::PoolControllerOptions::interval) after the last pass otherwise;
+    /// - up to [`concurrency`](super::PoolControllerOptions::concurrency) passes run at once
+    ///   over all scopes, never two over one pool, so a pool whose cloud does not answer holds
+    ///   back no other pool;
     /// - a pass that fails on the Kubernetes API or the cloud is retried with a per-pool
     ///   backoff ([`retry_after`]);
     /// - at the end of the term no new pass starts and running passes get up to
