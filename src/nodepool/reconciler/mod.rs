@@ -12,14 +12,14 @@
 //!
 //! What it reads of the watches comes through [`PoolWatches`], which the runtime implements.
 //! Its parts:
-//! - [`schedule`]: when passes run, their concurrency, retries and the end of a term;
-//! - [`pass`]: one pass: read the pool, connect its backend, decide, act;
-//! - [`create`]: ordering servers (bootstrap token, user data) and creations that failed;
-//! - [`delete`]: draining and deleting servers, the finalizer;
-//! - [`status`]: the pool's status writes, fenced on the instances a pass saw;
-//! - [`conditions`]: the pool's conditions after a pass;
-//! - [`report`]: Events, logs and backend metrics of a pass;
-//! - [`housekeeping`]: what is done between passes: forgetting gone pools, sweeping expired
+//! - `schedule.rs`: when passes run, their concurrency, retries and the end of a term;
+//! - `pass.rs`: one pass: read the pool, connect its backend, decide, act;
+//! - `create.rs`: ordering servers (bootstrap token, user data) and creations that failed;
+//! - `delete.rs`: draining and deleting servers, the finalizer;
+//! - `status.rs`: the pool's status writes, fenced on the instances a pass saw;
+//! - `conditions.rs`: the pool's conditions after a pass;
+//! - `report.rs`: Events, logs and backend metrics of a pass;
+//! - `housekeeping.rs`: what is done between passes: forgetting gone pools, sweeping expired
 //!   bootstrap tokens.
 
 mod conditions;
