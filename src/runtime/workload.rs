@@ -819,6 +819,16 @@ impl Health {
         }
     }
 
+    /// The cluster went over a read limit (`reason` names it): its Nodes are not served as
+    /// read until a list completes again, whether or not it was listed before.
+    fn over_limit(&mut self, reason: String) {
+        self.state = if self.state.ever_synced() {
+            WorkloadState::Unreachable(reason)
+        } else {
+            WorkloadState::NeverSynced(reason)
+        };
+    }
+
     /// A probe's `outcome`. Returns true when the Nodes must be listed afresh: the API server
     /// answers again after the cluster was reported unreachable. An unreachable cluster keeps
     /// the reason it was first reported with (each new reason would be a new Event).
@@ -1038,7 +1048,7 @@ async fn pause_listing(
     shutdown: &CancellationToken,
 ) -> bool {
     tracing::warn!(cluster = %health.cluster, kubeconfig = %health.kubeconfig, %reason, "{what}");
-    health.update(|h| h.watch_failed(reason));
+    health.update(|h| h.over_limit(reason));
     tokio::select! {
         _ = shutdown.cancelled() => false,
         _ = tokio::time::sleep(pause) => true,
@@ -1361,6 +1371,31 @@ mod tests {
         assert!(!health.probed(Ok(()), at(21)), "a blip within the window");
         health.probed(Err("refused".into()), at(35));
         assert!(health.probed(Ok(()), at(40)), "after a new outage");
+    }
+
+    /// A cluster that goes over a read limit after it was listed (more Nodes than the cap,
+    /// an oversized answer, a list past its deadline) has its Nodes dropped or stale: it is
+    /// reported for that limit, whatever the probes say, until a list completes again.
+    #[test]
+    fn a_cluster_over_a_limit_after_it_synced_is_reported_until_it_lists_again() {
+        let now = Instant::now();
+        let mut h = Health::new(now);
+        h.listed(now);
+        h.over_limit("over --workload-max-nodes".into());
+        assert_eq!(
+            h.state,
+            WorkloadState::Unreachable("over --workload-max-nodes".into())
+        );
+        h.probed(Ok(()), now);
+        assert!(
+            matches!(h.state, WorkloadState::Unreachable(_)),
+            "an answering server does not clear it"
+        );
+        h.listed(now);
+        assert_eq!(h.state, WorkloadState::Synced);
+        let mut fresh = Health::new(now);
+        fresh.over_limit("too slow".into());
+        assert_eq!(fresh.state, WorkloadState::NeverSynced("too slow".into()));
     }
 
     #[test]
