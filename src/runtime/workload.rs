@@ -819,8 +819,9 @@ impl Health {
         }
     }
 
-    /// The cluster went over a read limit (`reason` names it): its Nodes are not served as
-    /// read until a list completes again, whether or not it was listed before.
+    /// The cluster went over a read limit (`reason` names it) and is reported so until a list
+    /// completes again: never read when it had not been listed yet, else unreachable (its
+    /// groups keep the Nodes of its last complete list, as for an outage).
     fn over_limit(&mut self, reason: String) {
         self.state = if self.state.ever_synced() {
             WorkloadState::Unreachable(reason)
@@ -985,7 +986,7 @@ async fn watch_nodes(
             Some(Ok(event)) => {
                 if let Some(count) = over_node_cap(&event, &mut listing, &seen, limits.nodes) {
                     let reason = format!(
-                        "the cluster lists more than {} Nodes ({count} so far; --workload-max-nodes); its Nodes are not served, and it is listed again in {}s",
+                        "the cluster lists more than {} Nodes ({count} so far; --workload-max-nodes); it is listed again in {}s",
                         limits.nodes,
                         TOO_MANY_NODES_BACKOFF.as_secs()
                     );
