@@ -2,8 +2,9 @@
 //! scalable resources, run as a Kubernetes operator.
 //!
 //! Data flows one way: watches feed reflector stores ([`runtime`]), a pure builder turns them
-//! into an immutable [`index::Snapshot`], the gRPC service ([`server`]) answers from that
-//! snapshot, and only mutating RPCs reach out to the API server through [`actuate`].
+//! into an immutable [`ngo_index::index::Snapshot`], the gRPC service
+//! ([`ngo_service::server`]) answers from that snapshot, and only mutating RPCs reach out to the
+//! API server through [`ngo_service::actuate`].
 
 pub mod backends;
 pub mod nodepool;
@@ -11,9 +12,11 @@ pub mod probe;
 pub mod runtime;
 pub mod status;
 
-/// The CRD types (crate `ngo-api`).
-pub use ngo_api as api;
-/// The index and the pure Cluster API model (crate `ngo-index`).
-pub use ngo_index::{capi, duration, index, quantity, template};
-/// The gRPC service and the actuators (crate `ngo-service`).
-pub use ngo_service::{actuate, discovery, events, fault, metrics, pricing, proto, server};
+// The crates below the operator, each under its own name, for what depends on the operator
+// alone (the sandbox, the fuzz target). Inside this crate they are named directly.
+pub use ngo_api;
+pub use ngo_index;
+pub use ngo_service;
+/// The `externalgrpc` wire types the binary serves, for its clients (the integration tests,
+/// the sandbox's load and chaos clients).
+pub use ngo_service::proto;

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use nodegroup_operator::capi::keys::DEFAULT_GROUP;
+use ngo_index::capi::keys::DEFAULT_GROUP;
+use ngo_index::template::{self, FALLBACK_ARCHITECTURE};
+use ngo_service::server::identity::IdentitySource;
+use ngo_service::server::tls::TlsFiles;
 use nodegroup_operator::probe::{self, CloudConfig};
 use nodegroup_operator::runtime::leader::LeaderConfig;
 use nodegroup_operator::runtime::{self, Config, ReadLimits, WorkloadNodes};
-use nodegroup_operator::server::identity::IdentitySource;
-use nodegroup_operator::server::tls::TlsFiles;
-use nodegroup_operator::template::{self, FALLBACK_ARCHITECTURE};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -73,7 +73,7 @@ impl ProbeArgs {
             key: self.key.clone(),
             cacert: self.cacert.clone(),
             grpc_timeout: match &self.grpc_timeout {
-                Some(text) => nodegroup_operator::duration::parse(text)?,
+                Some(text) => ngo_index::duration::parse(text)?,
                 None => probe::DEFAULT_GRPC_TIMEOUT,
             },
         };
@@ -191,7 +191,7 @@ struct RunArgs {
     #[arg(long, default_value = "off", value_parser = ["off", "uri-san", "common-name"])]
     client_identity: String,
     /// Prefix of the identity naming a Cluster in client certificates.
-    #[arg(long, default_value = nodegroup_operator::server::identity::DEFAULT_PREFIX)]
+    #[arg(long, default_value = ngo_service::server::identity::DEFAULT_PREFIX)]
     client_identity_prefix: String,
     /// Serve only this Cluster (`<namespace>/<name>`) to every client, whatever it presents:
     /// the co-located mode, beside one cluster-autoscaler in its pod. Excludes
@@ -225,7 +225,7 @@ struct RunArgs {
     /// Seconds the sweeper waits past a scale-down claim's or mark's deadline before it
     /// releases it: the largest clock difference between replicas (the deadline is written
     /// by one replica's clock and read by another's). Safety does not depend on it.
-    #[arg(long, default_value_t = nodegroup_operator::actuate::CLOCK_MARGIN_SECS)]
+    #[arg(long, default_value_t = ngo_service::actuate::CLOCK_MARGIN_SECS)]
     sweep_clock_margin_secs: i64,
     /// Longest time in seconds between two reconcile passes over a NodePool (leader only; a
     /// change of the pool's spec or scale-down ledger starts one at once).
@@ -342,7 +342,7 @@ impl RunArgs {
             },
             client_identity: self.client_identity()?,
             grpc_rate_limit: (self.grpc_rate_limit > 0).then(|| {
-                nodegroup_operator::server::rate_limit::RateLimit {
+                ngo_service::server::rate_limit::RateLimit {
                     per_second: f64::from(self.grpc_rate_limit),
                     burst: f64::from(self.grpc_rate_burst.max(1)),
                 }
@@ -432,10 +432,7 @@ async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let args = match cli.command {
         Some(Command::Crd) => {
-            print!(
-                "{}",
-                nodegroup_operator::api::crds_yaml().context("serialising CRDs")?
-            );
+            print!("{}", ngo_api::crds_yaml().context("serialising CRDs")?);
             return Ok(());
         }
         Some(Command::Probe(args)) => return args.run().await,

@@ -15,8 +15,8 @@ use serde::Deserialize;
 use thiserror::Error;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::proto::cloud_provider_client::CloudProviderClient;
-use crate::proto::{NodeGroup, NodeGroupsRequest};
+use ngo_service::proto::cloud_provider_client::CloudProviderClient;
+use ngo_service::proto::{NodeGroup, NodeGroupsRequest};
 
 /// cluster-autoscaler's default per-call timeout when the cloud-config has no `grpc_timeout`.
 pub const DEFAULT_GRPC_TIMEOUT: Duration = Duration::from_secs(5);
@@ -108,7 +108,7 @@ impl CloudConfig {
         let grpc_timeout = match raw.grpc_timeout.as_deref() {
             None | Some("") => DEFAULT_GRPC_TIMEOUT,
             Some(text) => {
-                crate::duration::parse(text).map_err(|e| ProbeError::Config(e.to_string()))?
+                ngo_index::duration::parse(text).map_err(|e| ProbeError::Config(e.to_string()))?
             }
         };
         let config = Self {

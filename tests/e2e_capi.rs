@@ -767,7 +767,8 @@ async fn an_absorbed_decrement_is_lowered_again_when_the_machine_is_named_again(
     env.log("decrement absorbed: replicas raised back to 3 before Cluster API acted");
     // Past the grace Cluster API has to act, as cluster-autoscaler's second pick comes minutes
     // later: the machine stays, annotated.
-    let grace = Duration::from_secs(nodegroup_operator::actuate::CONSUME_GRACE_SECS as u64 + 3);
+    let grace =
+        Duration::from_secs(ngo_index::capi::scale_down::protocol::CONSUME_GRACE_SECS as u64 + 3);
     tokio::time::sleep(grace.saturating_sub(first.elapsed())).await;
     let machines: Vec<String> = env.machines().await.iter().map(|m| m.name_any()).collect();
     assert!(machines.contains(&a_machine), "{machines:?}");

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
+use ngo_api::NodeGroupPolicy;
 use ngo_sandbox::auditor::DeletionAuditor;
 use ngo_sandbox::autoscaler::{AutoscalerOptions, CloudProvider};
 use ngo_sandbox::ca_client::CaClient;
@@ -21,7 +22,6 @@ use ngo_sandbox::operator::write_cloud_config;
 use ngo_sandbox::stack::AutoscaledCluster;
 use ngo_sandbox::workload;
 use ngo_sandbox::workload_cluster::SYSTEM_NAMESPACE;
-use nodegroup_operator::api::NodeGroupPolicy;
 use serde_json::{Value, json};
 
 const POOL: &str = "e2e.nodegroup.dev/pool";

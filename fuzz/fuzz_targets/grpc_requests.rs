@@ -10,16 +10,17 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use nodegroup_operator::capi::annotations::{self, OptionOverrides};
-use nodegroup_operator::capi::objects::{InfraRef, Machine, Selector};
-use nodegroup_operator::capi::{CapiKeys, ScalableKind, ScalableResource, providerid};
-use nodegroup_operator::index::{
+use nodegroup_operator::ngo_index::capi::annotations::{self, OptionOverrides};
+use nodegroup_operator::ngo_index::capi::objects::{InfraRef, Machine, Selector};
+use nodegroup_operator::ngo_index::capi::{CapiKeys, ScalableKind, ScalableResource, providerid};
+use nodegroup_operator::ngo_index::index::{
     ClusterKey, IndexInputs, NodeGroupLookup, NodeView, PolicyRef, PolicyRules, PriceList,
     Snapshot, build_snapshot,
 };
+use nodegroup_operator::ngo_index::template;
+use nodegroup_operator::ngo_service::pricing;
+use nodegroup_operator::ngo_service::server::{convert, options};
 use nodegroup_operator::proto::{self, ExternalGrpcNode};
-use nodegroup_operator::server::{convert, options};
-use nodegroup_operator::{pricing, template};
 use prost::Message;
 
 const NAMESPACE: &str = "ns";

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use nodegroup_operator::api::NodePool;
+use nodegroup_operator::ngo_api::NodePool;
 use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -180,7 +180,7 @@ async fn apply_policy_and_deployment(
     namespace: &str,
     cluster: &str,
 ) -> anyhow::Result<()> {
-    let policy: nodegroup_operator::api::NodeGroupPolicy = serde_json::from_value(json!({
+    let policy: nodegroup_operator::ngo_api::NodeGroupPolicy = serde_json::from_value(json!({
         "apiVersion": "autoscaling.nodegroup.dev/v1alpha1",
         "kind": "NodeGroupPolicy",
         "metadata": {"name": GROUP_NAME, "namespace": namespace},
@@ -192,7 +192,7 @@ async fn apply_policy_and_deployment(
             "pricing": {"nodeHourly": 0.19}
         }
     }))?;
-    Api::<nodegroup_operator::api::NodeGroupPolicy>::namespaced(client.clone(), namespace)
+    Api::<nodegroup_operator::ngo_api::NodeGroupPolicy>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &policy)
         .await?;
     let mut md = capi::machine_deployment(
@@ -225,7 +225,7 @@ async fn apply_node_pool(
     Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &secret)
         .await?;
-    let pool: nodegroup_operator::api::NodePool = serde_json::from_value(json!({
+    let pool: nodegroup_operator::ngo_api::NodePool = serde_json::from_value(json!({
         "apiVersion": "autoscaling.nodegroup.dev/v1alpha1",
         "kind": "NodePool",
         "metadata": {"name": GROUP_NAME, "namespace": namespace},
@@ -241,7 +241,7 @@ async fn apply_node_pool(
             },
         },
     }))?;
-    Api::<nodegroup_operator::api::NodePool>::namespaced(client.clone(), namespace)
+    Api::<nodegroup_operator::ngo_api::NodePool>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &pool)
         .await?;
     Ok(())

@@ -126,7 +126,7 @@ impl Sandbox {
         runtime.block_on(async {
             let client = plane.client().await?;
             capi::install_crds(&client, &[]).await?;
-            let ours = nodegroup_operator::api::crds();
+            let ours = nodegroup_operator::ngo_api::crds();
             crds::apply(&client, &ours).await?;
             anyhow::Ok(())
         })?;

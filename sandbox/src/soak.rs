@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
-use nodegroup_operator::capi::scale_down::{
+use nodegroup_operator::ngo_index::capi::scale_down::{
     LEDGER_ANNOTATION, Ledger, MARK_ANNOTATION, ScaleDownMark,
 };
 use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};

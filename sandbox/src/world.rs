@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use nodegroup_operator::api::NodePool;
+use nodegroup_operator::ngo_api::NodePool;
 use serde_json::json;
 
 use crate::auditor::DeletionAuditor;

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
-use crate::api::nodepool::{MachineType, NodePool};
+use ngo_api::nodepool::{MachineType, NodePool};
 
 use super::converge::Member;
 

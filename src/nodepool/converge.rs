@@ -25,9 +25,9 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::view::FAILED_ID_PREFIX;
-use crate::api::nodepool::{InstanceStateName, PoolInstance};
-use crate::capi::providerid;
-use crate::capi::scale_down::{Ledger, pool_instance_key};
+use ngo_api::nodepool::{InstanceStateName, PoolInstance};
+use ngo_index::capi::providerid;
+use ngo_index::capi::scale_down::{Ledger, pool_instance_key};
 
 /// How long a creation without a server is waited for.
 pub const CREATE_GRACE: SignedDuration = SignedDuration::from_secs(180);
@@ -323,7 +323,7 @@ pub fn is_failed_id(provider_id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::nodepool::InstanceErrorStatus;
+    use ngo_api::nodepool::InstanceErrorStatus;
 
     const NOW: i64 = 1_800_000_000;
 

@@ -11,13 +11,13 @@ use serde_json::json;
 
 use super::backend::{BackendError, BackendErrorKind, OTHER_ERROR};
 use super::converge::{Decision, SeenNode};
-use crate::api::NodePool;
-use crate::api::nodepool::{
+use ngo_api::NodePool;
+use ngo_api::nodepool::{
     DeletionOutcome, InstanceDeletion, InstanceErrorStatus, InstanceStateName,
 };
-use crate::capi::providerid;
-use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger, pool_instance_key};
-use crate::events::Severity;
+use ngo_index::capi::providerid;
+use ngo_index::capi::scale_down::{LEDGER_ANNOTATION, Ledger, pool_instance_key};
+use ngo_service::events::Severity;
 
 /// An Event to publish on the pool.
 #[derive(Debug)]
@@ -262,7 +262,7 @@ pub async fn roll_back(
             Ok(_) => return Ok(raised),
             Err(kube::Error::Api(status)) if status.code == 409 && attempt < 5 => {
                 attempt += 1;
-                tokio::time::sleep(crate::actuate::deadline::conflict_backoff(attempt)).await;
+                tokio::time::sleep(ngo_service::actuate::deadline::conflict_backoff(attempt)).await;
             }
             Err(e) => return Err(e),
         }
@@ -272,7 +272,7 @@ pub async fn roll_back(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::nodepool::PoolInstance;
+    use ngo_api::nodepool::PoolInstance;
 
     fn deleting(id: &str, deletion: Option<InstanceDeletion>) -> PoolInstance {
         PoolInstance {

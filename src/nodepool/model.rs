@@ -12,8 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use stateright::{Checker, Model, Property};
 
 use super::converge::{self, Member, MemberPhase, Observed};
-use crate::api::nodepool::{InstanceStateName, PoolInstance};
-use crate::capi::scale_down::Ledger;
+use ngo_api::nodepool::{InstanceStateName, PoolInstance};
+use ngo_index::capi::scale_down::Ledger;
 
 /// How status writes land.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use kube::ResourceExt;
 
-use crate::api::NodePool;
-use crate::api::nodepool::{InstanceStateName, PoolInstance};
-use crate::capi::objects::{ScalableKind, ScalableResource};
-use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger, pool_instance_key};
-use crate::index::{Instance, InstanceError, InstanceState, PoolMachineType, PoolView};
-use crate::quantity;
+use ngo_api::NodePool;
+use ngo_api::nodepool::{InstanceStateName, PoolInstance};
+use ngo_index::capi::objects::{ScalableKind, ScalableResource};
+use ngo_index::capi::scale_down::{LEDGER_ANNOTATION, Ledger, pool_instance_key};
+use ngo_index::index::{Instance, InstanceError, InstanceState, PoolMachineType, PoolView};
+use ngo_index::quantity;
 
 /// Prefix of the ids of failed creations (no server exists, so no provider ID).
 pub const FAILED_ID_PREFIX: &str = "nodepool-failed-";
@@ -43,7 +43,7 @@ pub fn resource_view(pool: &NodePool) -> ScalableResource {
         .spec
         .template
         .as_ref()
-        .map(|t| crate::index::template_of(t, "spec.template"))
+        .map(|t| ngo_index::index::template_of(t, "spec.template"))
         .transpose()
         .err()
         .or_else(|| {
@@ -55,7 +55,7 @@ pub fn resource_view(pool: &NodePool) -> ScalableResource {
         .spec
         .template
         .as_ref()
-        .and_then(|t| crate::index::template_of(t, "spec.template").ok());
+        .and_then(|t| ngo_index::index::template_of(t, "spec.template").ok());
     let machine_type = status.machine_type.as_ref().map(|t| PoolMachineType {
         capacity: t
             .capacity

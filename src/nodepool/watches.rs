@@ -7,8 +7,8 @@ use std::sync::Arc;
 use kube::Client;
 use kube::api::Api;
 
-use crate::api::NodePool;
-use crate::index::{ClusterKey, NodeView};
+use ngo_api::NodePool;
+use ngo_index::index::{ClusterKey, NodeView};
 
 /// The watched state the reconciler reads: NodePools and the Nodes their servers join.
 pub trait PoolWatches: Send + Sync {

@@ -10,8 +10,8 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::index::SnapshotHandle;
-use crate::metrics::Metrics;
+use ngo_index::index::SnapshotHandle;
+use ngo_service::metrics::Metrics;
 
 #[derive(Clone)]
 struct AdminState {

@@ -10,9 +10,9 @@ use kube::Resource;
 use kube::runtime::watcher;
 use tokio::sync::Notify;
 
-use crate::capi::objects::ScalableKind;
-use crate::index::ClusterKey;
-use crate::index::state::{NodeKey, ResourceKey};
+use ngo_index::capi::objects::ScalableKind;
+use ngo_index::index::ClusterKey;
+use ngo_index::index::state::{NodeKey, ResourceKey};
 
 /// How one reflector's events are recorded.
 #[derive(Clone, Debug)]

@@ -9,10 +9,10 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::ObjectReference;
 use tokio_util::sync::CancellationToken;
 
-use crate::capi::ScalableKind;
-use crate::discovery::CapiResources;
-use crate::events::{EventPublisher, Severity};
-use crate::index::{ConfigWarning, ExclusionReason, PolicyRef, Snapshot, SnapshotHandle};
+use ngo_index::capi::ScalableKind;
+use ngo_index::index::{ConfigWarning, ExclusionReason, PolicyRef, Snapshot, SnapshotHandle};
+use ngo_service::discovery::CapiResources;
+use ngo_service::events::{EventPublisher, Severity};
 
 /// Event reason for a resource that is not served because of invalid autoscaler configuration.
 pub const INVALID_REASON: &str = "InvalidAutoscalerConfiguration";
@@ -155,7 +155,7 @@ pub async fn report(
             if let Some(policy) = &finding.policy {
                 events
                     .publish(
-                        &crate::events::policy_reference(policy),
+                        &ngo_service::events::policy_reference(policy),
                         Severity::Warning,
                         finding.reason,
                         "Validate",
@@ -173,9 +173,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::capi::CapiKeys;
-    use crate::capi::objects::ScalableResource;
-    use crate::index::{IndexInputs, build_snapshot};
+    use ngo_index::capi::CapiKeys;
+    use ngo_index::capi::objects::ScalableResource;
+    use ngo_index::index::{IndexInputs, build_snapshot};
 
     fn md(name: &str, annotations: serde_json::Value) -> ScalableResource {
         let obj = serde_json::from_value(json!({

@@ -27,18 +27,18 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 
-use crate::actuate::{ActivityLog, CapiActuator};
-use crate::capi::CapiKeys;
-use crate::capi::autodiscovery::DiscoveryFilter;
-use crate::discovery::CapiResources;
-use crate::events::EventPublisher;
-use crate::index;
-use crate::metrics::Metrics;
 use crate::nodepool::reconciler::{PoolController, PoolControllerOptions};
-use crate::proto::cloud_provider_server::CloudProviderServer;
-use crate::server::CloudProviderService;
-use crate::server::tls::{self, ReloadingTls, TlsFiles};
 use crate::status::writer::StatusWriter;
+use ngo_index::capi::CapiKeys;
+use ngo_index::capi::autodiscovery::DiscoveryFilter;
+use ngo_index::index;
+use ngo_service::actuate::{ActivityLog, CapiActuator};
+use ngo_service::discovery::CapiResources;
+use ngo_service::events::EventPublisher;
+use ngo_service::metrics::Metrics;
+use ngo_service::proto::cloud_provider_server::CloudProviderServer;
+use ngo_service::server::CloudProviderService;
+use ngo_service::server::tls::{self, ReloadingTls, TlsFiles};
 
 pub use watches::{NodeSource, WatchSpec, Watches};
 pub use workload::ReadLimits;
@@ -85,9 +85,9 @@ pub struct Config {
     /// Where Nodes come from (the topology).
     pub workload_nodes: WorkloadNodes,
     /// Scoping of clients to Clusters by their certificate.
-    pub client_identity: crate::server::identity::IdentitySource,
+    pub client_identity: ngo_service::server::identity::IdentitySource,
     /// Each certificate-named Cluster's gRPC request budget; `None`: unlimited.
-    pub grpc_rate_limit: Option<crate::server::rate_limit::RateLimit>,
+    pub grpc_rate_limit: Option<ngo_service::server::rate_limit::RateLimit>,
     /// Also serve externalgrpc in plaintext on this Unix socket (co-located mode).
     pub grpc_unix_socket: Option<PathBuf>,
 }
@@ -183,7 +183,7 @@ async fn may_watch(client: &Client, resource: &str, namespaces: Option<&[String]
             let review = SelfSubjectAccessReview {
                 spec: SelfSubjectAccessReviewSpec {
                     resource_attributes: Some(ResourceAttributes {
-                        group: Some(crate::api::GROUP.into()),
+                        group: Some(ngo_api::GROUP.into()),
                         resource: Some(resource.into()),
                         verb: Some(verb.into()),
                         namespace: namespace.clone(),
@@ -215,7 +215,7 @@ struct OurKinds {
 /// Cluster API resources.
 async fn our_kinds_served(client: &Client) -> OurKinds {
     use kube::discovery::{ApiGroup, oneshot};
-    match oneshot::group(client, crate::api::GROUP).await {
+    match oneshot::group(client, ngo_api::GROUP).await {
         Ok(group) => {
             let v1alpha1 = group.versions().any(|v| v == "v1alpha1");
             let served = |kind: &str| {
@@ -403,7 +403,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         WorkloadNodes::ClusterSecrets(limits) => NodeSource::ClusterSecrets {
             limits: *limits,
             only: match &config.client_identity {
-                crate::server::identity::IdentitySource::Fixed(cluster) => Some(cluster.clone()),
+                ngo_service::server::identity::IdentitySource::Fixed(cluster) => {
+                    Some(cluster.clone())
+                }
                 _ => None,
             },
         },
@@ -527,7 +529,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                 (actuator.clone(), snapshots.clone(), metrics.clone());
             let (interval, margin) = (config.sweep_interval, config.sweep_clock_margin_secs);
             move |term| {
-                crate::actuate::sweeper::run(
+                ngo_service::actuate::sweeper::run(
                     actuator.clone(),
                     snapshots.clone(),
                     metrics.clone(),

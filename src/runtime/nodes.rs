@@ -11,7 +11,7 @@ use kube::core::ClusterResourceScope;
 use kube::{Resource, ResourceExt};
 use serde::{Deserialize, Deserializer};
 
-use crate::index::{ClusterKey, NodeView};
+use ngo_index::index::{ClusterKey, NodeView};
 
 /// A Node as cached: its identity and its [`NodeView`] (name, provider ID, labels,
 /// annotations, Ready, capacity), which the index shares. The rest of the Node (images,
@@ -111,7 +111,7 @@ const MAX_QUANTITY_BYTES: usize = 64;
 fn kept_labels(
     labels: &std::collections::BTreeMap<String, String>,
 ) -> std::collections::BTreeMap<String, String> {
-    use crate::template::labels::{valid_label_key, valid_label_value};
+    use ngo_index::template::labels::{valid_label_key, valid_label_value};
     let kubernetes = |key: &str| {
         key.split_once('/').is_some_and(|(prefix, _)| {
             prefix.ends_with("kubernetes.io") || prefix.ends_with("k8s.io")
@@ -165,7 +165,7 @@ pub fn node_view(node: &Node, cluster: Option<ClusterKey>) -> NodeView {
             .map(|c| {
                 c.iter()
                     .filter(|(k, v)| {
-                        crate::template::labels::valid_label_key(k)
+                        ngo_index::template::labels::valid_label_key(k)
                             && v.0.len() <= MAX_QUANTITY_BYTES
                     })
                     .take(MAX_CAPACITY_ENTRIES)

@@ -7,9 +7,9 @@ use kube::Client;
 use kube::api::Api;
 
 use super::watches::Watches;
-use crate::api::NodePool;
-use crate::index::{ClusterKey, NodeView};
 use crate::nodepool::watches::PoolWatches;
+use ngo_api::NodePool;
+use ngo_index::index::{ClusterKey, NodeView};
 
 impl PoolWatches for Watches {
     fn pool_apis(&self) -> Vec<Api<NodePool>> {

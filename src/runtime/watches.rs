@@ -24,20 +24,20 @@ use super::memory;
 use super::nodes::WatchedNode;
 use super::ready::until_ready;
 use super::workload::WorkloadClusters;
-use crate::api::{NodeGroupPolicy, NodePool};
-use crate::capi::CapiKeys;
-use crate::capi::autodiscovery::DiscoveryFilter;
-use crate::capi::objects::{
+use crate::nodepool;
+use ngo_api::{NodeGroupPolicy, NodePool};
+use ngo_index::capi::CapiKeys;
+use ngo_index::capi::autodiscovery::DiscoveryFilter;
+use ngo_index::capi::objects::{
     InfraRef, InfraTemplate, Machine, ScalableKind, ScalableResource, SharedApiResource,
     WatchedMachine,
 };
-use crate::discovery::CapiResources;
-use crate::index::state::{IndexState, NodeKey, ResourceKey};
-use crate::index::{
+use ngo_index::index::state::{IndexState, NodeKey, ResourceKey};
+use ngo_index::index::{
     ClusterKey, IndexInputs, NodeView, Snapshot, SnapshotPublisher, TemplateKey, TemplateKindState,
 };
-use crate::metrics::Metrics;
-use crate::nodepool;
+use ngo_service::discovery::CapiResources;
+use ngo_service::metrics::Metrics;
 
 /// How long to wait before retrying an infrastructure template kind that could not be watched.
 const TEMPLATE_RETRY: Duration = Duration::from_secs(60);
@@ -565,7 +565,7 @@ impl Watches {
             policies: self
                 .policies()
                 .iter()
-                .map(|p| crate::index::policy_rules(p))
+                .map(|p| ngo_index::index::policy_rules(p))
                 .collect(),
             clusters,
             deleting_clusters,

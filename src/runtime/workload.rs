@@ -59,7 +59,7 @@ use super::changes::{Changes, Track};
 use super::nodes::WatchedNode;
 use super::ready::until_ready;
 use super::watches::{WatchBackoff, relevant};
-use crate::index::{ClusterKey, WorkloadState};
+use ngo_index::index::{ClusterKey, WorkloadState};
 
 /// How often the set of Clusters is compared with the open connections, and connections made
 /// from rotated kubeconfigs are checked.

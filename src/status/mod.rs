@@ -6,11 +6,11 @@ pub mod writer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
-use crate::actuate::ActivityLog;
-use crate::actuate::activity::Direction;
-use crate::api::conditions::{self, ConditionStatus, DesiredCondition};
-use crate::api::policy::{GroupStatus, NodeGroupPolicy, NodeGroupPolicyStatus};
-use crate::index::{PolicyReport, Snapshot, Source, WorkloadState};
+use ngo_api::conditions::{self, ConditionStatus, DesiredCondition};
+use ngo_api::policy::{GroupStatus, NodeGroupPolicy, NodeGroupPolicyStatus};
+use ngo_index::index::{PolicyReport, Snapshot, Source, WorkloadState};
+use ngo_service::actuate::ActivityLog;
+use ngo_service::actuate::activity::Direction;
 
 /// Condition type (normal-true): the policy governs at least one served group and nothing is
 /// failing.

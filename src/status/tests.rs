@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::index::{NodeGroup, PolicyRef};
+use ngo_index::index::{NodeGroup, PolicyRef};
 
 fn policy() -> NodeGroupPolicy {
     serde_json::from_value(serde_json::json!({
@@ -15,7 +15,7 @@ fn policy() -> NodeGroupPolicy {
 fn group(id: &str) -> NodeGroup {
     NodeGroup {
         id: id.into(),
-        kind: crate::capi::ScalableKind::MachineDeployment,
+        kind: ngo_index::capi::ScalableKind::MachineDeployment,
         namespace: "ns".into(),
         name: "md".into(),
         cluster: Default::default(),
@@ -211,7 +211,7 @@ fn served_groups_with_ignored_values_keep_the_policy_ready_and_list_the_warnings
     r.warnings.insert(id.into(), vec![warning.into()]);
     let mut s = snapshot(r, &[]);
     let mut g = group(id);
-    g.warnings = vec![crate::index::ConfigWarning {
+    g.warnings = vec![ngo_index::index::ConfigWarning {
         field: "capacity.cluster-autoscaler.kubernetes.io/labels".into(),
         message: warning.into(),
     }];
@@ -258,7 +258,7 @@ fn a_policy_the_index_has_not_taken_in_yet_has_unknown_conditions() {
 #[test]
 fn a_workload_cluster_read_for_the_first_time_is_unknown_not_unreachable() {
     let id = "MachineDeployment/ns/md";
-    let cluster = crate::index::ClusterKey {
+    let cluster = ngo_index::index::ClusterKey {
         namespace: "ns".into(),
         name: "c1".into(),
     };

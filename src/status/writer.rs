@@ -13,10 +13,10 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::actuate::ActivityLog;
-use crate::api::NodeGroupPolicy;
-use crate::events::{EventPublisher, Severity, policy_reference};
-use crate::index::{PolicyRef, SnapshotHandle};
+use ngo_api::NodeGroupPolicy;
+use ngo_index::index::{PolicyRef, SnapshotHandle};
+use ngo_service::actuate::ActivityLog;
+use ngo_service::events::{EventPublisher, Severity, policy_reference};
 
 /// Field manager for status writes.
 pub const FIELD_MANAGER: &str = "nodegroup-operator-status";
@@ -103,7 +103,7 @@ impl StatusWriter {
         &self,
         policy: &NodeGroupPolicy,
         key: &str,
-        status: &crate::api::NodeGroupPolicyStatus,
+        status: &ngo_api::NodeGroupPolicyStatus,
         reported: &mut std::collections::HashMap<String, String>,
     ) {
         let Some(condition) = status
@@ -140,11 +140,11 @@ impl StatusWriter {
         }
     }
 
-    async fn write(&self, policy: &NodeGroupPolicy, status: &crate::api::NodeGroupPolicyStatus) {
+    async fn write(&self, policy: &NodeGroupPolicy, status: &ngo_api::NodeGroupPolicyStatus) {
         let namespace = policy.namespace().unwrap_or_default();
         let api: Api<NodeGroupPolicy> = Api::namespaced(self.client.clone(), &namespace);
         let patch = json!({
-            "apiVersion": format!("{}/v1alpha1", crate::api::GROUP),
+            "apiVersion": format!("{}/v1alpha1", ngo_api::GROUP),
             "kind": "NodeGroupPolicy",
             "status": status,
         });

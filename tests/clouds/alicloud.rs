@@ -13,13 +13,13 @@ use crate::sandbox;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use ngo_api::NodePool;
 use ngo_sandbox::alicloud::{
     AccessKey, AliCloudEmulator, AliCloudOptions, FaultAction, InstanceState, ScalingGroupSpec,
 };
 use ngo_sandbox::proxy::LatencyProxy;
 use ngo_sandbox::workload;
 use ngo_sandbox::world::{POOL_LABEL as POOL, TestWorld};
-use nodegroup_operator::api::NodePool;
 use serde_json::{Value, json};
 
 /// 4 vCPUs, 16 GiB in the emulator's catalogue (listed past its first 100 types).
@@ -804,7 +804,7 @@ async fn twenty_concurrent_increases_land_exactly_priced_and_zoned_within_the_gr
         o.activity_duration = Duration::from_millis(300);
     })
     .await;
-    let policy: nodegroup_operator::api::NodeGroupPolicy = serde_json::from_value(json!({
+    let policy: ngo_api::NodeGroupPolicy = serde_json::from_value(json!({
         "apiVersion": "autoscaling.nodegroup.dev/v1alpha1",
         "kind": "NodeGroupPolicy",
         "metadata": {"name": "prices", "namespace": w.ns()},
@@ -814,7 +814,7 @@ async fn twenty_concurrent_increases_land_exactly_priced_and_zoned_within_the_gr
         },
     }))
     .expect("policy");
-    Api::<nodegroup_operator::api::NodeGroupPolicy>::namespaced(w.client.clone(), w.ns())
+    Api::<ngo_api::NodeGroupPolicy>::namespaced(w.client.clone(), w.ns())
         .create(&PostParams::default(), &policy)
         .await
         .expect("create policy");
@@ -1057,11 +1057,11 @@ async fn a_removal_refused_mid_batch_is_rolled_back_and_the_batch_answers_ok() {
         .expect("the protected instance's entry");
     assert_eq!(
         entry.state,
-        Some(nodegroup_operator::api::nodepool::InstanceStateName::Running)
+        Some(ngo_api::nodepool::InstanceStateName::Running)
     );
     assert_eq!(
         entry.deletion.map(|d| d.outcome),
-        Some(nodegroup_operator::api::nodepool::DeletionOutcome::Refused)
+        Some(ngo_api::nodepool::DeletionOutcome::Refused)
     );
     assert!(
         w.events("mid")

@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ngo_api::nodepool::AliCloudSpec;
 use ngo_sandbox::alicloud::{
     AccessKey, AliCloudEmulator, AliCloudOptions, FaultAction, InstanceState, ScalingGroupSpec,
 };
-use nodegroup_operator::api::nodepool::AliCloudSpec;
 use nodegroup_operator::backends::alicloud::ess::Ess;
 use nodegroup_operator::backends::alicloud::pool::AliCloudPool;
 use nodegroup_operator::backends::alicloud::{

@@ -15,13 +15,13 @@ use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
+use ngo_api::NodePool;
 use ngo_sandbox::auditor::DeletionAuditor;
 use ngo_sandbox::autoscaler::AutoscalerOptions;
 use ngo_sandbox::ca_client::CaClient;
 use ngo_sandbox::cherry::{CherryEmulator, CherryOptions, FaultAction, Lifecycle, RequestKind};
 use ngo_sandbox::workload;
 use ngo_sandbox::world::{POOL_LABEL as POOL, TestWorld};
-use nodegroup_operator::api::NodePool;
 use serde_json::{Value, json};
 
 /// A plan with 4 cores and 16 GB, 0.1016 EUR/h in the emulator's catalogue.

@@ -653,7 +653,7 @@ async fn only_servers_with_a_valid_bootstrap_token_become_ready_nodes() {
 /// `plans.go` `AvailableRegions`); a spot order takes from the spot pool.
 #[tokio::test]
 async fn a_spot_pool_reads_and_spends_spot_stock() {
-    use nodegroup_operator::api::nodepool::CherryServersSpec;
+    use ngo_api::nodepool::CherryServersSpec;
     use nodegroup_operator::backends::cherry::pool::CherryPool;
     use nodegroup_operator::nodepool::backend::PoolBackend;
     let emulator = emulator(CherryOptions::default()).await;
@@ -776,8 +776,8 @@ async fn an_order_refused_with_either_documented_code_is_out_of_stock_by_the_pla
 /// GB, TB) gives no machine type, with a message naming the unit, instead of 0 bytes.
 #[tokio::test]
 async fn a_plan_in_an_unknown_memory_unit_is_refused_with_its_unit() {
+    use ngo_api::nodepool::CherryServersSpec;
     use ngo_sandbox::cherry::PlanSpec;
-    use nodegroup_operator::api::nodepool::CherryServersSpec;
     use nodegroup_operator::backends::cherry::pool::CherryPool;
     use nodegroup_operator::nodepool::backend::PoolBackend;
     let emulator = emulator(CherryOptions {

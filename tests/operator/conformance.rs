@@ -29,7 +29,7 @@ use std::time::Duration;
 use crate::support::*;
 use ngo_sandbox::ca_client::CaClient;
 use ngo_sandbox::pki::CertificateAuthority;
-use nodegroup_operator::server::tls::TlsFiles;
+use ngo_service::server::tls::TlsFiles;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -1389,7 +1389,7 @@ async fn compat_matrix() {
 async fn co_located_over_a_unix_socket_scoped_by_configuration() {
     use std::os::unix::fs::PermissionsExt;
 
-    use nodegroup_operator::server::identity::IdentitySource;
+    use ngo_service::server::identity::IdentitySource;
 
     let ns = TestNs::new("conform-colocated").await;
     let n = ns.name.clone();

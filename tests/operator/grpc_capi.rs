@@ -640,10 +640,10 @@ async fn every_rpc_is_unavailable_until_caches_sync() {
     use nodegroup_operator::proto::cloud_provider_server::CloudProvider;
     let client = admin_client().await;
     let resources =
-        nodegroup_operator::discovery::CapiResources::discover(&client, "cluster.x-k8s.io", None)
+        ngo_service::discovery::CapiResources::discover(&client, "cluster.x-k8s.io", None)
             .await
             .unwrap();
-    let actuator = nodegroup_operator::actuate::CapiActuator::new(
+    let actuator = ngo_service::actuate::CapiActuator::new(
         client,
         resources,
         Default::default(),
@@ -651,8 +651,8 @@ async fn every_rpc_is_unavailable_until_caches_sync() {
         std::sync::Arc::new(Default::default()),
         "test".into(),
     );
-    let (_publisher, handle) = nodegroup_operator::index::channel();
-    let service = nodegroup_operator::server::CloudProviderService::new(
+    let (_publisher, handle) = ngo_index::index::channel();
+    let service = ngo_service::server::CloudProviderService::new(
         handle,
         std::sync::Arc::new(actuator),
         std::sync::Arc::new(Default::default()),
@@ -755,14 +755,14 @@ async fn v1beta1_can_be_chosen_with_capi_version() {
 /// group, `MachineDeployment/ns/slow`. Returns the service's address and its metrics.
 async fn service_with_a_silent_api_server() -> (
     std::net::SocketAddr,
-    std::sync::Arc<nodegroup_operator::metrics::Metrics>,
+    std::sync::Arc<ngo_service::metrics::Metrics>,
 ) {
-    use nodegroup_operator::actuate::CapiActuator;
-    use nodegroup_operator::capi::{CapiKeys, ScalableKind};
-    use nodegroup_operator::discovery::CapiResources;
-    use nodegroup_operator::index::{
+    use ngo_index::capi::{CapiKeys, ScalableKind};
+    use ngo_index::index::{
         ClusterKey, IndexInputs, NodeGroup, SnapshotHandle, Source, build_snapshot,
     };
+    use ngo_service::actuate::CapiActuator;
+    use ngo_service::discovery::CapiResources;
     use std::sync::Arc;
 
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -827,8 +827,8 @@ async fn service_with_a_silent_api_server() -> (
         applied_decrements: Vec::new(),
     };
     snapshot.groups.insert(group.id.clone(), Arc::new(group));
-    let metrics = Arc::new(nodegroup_operator::metrics::Metrics::new());
-    let service = nodegroup_operator::server::CloudProviderService::new(
+    let metrics = Arc::new(ngo_service::metrics::Metrics::new());
+    let service = ngo_service::server::CloudProviderService::new(
         SnapshotHandle::fixed(snapshot),
         Arc::new(actuator),
         metrics.clone(),

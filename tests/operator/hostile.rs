@@ -9,10 +9,10 @@ use crate::support::*;
 use k8s_pb::api::core::v1 as pb;
 use kube::ResourceExt;
 use ngo_sandbox::pki::{CertificateAuthority, IssuedCert};
+use ngo_service::server::tls::TlsFiles;
 use nodegroup_operator::proto::{
     self, ExternalGrpcNode, cloud_provider_client::CloudProviderClient,
 };
-use nodegroup_operator::server::tls::TlsFiles;
 use prost::Message as _;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -29,8 +29,8 @@ use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::ApiResource;
 use ngo_sandbox::pki::CertificateAuthority;
+use ngo_service::server::tls::TlsFiles;
 use nodegroup_operator::runtime::{self, Running};
-use nodegroup_operator::server::tls::TlsFiles;
 use serde_json::{Value, json};
 
 const CAPACITY: &str = "capacity.cluster-autoscaler.kubernetes.io/";

@@ -563,9 +563,9 @@ async fn policy_changes_reach_answers_within_a_loop() {
 #[tokio::test]
 async fn the_api_server_refuses_bootstrap_groups_outside_system_bootstrappers() {
     let ns = TestNs::new("np-groups").await;
-    let pools = ns.api(&kube::discovery::ApiResource::erase::<
-        nodegroup_operator::api::NodePool,
-    >(&()));
+    let pools = ns.api(&kube::discovery::ApiResource::erase::<ngo_api::NodePool>(
+        &(),
+    ));
     let pool = |name: &str, groups: serde_json::Value| -> kube::api::DynamicObject {
         serde_json::from_value(json!({
             "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodePool",

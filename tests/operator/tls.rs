@@ -5,11 +5,9 @@ use std::time::Duration;
 
 use crate::support::*;
 use ngo_sandbox::pki::{CertificateAuthority, IssuedCert};
+use ngo_service::server::tls::{HandshakeLimits, Listener, ReloadingTls, TlsFiles, incoming_with};
 use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
 use nodegroup_operator::runtime::Running;
-use nodegroup_operator::server::tls::{
-    HandshakeLimits, Listener, ReloadingTls, TlsFiles, incoming_with,
-};
 use rustls::pki_types::pem::PemObject as _;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use x509_parser::prelude::{FromDer as _, X509Certificate};

@@ -1336,11 +1336,11 @@ fn probe_timings_and_the_disruption_budget_are_values() {
 /// without samples): one served group with a warning, one workload cluster, one RPC, one index
 /// update, one sweep.
 pub(crate) fn operator_exposition() -> support::promql::Exposition {
-    use nodegroup_operator::capi::ScalableKind;
-    use nodegroup_operator::index::{
+    use ngo_index::capi::ScalableKind;
+    use ngo_index::index::{
         ClusterKey, ConfigWarning, IndexInputs, NodeGroup, Source, WorkloadState, build_snapshot,
     };
-    use nodegroup_operator::metrics::Metrics;
+    use ngo_service::metrics::Metrics;
     let metrics = Metrics::new();
     metrics.observe_rpc("NodeGroups", Code::Ok, Duration::from_millis(1));
     metrics.observe_index_update(false, Some(Duration::from_millis(1)));
@@ -1350,7 +1350,7 @@ pub(crate) fn operator_exposition() -> support::promql::Exposition {
     metrics.set_certificate_expiry("serving", 1_900_000_000);
     metrics.set_client_certificate_expiry("nodegroup.dev/cluster/ns/c", 1_900_000_000);
     metrics.count_handshake_failure("rejected");
-    metrics.observe_sweep(&nodegroup_operator::metrics::SweepCounts {
+    metrics.observe_sweep(&ngo_service::metrics::SweepCounts {
         unacted: vec![("MachineDeployment/ns/md".into(), 1)],
         ..Default::default()
     });

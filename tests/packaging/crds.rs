@@ -8,7 +8,7 @@ fn root() -> PathBuf {
 
 #[test]
 fn checked_in_crds_match_the_rust_types() {
-    let generated = nodegroup_operator::api::crds_yaml().expect("serialise CRDs");
+    let generated = ngo_api::crds_yaml().expect("serialise CRDs");
     let checked_in = std::fs::read_to_string(root().join("crds/nodegroup-operator.yaml"))
         .expect("crds/nodegroup-operator.yaml");
     assert!(
@@ -29,9 +29,9 @@ fn examples_are_valid_policies() {
             continue; // e.g. cluster-autoscaler-values.yaml
         }
         let text = std::fs::read_to_string(&path).unwrap();
-        let policy: nodegroup_operator::api::NodeGroupPolicy =
+        let policy: ngo_api::NodeGroupPolicy =
             serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let rules = nodegroup_operator::index::policy_rules(&policy);
+        let rules = ngo_index::index::policy_rules(&policy);
         assert_eq!(rules.invalid, None, "{}", path.display());
     }
 }
@@ -40,7 +40,7 @@ fn examples_are_valid_policies() {
 fn both_crds_are_in_one_category_apart_from_other_projects_nodepools() {
     // `kubectl get nodegroup` lists policies and pools together; `nodepools` alone is also
     // Karpenter's plural.
-    for crd in nodegroup_operator::api::crds() {
+    for crd in ngo_api::crds() {
         assert_eq!(
             crd.spec.names.categories.as_deref(),
             Some(&["nodegroup".to_string()][..]),

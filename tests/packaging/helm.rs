@@ -759,7 +759,7 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
     let pools = Api::<kube::api::DynamicObject>::namespaced_with(
         client.clone(),
         &workers.name,
-        &kube::discovery::ApiResource::erase::<nodegroup_operator::api::NodePool>(&()),
+        &kube::discovery::ApiResource::erase::<ngo_api::NodePool>(&()),
     );
     pools
         .create(

@@ -9,14 +9,12 @@ use std::time::{Duration, Instant};
 
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
+use ngo_index::capi::scale_down::{LEDGER_ANNOTATION, Ledger, MARK_ANNOTATION, ScaleDownMark};
 use ngo_sandbox::auditor::DeletionAuditor;
 use ngo_sandbox::capi;
 use ngo_sandbox::environment::{SandboxInfo, WORKER_TEMPLATE, start_for_process};
 use ngo_sandbox::operator::{OperatorOptions, write_cloud_config};
 use ngo_sandbox::stack::AutoscaledCluster;
-use nodegroup_operator::capi::scale_down::{
-    LEDGER_ANNOTATION, Ledger, MARK_ANNOTATION, ScaleDownMark,
-};
 use nodegroup_operator::proto;
 use serde_json::json;
 

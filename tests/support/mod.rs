@@ -19,9 +19,9 @@ use kube::core::GroupVersionKind;
 use kube::discovery::ApiResource;
 use kube::{Client, ResourceExt};
 use ngo_sandbox::{self as sandbox, ControlPlane, ControlPlaneOptions};
+use ngo_service::server::tls::TlsFiles;
 use nodegroup_operator::proto::cloud_provider_client::CloudProviderClient;
 use nodegroup_operator::runtime::{self, Config, Running};
-use nodegroup_operator::server::tls::TlsFiles;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
@@ -491,7 +491,7 @@ pub fn operator_config_as(namespace: &str, kubeconfig: PathBuf, tls: Option<TlsF
             ]),
         },
         workload_nodes: Default::default(),
-        client_identity: nodegroup_operator::server::identity::IdentitySource::Off,
+        client_identity: ngo_service::server::identity::IdentitySource::Off,
         grpc_rate_limit: None,
         grpc_unix_socket: None,
         leader_election: Some(nodegroup_operator::runtime::leader::LeaderConfig {
@@ -521,7 +521,7 @@ pub fn bounds(min: i32, max: i32) -> Value {
     json!({MIN: min.to_string(), MAX: max.to_string()})
 }
 
-pub fn policies_api(ns: &TestNs) -> Api<nodegroup_operator::api::NodeGroupPolicy> {
+pub fn policies_api(ns: &TestNs) -> Api<ngo_api::NodeGroupPolicy> {
     Api::namespaced(ns.client.clone(), &ns.name)
 }
 
@@ -541,12 +541,12 @@ impl TestNs {
     }
 
     /// Applies a manifest file from `examples/` into this namespace.
-    pub async fn apply_example(&self, file: &str) -> nodegroup_operator::api::NodeGroupPolicy {
+    pub async fn apply_example(&self, file: &str) -> ngo_api::NodeGroupPolicy {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("examples")
             .join(file);
         let text = std::fs::read_to_string(&path).expect("example");
-        let mut policy: nodegroup_operator::api::NodeGroupPolicy =
+        let mut policy: ngo_api::NodeGroupPolicy =
             serde_yaml::from_str(&text).expect("example YAML");
         policy.metadata.namespace = Some(self.name.clone());
         policies_api(self)
@@ -589,8 +589,8 @@ impl TestNs {
     pub async fn policy_status(
         &self,
         name: &str,
-        mut ready: impl FnMut(&nodegroup_operator::api::NodeGroupPolicyStatus) -> bool,
-    ) -> nodegroup_operator::api::NodeGroupPolicyStatus {
+        mut ready: impl FnMut(&ngo_api::NodeGroupPolicyStatus) -> bool,
+    ) -> ngo_api::NodeGroupPolicyStatus {
         let api = policies_api(self);
         let start = Instant::now();
         loop {
@@ -612,7 +612,7 @@ impl TestNs {
 
 /// The condition of this type.
 pub fn condition<'a>(
-    status: &'a nodegroup_operator::api::NodeGroupPolicyStatus,
+    status: &'a ngo_api::NodeGroupPolicyStatus,
     type_: &str,
 ) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
     status.conditions.iter().find(|c| c.type_ == type_)

@@ -14,6 +14,3 @@ pub mod index;
 pub mod quantity;
 pub mod quoted;
 pub mod template;
-
-/// The CRD types (crate `ngo-api`).
-pub use ngo_api as api;

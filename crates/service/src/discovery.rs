@@ -5,7 +5,7 @@ use kube::Client;
 use kube::discovery::{ApiResource, Discovery};
 use thiserror::Error;
 
-use crate::capi::ScalableKind;
+use ngo_index::capi::ScalableKind;
 
 /// Discovery failed or the group is not served.
 #[derive(Debug, Error)]
@@ -49,7 +49,7 @@ pub enum DiscoveryError {
 
 /// Our NodePool resource.
 static NODE_POOLS: std::sync::LazyLock<ApiResource> =
-    std::sync::LazyLock::new(|| ApiResource::erase::<crate::api::NodePool>(&()));
+    std::sync::LazyLock::new(|| ApiResource::erase::<ngo_api::NodePool>(&()));
 
 /// The Cluster API resources in use. MachineDeployments and MachinePools are optional, as
 /// upstream; MachineSets and Machines are required.

@@ -198,9 +198,9 @@ fn truncate(mut note: String) -> String {
 }
 
 /// Reference to a NodeGroupPolicy, for events on it.
-pub fn policy_reference(policy: &crate::index::PolicyRef) -> ObjectReference {
+pub fn policy_reference(policy: &ngo_index::index::PolicyRef) -> ObjectReference {
     ObjectReference {
-        api_version: Some(format!("{}/v1alpha1", crate::api::GROUP)),
+        api_version: Some(format!("{}/v1alpha1", ngo_api::GROUP)),
         kind: Some("NodeGroupPolicy".into()),
         namespace: Some(policy.namespace.clone()),
         name: Some(policy.name.clone()),

@@ -20,8 +20,3 @@ pub mod metrics;
 pub mod pricing;
 pub mod proto;
 pub mod server;
-
-/// The CRD types (crate `ngo-api`).
-pub use ngo_api as api;
-/// The index and the pure Cluster API model (crate `ngo-index`).
-pub use ngo_index::{capi, duration, index, quantity, template};

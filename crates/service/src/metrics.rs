@@ -23,7 +23,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::index::Snapshot;
+use ngo_index::index::Snapshot;
 
 /// Static strings: recording an RPC allocates nothing.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -87,7 +87,7 @@ pub struct SweepCounts {
     /// Records left unresolved this time (retried next sweep).
     pub unresolved: usize,
     /// Per group: applied decrements whose Machine still stands, not deleting, more than
-    /// [`crate::actuate::CONSUME_GRACE_SECS`] after (Cluster API has not acted on them).
+    /// [`ngo_index::capi::scale_down::protocol::CONSUME_GRACE_SECS`] after (Cluster API has not acted on them).
     pub unacted: Vec<(String, usize)>,
 }
 
@@ -462,7 +462,7 @@ impl Metrics {
     /// even to a scrape during the refresh.
     pub fn observe_snapshot(&self, snapshot: &Snapshot, elapsed: Duration) {
         self.snapshot_build.observe(elapsed.as_secs_f64());
-        let per_group = |value: fn(&crate::index::NodeGroup) -> i64| {
+        let per_group = |value: fn(&ngo_index::index::NodeGroup) -> i64| {
             snapshot
                 .groups
                 .values()
@@ -504,7 +504,7 @@ impl Metrics {
                         ClusterLabels {
                             cluster: cluster.to_string(),
                         },
-                        i64::from(*state == crate::index::WorkloadState::Synced),
+                        i64::from(*state == ngo_index::index::WorkloadState::Synced),
                     )
                 })
                 .collect(),
@@ -884,7 +884,9 @@ mod process {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::{ConfigWarning, Exclusion, ExclusionReason, IndexInputs, build_snapshot};
+    use ngo_index::index::{
+        ConfigWarning, Exclusion, ExclusionReason, IndexInputs, build_snapshot,
+    };
 
     #[test]
     fn config_warnings_are_counted_per_resource_and_field_and_cleared() {
@@ -895,7 +897,7 @@ mod tests {
             message: "m".into(),
         };
         snapshot.exclusions.push(Exclusion {
-            kind: crate::capi::ScalableKind::MachineDeployment,
+            kind: ngo_index::capi::ScalableKind::MachineDeployment,
             namespace: "ns".into(),
             name: "md".into(),
             uid: String::new(),
@@ -944,18 +946,18 @@ mod tests {
         assert!(!text.contains("NodeGroupIncreaseSize"), "{text}");
     }
 
-    fn group(id: &str, min: i32, max: i32, target: i32) -> crate::index::NodeGroup {
-        crate::index::NodeGroup {
+    fn group(id: &str, min: i32, max: i32, target: i32) -> ngo_index::index::NodeGroup {
+        ngo_index::index::NodeGroup {
             id: id.into(),
-            kind: crate::capi::ScalableKind::MachineDeployment,
+            kind: ngo_index::capi::ScalableKind::MachineDeployment,
             namespace: "ns".into(),
             name: id.rsplit('/').next().unwrap_or(id).into(),
             cluster: Default::default(),
             uid: String::new(),
             min,
             max,
-            min_source: crate::index::Source::Annotation,
-            max_source: crate::index::Source::Annotation,
+            min_source: ngo_index::index::Source::Annotation,
+            max_source: ngo_index::index::Source::Annotation,
             target,
             instances: Vec::new(),
             registered: 1,
@@ -973,7 +975,7 @@ mod tests {
         }
     }
 
-    fn snapshot_of(groups: impl IntoIterator<Item = crate::index::NodeGroup>) -> Snapshot {
+    fn snapshot_of(groups: impl IntoIterator<Item = ngo_index::index::NodeGroup>) -> Snapshot {
         let mut snapshot = build_snapshot(&IndexInputs::default());
         for g in groups {
             snapshot.groups.insert(g.id.clone(), std::sync::Arc::new(g));

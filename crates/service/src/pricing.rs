@@ -9,9 +9,9 @@ use k8s_pb::api::core::v1 as pb;
 use prost_types::Timestamp;
 use thiserror::Error;
 
-use crate::index::{NodeGroup, PriceList};
 use crate::proto::LegacyTime;
-use crate::quantity;
+use ngo_index::index::{NodeGroup, PriceList};
+use ngo_index::quantity;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 const NANOS_PER_SECOND: i128 = 1_000_000_000;
@@ -294,15 +294,15 @@ mod tests {
     fn node_price_prefers_the_node_price_then_resources() {
         let mut group = NodeGroup {
             id: "g".into(),
-            kind: crate::capi::ScalableKind::MachineDeployment,
+            kind: ngo_index::capi::ScalableKind::MachineDeployment,
             namespace: "ns".into(),
             name: "g".into(),
             cluster: Default::default(),
             uid: String::new(),
             min: 0,
             max: 1,
-            min_source: crate::index::Source::Default,
-            max_source: crate::index::Source::Annotation,
+            min_source: ngo_index::index::Source::Default,
+            max_source: ngo_index::index::Source::Annotation,
             target: 0,
             instances: vec![],
             registered: 0,

@@ -327,7 +327,7 @@ async fn prepare(
 ) -> anyhow::Result<Dataset> {
     let client = plane.client().await?;
     capi::install_crds(&client, &[]).await?;
-    crds::apply(&client, &nodegroup_operator::api::crds()).await?;
+    crds::apply(&client, &nodegroup_operator::ngo_api::crds()).await?;
     let dataset = dataset::create(&client, spec).await?;
     say(&format!(
         "dataset {}: {} MachineDeployments, {} MachineSets, {} Machines and Nodes created in {:.0}s",

@@ -19,7 +19,7 @@ use super::credentials::{
     Credentials, CredentialsProvider, EcsRamRoleCredentials, METADATA_ENDPOINT, OidcRoleConfig,
     OidcRoleCredentials, RefreshPolicy, StaticCredentials,
 };
-use crate::api::nodepool::{AliCloudCredentialsMode, AliCloudSpec};
+use ngo_api::nodepool::{AliCloudCredentialsMode, AliCloudSpec};
 
 /// `RoleSessionName` when the Secret has no `session-name`.
 pub const DEFAULT_SESSION_NAME: &str = "nodegroup-operator";

@@ -53,9 +53,6 @@ use super::{
     Client, ClientOptions, CredentialsProvider, Endpoints, Error, InstanceLifecycleState,
     RemovalFailureReason, RemoveOptions, ScalingActivity, ScalingInstance, Scheme, provider_id,
 };
-use crate::api::nodepool::{
-    AliCloudCredentialsMode, AliCloudSpec, MachineType, NodePool, UrlScheme,
-};
 use crate::backends::{BackendOptions, EndpointPolicy};
 use crate::nodepool::ambient::AmbientPolicy;
 use crate::nodepool::backend::{
@@ -63,7 +60,8 @@ use crate::nodepool::backend::{
     MachineTypeInfo, NewServer, OTHER_ERROR, OUT_OF_RESOURCES, PoolBackend, Secrets, pool_key,
 };
 use crate::nodepool::converge::{Member, MemberPhase};
-use crate::template::labels::{valid_label_key, valid_label_value};
+use ngo_api::nodepool::{AliCloudCredentialsMode, AliCloudSpec, MachineType, NodePool, UrlScheme};
+use ngo_index::template::labels::{valid_label_key, valid_label_value};
 
 /// `ActivityMetadata` key listing the creation requests a scale-out serves.
 pub const REQUESTS_KEY: &str = "nodegroup.dev/requests";
@@ -1043,7 +1041,7 @@ mod tests {
         assert_eq!(e.ess, "https://ess.cn-shanghai.aliyuncs.com");
         assert_eq!(e.vpc, "https://vpc.cn-shanghai.aliyuncs.com");
         assert_eq!(e.sts, "https://sts.cn-shanghai.aliyuncs.com");
-        spec.endpoints = Some(crate::api::nodepool::AliCloudEndpoints {
+        spec.endpoints = Some(ngo_api::nodepool::AliCloudEndpoints {
             scheme: Some(UrlScheme::Http),
             ess: Some("https://ess-vpc.cn-shanghai.aliyuncs.com".into()),
             ..Default::default()

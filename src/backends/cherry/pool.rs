@@ -10,14 +10,14 @@ use base64::Engine as _;
 use kube::ResourceExt;
 
 use super::{CherryClient, CherryError, ClientConfig, CreateServer, Plan, Server};
-use crate::api::nodepool::{CherryServersSpec, MachineType, NodePool};
 use crate::backends::EndpointPolicy;
 use crate::nodepool::backend::{
     BackendConnector, BackendError, BackendErrorKind, ConnectError, Created, MachineTypeInfo,
     NewServer, PoolBackend, Secrets, secret_value,
 };
 use crate::nodepool::converge::{Member, MemberPhase};
-use crate::template::labels::valid_label_value;
+use ngo_api::nodepool::{CherryServersSpec, MachineType, NodePool};
+use ngo_index::template::labels::valid_label_value;
 
 /// Tag naming the cluster (in-tree provider's).
 pub const CLUSTER_TAG: &str = "k8s-cluster";

@@ -4,10 +4,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use super::status::PassReport;
 use super::{Blocked, SIZE_OUTSIDE_BACKEND};
-use crate::api::conditions::{ConditionStatus, DesiredCondition};
+use ngo_api::conditions::{ConditionStatus, DesiredCondition};
 
 /// The pool's conditions after a pass that ended with `blocked` (see
-/// [`NodePoolStatus::conditions`](crate::api::nodepool::NodePoolStatus::conditions) for their
+/// [`NodePoolStatus::conditions`](ngo_api::nodepool::NodePoolStatus::conditions) for their
 /// polarity). What the pass did not get to check is Unknown: a pass blocked before it connected the
 /// backend (`report.backend` unset: the spec names no usable backend, or the credentials Secret
 /// could not be read) leaves the backend's availability Unknown (`NotConnected`), and a Kubernetes
@@ -140,9 +140,9 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
-    use crate::api::conditions::merge;
-    use crate::api::nodepool::NO_BACKEND;
     use crate::nodepool::backend::BackendError;
+    use ngo_api::conditions::merge;
+    use ngo_api::nodepool::NO_BACKEND;
 
     /// The conditions as (type, whether True, reason), and the message of `type_`.
     fn summary(conditions: &[DesiredCondition]) -> Vec<(&'static str, bool, String)> {

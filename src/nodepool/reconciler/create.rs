@@ -10,15 +10,15 @@ use kube::{Client, ResourceExt};
 
 use super::status::PassReport;
 use super::{Blocked, NODE_POOL_LABEL, PoolController};
-use crate::api::NodePool;
-use crate::api::nodepool::{InstanceErrorStatus, InstanceStateName, NO_BACKEND, PoolInstance};
-use crate::capi::scale_down::request_id;
-use crate::duration;
-use crate::events::Severity;
-use crate::fault;
 use crate::nodepool::backend::{Created, CreationFailure, NewServer, PoolBackend, pool_key};
 use crate::nodepool::converge::{self, Decision};
 use crate::nodepool::{bootstrap, render, view};
+use ngo_api::NodePool;
+use ngo_api::nodepool::{InstanceErrorStatus, InstanceStateName, NO_BACKEND, PoolInstance};
+use ngo_index::capi::scale_down::request_id;
+use ngo_index::duration;
+use ngo_service::events::Severity;
+use ngo_service::fault;
 
 impl PoolController {
     /// Creates `decision.create` servers, recording each before its create call.

@@ -8,15 +8,15 @@ use serde_json::json;
 
 use super::status::PassReport;
 use super::{Blocked, FINALIZER, PoolController};
-use crate::api::NodePool;
-use crate::api::nodepool::DeletionOutcome;
-use crate::capi::providerid;
-use crate::capi::scale_down::{Ledger, pool_instance_key};
-use crate::events::Severity;
 use crate::nodepool::backend::{BackendError, PoolBackend, pool_key};
 use crate::nodepool::converge::{self, Decision};
 use crate::nodepool::deletions;
 use crate::nodepool::drain::{self, Gate};
+use ngo_api::NodePool;
+use ngo_api::nodepool::DeletionOutcome;
+use ngo_index::capi::providerid;
+use ngo_index::capi::scale_down::{Ledger, pool_instance_key};
+use ngo_service::events::Severity;
 
 impl PoolController {
     /// Deletes every server of a pool being deleted, then lets the pool go.

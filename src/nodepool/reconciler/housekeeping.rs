@@ -10,10 +10,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::PoolController;
 use super::schedule::PassContext;
-use crate::api::NodePool;
-use crate::index::ClusterKey;
 use crate::nodepool::backend::pool_key;
 use crate::nodepool::bootstrap;
+use ngo_api::NodePool;
+use ngo_index::index::ClusterKey;
 
 /// Longest one cluster's sweep of expired bootstrap tokens may take; one that takes longer is
 /// given up until the next sweep.

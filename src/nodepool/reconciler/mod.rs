@@ -37,11 +37,11 @@ use std::time::{Duration, Instant};
 
 use kube::Client;
 
-use crate::events::EventPublisher;
-use crate::metrics::Metrics;
 use crate::nodepool::ambient::AmbientPolicy;
 use crate::nodepool::backend::{BackendConnector, BackendError, MachineTypeInfo};
 use crate::nodepool::watches::PoolWatches;
+use ngo_service::events::EventPublisher;
+use ngo_service::metrics::Metrics;
 
 /// Finalizer that deletes a pool's servers before the pool goes.
 pub const FINALIZER: &str = "autoscaling.nodegroup.dev/servers";
@@ -150,7 +150,7 @@ enum Blocked {
 mod tests {
     use serde_json::json;
 
-    use crate::api::NodePool;
+    use ngo_api::NodePool;
 
     /// Pool `ns/workers` on Cherry Servers, its spec block extended by `cherry`.
     pub(super) fn cherry_pool(cherry: serde_json::Value, bootstrap: serde_json::Value) -> NodePool {

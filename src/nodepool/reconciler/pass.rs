@@ -12,15 +12,15 @@ use kube::{Client, ResourceExt};
 use super::delete::add_finalizer;
 use super::status::PassReport;
 use super::{Blocked, FINALIZER, NODE_POOL_LABEL, PassError, PoolController};
-use crate::api::NodePool;
-use crate::api::nodepool::NO_BACKEND;
-use crate::capi::providerid;
-use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger};
-use crate::fault;
-use crate::index::{ClusterKey, NodeView};
 use crate::nodepool::backend::{ConnectError, MachineTypeInfo, PoolBackend, Secrets, pool_key};
 use crate::nodepool::converge::{self, Observed, SeenNode};
 use crate::nodepool::deletions;
+use ngo_api::NodePool;
+use ngo_api::nodepool::NO_BACKEND;
+use ngo_index::capi::providerid;
+use ngo_index::capi::scale_down::{LEDGER_ANNOTATION, Ledger};
+use ngo_index::index::{ClusterKey, NodeView};
+use ngo_service::fault;
 
 impl PoolController {
     /// One pass over pool `namespace/name`; every outcome is reported on the pool.

@@ -6,10 +6,10 @@ use kube::Resource;
 
 use super::status::PassReport;
 use super::{Blocked, PoolController, SIZE_OUTSIDE_BACKEND};
-use crate::api::NodePool;
-use crate::events::Severity;
 use crate::nodepool::backend::{BackendError, PoolBackend, pool_key};
 use crate::nodepool::converge::{self, Dropped};
+use ngo_api::NodePool;
+use ngo_service::events::Severity;
 
 impl PoolController {
     /// Records in `report` (and reports, when it starts) a min/max outside the backend's own

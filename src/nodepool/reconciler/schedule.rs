@@ -16,10 +16,10 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::{PassError, PoolController};
-use crate::api::NodePool;
-use crate::capi::scale_down::LEDGER_ANNOTATION;
-use crate::index::{BACKEND_BOUNDS_FIELD, SnapshotHandle};
 use crate::nodepool::backend::pool_key;
+use ngo_api::NodePool;
+use ngo_index::capi::scale_down::LEDGER_ANNOTATION;
+use ngo_index::index::{BACKEND_BOUNDS_FIELD, SnapshotHandle};
 
 /// How long a burst of changes to one pool is collected into one pass.
 const COALESCE: Duration = Duration::from_millis(200);
@@ -220,7 +220,7 @@ mod tests {
     use super::super::FINALIZER;
     use super::super::tests::cherry_pool;
     use super::*;
-    use crate::api::nodepool::NodePoolStatus;
+    use ngo_api::nodepool::NodePoolStatus;
 
     #[test]
     fn a_failed_pass_is_retried_sooner_than_the_interval_and_backs_off_up_to_it() {

@@ -12,13 +12,13 @@ use serde_json::json;
 use super::conditions::conditions;
 use super::pass::seen_nodes;
 use super::{Blocked, PoolController};
-use crate::api::NodePool;
-use crate::api::conditions::merge;
-use crate::api::nodepool::{InstanceStateName, NodePoolStatus, PoolInstance};
-use crate::capi::providerid;
-use crate::index::ClusterKey;
 use crate::nodepool::backend::{MachineTypeInfo, pool_key};
 use crate::nodepool::converge::{self, SeenNode};
+use ngo_api::NodePool;
+use ngo_api::conditions::merge;
+use ngo_api::nodepool::{InstanceStateName, NodePoolStatus, PoolInstance};
+use ngo_index::capi::providerid;
+use ngo_index::index::ClusterKey;
 
 /// What a pass did, for the status.
 #[derive(Default)]

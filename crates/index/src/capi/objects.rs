@@ -31,15 +31,13 @@ pub enum ScalableKind {
     NodePool,
 }
 
-impl From<crate::api::policy::ScalableKindName> for ScalableKind {
-    fn from(kind: crate::api::policy::ScalableKindName) -> Self {
+impl From<ngo_api::policy::ScalableKindName> for ScalableKind {
+    fn from(kind: ngo_api::policy::ScalableKindName) -> Self {
         match kind {
-            crate::api::policy::ScalableKindName::MachineDeployment => {
-                ScalableKind::MachineDeployment
-            }
-            crate::api::policy::ScalableKindName::MachineSet => ScalableKind::MachineSet,
-            crate::api::policy::ScalableKindName::MachinePool => ScalableKind::MachinePool,
-            crate::api::policy::ScalableKindName::NodePool => ScalableKind::NodePool,
+            ngo_api::policy::ScalableKindName::MachineDeployment => ScalableKind::MachineDeployment,
+            ngo_api::policy::ScalableKindName::MachineSet => ScalableKind::MachineSet,
+            ngo_api::policy::ScalableKindName::MachinePool => ScalableKind::MachinePool,
+            ngo_api::policy::ScalableKindName::NodePool => ScalableKind::NodePool,
         }
     }
 }

@@ -5,13 +5,13 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use super::policy::{PolicyRef, PolicyRules, PriceList};
-use crate::api::policy::{NodeGroupPolicy, ScaleFromZero, TaintEffect};
 use crate::capi::annotations::OptionOverrides;
 use crate::capi::autodiscovery::validate_label;
 use crate::capi::groups::PolicyTemplate;
 use crate::capi::objects::{ScalableKind, Selector, Taint};
 use crate::quoted::quoted;
 use crate::{duration, quantity};
+use ngo_api::policy::{NodeGroupPolicy, ScaleFromZero, TaintEffect};
 
 /// `policy` as index rules. Problems the API server's schema cannot catch (bad label keys,
 /// unparsable values from older clients) make the rules `invalid`, with the reason.

@@ -186,7 +186,7 @@ pub enum ActuateError {
         group: String,
         /// What is wrong with it.
         #[source]
-        source: crate::capi::scale_down::UnreadableLedger,
+        source: ngo_index::capi::scale_down::UnreadableLedger,
     },
     /// The cloud refused to remove some of the instances a DeleteNodes named; their
     /// deletion was rolled back (the pool's replicas raised back) and they stay.

@@ -1,6 +1,6 @@
 //! The sweeper finishes what an interrupted DeleteNodes left behind. It runs on the leader
 //! only, at start and then periodically, and decides with
-//! [`crate::capi::scale_down::protocol`]'s sweep rules:
+//! [`ngo_index::capi::scale_down::protocol`]'s sweep rules:
 //!
 //! - a group's claim whose request has run out of time (its deadline plus a margin for clock
 //!   differences, [`super::CLOCK_MARGIN_SECS`] by default) is released: fenced, the Machine unmarked (or, if Cluster
@@ -18,10 +18,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::capi::{CapiActuator, GroupKey, Resolution};
-use crate::capi::scale_down::RELEASED_RETENTION_SECS;
-use crate::capi::scale_down::protocol::{self, Sweep};
-use crate::index::{Snapshot, SnapshotHandle};
 use crate::metrics::{Metrics, SweepCounts};
+use ngo_index::capi::scale_down::RELEASED_RETENTION_SECS;
+use ngo_index::capi::scale_down::protocol::{self, Sweep};
+use ngo_index::index::{Snapshot, SnapshotHandle};
 
 /// How often the leader sweeps.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(15);
@@ -120,7 +120,7 @@ pub async fn sweep(actuator: &CapiActuator, snapshot: &Snapshot, margin: i64) ->
 }
 
 /// Per group with any: applied decrements whose Machine still stands, not deleting, more
-/// than [`crate::actuate::CONSUME_GRACE_SECS`] after they were applied. Cluster API deletes
+/// than [`ngo_index::capi::scale_down::protocol::CONSUME_GRACE_SECS`] after they were applied. Cluster API deletes
 /// a marked Machine within seconds; one it has not is paused, down, or had its decrement
 /// absorbed (replicas raised meanwhile), and cluster-autoscaler holds its node tainted.
 pub fn unacted(snapshot: &Snapshot, now: i64) -> Vec<(String, usize)> {
@@ -132,7 +132,8 @@ pub fn unacted(snapshot: &Snapshot, now: i64) -> Vec<(String, usize)> {
                 .applied_decrements
                 .iter()
                 .filter(|(machine, at)| {
-                    now.saturating_sub(*at) > crate::actuate::CONSUME_GRACE_SECS
+                    now.saturating_sub(*at)
+                        > ngo_index::capi::scale_down::protocol::CONSUME_GRACE_SECS
                         && snapshot
                             .machines
                             .get(&format!("{}/{machine}", group.namespace))
@@ -149,7 +150,7 @@ pub fn unacted(snapshot: &Snapshot, now: i64) -> Vec<(String, usize)> {
 /// protocol state, which only that version may resolve).
 async fn sweep_stray_finalizer(
     actuator: &CapiActuator,
-    machine: &crate::index::MachineEntry,
+    machine: &ngo_index::index::MachineEntry,
     report: &mut SweepReport,
 ) {
     let key = format!("{}/{}", machine.namespace, machine.name);

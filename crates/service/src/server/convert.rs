@@ -1,8 +1,8 @@
 //! Conversions between the index model and wire messages.
 
 use super::ProviderError;
-use crate::index::{Instance as ModelInstance, InstanceState, NodeGroup as ModelGroup};
 use crate::proto;
+use ngo_index::index::{Instance as ModelInstance, InstanceState, NodeGroup as ModelGroup};
 
 /// The largest message cluster-autoscaler's externalgrpc client receives: it dials with no
 /// call options, so grpc-go's default receive limit applies.
@@ -58,7 +58,7 @@ pub fn instance(i: &ModelInstance) -> proto::Instance {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::InstanceError;
+    use ngo_index::index::InstanceError;
     use prost::Message;
 
     /// A Cluster API node group id at the longest names Kubernetes allows (63-character

@@ -6,7 +6,7 @@ use rustls::pki_types::CertificateDer;
 use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::index::ClusterKey;
+use ngo_index::index::ClusterKey;
 
 /// Default prefix of the identity naming a cluster: `nodegroup.dev/cluster/<namespace>/<name>`.
 pub const DEFAULT_PREFIX: &str = "nodegroup.dev/cluster/";

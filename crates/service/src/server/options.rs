@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use crate::capi::annotations::OptionOverrides;
 use crate::proto::{LegacyDuration, NodeGroupAutoscalingOptions};
+use ngo_index::capi::annotations::OptionOverrides;
 
 /// The reply for `defaults` with `overrides` applied.
 pub fn merge(

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::index::ClusterKey;
+use ngo_index::index::ClusterKey;
 
 /// Buckets kept before the full ones (idle tenants, nothing to remember) are dropped: the
 /// table stays bounded whatever identities certificates name.

@@ -19,12 +19,14 @@ use super::identity::{DEFAULT_PREFIX, IdentitySource};
 use super::rate_limit::RateLimit;
 use super::tls::{self, ReloadingTls, TlsFiles};
 use crate::actuate::CapiActuator;
-use crate::capi::keys::CapiKeys;
-use crate::capi::objects::{Machine, ScalableKind, ScalableResource};
 use crate::discovery::CapiResources;
-use crate::index::PriceList;
-use crate::index::{ClusterKey, IndexInputs, NodeView, Snapshot, SnapshotHandle, WorkloadState};
 use crate::proto::{self, cloud_provider_client::CloudProviderClient};
+use ngo_index::capi::keys::CapiKeys;
+use ngo_index::capi::objects::{Machine, ScalableKind, ScalableResource};
+use ngo_index::index::PriceList;
+use ngo_index::index::{
+    ClusterKey, IndexInputs, NodeView, Snapshot, SnapshotHandle, WorkloadState,
+};
 
 /// Every tenant: namespace, Cluster name, and the first letter of its objects' names.
 /// `alpha` is the caller's own Cluster, `bravo` another tenant's; `delta` is being deleted,
@@ -156,7 +158,7 @@ fn inputs() -> IndexInputs {
 
 /// The snapshot of [`inputs`], with per-resource prices: `bravo`'s are the cheaper ones.
 fn snapshot() -> Snapshot {
-    let mut snapshot = crate::index::build_snapshot(&inputs());
+    let mut snapshot = ngo_index::index::build_snapshot(&inputs());
     for (id, group) in snapshot.groups.iter_mut() {
         let cpu_core = if id.contains("tenant-b") { 0.01 } else { 1.0 };
         Arc::make_mut(group).pricing = Some(PriceList {

@@ -14,11 +14,12 @@ use super::rate_limit::{Admission, RateLimit, RateLimiter};
 use super::request_id;
 use crate::actuate::deadline::parse_grpc_timeout;
 use crate::actuate::{ActuateError, CapiActuator, MutationDeadline, NodeRef};
-use crate::capi::keys::GPU_LABEL;
-use crate::index::{NodeGroup, NodeGroupLookup, Snapshot, SnapshotHandle};
 use crate::metrics::Metrics;
+use crate::pricing;
 use crate::proto::{self, cloud_provider_server::CloudProvider};
-use crate::{pricing, template};
+use ngo_index::capi::keys::GPU_LABEL;
+use ngo_index::index::{NodeGroup, NodeGroupLookup, Snapshot, SnapshotHandle};
+use ngo_index::template;
 use prost::Message as _;
 use tracing::Instrument as _;
 

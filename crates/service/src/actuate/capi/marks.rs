@@ -1,7 +1,7 @@
 //! Compare-and-swap writes of a Machine's scale-down metadata: Cluster API's delete-machine
 //! annotation (which makes the MachineSet controller delete that Machine first when replicas
 //! drop), our [`ScaleDownMark`] record and our [`FINALIZER`]. What to write is decided by
-//! [`crate::capi::scale_down::protocol`] on the Machine as read; this module reads, writes
+//! [`ngo_index::capi::scale_down::protocol`] on the Machine as read; this module reads, writes
 //! with the read `resourceVersion`, and decides again on a conflict.
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -11,8 +11,8 @@ use super::CapiActuator;
 use super::replicas::GroupKey;
 use crate::actuate::deadline::{MutationDeadline, conflict_backoff};
 use crate::actuate::error::ActuateError;
-use crate::capi::scale_down::protocol::{self, MachineState};
-use crate::capi::scale_down::{FENCE_ANNOTATION, FINALIZER, MARK_ANNOTATION, ScaleDownMark};
+use ngo_index::capi::scale_down::protocol::{self, MachineState};
+use ngo_index::capi::scale_down::{FENCE_ANNOTATION, FINALIZER, MARK_ANNOTATION, ScaleDownMark};
 
 /// Conflicts in a row after which a Machine write gives up (Cluster API rewrites Machines
 /// often, so a few are normal).

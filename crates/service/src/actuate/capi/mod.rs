@@ -1,6 +1,6 @@
 //! Scaling Cluster API resources: the `/scale` subresource and the delete-machine annotation.
 //!
-//! DeleteNodes follows [`crate::capi::scale_down::protocol`] (claim, mark, decrement; a
+//! DeleteNodes follows [`ngo_index::capi::scale_down::protocol`] (claim, mark, decrement; a
 //! failure releases the claim), with its steps in [`scale_down`]; `docs/safety.md` states the
 //! protocol and the invariants its model checker proves. A dropped RPC does not stop a
 //! mutation: the service runs it detached ([`crate::server`]), bounded by its
@@ -18,21 +18,20 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::discovery::ApiResource;
 
-pub use crate::capi::scale_down::protocol::CONSUME_GRACE_SECS;
 pub use replicas::GroupKey;
 pub use scale_down::Released;
 
 use super::activity::{ActivityLog, Direction};
 use super::deadline::MutationDeadline;
 use super::error::ActuateError;
-use crate::capi::groups::InstanceState;
-use crate::capi::objects::ScalableKind;
-use crate::capi::scale_down::protocol::{self, Decrement};
-use crate::capi::scale_down::{ScaleDownMark, pool_instance_key};
-use crate::capi::{CapiKeys, providerid};
 use crate::discovery::CapiResources;
 use crate::events::{EventPublisher, Severity};
-use crate::index::{NodeGroup, NodeGroupLookup, Snapshot};
+use ngo_index::capi::groups::InstanceState;
+use ngo_index::capi::objects::ScalableKind;
+use ngo_index::capi::scale_down::protocol::{self, Decrement};
+use ngo_index::capi::scale_down::{ScaleDownMark, pool_instance_key};
+use ngo_index::capi::{CapiKeys, providerid};
+use ngo_index::index::{NodeGroup, NodeGroupLookup, Snapshot};
 use replicas::{GroupStep, still_exists};
 use scale_down::{Attempt, Removed};
 
@@ -132,7 +131,7 @@ impl CapiActuator {
 
     /// A new request id of this replica.
     pub fn request_id(&self) -> String {
-        crate::capi::scale_down::request_id(&self.instance)
+        ngo_index::capi::scale_down::request_id(&self.instance)
     }
 
     /// The Cluster API keys (delete-machine annotation) this actuator writes.
@@ -823,7 +822,7 @@ impl CapiActuator {
     async fn ledger_of(
         &self,
         group: &GroupKey,
-    ) -> Result<Option<crate::capi::scale_down::Ledger>, ActuateError> {
+    ) -> Result<Option<ngo_index::capi::scale_down::Ledger>, ActuateError> {
         if self.resources.scalable(group.kind).is_none() {
             return Ok(None);
         }

@@ -21,12 +21,12 @@ use kube::api::Api;
 use super::CapiActuator;
 use crate::actuate::deadline::MutationDeadline;
 use crate::actuate::error::ActuateError;
-use crate::api::NodePool;
-use crate::api::nodepool::DeletionOutcome;
-use crate::capi::objects::ScalableKind;
-use crate::capi::providerid;
-use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger, pool_instance_key};
-use crate::index::NodeGroup;
+use ngo_api::NodePool;
+use ngo_api::nodepool::DeletionOutcome;
+use ngo_index::capi::objects::ScalableKind;
+use ngo_index::capi::providerid;
+use ngo_index::capi::scale_down::{LEDGER_ANNOTATION, Ledger, pool_instance_key};
+use ngo_index::index::NodeGroup;
 
 /// How often the pool is read while waiting.
 const POLL: Duration = Duration::from_millis(200);

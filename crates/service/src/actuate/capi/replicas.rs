@@ -8,9 +8,9 @@ use serde_json::json;
 use super::CapiActuator;
 use crate::actuate::deadline::{MutationDeadline, conflict_backoff};
 use crate::actuate::error::ActuateError;
-use crate::capi::objects::ScalableKind;
-use crate::capi::scale_down::{LEDGER_ANNOTATION, Ledger};
-use crate::index::{NodeGroup, Snapshot};
+use ngo_index::capi::objects::ScalableKind;
+use ngo_index::capi::scale_down::{LEDGER_ANNOTATION, Ledger};
+use ngo_index::index::{NodeGroup, Snapshot};
 
 /// The scalable resource behind a node group id (`<Kind>/<namespace>/<name>`).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! Removing one Machine for a DeleteNodes request, and releasing a request's claim: the
-//! steps of [`crate::capi::scale_down::protocol`], each a read, a decision of that module,
+//! steps of [`ngo_index::capi::scale_down::protocol`], each a read, a decision of that module,
 //! and a compare-and-swap write. Every await may be the last of this process, and every
 //! write may be committed with its reply lost: each step decides again from what it reads,
 //! so a retry, the request's own release and the sweeper all converge on the same outcome.
@@ -12,15 +12,15 @@ use super::marks::{MachinePatch, MachineStep};
 use super::replicas::{GroupKey, GroupStep, still_exists};
 use crate::actuate::deadline::MutationDeadline;
 use crate::actuate::error::ActuateError;
-use crate::capi::groups::InstanceState;
-use crate::capi::objects::ScalableKind;
-use crate::capi::scale_down::ScaleDownMark;
-use crate::capi::scale_down::protocol::{
+use crate::fault;
+use ngo_index::capi::groups::InstanceState;
+use ngo_index::capi::objects::ScalableKind;
+use ngo_index::capi::scale_down::ScaleDownMark;
+use ngo_index::capi::scale_down::protocol::{
     self, Claim, ClaimBounds, Decrement, Forget, MachineView, Mark, Release, RollForwardBounds,
     Unmark,
 };
-use crate::fault;
-use crate::index::{NodeGroup, Snapshot};
+use ngo_index::index::{NodeGroup, Snapshot};
 
 /// Tries of a failed request's release before it is left to the sweeper.
 const RELEASE_ATTEMPTS: u32 = 3;
