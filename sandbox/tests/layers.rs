@@ -6,9 +6,16 @@
 //!   listed in [`KNOWN_CYCLES`], which may only shrink. A new circle fails, and so does a listed
 //!   one that is gone (so the list is kept true). The operator's NodePool layer (`nodepool`,
 //!   with its reconciler) names no `runtime` path: the runtime implements its trait.
-//! - Between crates the compiler forbids upward imports; the manifests are checked for what the
-//!   compiler cannot see: the cloud crates depend on no workspace crate but the shared HTTP one,
-//!   and the index links no Kubernetes client.
+//! - Between crates the compiler forbids circles of ordinary dependencies, but not a
+//!   dev-dependency that points up. `cargo metadata` gives every edge between the workspace's
+//!   crates (normal, build and dev), and each must point down [`LAYERS`], bar the ones listed in
+//!   [`KNOWN_UPWARD_EDGES`], which may only shrink. The manifests are checked for what that
+//!   order cannot say: the cloud crates depend on no workspace crate but the shared HTTP one, and
+//!   the index links no Kubernetes client.
+//! - A crate names another crate where it uses it: no `pub use other_crate::module` makes
+//!   another crate's module read as one of its own (`crate::capi` that is `ngo_index::capi`).
+//!   A crate root may re-export a whole crate under one name, for what depends on it alone;
+//!   other re-exports of a workspace crate's paths fail, bar [`KNOWN_SPLICES`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -371,4 +378,288 @@ serde.workspace = true
         assert_eq!(deps.len(), 1, "{other}");
         assert!(!is_shared_http(deps[0]), "{other}");
     }
+}
+
+/// The workspace's crates from the bottom up: a crate may depend only on crates of a lower
+/// layer, dev- and build-dependencies included.
+const LAYERS: &[&[&str]] = &[
+    &["ngo-api", "ngo-cloud-http"],
+    &["ngo-index", "ngo-cloud-alicloud", "ngo-cloud-cherry"],
+    &["ngo-service"],
+    &["nodegroup-operator"],
+    &["ngo-sandbox"],
+];
+
+/// Upward edges not removed yet, as (from, to).
+const KNOWN_UPWARD_EDGES: &[(&str, &str)] = &[
+    // Dev-dependencies on the sandbox, which depends on the operator: ngo-service's TLS scoping
+    // tests (`server/scoping_matrix.rs`) borrow its PKI, and the operator's integration tests
+    // its control plane, emulators and PKI. They go when the cloud emulators and the PKI move
+    // to a leaf crate that imports no operator code and the harness is the tests' own (issue
+    // 35, item 5: the sandbox split).
+    ("ngo-service", "ngo-sandbox"),
+    ("nodegroup-operator", "ngo-sandbox"),
+];
+
+/// Re-exports of another workspace crate's paths not removed yet, as (file, path re-exported).
+const KNOWN_SPLICES: &[(&str, &str)] = &[
+    // The `externalgrpc` wire types the binary serves: its clients (the integration tests, the
+    // sandbox's load and chaos clients) name them `nodegroup_operator::proto`.
+    ("src/lib.rs", "ngo_service::proto"),
+    // The cloud adapters name the client crates' items as their own (`super::ApiErrorKind`).
+    ("src/backends/alicloud/mod.rs", "ngo_cloud_alicloud::*"),
+    ("src/backends/cherry/mod.rs", "ngo_cloud_cherry::*"),
+];
+
+/// A workspace crate as `cargo metadata` describes it.
+struct WorkspaceCrate {
+    /// The name its library is used by (`ngo_index`), if it has one.
+    lib: Option<String>,
+    /// The workspace crates it depends on, with the kind of each edge (`normal`, `dev`,
+    /// `build`).
+    depends_on: BTreeSet<(String, String)>,
+}
+
+/// The workspace's crates by package name, from `cargo metadata`.
+fn workspace() -> BTreeMap<String, WorkspaceCrate> {
+    let output = std::process::Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(repository())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        output.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON");
+    let packages = metadata["packages"].as_array().expect("packages");
+    let names: BTreeSet<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
+    packages
+        .iter()
+        .map(|p| {
+            let lib = p["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|t| {
+                    t["kind"]
+                        .as_array()
+                        .is_some_and(|k| k.iter().any(|k| k == "lib"))
+                })
+                .and_then(|t| t["name"].as_str())
+                .map(|n| n.replace('-', "_"));
+            let depends_on = p["dependencies"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|d| {
+                    let name = d["name"].as_str()?;
+                    let kind = d["kind"].as_str().unwrap_or("normal");
+                    names
+                        .contains(name)
+                        .then(|| (name.to_string(), kind.to_string()))
+                })
+                .collect();
+            let name = p["name"].as_str().expect("a package name").to_string();
+            (name, WorkspaceCrate { lib, depends_on })
+        })
+        .collect()
+}
+
+/// The edges of `crates` that do not point down `layers`, as "from -> to (kind)", and the
+/// crates `layers` does not place.
+fn upward_edges(
+    crates: &BTreeMap<String, BTreeSet<(String, String)>>,
+    layers: &[&[&str]],
+) -> (BTreeSet<(String, String, String)>, Vec<String>) {
+    let layer = |name: &str| layers.iter().position(|l| l.contains(&name));
+    let unplaced = crates
+        .keys()
+        .filter(|c| layer(c).is_none())
+        .cloned()
+        .collect();
+    let upward = crates
+        .iter()
+        .flat_map(|(from, deps)| {
+            deps.iter()
+                .map(move |(to, kind)| (from.clone(), to.clone(), kind.clone()))
+        })
+        .filter(|(from, to, _)| match (layer(from), layer(to)) {
+            (Some(a), Some(b)) => b >= a,
+            _ => false,
+        })
+        .collect();
+    (upward, unplaced)
+}
+
+#[test]
+fn every_dependency_between_workspace_crates_points_down_the_layers() {
+    let crates: BTreeMap<String, BTreeSet<(String, String)>> = workspace()
+        .into_iter()
+        .map(|(name, c)| (name, c.depends_on))
+        .collect();
+    assert!(
+        crates["ngo-service"].contains(&("ngo-index".to_string(), "normal".to_string())),
+        "the edges are read: {crates:?}"
+    );
+    let (upward, unplaced) = upward_edges(&crates, LAYERS);
+    assert!(
+        unplaced.is_empty(),
+        "crates not placed in LAYERS: {unplaced:?}"
+    );
+    let known: BTreeSet<(&str, &str)> = KNOWN_UPWARD_EDGES.iter().copied().collect();
+    let new: Vec<_> = upward
+        .iter()
+        .filter(|(from, to, _)| !known.contains(&(from.as_str(), to.as_str())))
+        .map(|(from, to, kind)| format!("{from} -> {to} ({kind})"))
+        .collect();
+    assert!(
+        new.is_empty(),
+        "dependencies pointing up the layers: {new:#?}"
+    );
+    let gone: Vec<_> = known
+        .iter()
+        .filter(|(from, to)| !upward.iter().any(|(f, t, _)| f == from && t == to))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "upward edges removed, take them off KNOWN_UPWARD_EDGES: {gone:?}"
+    );
+}
+
+#[test]
+fn a_dev_dependency_up_the_layers_is_found() {
+    let crates = BTreeMap::from([
+        (
+            "low".to_string(),
+            BTreeSet::from([("high".to_string(), "dev".to_string())]),
+        ),
+        (
+            "high".to_string(),
+            BTreeSet::from([("low".to_string(), "normal".to_string())]),
+        ),
+        ("stray".to_string(), BTreeSet::new()),
+    ]);
+    let (upward, unplaced) = upward_edges(&crates, &[&["low"], &["high"]]);
+    assert_eq!(
+        upward,
+        BTreeSet::from([("low".to_string(), "high".to_string(), "dev".to_string())])
+    );
+    assert_eq!(unplaced, vec!["stray".to_string()]);
+}
+
+/// What `text` re-exports of the crates whose libraries are `libs`: the paths below a crate
+/// (`ngo_index::{capi, index}`, a splice) and the whole crates (`ngo_api`, an alias), each with
+/// its whitespace squeezed.
+fn reexports(text: &str, libs: &BTreeSet<String>) -> (Vec<String>, Vec<String>) {
+    let (mut splices, mut aliases) = (Vec::new(), Vec::new());
+    for (i, _) in text.match_indices("use ") {
+        let before = text[..i].trim_end();
+        let public = before.ends_with("pub")
+            || (before.ends_with(')')
+                && before
+                    .rfind("pub(")
+                    .is_some_and(|p| !before[p..].contains('\n')));
+        let starts_item = text[..i]
+            .chars()
+            .next_back()
+            .is_none_or(|c| c.is_whitespace());
+        if !public || !starts_item {
+            continue;
+        }
+        let rest = &text[i + "use ".len()..];
+        let statement: String = rest[..rest.find(';').unwrap_or(rest.len())]
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let path = statement.trim_start_matches("::");
+        let head: String = path
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if !libs.contains(&head) {
+            continue;
+        }
+        if path[head.len()..].starts_with("::") {
+            splices.push(path.to_string());
+        } else {
+            aliases.push(head);
+        }
+    }
+    (splices, aliases)
+}
+
+#[test]
+fn no_crate_passes_another_crates_modules_off_as_its_own() {
+    let workspace = workspace();
+    let libs: BTreeSet<String> = workspace.values().filter_map(|c| c.lib.clone()).collect();
+    assert!(
+        libs.contains("ngo_index"),
+        "the libraries are read: {libs:?}"
+    );
+    let mut sources = crate_sources();
+    sources.push(repository().join("sandbox/src"));
+    let mut splices = BTreeSet::new();
+    let mut misplaced_aliases = Vec::new();
+    for root in sources {
+        let mut files = Vec::new();
+        rust_files(&root, &mut files);
+        for file in files {
+            let name = file
+                .strip_prefix(repository())
+                .expect("inside the repository")
+                .display()
+                .to_string();
+            let text = std::fs::read_to_string(&file).expect("readable source");
+            let (found, aliases) = reexports(&code(&text), &libs);
+            splices.extend(found.into_iter().map(|p| (name.clone(), p)));
+            let at_root = file.parent() == Some(root.as_path())
+                && file.file_name().is_some_and(|n| n == "lib.rs");
+            let distinct: BTreeSet<&String> = aliases.iter().collect();
+            if !aliases.is_empty() && (!at_root || distinct.len() < aliases.len()) {
+                misplaced_aliases.push((name, aliases));
+            }
+        }
+    }
+    assert!(
+        misplaced_aliases.is_empty(),
+        "a whole crate is re-exported once, at a crate root: {misplaced_aliases:?}"
+    );
+    let known: BTreeSet<(String, String)> = KNOWN_SPLICES
+        .iter()
+        .map(|(f, p)| (f.to_string(), p.to_string()))
+        .collect();
+    let new: Vec<_> = splices.difference(&known).collect();
+    assert!(
+        new.is_empty(),
+        "another crate's paths re-exported as this crate's own; name the crate where it is used: {new:#?}"
+    );
+    let gone: Vec<_> = known.difference(&splices).collect();
+    assert!(
+        gone.is_empty(),
+        "re-exports removed, take them off KNOWN_SPLICES: {gone:?}"
+    );
+}
+
+#[test]
+fn a_module_splice_is_found_and_a_crate_alias_and_a_local_reexport_are_not() {
+    let libs = BTreeSet::from(["ngo_index".to_string(), "ngo_api".to_string()]);
+    let text = "pub mod x;\npub use ngo_api;\npub use ngo_api as api;\npub use ngo_index::{\n    capi, index,\n};\npub(crate) use ngo_index::template;\nuse ngo_index::quantity;\npub use self::x::Y;\npub use crate::x::Z;\npub use serde_json::Value;\n";
+    let (splices, aliases) = reexports(text, &libs);
+    assert_eq!(
+        splices,
+        vec![
+            "ngo_index::{ capi, index, }".to_string(),
+            "ngo_index::template".to_string()
+        ]
+    );
+    assert_eq!(aliases, vec!["ngo_api".to_string(), "ngo_api".to_string()]);
 }
