@@ -956,6 +956,22 @@ async fn a_co_located_operator_connects_to_its_own_workload_cluster_only() {
         !series.iter().any(|l| l.contains(&w.b.namespace)),
         "the sidecar of A connected to B's workload cluster: {series:?}"
     );
+    // It reads nothing outside A's namespace (its RBAC can be a Role there): the shared
+    // operator holds both Clusters' scalable resources (a MachineDeployment and its MachineSet
+    // each), the sidecar A's alone.
+    let scalables = |admin: std::net::SocketAddr| -> u64 {
+        ngo_sandbox::process::http_get(admin, "/metrics")
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("nodegroup_index_objects{kind=\"scalable_resources\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_default()
+    };
+    let (shared, own) = (scalables(w.admin), scalables(sidecar));
+    assert!(
+        own > 0 && shared == 2 * own,
+        "the shared operator holds {shared} scalable resources of A and B, the sidecar of A {own}"
+    );
 }
 
 /// A workload API server that goes silent (connections stay open, nothing is answered: a

@@ -86,6 +86,9 @@ pub struct WatchSpec {
     pub with_node_pools: bool,
     /// Where Nodes come from.
     pub nodes: NodeSource,
+    /// The one Cluster served when the operator is scoped by configuration (`--cluster`, the
+    /// co-located mode): only its namespace is watched, and of Clusters only it.
+    pub only_cluster: Option<ClusterKey>,
 }
 
 /// One kind's reflector stores: one per watched namespace, or one for all namespaces.
@@ -185,13 +188,16 @@ impl Watches {
             with_policies,
             with_node_pools,
             nodes,
+            only_cluster,
         } = spec;
         let changes = Arc::new(Changes::default());
         let namespaces = filter.namespaces();
         // One API per watched namespace, or one for all.
-        let scopes: Vec<Option<String>> = match &namespaces {
-            Some(list) => list.iter().cloned().map(Some).collect(),
-            None => vec![None],
+        let scopes: Vec<Option<String>> = match (&only_cluster, &namespaces) {
+            // Nothing outside the served Cluster's namespace is read: its RBAC can be a Role.
+            (Some(only), _) => vec![Some(only.namespace.clone())],
+            (None, Some(list)) => list.iter().cloned().map(Some).collect(),
+            (None, None) => vec![None],
         };
         let dynamic = |tasks: &mut JoinSet<anyhow::Result<()>>, ar: &ApiResource, track: Track| {
             scoped_stores(
@@ -219,11 +225,26 @@ impl Watches {
                 |_: &mut WatchedMachine| {},
             ),
         );
-        let clusters = match &resources.clusters {
+        let clusters = match (&resources.clusters, &only_cluster) {
             // Clusters name workload clusters, scope clients, and pause their groups
             // (`spec.paused`).
-            Some(ar) => dynamic(tasks, ar, Track::Context),
-            None => Stores(Vec::new()),
+            (Some(ar), None) => dynamic(tasks, ar, Track::Context),
+            // Scoped by configuration: that Cluster alone.
+            (Some(ar), Some(only)) => Stores(vec![spawn_reflector_with(
+                tasks,
+                (
+                    Api::<DynamicObject>::namespaced_with(client.clone(), &only.namespace, ar),
+                    watcher::Config::default()
+                        .any_semantic()
+                        .fields(&format!("metadata.name={}", only.name)),
+                ),
+                ar.clone(),
+                (changes.clone(), Track::Context),
+                shutdown.clone(),
+                trim_dynamic,
+                None,
+            )]),
+            (None, _) => Stores(Vec::new()),
         };
         let nodes = match nodes {
             NodeSource::Local | NodeSource::Cluster(_) => {
@@ -830,6 +851,32 @@ fn spawn_reflector<K>(
     tasks: &mut JoinSet<anyhow::Result<()>>,
     api: Api<K>,
     dyntype: K::DynamicType,
+    recording: (Arc<Changes>, Track),
+    shutdown: CancellationToken,
+    trim: impl FnMut(&mut K) + Send + 'static,
+    fingerprint: Option<fn(&K) -> u64>,
+) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    let config = watcher::Config::default().any_semantic();
+    spawn_reflector_with(
+        tasks,
+        (api, config),
+        dyntype,
+        recording,
+        shutdown,
+        trim,
+        fingerprint,
+    )
+}
+
+/// As [`spawn_reflector`], watching with `config` (a label or field selector).
+fn spawn_reflector_with<K>(
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+    (api, config): (Api<K>, watcher::Config),
+    dyntype: K::DynamicType,
     (changes, track): (Arc<Changes>, Track),
     shutdown: CancellationToken,
     trim: impl FnMut(&mut K) + Send + 'static,
@@ -842,7 +889,7 @@ where
     let kind = K::kind(&dyntype).to_string();
     let writer = reflector::store::Writer::new(dyntype);
     let store = writer.as_reader();
-    let stream = watcher(api, watcher::Config::default().any_semantic())
+    let stream = watcher(api, config)
         .modify(trim)
         .backoff(WatchBackoff::default())
         .reflect(writer);
