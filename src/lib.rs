@@ -11,6 +11,7 @@ pub mod nodepool;
 pub mod probe;
 pub mod runtime;
 pub mod status;
+pub mod uninstall;
 
 // The crates below the operator, each under its own name, for what depends on the operator
 // alone (the sandbox, the fuzz target). Inside this crate they are named directly.

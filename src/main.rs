@@ -36,6 +36,61 @@ enum Command {
     /// Dial the gRPC endpoint as cluster-autoscaler does and call NodeGroups (the Helm
     /// chart's `helm test` hook). Exits non-zero, saying why, when the call fails.
     Probe(ProbeArgs),
+    /// Release what the operator holds so that its objects can be deleted once it is
+    /// uninstalled (the Helm chart's pre-delete hook): our scale-down finalizer and records on
+    /// Machines being deleted, scale-down ledgers no request can act on, and, only with
+    /// --orphan-cloud-servers, NodePools' finalizers. Exits non-zero, listing them, when
+    /// anything was held (a NodePool exists, or a scale-down is still under way).
+    ReleaseFinalizers(ReleaseArgs),
+}
+
+/// Where and what `release-finalizers` releases.
+#[derive(Args, Debug, Clone)]
+struct ReleaseArgs {
+    /// Cluster API group.
+    #[arg(long, env = "CAPI_GROUP", default_value = DEFAULT_GROUP)]
+    capi_group: String,
+    /// Cluster API version (default: the server's preferred version).
+    #[arg(long, env = "CAPI_VERSION")]
+    capi_version: Option<String>,
+    /// Kubeconfig (default: KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, env = "KUBECONFIG_PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// Act only in this namespace (repeatable; default: every namespace).
+    #[arg(long = "namespace")]
+    namespaces: Vec<String>,
+    /// Remove NodePools' finalizers although their servers then stay in the cloud (they are
+    /// listed); without it, any NodePool makes the command refuse.
+    #[arg(long)]
+    orphan_cloud_servers: bool,
+    /// Seconds past a scale-down request's deadline before it counts as stopped (as the
+    /// operator's --sweep-clock-margin-secs).
+    #[arg(long, default_value_t = ngo_service::actuate::CLOCK_MARGIN_SECS)]
+    sweep_clock_margin_secs: i64,
+}
+
+impl ReleaseArgs {
+    async fn run(&self) -> anyhow::Result<()> {
+        let client = runtime::client_for(self.kubeconfig.as_deref()).await?;
+        let options = nodegroup_operator::uninstall::Options {
+            capi_group: self.capi_group.clone(),
+            capi_version: self.capi_version.clone().filter(|v| !v.is_empty()),
+            namespaces: self.namespaces.clone(),
+            orphan_cloud_servers: self.orphan_cloud_servers,
+            clock_margin_secs: self.sweep_clock_margin_secs.max(0),
+        };
+        let report = nodegroup_operator::uninstall::release(&client, &options)
+            .await
+            .context("release-finalizers")?;
+        println!("{report}");
+        if !report.held.is_empty() {
+            anyhow::bail!(
+                "release-finalizers: {} object(s) held, listed above; nothing was forced",
+                report.held.len()
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Where to connect: cluster-autoscaler's cloud-config file, or the same settings as flags.
@@ -436,6 +491,7 @@ async fn run() -> anyhow::Result<()> {
             return Ok(());
         }
         Some(Command::Probe(args)) => return args.run().await,
+        Some(Command::ReleaseFinalizers(args)) => return args.run().await,
         Some(Command::Run(args)) => *args,
         None => cli.run,
     };

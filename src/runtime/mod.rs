@@ -151,7 +151,12 @@ impl Running {
 
 /// Builds a client from the config.
 pub async fn client(config: &Config) -> anyhow::Result<Client> {
-    let kube_config = match &config.kubeconfig {
+    client_for(config.kubeconfig.as_deref()).await
+}
+
+/// Builds a client from `kubeconfig`, else from KUBECONFIG, `~/.kube/config` or in-cluster.
+pub async fn client_for(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
+    let kube_config = match kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -440,6 +445,12 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             with_policies,
             with_node_pools: our_kinds.node_pools,
             nodes,
+            only_cluster: match &config.client_identity {
+                ngo_service::server::identity::IdentitySource::Fixed(cluster) => {
+                    Some(cluster.clone())
+                }
+                _ => None,
+            },
         },
         &mut tasks,
         shutdown.clone(),

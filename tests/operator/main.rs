@@ -13,3 +13,4 @@ mod intree_diff;
 mod logs;
 mod policy;
 mod tls;
+mod uninstall;

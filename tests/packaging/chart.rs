@@ -940,6 +940,80 @@ fn the<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
         .unwrap_or_else(|| panic!("no {kind}"))
 }
 
+/// `helm uninstall` first runs `release-finalizers` as the operator's ServiceAccount; that
+/// account and its RBAC are release resources, not hooks, so they still exist while pre-delete
+/// hooks run. A failed Job stays for its log; `uninstall.releaseFinalizers=false` opts out.
+#[test]
+fn uninstall_runs_release_finalizers_as_the_operator_before_anything_is_deleted() {
+    let docs = render_release("ngo", "ngo-system", &["--set", "rbac.namespaces={tenants}"]);
+    let job = docs
+        .iter()
+        .find(|d| d["kind"] == "Job")
+        .expect("the pre-delete Job");
+    let annotations = &job["metadata"]["annotations"];
+    assert_eq!(annotations["helm.sh/hook"], "pre-delete");
+    let policy = annotations["helm.sh/hook-delete-policy"].as_str().unwrap();
+    assert!(policy.contains("before-hook-creation"), "{policy}");
+    assert!(
+        !policy.contains("hook-failed"),
+        "a failed Job stays for its log: {policy}"
+    );
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["serviceAccountName"],
+        the(&docs, "ServiceAccount")["metadata"]["name"]
+    );
+    for d in &docs {
+        if [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+        ]
+        .contains(&d["kind"].as_str().unwrap_or_default())
+        {
+            assert!(
+                d["metadata"]["annotations"]["helm.sh/hook"].is_null(),
+                "{} {} must outlive the pre-delete hook",
+                d["kind"],
+                d["metadata"]["name"]
+            );
+        }
+    }
+    let args: Vec<&str> = pod["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        args,
+        [
+            "release-finalizers",
+            "--capi-group=cluster.x-k8s.io",
+            "--sweep-clock-margin-secs=30",
+            "--namespace=tenants"
+        ]
+    );
+    let selector = &the(&docs, "Deployment")["spec"]["selector"]["matchLabels"];
+    let labels = &job["spec"]["template"]["metadata"]["labels"];
+    assert!(
+        selector
+            .as_object()
+            .unwrap()
+            .iter()
+            .any(|(k, v)| &labels[k] != v),
+        "the Service must not send gRPC to the hook's pod: {labels}"
+    );
+    let opted_out = render_release(
+        "ngo",
+        "ngo-system",
+        &["--set", "uninstall.releaseFinalizers=false"],
+    );
+    assert!(!opted_out.iter().any(|d| d["kind"] == "Job"));
+}
+
 #[test]
 fn a_second_release_gets_names_of_its_own_and_the_first_keeps_its_names() {
     // The first release, as installed before the overrides existed: every name is the chart's.
@@ -2104,7 +2178,8 @@ fn operator_access(
     const CAPI: &str = "cluster.x-k8s.io";
     const OURS: &str = "autoscaling.nodegroup.dev";
     let mut access: Vec<(&str, &str, &[&str])> = vec![
-        // runtime/watches.rs (reflectors); actuate/capi/replicas.rs (replicas + ledger patch)
+        // runtime/watches.rs (reflectors); actuate/capi/replicas.rs (replicas + ledger patch);
+        // uninstall/ (release-finalizers, the pre-delete hook: stale ledgers removed)
         (
             CAPI,
             "machinedeployments",
@@ -2116,11 +2191,14 @@ fn operator_access(
         (CAPI, "machinedeployments/scale", &["get", "update"]),
         (CAPI, "machinesets/scale", &["get", "update"]),
         (CAPI, "machinepools/scale", &["get", "update"]),
-        // runtime/watches.rs; actuate/capi/marks.rs (delete-machine marks)
+        // runtime/watches.rs; actuate/capi/marks.rs (delete-machine marks); uninstall/
+        // (release-finalizers: our finalizer and records off Machines being deleted)
         (CAPI, "machines", &["get", "list", "watch", "patch"]),
         // runtime/watches.rs; status/writer.rs (server-side apply of status)
         (OURS, "nodegrouppolicies", &["get", "list", "watch"]),
         (OURS, "nodegrouppolicies/status", &["patch"]),
+        // nodepool/reconciler (finalizer); uninstall/ (finalizer released with
+        // --orphan-cloud-servers)
         (OURS, "nodepools", &["get", "list", "watch", "patch"]),
         // actuate/capi/replicas.rs: NodePools scale through /scale as well
         (OURS, "nodepools/scale", &["get", "update"]),

@@ -820,7 +820,10 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
 
     operator.stop(Duration::from_secs(10));
     helm(&["uninstall", "cluster-autoscaler", "-n", RELEASE_NAMESPACE]);
-    helm(&["uninstall", "ngo", "-n", RELEASE_NAMESPACE]);
+    // `--no-hooks`: the sandbox has no kubelet to run the chart's pre-delete Job
+    // (`release-finalizers`), and Helm would wait for it; chart.rs checks the hook's rendering
+    // and tests/operator/uninstall.rs runs the command against this API server.
+    helm(&["uninstall", "ngo", "-n", RELEASE_NAMESPACE, "--no-hooks"]);
     let left = Api::<Deployment>::namespaced(client.clone(), RELEASE_NAMESPACE)
         .list(&ListParams::default())
         .await
@@ -1042,8 +1045,8 @@ async fn releases_install_side_by_side_and_crds_upgrade_as_documented() {
     assert_eq!(min_size_description(&client).await, original);
 
     // --- Uninstalling one release leaves the others' objects; uninstalling all leaves no
-    // cluster-scoped object of theirs.
-    helm(&["uninstall", "ngo-b", "-n", "ngo-b"]);
+    // cluster-scoped object of theirs. (`--no-hooks`: no kubelet runs the pre-delete Job here.)
+    helm(&["uninstall", "ngo-b", "-n", "ngo-b", "--no-hooks"]);
     let roles = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(client.clone());
     for name in ["nodegroup-operator", "ngo-c"] {
         roles
@@ -1051,8 +1054,8 @@ async fn releases_install_side_by_side_and_crds_upgrade_as_documented() {
             .await
             .unwrap_or_else(|e| panic!("{name} after uninstalling ngo-b: {e}"));
     }
-    helm(&["uninstall", "ngo-c", "-n", "ngo-a"]);
-    helm(&["uninstall", "ngo-a", "-n", "ngo-a"]);
+    helm(&["uninstall", "ngo-c", "-n", "ngo-a", "--no-hooks"]);
+    helm(&["uninstall", "ngo-a", "-n", "ngo-a", "--no-hooks"]);
     let left = roles
         .list(&ListParams::default().labels("app.kubernetes.io/instance in (ngo-a,ngo-b,ngo-c)"))
         .await
