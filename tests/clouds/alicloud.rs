@@ -1306,3 +1306,140 @@ async fn a_scale_out_that_changes_nothing_fails_with_the_rejected_activity() {
     )
     .await;
 }
+
+/// The operator's resident memory, from `/proc/<pid>/status` (`VmRSS`), in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_default()
+}
+
+/// A hostile cloud endpoint on loopback (a host the sandbox allows): every other answer is an
+/// endless body, the others a 500 with a fresh megabyte of text that is not the API's JSON.
+async fn hostile_cloud_endpoint() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let requests = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = requests.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match stream.read(&mut byte).await {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                if n % 2 == 0 {
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+                        .await;
+                    let chunk = format!("10000\r\n{}\r\n", "z".repeat(0x10000));
+                    while stream.write_all(chunk.as_bytes()).await.is_ok() {}
+                } else {
+                    let body: String = (0..1 << 20)
+                        .map(|i| char::from(b'a' + ((i * 7 + n) % 26) as u8))
+                        .collect();
+                    let _ = stream
+                        .write_all(
+                            format!(
+                                "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                                body.len()
+                            )
+                            .as_bytes(),
+                        )
+                        .await;
+                }
+            });
+        }
+    });
+    (url, requests)
+}
+
+/// A pool whose cloud endpoint is hostile (endless answers, megabytes of fresh error text)
+/// costs the operator bounded memory and another pool nothing: the other pool's changes reach
+/// its scaling group as fast as before the hostile one existed (within twice, or 8 s), the
+/// operator's RSS stays under the chart's memory limit, and the hostile pool is reported with
+/// a short message that quotes none of the endpoint's text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_cloud_endpoint_costs_bounded_memory_and_other_pools_nothing() {
+    /// The chart's memory limit (`resources.limits.memory`).
+    const CHART_LIMIT_KIB: u64 = 512 * 1024;
+    let mut w = World::new("ali-hostile", &["asg-next"]).await;
+    let pid = w.cluster.operator().expect("operator").pid();
+    w.pool("next", "asg-next", 1, 6, json!({})).await;
+    w.wait_pool_ready("next", "asg-next", 1).await;
+    let change = |replicas: i32| {
+        let w = &w;
+        async move {
+            let asked = Instant::now();
+            w.set_replicas("next", replicas).await;
+            w.wait(&format!("asg-next asked for {replicas}"), || async {
+                let desired = w.ess.group("asg-next").and_then(|g| g.desired_capacity);
+                (desired == Some(replicas as u32))
+                    .then_some(())
+                    .ok_or(format!("desired capacity {desired:?}"))
+            })
+            .await;
+            asked.elapsed()
+        }
+    };
+    let baseline = change(2).await;
+    let baseline_rss = rss_kib(pid);
+
+    let (hostile, requests) = hostile_cloud_endpoint().await;
+    let url = w.ess.url();
+    let endpoints =
+        json!({"ess": hostile, "ecs": hostile, "vpc": hostile, "sts": url, "metadata": url});
+    w.pool("hostile", "asg-hostile", 0, 2, json!({"endpoints": endpoints}))
+        .await;
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sampled = peak.clone();
+    let sampler = tokio::spawn(async move {
+        loop {
+            sampled.fetch_max(rss_kib(pid), std::sync::atomic::Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let message = w
+        .wait_condition("hostile", "BackendUnavailable", "Unavailable")
+        .await;
+    let mut with_hostile = Vec::new();
+    for replicas in [3, 4] {
+        with_hostile.push(change(replicas).await);
+    }
+    sampler.abort();
+    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    let slowest = with_hostile.iter().max().copied().unwrap_or_default();
+    let served = requests.load(std::sync::atomic::Ordering::SeqCst);
+    w.log(&format!(
+        "hostile endpoint: {served} requests; operator RSS {baseline_rss} KiB before, peak {peak} KiB; \
+         the other pool's change took {baseline:?} before, at most {slowest:?} beside it"
+    ));
+    assert!(served > 0, "the hostile endpoint was asked nothing");
+    assert!(
+        peak < CHART_LIMIT_KIB,
+        "RSS {peak} KiB reached the chart's limit"
+    );
+    assert!(
+        slowest <= (baseline * 2).max(Duration::from_secs(8)),
+        "the other pool's change took {slowest:?} against {baseline:?} before"
+    );
+    assert!(
+        message.len() < 600 && !message.contains("zzzzzzzz") && !message.contains("abcdefgh"),
+        "the condition quotes the endpoint's text: {message:.600}"
+    );
+    let pool = w.get_pool("hostile").await;
+    let status = serde_json::to_string(&pool.status).expect("status");
+    assert!(status.len() < 8_192, "{} bytes of status", status.len());
+}
