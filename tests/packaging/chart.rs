@@ -898,6 +898,69 @@ fn the_admin_port_is_closed_to_every_pod_by_default_and_grpc_stays_open() {
     );
 }
 
+/// `service.external`: a second Service, of the type asked, with the gRPC port alone (the admin
+/// port and /metrics stay in the cluster); none by default.
+#[test]
+fn the_external_grpc_service_carries_grpc_alone() {
+    let services = |args: &[&str]| -> Vec<serde_json::Value> {
+        rbac::render_chart("ngo-system", args)
+            .unwrap()
+            .into_iter()
+            .filter(|d| d["kind"] == "Service")
+            .collect()
+    };
+    assert_eq!(
+        services(&[]).len(),
+        1,
+        "only the ClusterIP Service by default"
+    );
+    let rendered = services(&[
+        "--set",
+        "service.external.enabled=true",
+        "--set-json",
+        r#"service.external.loadBalancerSourceRanges=["10.20.0.0/16"]"#,
+        "--set",
+        "service.external.loadBalancerClass=internal",
+    ]);
+    let external = rendered
+        .iter()
+        .find(|s| s["metadata"]["name"] == "nodegroup-operator-grpc")
+        .expect("the external Service");
+    assert_eq!(external["spec"]["type"], "LoadBalancer");
+    assert_eq!(
+        external["spec"]["ports"],
+        json!([{"name": "grpc", "port": 8086, "targetPort": "grpc", "protocol": "TCP"}])
+    );
+    assert_eq!(
+        external["spec"]["loadBalancerSourceRanges"],
+        json!(["10.20.0.0/16"])
+    );
+    assert_eq!(external["spec"]["loadBalancerClass"], "internal");
+    let node_port = services(&[
+        "--set",
+        "service.external.enabled=true",
+        "--set",
+        "service.external.type=NodePort",
+        "--set",
+        "service.external.nodePort=30086",
+    ]);
+    let external = node_port
+        .iter()
+        .find(|s| s["metadata"]["name"] == "nodegroup-operator-grpc")
+        .unwrap();
+    assert_eq!(external["spec"]["type"], "NodePort");
+    assert_eq!(external["spec"]["ports"][0]["nodePort"], 30086);
+    assert!(external["spec"].get("loadBalancerSourceRanges").is_none());
+    let error = template(&[
+        "--set",
+        "service.external.enabled=true",
+        "--set",
+        "service.external.type=ClusterIP",
+    ])
+    .expect_err("ClusterIP is the other Service's");
+    assert!(error.contains("/service/external/type"), "{error}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Releases side by side: names, labels and selectors.
 

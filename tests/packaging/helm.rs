@@ -509,6 +509,7 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
             "--set=metrics.prometheusRule.enabled=true".into(),
             "--set=metrics.dashboard.enabled=true".into(),
             "--set=networkPolicy.enabled=true".into(),
+            "--set=service.external.enabled=true".into(),
             "--set-json=networkPolicy.metricsFrom=[{\"namespaceSelector\":{}}]".into(),
             "--set-json=capi.infrastructureTemplates=[{\"group\":\"infrastructure.cluster.x-k8s.io\",\"resources\":[\"testmachinetemplates\"]}]".into(),
         ],
