@@ -1401,8 +1401,14 @@ async fn a_hostile_cloud_endpoint_costs_bounded_memory_and_other_pools_nothing()
     let url = w.ess.url();
     let endpoints =
         json!({"ess": hostile, "ecs": hostile, "vpc": hostile, "sts": url, "metadata": url});
-    w.pool("hostile", "asg-hostile", 0, 2, json!({"endpoints": endpoints}))
-        .await;
+    w.pool(
+        "hostile",
+        "asg-hostile",
+        0,
+        2,
+        json!({"endpoints": endpoints}),
+    )
+    .await;
     let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let sampled = peak.clone();
     let sampler = tokio::spawn(async move {
