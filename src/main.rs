@@ -372,6 +372,15 @@ impl RunArgs {
             kubeconfig: self.kubeconfig.clone(),
             rebuild_delay: Duration::from_millis(self.rebuild_delay_ms),
             pod_name: std::env::var("POD_NAME").ok(),
+            placement: std::env::var("NODE_NAME")
+                .ok()
+                .filter(|n| !n.is_empty())
+                .map(|node| runtime::placement::Placement {
+                    node,
+                    pod: std::env::var("POD_NAME")
+                        .ok()
+                        .zip(std::env::var("POD_NAMESPACE").ok()),
+                }),
             sweep_interval: Duration::from_secs(self.sweep_interval_secs.max(1)),
             sweep_clock_margin_secs: self.sweep_clock_margin_secs.max(0),
             node_pool_interval: Duration::from_secs(self.node_pool_interval_secs.max(1)),

@@ -10,6 +10,7 @@ mod line_limit;
 pub mod memory;
 pub mod nodes;
 mod pacing;
+pub mod placement;
 mod pool_watches;
 mod ready;
 pub(crate) mod watches;
@@ -69,6 +70,9 @@ pub struct Config {
     pub rebuild_delay: Duration,
     /// Pod name, for Events.
     pub pod_name: Option<String>,
+    /// This replica's Node and Pod: it warns when that Node belongs to a group it serves
+    /// (`None`: not known, no check).
+    pub placement: Option<placement::Placement>,
     /// Lease-based leader election; `None` makes this replica the leader (single replica).
     pub leader_election: Option<leader::LeaderConfig>,
     /// How often the leader sweeps stranded scale-down marks.
@@ -489,6 +493,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         metrics.clone(),
         shutdown.clone(),
     ));
+    // Every replica checks its own Node (a follower is evicted with its Node as well).
+    if let Some(own) = config.placement.clone() {
+        tasks.spawn(placement::watch(
+            snapshots.clone(),
+            (watches.clone(), own),
+            (events.clone(), metrics.clone()),
+            shutdown.clone(),
+        ));
+    }
     tasks.spawn(leader::while_leading(
         "configuration problem reports",
         leading.clone(),

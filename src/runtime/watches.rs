@@ -629,6 +629,12 @@ impl Watches {
         Some(node.view.clone())
     }
 
+    /// The provider ID of Node `name` of the one Node view (same-cluster and kubeconfig
+    /// topologies; `None` in the per-cluster one, or when the Node has none).
+    pub fn local_node_provider_id(&self, name: &str) -> Option<String> {
+        self.node(&(None, name.to_string()))?.provider_id.clone()
+    }
+
     /// True when every Cluster's Nodes come from one view (not the per-cluster topology).
     pub fn shares_node_view(&self) -> bool {
         matches!(self.inner.nodes, NodeStores::Single(..))

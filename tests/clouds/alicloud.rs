@@ -1340,7 +1340,7 @@ async fn hostile_cloud_endpoint() -> (String, std::sync::Arc<std::sync::atomic::
                         _ => return,
                     }
                 }
-                if n % 2 == 0 {
+                if n.is_multiple_of(2) {
                     let _ = stream
                         .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
                         .await;

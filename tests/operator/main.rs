@@ -11,6 +11,7 @@ mod ha;
 mod hostile;
 mod intree_diff;
 mod logs;
+mod placement;
 mod policy;
 mod tls;
 mod uninstall;

@@ -475,6 +475,7 @@ pub fn operator_config_as(namespace: &str, kubeconfig: PathBuf, tls: Option<TlsF
         kubeconfig: Some(kubeconfig),
         rebuild_delay: Duration::from_millis(10),
         pod_name: None,
+        placement: None,
         sweep_interval: Duration::from_secs(2),
         sweep_clock_margin_secs: 0,
         node_pool_interval: Duration::from_secs(2),

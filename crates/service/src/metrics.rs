@@ -152,6 +152,7 @@ pub struct Metrics {
     decrements_unacted: GaugeSeries<GroupLabels>,
     workload_reachable: GaugeSeries<ClusterLabels>,
     leader: Gauge,
+    on_served_node: Gauge,
     backend_calls: Family<BackendCallLabels, Counter>,
     backend_available: Family<PoolLabels, Gauge>,
     certificate_expiry: Family<CertificateLabels, Gauge>,
@@ -345,6 +346,12 @@ impl Metrics {
             "1 while the Nodes of a workload cluster can be read, 0 otherwise (management topology)",
             workload_reachable.family(),
         );
+        let on_served_node = Gauge::default();
+        registry.register(
+            "on_served_node",
+            "1 while this replica runs on a Node of a node group it serves (cluster-autoscaler may remove that Node, and the operator with it), 0 otherwise",
+            on_served_node.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -389,6 +396,7 @@ impl Metrics {
             certificate_expiry,
             workload_reachable,
             leader,
+            on_served_node,
             rpc_duration,
             group_min,
             group_max,
@@ -555,6 +563,11 @@ impl Metrics {
     /// Records whether this replica leads.
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
+    }
+
+    /// Sets whether this replica runs on a Node of a group it serves.
+    pub fn set_on_served_node(&self, on_served: bool) {
+        self.on_served_node.set(i64::from(on_served));
     }
 
     /// Records one sweep of expired scale-down marks.
