@@ -359,7 +359,12 @@ impl Watches {
     ) -> anyhow::Result<()> {
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            synced = self.wait_synced() => synced?,
+            synced = self.wait_synced() => match synced {
+                Ok(()) => {}
+                // The reflectors stop first on shutdown, dropping their stores' writers.
+                Err(_) if shutdown.is_cancelled() => return Ok(()),
+                Err(error) => return Err(error),
+            },
         }
         tracing::info!("informer caches synced; serving");
         let changes = self.inner.changes.clone();

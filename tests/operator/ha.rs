@@ -1,5 +1,6 @@
 //! Several replicas: every one serves gRPC from its own cache; one Lease elects the leader that
-//! writes status, and another takes over when it stops.
+//! writes status, and another takes over when it stops. A replica stopped while it starts
+//! stops cleanly.
 
 use std::time::Duration;
 
@@ -90,4 +91,22 @@ async fn one_replica_leads_and_another_takes_over_when_it_stops() {
     ns.policy_status("p", |s| s.observed_generation == Some(2))
         .await;
     follower.shutdown().await.unwrap();
+}
+
+/// Stopped while its caches are still syncing (a SIGTERM during start-up), the operator stops
+/// cleanly: the reflectors end first and drop their stores, which is no error then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_stopped_while_it_syncs_stops_cleanly() {
+    let ns = TestNs::new("early-stop").await;
+    deployment_with_nodes(&ns, "workers", 1, 3, 1).await;
+    for attempt in 0..5 {
+        let running = nodegroup_operator::runtime::start(operator_config(&ns.name, None))
+            .await
+            .expect("operator starts");
+        tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+        running
+            .shutdown()
+            .await
+            .unwrap_or_else(|e| panic!("stop {attempt}: {e:#}"));
+    }
 }
