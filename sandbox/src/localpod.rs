@@ -299,6 +299,8 @@ impl LocalPod {
                         match field.field_path.as_str() {
                             "metadata.name" => self.name.clone(),
                             "metadata.namespace" => self.namespace.clone(),
+                            // Runs on no Node of the sandbox: the Pod's own, when it names one.
+                            "spec.nodeName" => self.spec.node_name.clone().unwrap_or_default(),
                             "spec.serviceAccountName" => self
                                 .spec
                                 .service_account_name
