@@ -190,6 +190,29 @@ fn a_canary_is_set_at_any_path_of_the_schema() {
     assert_eq!(object["spec"]["template"]["labels"], json!({"k": "canary"}));
 }
 
+/// Every input of `kind`'s `fields` set to each variant, a map's key too: `(field, value,
+/// as_key, what)`, `what` naming the input for the report.
+fn field_inputs<'a>(
+    kind: &'a str,
+    fields: &'a [String],
+    variants: &'a [(&'a str, &'a str)],
+) -> impl Iterator<Item = (&'a str, &'a str, bool, String)> + 'a {
+    fields.iter().flat_map(move |field| {
+        variants.iter().flat_map(move |(variant, value)| {
+            [false, true]
+                .into_iter()
+                .filter(move |as_key| !as_key || field.ends_with("<key>"))
+                .map(move |as_key| {
+                    let what = format!(
+                        "{kind} {field}{} = {variant}",
+                        if as_key { " (as the key)" } else { "" }
+                    );
+                    (field.as_str(), *value, as_key, what)
+                })
+        })
+    })
+}
+
 struct World {
     base: TestWorld,
     cherry: CherryEmulator,
@@ -563,65 +586,43 @@ async fn no_tenant_input_reads_a_local_file_reaches_an_unapproved_destination_or
         n += 1;
         format!("{prefix}-{n}")
     };
-    for field in &pool_fields {
-        for (variant, value) in variants {
-            for as_key in [false, true] {
-                if as_key && !field.ends_with("<key>") {
-                    continue;
-                }
-                let what = format!(
-                    "NodePool {field}{} = {variant}",
-                    if as_key { " (as the key)" } else { "" }
-                );
-                let pool = name("pool");
-                let mut object = if let Some(ali) = field.strip_prefix("spec.aliCloud.") {
-                    let mode = if ali == "ramRoleName" {
-                        "ECSRAMRole"
-                    } else {
-                        "AccessKey"
-                    };
-                    w.ali_pool(
-                        &pool,
-                        groups.next().expect("a scaling group"),
-                        mode,
-                        "alicloud",
-                    )
-                } else {
-                    w.cherry_pool(&pool, "cherry")
-                };
-                set(&mut object, field, value, as_key);
-                if w.create(object, &what).await {
-                    cases.push(Case { name: pool, what });
-                } else {
-                    refused += 1;
-                }
-            }
+    for (field, value, as_key, what) in field_inputs("NodePool", &pool_fields, &variants) {
+        let pool = name("pool");
+        let mut object = if let Some(ali) = field.strip_prefix("spec.aliCloud.") {
+            let mode = if ali == "ramRoleName" {
+                "ECSRAMRole"
+            } else {
+                "AccessKey"
+            };
+            w.ali_pool(
+                &pool,
+                groups.next().expect("a scaling group"),
+                mode,
+                "alicloud",
+            )
+        } else {
+            w.cherry_pool(&pool, "cherry")
+        };
+        set(&mut object, field, value, as_key);
+        if w.create(object, &what).await {
+            cases.push(Case { name: pool, what });
+        } else {
+            refused += 1;
         }
     }
-    for field in &policy_fields {
-        for (variant, value) in variants {
-            for as_key in [false, true] {
-                if as_key && !field.ends_with("<key>") {
-                    continue;
-                }
-                let what = format!(
-                    "NodeGroupPolicy {field}{} = {variant}",
-                    if as_key { " (as the key)" } else { "" }
-                );
-                let policy = name("policy");
-                let mut object = w.policy(&policy);
-                set(&mut object, field, value, as_key);
-                if w.create(object, &what).await {
-                    // The pool it governs (unless the canary replaced its selector).
-                    assert!(
-                        w.create(w.cherry_pool(&policy, "cherry"), "target pool")
-                            .await
-                    );
-                    cases.push(Case { name: policy, what });
-                } else {
-                    refused += 1;
-                }
-            }
+    for (field, value, as_key, what) in field_inputs("NodeGroupPolicy", &policy_fields, &variants) {
+        let policy = name("policy");
+        let mut object = w.policy(&policy);
+        set(&mut object, field, value, as_key);
+        if w.create(object, &what).await {
+            // The pool it governs (unless the canary replaced its selector).
+            assert!(
+                w.create(w.cherry_pool(&policy, "cherry"), "target pool")
+                    .await
+            );
+            cases.push(Case { name: policy, what });
+        } else {
+            refused += 1;
         }
     }
     // The credential Secrets' keys, each in a pool of the mode that reads it.
