@@ -346,6 +346,23 @@ impl DeletionAuditor {
         auditor
     }
 
+    /// An auditor that watches nothing and whose client reaches no cluster: it only records
+    /// what it is told.
+    #[cfg(test)]
+    pub(crate) fn detached() -> Self {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a valid URI"));
+        Self {
+            client: Client::try_from(config).expect("a client"),
+            record: Arc::new(Mutex::new(Record::default())),
+            watches: Vec::new(),
+        }
+    }
+
+    /// What CA last heard about node `name`, as far as this auditor was told.
+    pub fn latest(&self, name: &str) -> Option<Answer> {
+        lock(&self.record).answers.get(name).copied()
+    }
+
     /// Before a DeleteNodes naming `nodes`: taints them as CA does.
     pub async fn taint(&self, nodes: &[String]) {
         for name in nodes {

@@ -169,6 +169,56 @@ fn reached_no_answer<T>(answer: &Result<T, Status>) -> bool {
     matches!(answer, Err(status) if crate::auditor::unanswered(status))
 }
 
+/// A DeleteNodes under way, as the auditor was told: settled with the answer CA heard, or,
+/// dropped unsettled (tonic's server drops the call once CA's `grpc-timeout` passes, or CA's
+/// connection went), no answer reached CA.
+struct Asked {
+    shared: Arc<Shared>,
+    names: Vec<String>,
+    settled: bool,
+}
+
+impl Asked {
+    fn new(shared: Arc<Shared>, names: Vec<String>) -> Self {
+        shared.auditor.asked(&names);
+        Self {
+            shared,
+            names,
+            settled: false,
+        }
+    }
+
+    /// CA heard `answer`; `lost`: it is no answer of the operator's.
+    fn settle<T>(mut self, answer: &Result<T, Status>, lost: bool) {
+        self.settled = true;
+        if lost {
+            self.shared.auditor.heard_nothing(&self.names);
+        } else {
+            self.shared.auditor.heard(&self.names, answer.is_ok());
+        }
+        self.count(answer.is_ok());
+    }
+
+    fn count(&self, ok: bool) {
+        let mut counts = lock(&self.shared.counts);
+        if ok {
+            counts.delete_ok += 1;
+            counts.nodes_ok += self.names.len() as u64;
+        } else {
+            counts.delete_errors += 1;
+        }
+    }
+}
+
+impl Drop for Asked {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.shared.auditor.heard_nothing(&self.names);
+            self.count(false);
+        }
+    }
+}
+
 impl Service {
     async fn delete_nodes(
         &self,
@@ -180,7 +230,7 @@ impl Service {
             .iter()
             .map(|n| n.name.clone())
             .collect();
-        self.0.auditor.asked(&names);
+        let asked = Asked::new(self.0.clone(), names);
         // CA hears an error once its own deadline passes, whatever comes later.
         let deadline = grpc_timeout(request.metadata());
         let mut client = self.client();
@@ -202,18 +252,74 @@ impl Service {
                 (answer, lost)
             }
         };
-        if lost {
-            self.0.auditor.heard_nothing(&names);
-        } else {
-            self.0.auditor.heard(&names, answer.is_ok());
-        }
-        let mut counts = lock(&self.0.counts);
-        if answer.is_ok() {
-            counts.delete_ok += 1;
-            counts.nodes_ok += names.len() as u64;
-        } else {
-            counts.delete_errors += 1;
-        }
+        asked.settle(&answer, lost);
         answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::auditor::Answer;
+
+    /// An upstream that accepts connections and never says a word: every call to it hangs.
+    async fn silent_upstream() -> (CloudProviderClient<Channel>, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                open.push(stream);
+            }
+        });
+        let channel = tonic::transport::Endpoint::try_from(format!("http://{address}"))
+            .expect("endpoint")
+            .connect_lazy();
+        (CloudProviderClient::new(channel), held)
+    }
+
+    #[tokio::test]
+    async fn a_delete_nodes_whose_deadline_passes_at_the_tap_is_no_answer_ca_heard() {
+        let auditor = Arc::new(DeletionAuditor::detached());
+        let (upstream, held) = silent_upstream().await;
+        let directory = tempfile::tempdir().expect("tempdir");
+        let socket = directory.path().join("tap.sock");
+        let tap = Tap::start(&socket, upstream, auditor.clone()).expect("tap");
+        let channel = tonic::transport::Endpoint::try_from(format!("unix://{}", socket.display()))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect to the tap");
+        let mut ca = CloudProviderClient::new(channel);
+        // Many short deadlines: tonic's server and the tap's own timer race for each, and
+        // whichever wins, CA heard no answer.
+        for round in 0..20 {
+            let name = format!("node-{round}");
+            let mut request = Request::new(proto::NodeGroupDeleteNodesRequest {
+                id: "group".into(),
+                nodes: vec![proto::ExternalGrpcNode {
+                    name: name.clone(),
+                    ..Default::default()
+                }],
+            });
+            request.set_timeout(Duration::from_millis(50));
+            let answer = ca.node_group_delete_nodes(request).await;
+            assert!(answer.is_err(), "{answer:?}");
+            let mut latest = auditor.latest(&name);
+            for _ in 0..100 {
+                if latest != Some(Answer::Pending) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                latest = auditor.latest(&name);
+            }
+            assert_eq!(latest, Some(Answer::Lost), "round {round}");
+        }
+        drop(tap);
+        held.abort();
     }
 }
