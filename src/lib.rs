@@ -9,6 +9,7 @@
 pub mod backends;
 pub mod nodepool;
 pub mod probe;
+pub mod relay;
 pub mod runtime;
 pub mod status;
 pub mod uninstall;

@@ -42,6 +42,69 @@ enum Command {
     /// --orphan-cloud-servers, NodePools' finalizers. Exits non-zero, listing them, when
     /// anything was held (a NodePool exists, or a scale-down is still under way).
     ReleaseFinalizers(ReleaseArgs),
+    /// Run beside one cluster-autoscaler, with no Kubernetes credentials: stream its Cluster's
+    /// view from the operator, answer CA's reads on a Unix socket from that copy, forward its
+    /// mutations to the operator.
+    Relay(RelayArgs),
+}
+
+/// Where the relay's operator is, which Cluster it serves and where CA dials it.
+#[derive(Args, Debug, Clone)]
+struct RelayArgs {
+    /// The operator's endpoint and this relay's client certificate, as a cluster-autoscaler
+    /// externalgrpc cloud-config (address, cert, key, cacert, grpc_timeout); the certificate
+    /// must name --cluster.
+    #[arg(long)]
+    operator_cloud_config: PathBuf,
+    /// The Cluster served, `<namespace>/<name>`.
+    #[arg(long)]
+    cluster: String,
+    /// The Unix socket cluster-autoscaler dials (its cloud-config's address
+    /// `unix:///<path>`).
+    #[arg(long, default_value = "/run/nodegroup-relay/grpc.sock")]
+    grpc_unix_socket: PathBuf,
+    /// Reads answer UNAVAILABLE once nothing was heard from the operator for this long (Go
+    /// duration). The operator sends a keepalive every second.
+    #[arg(long, default_value = "10s")]
+    max_staleness: String,
+    /// Admin listen address (/livez, /readyz, /metrics).
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    admin_address: SocketAddr,
+    /// Log JSON lines.
+    #[arg(long)]
+    log_json: bool,
+}
+
+impl RelayArgs {
+    fn config(&self) -> anyhow::Result<nodegroup_operator::relay::RelayConfig> {
+        let cluster = ngo_index::index::ClusterKey::parse(&self.cluster).with_context(|| {
+            format!(
+                "--cluster {:?}: give the Cluster as <namespace>/<name>",
+                self.cluster
+            )
+        })?;
+        let max_staleness = ngo_index::duration::parse(&self.max_staleness)
+            .with_context(|| format!("--max-staleness {:?}", self.max_staleness))?;
+        anyhow::ensure!(
+            max_staleness >= Duration::from_secs(2),
+            "--max-staleness {}: at least 2s, twice the operator's keepalive",
+            self.max_staleness
+        );
+        Ok(nodegroup_operator::relay::RelayConfig {
+            operator: CloudConfig::read(&self.operator_cloud_config)?,
+            cluster,
+            socket: self.grpc_unix_socket.clone(),
+            max_staleness,
+            admin_address: self.admin_address,
+        })
+    }
+
+    async fn run(&self) -> anyhow::Result<()> {
+        init_logging(self.log_json);
+        let relay = nodegroup_operator::relay::start(self.config()?).await?;
+        tracing::info!(admin = %relay.admin_address, "relay started");
+        relay.run_until(shutdown_signal()).await
+    }
 }
 
 /// Where and what `release-finalizers` releases.
@@ -501,6 +564,7 @@ async fn run() -> anyhow::Result<()> {
         }
         Some(Command::Probe(args)) => return args.run().await,
         Some(Command::ReleaseFinalizers(args)) => return args.run().await,
+        Some(Command::Relay(args)) => return args.run().await,
         Some(Command::Run(args)) => *args,
         None => cli.run,
     };

@@ -143,6 +143,28 @@ impl CloudConfig {
         Ok(())
     }
 
+    /// The endpoint this configuration names: TLS with the client certificate when one is
+    /// given (its files read now), plaintext otherwise.
+    pub fn endpoint(&self) -> Result<Endpoint, ProbeError> {
+        let connect_err = |source| ProbeError::Connect {
+            address: self.address.clone(),
+            source,
+        };
+        match (&self.cert, &self.key, &self.cacert) {
+            (Some(cert), Some(key), Some(cacert)) => {
+                let tls = ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(read(cacert)?))
+                    .identity(Identity::from_pem(read(cert)?, read(key)?))
+                    .domain_name(self.host()?);
+                Endpoint::from_shared(format!("https://{}", self.address))
+                    .map_err(connect_err)?
+                    .tls_config(tls)
+                    .map_err(connect_err)
+            }
+            _ => Endpoint::from_shared(format!("http://{}", self.address)).map_err(connect_err),
+        }
+    }
+
     /// The host part of `address`: the TLS server name.
     pub fn host(&self) -> Result<String, ProbeError> {
         let bad = || ProbeError::Config(format!("address {:?} is not host:port", self.address));
@@ -184,20 +206,8 @@ async fn connect_and_call(config: &CloudConfig) -> Result<Vec<NodeGroup>, ProbeE
         address: config.address.clone(),
         source,
     };
-    let endpoint = match (&config.cert, &config.key, &config.cacert) {
-        (Some(cert), Some(key), Some(cacert)) => {
-            let tls = ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(read(cacert)?))
-                .identity(Identity::from_pem(read(cert)?, read(key)?))
-                .domain_name(config.host()?);
-            Endpoint::from_shared(format!("https://{}", config.address))
-                .map_err(connect_err)?
-                .tls_config(tls)
-                .map_err(connect_err)?
-        }
-        _ => Endpoint::from_shared(format!("http://{}", config.address)).map_err(connect_err)?,
-    };
-    let channel: Channel = endpoint
+    let channel: Channel = config
+        .endpoint()?
         .connect_timeout(config.grpc_timeout)
         .timeout(config.grpc_timeout)
         .connect()

@@ -13,15 +13,15 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use ngo_api::NodeGroupPolicy;
-use ngo_sandbox::auditor::DeletionAuditor;
-use ngo_sandbox::autoscaler::{AutoscalerOptions, CloudProvider};
-use ngo_sandbox::ca_client::CaClient;
-use ngo_sandbox::capi;
 use ngo_sandbox::environment::{SandboxInfo, SandboxOptions, start_for_process_with};
 use ngo_sandbox::operator::write_cloud_config;
 use ngo_sandbox::stack::AutoscaledCluster;
-use ngo_sandbox::workload;
-use ngo_sandbox::workload_cluster::SYSTEM_NAMESPACE;
+use ngo_testbed::auditor::DeletionAuditor;
+use ngo_testbed::autoscaler::{AutoscalerOptions, CloudProvider};
+use ngo_testbed::ca_client::CaClient;
+use ngo_testbed::capi;
+use ngo_testbed::workload;
+use ngo_testbed::workload_cluster::SYSTEM_NAMESPACE;
 use serde_json::{Value, json};
 
 const POOL: &str = "e2e.nodegroup.dev/pool";
@@ -789,7 +789,7 @@ async fn an_unreachable_workload_cluster_affects_only_its_own_groups() {
         "A's policy stays reachable: {:?}",
         a_status.conditions
     );
-    let text = ngo_sandbox::process::http_get(w.admin, "/metrics").expect("metrics");
+    let text = ngo_testbed::process::http_get(w.admin, "/metrics").expect("metrics");
     assert!(
         text.lines()
             .any(|l| l.starts_with("nodegroup_workload_cluster_reachable{")
@@ -905,7 +905,7 @@ async fn reachable_condition(
 
 /// Whether the operator's metric says workload cluster `cluster` is reachable.
 fn reachable_metric(w: &World, cluster: &AutoscaledCluster) -> Option<bool> {
-    let text = ngo_sandbox::process::http_get(w.admin, "/metrics").ok()?;
+    let text = ngo_testbed::process::http_get(w.admin, "/metrics").ok()?;
     text.lines()
         .find(|l| {
             l.starts_with("nodegroup_workload_cluster_reachable{") && l.contains(&cluster.namespace)
@@ -929,7 +929,7 @@ async fn a_co_located_operator_connects_to_its_own_workload_cluster_only() {
     w.b.start_operator(&options).expect("the sidecar");
     let sidecar = w.b.operator().expect("the sidecar").admin_address;
     let workload_series = |admin: std::net::SocketAddr| -> Vec<String> {
-        ngo_sandbox::process::http_get(admin, "/metrics")
+        ngo_testbed::process::http_get(admin, "/metrics")
             .unwrap_or_default()
             .lines()
             .filter(|l| l.starts_with("nodegroup_workload_cluster_reachable{"))
@@ -960,7 +960,7 @@ async fn a_co_located_operator_connects_to_its_own_workload_cluster_only() {
     // operator holds both Clusters' scalable resources (a MachineDeployment and its MachineSet
     // each), the sidecar A's alone.
     let scalables = |admin: std::net::SocketAddr| -> u64 {
-        ngo_sandbox::process::http_get(admin, "/metrics")
+        ngo_testbed::process::http_get(admin, "/metrics")
             .unwrap_or_default()
             .lines()
             .find(|l| l.starts_with("nodegroup_index_objects{kind=\"scalable_resources\"}"))
@@ -981,10 +981,10 @@ async fn a_co_located_operator_connects_to_its_own_workload_cluster_only() {
 async fn a_silent_workload_cluster_is_reported_within_30s_and_affects_only_its_own_groups() {
     let _one = ONE_AT_A_TIME.lock().await;
     let mut w = World::new("partition", 1, 1).await;
-    let proxy = ngo_sandbox::blackhole::BlackHoleProxy::start(api_server_address(1), false)
+    let proxy = ngo_testbed::blackhole::BlackHoleProxy::start(api_server_address(1), false)
         .await
         .expect("proxy");
-    let via_proxy = ngo_sandbox::proxy::kubeconfig_text_via(
+    let via_proxy = ngo_testbed::proxy::kubeconfig_text_via(
         &sandbox().workload_clusters[1].capi_kubeconfig,
         proxy.address,
     );
@@ -1123,10 +1123,10 @@ async fn a_rotated_kubeconfig_replaces_the_connection_only_once_the_new_one_work
     );
 
     // A kubeconfig whose server accepts connections and never answers.
-    let black_hole = ngo_sandbox::blackhole::BlackHoleProxy::start(api_server_address(1), true)
+    let black_hole = ngo_testbed::blackhole::BlackHoleProxy::start(api_server_address(1), true)
         .await
         .expect("black hole");
-    let unanswered = ngo_sandbox::proxy::kubeconfig_text_via(
+    let unanswered = ngo_testbed::proxy::kubeconfig_text_via(
         &sandbox().workload_clusters[1].capi_kubeconfig,
         black_hole.address,
     );
@@ -1239,7 +1239,7 @@ fn p99(sorted: &[Duration]) -> Duration {
 /// cluster-autoscaler still scales A.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_nothing() {
-    use ngo_sandbox::hostile_apiserver::{HostileApiServer, Hostility};
+    use ngo_testbed::hostile_apiserver::{HostileApiServer, Hostility};
     /// The chart's memory limit (`resources.limits.memory`).
     const CHART_LIMIT_KIB: u64 = 512 * 1024;
     let _one = ONE_AT_A_TIME.lock().await;
@@ -1367,3 +1367,6 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
     w.load_a(&nodes_a, 2, "A scaled up by A's autoscaler").await;
     eprintln!("hostile server report:\n{}", report.join("\n"));
 }
+
+#[path = "multicluster/relay.rs"]
+mod relay;

@@ -1,4 +1,5 @@
-//! Admin HTTP server: `/livez`, `/readyz` (caches synced), `/metrics`.
+//! Admin HTTP server: `/livez`, `/readyz` (caches synced; for a relay, its copy fresh),
+//! `/metrics`.
 
 use std::sync::Arc;
 
@@ -13,16 +14,27 @@ use tokio_util::sync::CancellationToken;
 use ngo_index::index::SnapshotHandle;
 use ngo_service::metrics::Metrics;
 
+/// Whether the process is ready to serve: `Err` says why not.
+pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// Ready once `snapshots` holds a snapshot (every cache synced once).
+pub fn synced(snapshots: SnapshotHandle) -> Readiness {
+    Arc::new(move || match snapshots.current() {
+        Some(_) => Ok(()),
+        None => Err("informer caches not synced".into()),
+    })
+}
+
 #[derive(Clone)]
 struct AdminState {
-    snapshots: SnapshotHandle,
+    ready: Readiness,
     metrics: Arc<Metrics>,
 }
 
 /// Serves until `shutdown` is cancelled.
 pub async fn serve(
     listener: TcpListener,
-    snapshots: SnapshotHandle,
+    ready: Readiness,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -30,7 +42,7 @@ pub async fn serve(
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
-        .with_state(AdminState { snapshots, metrics });
+        .with_state(AdminState { ready, metrics });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await?;
@@ -38,12 +50,9 @@ pub async fn serve(
 }
 
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
-    match state.snapshots.current() {
-        Some(_) => (StatusCode::OK, "ok"),
-        None => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "informer caches not synced",
-        ),
+    match (state.ready)() {
+        Ok(()) => (StatusCode::OK, "ok".to_string()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }
 

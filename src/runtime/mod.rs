@@ -2,7 +2,7 @@
 //! server (`/livez`, `/readyz`, `/metrics`) and graceful shutdown. Domain code stays free of
 //! these concerns.
 
-mod admin;
+pub(crate) mod admin;
 mod changes;
 mod exclusions;
 pub mod leader;
@@ -38,6 +38,8 @@ use ngo_service::discovery::CapiResources;
 use ngo_service::events::EventPublisher;
 use ngo_service::metrics::Metrics;
 use ngo_service::proto::cloud_provider_server::CloudProviderServer;
+use ngo_service::relay::stream::{RelayStreams, StreamMetrics};
+use ngo_service::relay::wire::proto::relay_server::RelayServer;
 use ngo_service::server::CloudProviderService;
 use ngo_service::server::tls::{self, ReloadingTls, TlsFiles};
 
@@ -251,12 +253,16 @@ async fn our_kinds_served(client: &Client) -> OurKinds {
     }
 }
 
-/// Binds `address` and serves externalgrpc there, with mTLS from `config` (or, with
-/// `--insecure`, in plaintext); returns the bound address.
+/// Binds `address` and serves externalgrpc and the relay stream there, with mTLS from
+/// `config` (or, with `--insecure`, in plaintext); returns the bound address.
 async fn serve_grpc_tcp(
     address: SocketAddr,
     config: &Config,
-    (service, mutations): (Arc<CloudProviderService>, tokio_util::task::TaskTracker),
+    (service, relays, mutations): (
+        Arc<CloudProviderService>,
+        RelayStreams,
+        tokio_util::task::TaskTracker,
+    ),
     metrics: &Arc<Metrics>,
     (tasks, shutdown): (&mut JoinSet<anyhow::Result<()>>, &CancellationToken),
 ) -> anyhow::Result<SocketAddr> {
@@ -276,7 +282,7 @@ async fn serve_grpc_tcp(
             tracing::info!(address = %grpc_address, "serving externalgrpc with mTLS (client certificates required)");
             tasks.spawn(serve_grpc(
                 "gRPC server",
-                service,
+                (service, Some(relays)),
                 incoming,
                 shutdown.clone(),
                 mutations,
@@ -287,7 +293,7 @@ async fn serve_grpc_tcp(
                 "serving externalgrpc WITHOUT TLS (--insecure): anything that reaches this port can scale node groups");
             tasks.spawn(serve_grpc(
                 "gRPC server",
-                service,
+                (service, Some(relays)),
                 TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
                 shutdown.clone(),
                 mutations,
@@ -299,7 +305,7 @@ async fn serve_grpc_tcp(
 
 /// Binds `path` as a Unix socket readable and writable by the owner and group (the containers
 /// of one pod share an fsGroup), replacing a socket a previous process left.
-fn unix_socket(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
+pub(crate) fn unix_socket(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         anyhow::ensure!(
@@ -317,11 +323,12 @@ fn unix_socket(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListene
     Ok(listener)
 }
 
-/// Serves externalgrpc with `service` on the connections `incoming` yields until `shutdown`,
-/// then waits for the detached mutations still running; `what` names the server in errors.
-async fn serve_grpc<IO, IE>(
+/// Serves externalgrpc with `service` (and the relay stream with `relays`, if given) on the
+/// connections `incoming` yields until `shutdown`, then waits for the detached mutations
+/// still running; `what` names the server in errors.
+pub(crate) async fn serve_grpc<IO, IE>(
     what: &'static str,
-    service: Arc<CloudProviderService>,
+    (service, relays): (Arc<CloudProviderService>, Option<RelayStreams>),
     incoming: impl futures::Stream<Item = Result<IO, IE>>,
     shutdown: CancellationToken,
     mutations: tokio_util::task::TaskTracker,
@@ -338,6 +345,7 @@ where
 {
     let served = tonic::transport::Server::builder()
         .add_service(CloudProviderServer::from_arc(service))
+        .add_optional_service(relays.map(RelayServer::new))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await
         .context(what);
@@ -401,7 +409,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         our_kinds.node_pools = false;
     }
     let with_policies = our_kinds.policies;
-    let metrics = Arc::new(Metrics::new());
+    let relay_metrics = StreamMetrics::default();
+    let mut metrics = Metrics::new();
+    metrics.register_with(|registry| relay_metrics.register(registry));
+    let metrics = Arc::new(metrics);
     let events = EventPublisher::new(client.clone(), config.pod_name.clone());
     let (publisher, snapshots) = index::channel();
     let shutdown = CancellationToken::new();
@@ -614,7 +625,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             "serving externalgrpc in plaintext on a Unix socket (co-located mode)");
         let served = serve_grpc(
             "gRPC server on the Unix socket",
-            service.clone(),
+            (service.clone(), None),
             tokio_stream::wrappers::UnixListenerStream::new(listener),
             shutdown.clone(),
             mutations.clone(),
@@ -637,7 +648,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             serve_grpc_tcp(
                 address,
                 &config,
-                (service, mutations),
+                (
+                    service,
+                    RelayStreams::new(
+                        snapshots.clone(),
+                        config.client_identity.clone(),
+                        relay_metrics,
+                    ),
+                    mutations,
+                ),
                 &metrics,
                 (&mut tasks, &shutdown),
             )
@@ -655,7 +674,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let admin_address = admin_listener.local_addr()?;
     tasks.spawn(admin::serve(
         admin_listener,
-        snapshots.clone(),
+        admin::synced(snapshots.clone()),
         metrics,
         shutdown.clone(),
     ));

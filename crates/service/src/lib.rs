@@ -6,6 +6,8 @@
 //!   call the API server for a read; caller identity, mTLS, errors as gRPC statuses;
 //! - [`actuate`]: the Cluster API actuator (the `/scale` subresource, the scale-down protocol,
 //!   the sweeper) and mutation deadlines;
+//! - [`relay`]: the stream that keeps a relay's copy of its Cluster's view current, and the
+//!   relay's side of it;
 //! - [`metrics`], [`events`], [`pricing`], [`discovery`] (served Cluster API versions) and
 //!   [`fault`] (crash-test pause points, with the `fault-injection` feature only).
 //!
@@ -19,4 +21,5 @@ pub mod fault;
 pub mod metrics;
 pub mod pricing;
 pub mod proto;
+pub mod relay;
 pub mod server;

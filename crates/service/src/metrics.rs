@@ -593,6 +593,12 @@ impl Metrics {
         );
     }
 
+    /// Lets another part of the process register its own metric families, named
+    /// `nodegroup_<name>` as these are. Call before sharing the metrics.
+    pub fn register_with(&mut self, register: impl FnOnce(&mut Registry)) {
+        register(self.registry.sub_registry_with_prefix("nodegroup"));
+    }
+
     /// The text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();

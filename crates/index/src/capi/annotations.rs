@@ -134,7 +134,7 @@ pub fn parse_bounds(
 }
 
 /// Per-group overrides of cluster-autoscaler's options. `None` fields follow CA's defaults.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct OptionOverrides {
     /// `scaledownutilizationthreshold`, in [0, 1].
     pub scale_down_utilization_threshold: Option<f64>,
@@ -262,7 +262,7 @@ pub fn parse_options(
 }
 
 /// Scale-from-zero hints from the `capacity.cluster-autoscaler.kubernetes.io/*` annotations.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CapacityHints {
     /// `cpu` (validated, positive quantity string).
     pub cpu: Option<String>,

@@ -8,7 +8,7 @@ use super::objects::Taint;
 use super::providerid;
 
 /// What a new node looks like, per the policy.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PolicyTemplate {
     /// Capacity (validated quantity strings).
     pub capacity: BTreeMap<String, String>,
@@ -23,7 +23,7 @@ pub struct PolicyTemplate {
 }
 
 /// State of one instance as reported to cluster-autoscaler.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum InstanceState {
     /// No state known; reported as `unspecified` (CA: nil status).
     Unspecified,
@@ -36,7 +36,7 @@ pub enum InstanceState {
 }
 
 /// Error information for an instance (CA treats Creating + error as a failed scale-up).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InstanceError {
     /// Provider error code, e.g. `ProvisioningFailed`.
     pub code: String,
@@ -47,7 +47,7 @@ pub struct InstanceError {
 }
 
 /// One instance of a node group.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Instance {
     /// Raw provider ID, or a synthetic `pending-/failed-/deleting-machine-<ns>_<name>` id.
     pub id: String,

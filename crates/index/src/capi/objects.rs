@@ -19,7 +19,9 @@ use super::keys::CapiKeys;
 use crate::quoted::quoted;
 
 /// The kinds that can be node groups: Cluster API's three, and our NodePool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum ScalableKind {
     /// `MachineDeployment`.
     MachineDeployment,
@@ -180,7 +182,9 @@ impl Selector {
 }
 
 /// A taint as written in `spec.template.spec.taints` or the taints annotation.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct Taint {
     /// Taint key.
     pub key: String,
@@ -467,7 +471,7 @@ impl kube::Resource for WatchedMachine {
 }
 
 /// An infrastructure machine template's scale-from-zero hints.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InfraTemplate {
     /// `status.capacity` (unparsed quantity strings).
     pub capacity: BTreeMap<String, String>,

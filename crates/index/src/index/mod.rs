@@ -10,6 +10,7 @@ mod policy_input;
 mod pool;
 mod sharded;
 pub mod state;
+mod view;
 
 pub use crate::capi::groups::{
     Instance, InstanceError, InstanceState, PolicyTemplate, PoolMachineType, PoolView,
@@ -19,10 +20,12 @@ pub use build::{IndexInputs, NodeView, TemplateKey, TemplateKindState, build_sna
 pub use handle::{SnapshotHandle, SnapshotPublisher, channel};
 pub use model::{
     ClusterKey, ConfigWarning, Exclusion, ExclusionReason, MachineEntry, NodeGroup,
-    NodeGroupLookup, PolicyReport, Snapshot, Source, WorkloadState,
+    NodeGroupLookup, PolicyReport, ProviderIdOwner, ProviderIdOwners, Snapshot, Source,
+    WorkloadState,
 };
 pub use policy::{PolicyRef, PolicyRules, PriceList};
 pub use policy_input::{policy_rules, template_of};
 pub use pool::BACKEND_BOUNDS_FIELD;
 pub use sharded::ShardedMap;
 pub use state::IndexState;
+pub use view::{ClusterView, TableChanges, ViewDelta, ViewHeader};

@@ -13,12 +13,35 @@ use crate::capi::providerid;
 use crate::template::TemplateInputs;
 
 /// A Cluster API Cluster (`spec.clusterName` of a scalable resource, in its namespace).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct ClusterKey {
     /// Namespace.
     pub namespace: String,
     /// Name.
     pub name: String,
+}
+
+impl ClusterKey {
+    /// `<namespace>/<name>`, each part non-empty and without `/`.
+    pub fn parse(value: &str) -> Option<Self> {
+        let (namespace, name) = value.split_once('/')?;
+        let valid = |s: &str| !s.is_empty() && !s.contains('/');
+        (valid(namespace) && valid(name)).then(|| Self {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        })
+    }
 }
 
 impl std::fmt::Display for ClusterKey {
@@ -28,7 +51,7 @@ impl std::fmt::Display for ClusterKey {
 }
 
 /// The Node cache of a workload cluster (management topology).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum WorkloadState {
     /// Connecting and listing for the first time.
     Syncing,
@@ -48,7 +71,7 @@ impl WorkloadState {
 }
 
 /// Where an effective value comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Source {
     /// An annotation on the scalable resource.
     Annotation,
@@ -62,7 +85,9 @@ pub enum Source {
 
 /// A configuration problem that does not stop a group from being served: a value that was
 /// ignored or kept as written, or an input that could not be read.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct ConfigWarning {
     /// Where the problem is: an annotation key, or a field path of the scalable resource.
     pub field: String,
@@ -80,7 +105,7 @@ impl From<AnnotationWarning> for ConfigWarning {
 }
 
 /// A served node group.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NodeGroup {
     /// `<Kind>/<namespace>/<name>`.
     pub id: String,
@@ -230,7 +255,7 @@ pub struct PolicyReport {
 }
 
 /// A machine the write path may act on.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MachineEntry {
     /// Namespace.
     pub namespace: String,
@@ -315,10 +340,14 @@ pub struct IndexCounts {
     pub nodes: usize,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum ProviderIdOwner {
+/// Who owns a provider ID within one Cluster.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ProviderIdOwner {
+    /// A Machine, by `<namespace>/<name>`.
     Machine(String),
+    /// A MachinePool's (or NodePool's) group, by id.
     Pool(String),
+    /// This many objects claim it.
     Ambiguous(usize),
 }
 
@@ -335,10 +364,40 @@ impl ProviderIdOwner {
 /// Who owns one provider ID in each Cluster whose objects carry it. A provider ID is resolved
 /// only among the objects of one Cluster, so a tenant's object naming another cluster's
 /// provider ID cannot take over or hide that cluster's node.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct ProviderIdOwners(pub(crate) BTreeMap<ClusterKey, ProviderIdOwner>);
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(
+    from = "Vec<(ClusterKey, ProviderIdOwner)>",
+    into = "Vec<(ClusterKey, ProviderIdOwner)>"
+)]
+pub struct ProviderIdOwners(pub(crate) BTreeMap<ClusterKey, ProviderIdOwner>);
+
+impl From<Vec<(ClusterKey, ProviderIdOwner)>> for ProviderIdOwners {
+    fn from(owners: Vec<(ClusterKey, ProviderIdOwner)>) -> Self {
+        Self(owners.into_iter().collect())
+    }
+}
+
+impl From<ProviderIdOwners> for Vec<(ClusterKey, ProviderIdOwner)> {
+    fn from(owners: ProviderIdOwners) -> Self {
+        owners.0.into_iter().collect()
+    }
+}
 
 impl ProviderIdOwners {
+    /// The owners within `scope` (`None`: all of them).
+    pub(crate) fn restricted(&self, scope: Option<&ClusterKey>) -> Self {
+        match scope {
+            None => self.clone(),
+            Some(cluster) => Self(
+                self.0
+                    .get_key_value(cluster)
+                    .map(|(c, o)| (c.clone(), o.clone()))
+                    .into_iter()
+                    .collect(),
+            ),
+        }
+    }
+
     /// The owner among the objects of `cluster`; with `None` (scoping off), among every
     /// Cluster's, ambiguous when several Clusters claim it.
     /// Borrowed where one owner answers, so a lookup copies nothing.

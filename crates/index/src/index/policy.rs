@@ -5,7 +5,18 @@ use crate::capi::groups::PolicyTemplate;
 use crate::capi::objects::{ScalableKind, ScalableResource, Selector};
 
 /// `<namespace>/<name>` of a policy, plus its UID for events.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct PolicyRef {
     /// Namespace.
     pub namespace: String,
@@ -23,7 +34,7 @@ impl PolicyRef {
 }
 
 /// Prices per hour.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PriceList {
     /// One node.
     pub node: Option<f64>,

@@ -1072,7 +1072,7 @@ mod tests {
 
     use super::*;
     use crate::capi::CapiKeys;
-    use crate::index::NodeGroupLookup;
+    use crate::index::{ClusterView, NodeGroupLookup};
 
     const NS: &str = "ns";
 
@@ -1349,6 +1349,69 @@ mod tests {
             prop_assert_eq!(&incremental.by_provider_id, &full.by_provider_id);
             prop_assert_eq!(&incremental.policies, &full.policies);
             prop_assert_eq!(incremental, full);
+        }
+    }
+
+    /// Every provider ID a lookup could name in `snapshot`: the generated ones, one nobody
+    /// owns, and each instance's (synthetic ones included).
+    fn provider_ids(snapshot: &Snapshot) -> Vec<String> {
+        let mut ids: Vec<String> = (0..10u8).map(|p| format!("test:////p{p}")).collect();
+        ids.extend(
+            snapshot
+                .groups
+                .values()
+                .flat_map(|g| g.instances.iter().map(|i| i.id.clone())),
+        );
+        ids
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// A scope's view of a snapshot, its entries through JSON and back and rebuilt into a
+        /// snapshot, answers every lookup of that scope as the snapshot does; the delta
+        /// between two views turns the older into the newer.
+        #[test]
+        fn a_scopes_view_answers_its_lookups_as_the_snapshot_does(
+            changes in proptest::collection::vec((change(), any::<bool>()), 1..60),
+            split in 0usize..60,
+        ) {
+            let cluster = |name: &str| ClusterKey { namespace: NS.into(), name: name.into() };
+            let split = split.min(changes.len());
+            let (older, _) = incremental_and_full(&changes[..split]);
+            let (newer, _) = incremental_and_full(&changes);
+            for scope in [Some(cluster("c1")), Some(cluster("c2")), None] {
+                let scope = scope.as_ref();
+                let view = ClusterView::of(&newer, scope);
+                let mut wired = view.clone();
+                for group in wired.groups.values_mut() {
+                    let json = serde_json::to_vec(group).expect("a group serializes");
+                    *group = serde_json::from_slice(&json).expect("and reads back");
+                }
+                for owners in wired.owners.values_mut() {
+                    let json = serde_json::to_vec(owners).expect("owners serialize");
+                    *owners = serde_json::from_slice(&json).expect("and read back");
+                }
+                let json = serde_json::to_vec(&wired.header).expect("the header serializes");
+                wired.header = serde_json::from_slice(&json).expect("and reads back");
+                prop_assert_eq!(&wired, &view);
+                let rebuilt = view.to_snapshot();
+                for id in provider_ids(&newer) {
+                    prop_assert_eq!(
+                        newer.group_for_provider_id(&id, scope),
+                        rebuilt.group_for_provider_id(&id, scope),
+                        "{}", id
+                    );
+                }
+                let visible = |s: &Snapshot| -> Vec<String> {
+                    s.groups.values().filter(|g| scope.is_none_or(|c| *c == g.cluster)).map(|g| g.id.clone()).collect()
+                };
+                prop_assert_eq!(visible(&newer), visible(&rebuilt));
+                let mut moved = ClusterView::of(&older, scope);
+                moved.apply(moved.delta_to(&view));
+                prop_assert_eq!(&moved, &view);
+                prop_assert!(view.delta_to(&view).is_empty());
+            }
         }
     }
 

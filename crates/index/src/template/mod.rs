@@ -17,7 +17,7 @@ use crate::capi::objects::Taint;
 use crate::quantity;
 
 /// What the template builder needs for a group that may scale from zero.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TemplateInputs {
     /// Parsed capacity annotations (and policy template, when one applies).
     pub hints: CapacityHints,

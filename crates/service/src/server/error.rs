@@ -46,6 +46,12 @@ pub enum ProviderError {
     /// The answer is larger than cluster-autoscaler's client receives.
     #[error("{0}")]
     TooLarge(String),
+    /// A relay's copy of its Cluster's view is too old to answer from.
+    #[error("{0}")]
+    Stale(String),
+    /// The operator's answer to a mutation a relay forwarded: passed on as it came.
+    #[error("{}", .0.message())]
+    Relayed(tonic::Status),
     /// A bug: a mutation task failed without an answer.
     #[error("internal error: {0}")]
     Internal(String),
@@ -65,7 +71,8 @@ impl ProviderError {
             ProviderError::Internal(_) => Code::Internal,
             ProviderError::TooLarge(_) => Code::ResourceExhausted,
             ProviderError::PermissionDenied(_) => Code::PermissionDenied,
-            ProviderError::ClusterNotSynced(_) => Code::Unavailable,
+            ProviderError::ClusterNotSynced(_) | ProviderError::Stale(_) => Code::Unavailable,
+            ProviderError::Relayed(status) => status.code(),
             ProviderError::Actuate(e) => match e {
                 ActuateError::NonPositiveIncrease(_) | ActuateError::NonNegativeDecrease(_) => {
                     Code::InvalidArgument

@@ -160,13 +160,7 @@ pub fn scope(
 /// `<prefix><namespace>/<name>` (after an optional `scheme://`) as a cluster.
 fn cluster_of(value: &str, prefix: &str) -> Option<ClusterKey> {
     let value = value.split_once("://").map_or(value, |(_, rest)| rest);
-    let rest = value.strip_prefix(prefix)?;
-    let (namespace, name) = rest.split_once('/')?;
-    let valid = |s: &str| !s.is_empty() && !s.contains('/');
-    (valid(namespace) && valid(name)).then(|| ClusterKey {
-        namespace: namespace.to_string(),
-        name: name.to_string(),
-    })
+    ClusterKey::parse(value.strip_prefix(prefix)?)
 }
 
 #[cfg(test)]

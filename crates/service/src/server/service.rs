@@ -17,6 +17,8 @@ use crate::actuate::{ActuateError, CapiActuator, MutationDeadline, NodeRef};
 use crate::metrics::Metrics;
 use crate::pricing;
 use crate::proto::{self, cloud_provider_server::CloudProvider};
+use crate::relay::follower::Freshness;
+use crate::relay::forward::Forwarder;
 use ngo_index::capi::keys::GPU_LABEL;
 use ngo_index::index::{NodeGroup, NodeGroupLookup, Snapshot, SnapshotHandle};
 use ngo_index::template;
@@ -43,7 +45,7 @@ const MAX_GROUP_ID_BYTES: usize = "MachineDeployment".len() + 1 + 63 + 1 + 253;
 /// mutation stopped between two writes is exactly what must not happen.
 pub struct CloudProviderService {
     snapshots: SnapshotHandle,
-    actuator: Arc<CapiActuator>,
+    writes: Writes,
     metrics: Arc<Metrics>,
     mutations: TaskTracker,
     identity: IdentitySource,
@@ -52,6 +54,18 @@ pub struct CloudProviderService {
 }
 
 type RpcResult<T> = Result<Response<T>, Status>;
+
+/// Where mutations are carried out.
+enum Writes {
+    /// Here, on the API server and the clouds.
+    Local(Arc<CapiActuator>),
+    /// By the operator this relay streams its view from; reads answer from that copy while
+    /// `freshness` allows.
+    Relayed {
+        forwarder: Forwarder,
+        freshness: Freshness,
+    },
+}
 
 /// Who calls an RPC and how long it waits for the answer. Reads as its scope (`Deref`), which
 /// is what the handlers check.
@@ -97,10 +111,33 @@ impl CloudProviderService {
     ) -> Self {
         Self {
             snapshots,
-            actuator,
+            writes: Writes::Local(actuator),
             metrics,
             mutations,
             identity: IdentitySource::Off,
+            rate_limits: None,
+        }
+    }
+
+    /// A relay's service: reads answer from `snapshots`, a copy of one Cluster's view kept by
+    /// the relay's stream, while `freshness` allows; mutations go to the operator through
+    /// `forwarder`. Every caller is `cluster`'s cluster-autoscaler.
+    pub fn relay(
+        snapshots: SnapshotHandle,
+        forwarder: Forwarder,
+        freshness: Freshness,
+        cluster: ngo_index::index::ClusterKey,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            snapshots,
+            writes: Writes::Relayed {
+                forwarder,
+                freshness,
+            },
+            metrics,
+            mutations: TaskTracker::new(),
+            identity: IdentitySource::Fixed(cluster),
             rate_limits: None,
         }
     }
@@ -236,6 +273,11 @@ impl CloudProviderService {
         &self,
         caller: &Result<Scope, IdentityError>,
     ) -> Result<(Arc<Snapshot>, Scope), ProviderError> {
+        if let Writes::Relayed { freshness, .. } = &self.writes
+            && let Some(stale) = freshness.stale()
+        {
+            return Err(ProviderError::Stale(stale));
+        }
         let snapshot = self.snapshots.current().ok_or(ProviderError::NotSynced)?;
         let scope = Self::authorize(caller, &snapshot)?;
         Ok((snapshot, scope))
@@ -359,6 +401,19 @@ impl CloudProviderService {
                 alive = snapshots.changed() => if !alive { return },
             }
         }
+    }
+
+    /// `response` telling a relay the group's new `target` size, when there is one.
+    fn with_target<T>(response: RpcResult<(T, Option<i32>)>) -> RpcResult<T> {
+        let (message, target) = response?.into_inner();
+        let mut response = Response::new(message);
+        if let Some(target) = target {
+            response.metadata_mut().insert(
+                crate::relay::TARGET_SIZE_KEY,
+                tonic::metadata::MetadataValue::from(target),
+            );
+        }
+        Ok(response)
     }
 
     /// The group of `node` among the caller's Cluster's objects: by provider ID, else (template
@@ -612,21 +667,34 @@ impl CloudProvider for CloudProviderService {
         let deadline = Self::deadline(&request);
         let request = request.into_inner();
         let asked = format!("{} by {}", request.id, request.delta);
-        self.rpc("NodeGroupIncreaseSize", &caller, Some(asked), async {
-            let (_, group) = self.scoped_group(&caller, &request.id)?;
-            let actuator = self.actuator.clone();
-            let id = group.id.clone();
-            let target = self
-                .detached(async move {
-                    actuator
-                        .increase_size(&group, request.delta, &deadline)
+        let answer = self
+            .rpc("NodeGroupIncreaseSize", &caller, Some(asked), async {
+                let (_, group) = self.scoped_group(&caller, &request.id)?;
+                let id = group.id.clone();
+                let target = match &self.writes {
+                    Writes::Local(actuator) => {
+                        let actuator = actuator.clone();
+                        Some(
+                            self.detached(async move {
+                                actuator
+                                    .increase_size(&group, request.delta, &deadline)
+                                    .await
+                            })
+                            .await?,
+                        )
+                    }
+                    Writes::Relayed { forwarder, .. } => forwarder
+                        .increase_size(request, &deadline)
                         .await
-                })
-                .await?;
-            self.await_target(&id, target, &deadline).await;
-            Ok(proto::NodeGroupIncreaseSizeResponse {})
-        })
-        .await
+                        .map_err(ProviderError::Relayed)?,
+                };
+                if let Some(target) = target {
+                    self.await_target(&id, target, &deadline).await;
+                }
+                Ok((proto::NodeGroupIncreaseSizeResponse {}, target))
+            })
+            .await;
+        Self::with_target(answer)
     }
 
     async fn node_group_delete_nodes(
@@ -650,44 +718,60 @@ impl CloudProvider for CloudProviderService {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        self.rpc("NodeGroupDeleteNodes", &caller, Some(asked), async {
-            let (snapshot, group) = self.scoped_group(&caller, &request.id)?;
-            let nodes: Vec<NodeRef> = request
-                .nodes
-                .into_iter()
-                .map(|n| NodeRef {
-                    provider_id: n.provider_id,
-                    name: n.name,
-                })
-                .collect();
-            if let Some(bad) = nodes.iter().position(|n| n.id().is_empty()) {
-                return Err(ProviderError::InvalidArgument(format!(
-                    "node {} of {} has neither providerID nor name",
-                    bad + 1,
-                    nodes.len()
-                )));
-            }
-            let actuator = self.actuator.clone();
-            let id = group.id.clone();
-            let deleted = self
-                .detached(async move {
-                    let request = actuator.request_id();
-                    let deleted = actuator
-                        .delete_nodes(&snapshot, &group, &nodes, &request, &deadline)
-                        .await?;
-                    // A NodePool's cloud removes the instances: report what it refused.
-                    actuator
-                        .await_pool_removals(&group, &deleted.pool_removals, &deadline)
-                        .await?;
-                    Ok(deleted)
-                })
-                .await?;
-            if let Some(target) = deleted.target {
-                self.await_target(&id, target, &deadline).await;
-            }
-            Ok(proto::NodeGroupDeleteNodesResponse {})
-        })
-        .await
+        let answer = self
+            .rpc("NodeGroupDeleteNodes", &caller, Some(asked), async {
+                let (snapshot, group) = self.scoped_group(&caller, &request.id)?;
+                let actuator = match &self.writes {
+                    Writes::Local(actuator) => actuator.clone(),
+                    Writes::Relayed { forwarder, .. } => {
+                        let id = group.id.clone();
+                        let target = forwarder
+                            .delete_nodes(request, &deadline)
+                            .await
+                            .map_err(ProviderError::Relayed)?;
+                        if let Some(target) = target {
+                            self.await_target(&id, target, &deadline).await;
+                        }
+                        return Ok((proto::NodeGroupDeleteNodesResponse {}, target));
+                    }
+                };
+                let nodes: Vec<NodeRef> = request
+                    .nodes
+                    .iter()
+                    .cloned()
+                    .map(|n| NodeRef {
+                        provider_id: n.provider_id,
+                        name: n.name,
+                    })
+                    .collect();
+                if let Some(bad) = nodes.iter().position(|n| n.id().is_empty()) {
+                    return Err(ProviderError::InvalidArgument(format!(
+                        "node {} of {} has neither providerID nor name",
+                        bad + 1,
+                        nodes.len()
+                    )));
+                }
+                let id = group.id.clone();
+                let deleted = self
+                    .detached(async move {
+                        let request = actuator.request_id();
+                        let deleted = actuator
+                            .delete_nodes(&snapshot, &group, &nodes, &request, &deadline)
+                            .await?;
+                        // A NodePool's cloud removes the instances: report what it refused.
+                        actuator
+                            .await_pool_removals(&group, &deleted.pool_removals, &deadline)
+                            .await?;
+                        Ok(deleted)
+                    })
+                    .await?;
+                if let Some(target) = deleted.target {
+                    self.await_target(&id, target, &deadline).await;
+                }
+                Ok((proto::NodeGroupDeleteNodesResponse {}, deleted.target))
+            })
+            .await;
+        Self::with_target(answer)
     }
 
     async fn node_group_decrease_target_size(
@@ -698,21 +782,39 @@ impl CloudProvider for CloudProviderService {
         let deadline = Self::deadline(&request);
         let request = request.into_inner();
         let asked = format!("{} by {}", request.id, request.delta);
-        self.rpc("NodeGroupDecreaseTargetSize", &caller, Some(asked), async {
-            let (snapshot, group) = self.scoped_group(&caller, &request.id)?;
-            let actuator = self.actuator.clone();
-            let id = group.id.clone();
-            let target = self
-                .detached(async move {
-                    actuator
-                        .decrease_target_size(&snapshot, &group, request.delta, &deadline)
+        let answer = self
+            .rpc("NodeGroupDecreaseTargetSize", &caller, Some(asked), async {
+                let (snapshot, group) = self.scoped_group(&caller, &request.id)?;
+                let id = group.id.clone();
+                let target = match &self.writes {
+                    Writes::Local(actuator) => {
+                        let actuator = actuator.clone();
+                        Some(
+                            self.detached(async move {
+                                actuator
+                                    .decrease_target_size(
+                                        &snapshot,
+                                        &group,
+                                        request.delta,
+                                        &deadline,
+                                    )
+                                    .await
+                            })
+                            .await?,
+                        )
+                    }
+                    Writes::Relayed { forwarder, .. } => forwarder
+                        .decrease_target_size(request, &deadline)
                         .await
-                })
-                .await?;
-            self.await_target(&id, target, &deadline).await;
-            Ok(proto::NodeGroupDecreaseTargetSizeResponse {})
-        })
-        .await
+                        .map_err(ProviderError::Relayed)?,
+                };
+                if let Some(target) = target {
+                    self.await_target(&id, target, &deadline).await;
+                }
+                Ok((proto::NodeGroupDecreaseTargetSizeResponse {}, target))
+            })
+            .await;
+        Self::with_target(answer)
     }
 
     async fn node_group_nodes(
