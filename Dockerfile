@@ -14,8 +14,9 @@
 #   To pin digests, pass --build-arg BUILD_IMAGE=...@sha256:... and RUNTIME_IMAGE=...@sha256:...
 #   (the release workflow resolves both at release time, and labels the image with the
 #   runtime's; its provenance attestation records the build arguments).
-# - Only the operator binary is shipped: the sandbox crate (a workspace member) enters the build
-#   as its manifest with stub sources, tests and docs not at all (.dockerignore).
+# - Only the operator binary is shipped: the sandbox and testbed crates (workspace members, the
+#   operator's dev-dependencies) enter the build as their manifests with stub sources, tests and
+#   docs not at all (.dockerignore).
 ARG BUILD_IMAGE=docker.io/library/rust:1.95.0-bookworm
 ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 

@@ -24,14 +24,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
-use ngo_sandbox::autoscaler::{
+use ngo_sandbox::environment::process_sandbox as sandbox;
+use ngo_sandbox::world::{POOL_LABEL as POOL, TestWorld};
+use ngo_testbed::autoscaler::{
     Autoscaler, AutoscalerOptions, CaRelease, CloudProvider, NodeGroupStatus,
 };
-use ngo_sandbox::capi;
-use ngo_sandbox::environment::process_sandbox as sandbox;
-use ngo_sandbox::infra_provider::{self, FAIL_ANNOTATION, PROVISION_DELAY_ANNOTATION};
-use ngo_sandbox::workload::{self, Decision, PodCounts};
-use ngo_sandbox::world::{POOL_LABEL as POOL, TestWorld};
+use ngo_testbed::capi;
+use ngo_testbed::infra_provider::{self, FAIL_ANNOTATION, PROVISION_DELAY_ANNOTATION};
+use ngo_testbed::workload::{self, Decision, PodCounts};
 use serde_json::{Value, json};
 
 const MIN: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";

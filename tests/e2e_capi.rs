@@ -1,6 +1,6 @@
 //! End to end with the real Cluster API core controllers: etcd, kube-apiserver,
 //! kube-controller-manager and kube-scheduler, the Cluster API manager (v1.14), kwok (fake
-//! kubelets), the test infrastructure provider (`ngo_sandbox::infra_provider`) and our
+//! kubelets), the test infrastructure provider (`ngo_testbed::infra_provider`) and our
 //! operator (in-process, `runtime::start`), all on loopback.
 //!
 //! These tests pin the contract between the operator and Cluster API exactly: each test
@@ -20,13 +20,13 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
-use ngo_sandbox::auditor::DeletionAuditor;
-use ngo_sandbox::capi;
 use ngo_sandbox::environment::process_sandbox as e2e;
-use ngo_sandbox::infra_provider::{
+use ngo_testbed::auditor::DeletionAuditor;
+use ngo_testbed::capi;
+use ngo_testbed::infra_provider::{
     self, InfraProvider, NEVER_REGISTER_ANNOTATION, PROVISION_DELAY_ANNOTATION,
 };
-use ngo_sandbox::stall::Stall;
+use ngo_testbed::stall::Stall;
 use nodegroup_operator::proto::ExternalGrpcNode;
 use nodegroup_operator::runtime::{self, Running};
 use serde_json::{Value, json};
@@ -67,7 +67,7 @@ impl Env {
                 .try_init();
         }
         let e2e = e2e();
-        let client = ngo_sandbox::controlplane::client_for(&e2e.kubeconfig)
+        let client = ngo_testbed::controlplane::client_for(&e2e.kubeconfig)
             .await
             .expect("admin client");
         let name = format!("{prefix}-{}", rand::random::<u32>() % 1_000_000);

@@ -19,25 +19,25 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use nodegroup_operator::ngo_api::NodePool;
-use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
+use ngo_api::NodePool;
+use ngo_service::proto::{self, cloud_provider_client::CloudProviderClient};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
-use crate::auditor::DeletionAuditor;
-use crate::capi;
-use crate::cherry::{CherryEmulator, CherryOptions, FaultAction, RequestKind};
 use crate::environment::SandboxInfo;
-use crate::faultproxy::{FaultPlan, FaultProxy};
-use crate::infra_provider;
 use crate::stack::AutoscaledCluster;
-use crate::stall::Stall;
 use crate::tap::Tap;
-use crate::workload;
 use crate::world::{POD_CPU, POOL_LABEL};
+use ngo_testbed::auditor::DeletionAuditor;
+use ngo_testbed::capi;
+use ngo_testbed::cherry::{CherryEmulator, CherryOptions, FaultAction, RequestKind};
+use ngo_testbed::faultproxy::{FaultPlan, FaultProxy};
+use ngo_testbed::infra_provider;
+use ngo_testbed::stall::Stall;
+use ngo_testbed::workload;
 
 /// Chaos parameters.
 #[derive(Clone, Debug)]
@@ -464,7 +464,7 @@ async fn create_node_pool(
                 "region": "eu_nord_1",
                 "plan": "e3_1240v3",
                 "image": "ubuntu_22_04",
-                "userData": crate::cherry::JOIN_USER_DATA,
+                "userData": ngo_testbed::cherry::JOIN_USER_DATA,
                 "apiServerEndpoint": "127.0.0.1:6443",
                 "endpoint": cherry.url(),
             },
@@ -478,7 +478,7 @@ async fn create_node_pool(
 
 /// Writes `results` to `target/chaos/results.json`.
 pub fn write_results(results: &ChaosResults) -> anyhow::Result<std::path::PathBuf> {
-    let dir = crate::workspace_root().join("target/chaos");
+    let dir = ngo_testbed::workspace_root().join("target/chaos");
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("results.json");
     std::fs::write(&path, serde_json::to_string_pretty(results)?)?;

@@ -12,12 +12,12 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::autoscaler::AutoscalerStatus;
-use crate::capi;
-use crate::cherry::{CherryEmulator, CherryOptions};
 use crate::environment::{Sandbox, WORKER_TEMPLATE, wait_for};
 use crate::stack::AutoscaledCluster;
-use crate::workload::{self, Decision, PodCounts};
+use ngo_testbed::autoscaler::AutoscalerStatus;
+use ngo_testbed::capi;
+use ngo_testbed::cherry::{CherryEmulator, CherryOptions};
+use ngo_testbed::workload::{self, Decision, PodCounts};
 
 /// Namespace (and Cluster name) of the demo.
 pub const NAMESPACE: &str = "demo";
@@ -180,7 +180,7 @@ async fn apply_policy_and_deployment(
     namespace: &str,
     cluster: &str,
 ) -> anyhow::Result<()> {
-    let policy: nodegroup_operator::ngo_api::NodeGroupPolicy = serde_json::from_value(json!({
+    let policy: ngo_api::NodeGroupPolicy = serde_json::from_value(json!({
         "apiVersion": "autoscaling.nodegroup.dev/v1alpha1",
         "kind": "NodeGroupPolicy",
         "metadata": {"name": GROUP_NAME, "namespace": namespace},
@@ -192,7 +192,7 @@ async fn apply_policy_and_deployment(
             "pricing": {"nodeHourly": 0.19}
         }
     }))?;
-    Api::<nodegroup_operator::ngo_api::NodeGroupPolicy>::namespaced(client.clone(), namespace)
+    Api::<ngo_api::NodeGroupPolicy>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &policy)
         .await?;
     let mut md = capi::machine_deployment(
@@ -225,7 +225,7 @@ async fn apply_node_pool(
     Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &secret)
         .await?;
-    let pool: nodegroup_operator::ngo_api::NodePool = serde_json::from_value(json!({
+    let pool: ngo_api::NodePool = serde_json::from_value(json!({
         "apiVersion": "autoscaling.nodegroup.dev/v1alpha1",
         "kind": "NodePool",
         "metadata": {"name": GROUP_NAME, "namespace": namespace},
@@ -237,11 +237,11 @@ async fn apply_node_pool(
                 "projectId": 1, "region": "eu_nord_1", "plan": "e3_1240v3",
                 "image": "ubuntu_22_04", "apiServerEndpoint": "127.0.0.1:6443",
                 "endpoint": cloud.url(),
-                "userData": crate::cherry::JOIN_USER_DATA,
+                "userData": ngo_testbed::cherry::JOIN_USER_DATA,
             },
         },
     }))?;
-    Api::<nodegroup_operator::ngo_api::NodePool>::namespaced(client.clone(), namespace)
+    Api::<ngo_api::NodePool>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &pool)
         .await?;
     Ok(())

@@ -12,12 +12,12 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::capi::{self, ManagerOptions};
-use crate::controlplane::{ControlPlane, ControlPlaneOptions, client_for};
-use crate::crds;
-use crate::kwok::{self, KwokOptions};
-use crate::process::ManagedProcess;
-use crate::workload_cluster::{
+use ngo_testbed::capi::{self, ManagerOptions};
+use ngo_testbed::controlplane::{ControlPlane, ControlPlaneOptions, client_for};
+use ngo_testbed::crds;
+use ngo_testbed::kwok::{self, KwokOptions};
+use ngo_testbed::process::ManagedProcess;
+use ngo_testbed::workload_cluster::{
     PendingWorkloadCluster, WorkloadCluster, WorkloadClusterInfo, WorkloadClusterOptions,
 };
 
@@ -126,7 +126,7 @@ impl Sandbox {
         runtime.block_on(async {
             let client = plane.client().await?;
             capi::install_crds(&client, &[]).await?;
-            let ours = nodegroup_operator::ngo_api::crds();
+            let ours = ngo_api::crds();
             crds::apply(&client, &ours).await?;
             anyhow::Ok(())
         })?;
@@ -324,5 +324,57 @@ where
             }
             Err(_) => tokio::time::sleep(every).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod example_tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// The MachineDeployment `examples/machinedeployment.yaml`: one for `ngo-sandbox up`'s
+    /// Cluster `sandbox`, with every field Cluster API's webhook would default (the sandbox runs
+    /// none), its `worker` template, autoscaler bounds, and a pool label for a policy.
+    fn example() -> Value {
+        let mut md = capi::machine_deployment(
+            "sandbox",
+            "sandbox",
+            "workers",
+            1,
+            json!({
+                "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "1",
+                "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "5"
+            }),
+            WORKER_TEMPLATE,
+        )
+        .expect("machine deployment");
+        md.metadata
+            .labels
+            .get_or_insert_default()
+            .insert("pool".into(), "general".into());
+        serde_json::to_value(&md).expect("json")
+    }
+
+    #[test]
+    fn the_example_machine_deployment_is_one_the_sandbox_accepts() {
+        let path = ngo_testbed::workspace_root().join("examples/machinedeployment.yaml");
+        let text = std::fs::read_to_string(&path).expect("examples/machinedeployment.yaml");
+        let written: Value = serde_yaml::from_str(&text).expect("yaml");
+        if std::env::var_os("NGO_UPDATE_EXAMPLES").is_some() {
+            let header: String = text
+                .lines()
+                .take_while(|l| l.starts_with('#'))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let body = serde_yaml::to_string(&example()).expect("yaml");
+            std::fs::write(&path, format!("{header}{body}")).expect("write");
+            return;
+        }
+        assert_eq!(
+            written,
+            example(),
+            "examples/machinedeployment.yaml differs from what the sandbox creates; rewrite it with NGO_UPDATE_EXAMPLES=1"
+        );
     }
 }

@@ -1,97 +1,16 @@
-//! `ngo-sandbox`: a local sandbox of upstream processes on loopback (etcd, kube-apiserver,
-//! kube-controller-manager, kube-scheduler, the Cluster API manager, kwok,
-//! cluster-autoscaler) plus a test infrastructure provider, for the operator's tests,
-//! `make demo` and `make bench`. It is a developer tool: nothing here ships in the operator
-//! image.
-//!
-//! Upstream binaries come from `tests/upstream/build.sh` (`target/upstream/bin`). Every
-//! process runs in a temp dir, on free loopback ports, and dies with its parent.
+//! `ngo-sandbox`: nodegroup-operator in the testbed (`ngo-testbed`): a sandbox with the
+//! operator's CRDs installed ([`environment`]), the operator binary as a process
+//! ([`operator`]), autoscaled clusters with the real cluster-autoscaler ([`stack`]), the
+//! end-to-end tests' worlds ([`world`]), and the commands `make demo`, `make soak`,
+//! `make chaos` and `make bench` run. It is a developer tool: nothing here ships in the
+//! operator image.
 
-pub mod alicloud;
-pub mod auditor;
-pub mod autoscaler;
 pub mod bench;
-pub mod blackhole;
-pub mod boot;
-pub mod ca_client;
-pub mod capi;
 pub mod chaos;
-pub mod cherry;
-pub mod controlplane;
-pub mod crds;
 pub mod demo;
-pub mod emulator;
 pub mod environment;
-pub mod faultproxy;
-pub mod hop;
-pub mod hostile_apiserver;
-pub mod infra_provider;
-pub mod json_shape;
-pub mod kwok;
-pub mod localpod;
 pub mod operator;
-pub mod pki;
-pub mod process;
-pub mod proxy;
 pub mod soak;
 pub mod stack;
-pub mod stall;
 pub mod tap;
-pub mod workload;
-pub mod workload_cluster;
 pub mod world;
-
-use std::path::PathBuf;
-
-pub use controlplane::{ControlPlane, ControlPlaneOptions};
-pub use pki::{CertificateAuthority, IssuedCert};
-pub use process::{ManagedProcess, free_port};
-
-/// The root of the nodegroup-operator workspace this tool was built from.
-pub fn workspace_root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
-
-/// Where the upstream binaries are: `$NGO_UPSTREAM_DIR`, else `target/upstream` of the
-/// workspace.
-pub fn upstream_dir() -> PathBuf {
-    std::env::var_os("NGO_UPSTREAM_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target/upstream"))
-}
-
-/// Path of an upstream binary.
-pub fn upstream_bin(name: &str) -> PathBuf {
-    upstream_dir().join("bin").join(name)
-}
-
-/// Path of the upstream check program `name` (a Go program driving an emulator with a cloud's
-/// official client), or the build to run when `tests/upstream/build.sh <component>` has not
-/// built it.
-pub fn upstream_check(name: &str, component: &str) -> Result<PathBuf, String> {
-    let bin = upstream_bin(name);
-    if bin.exists() {
-        Ok(bin)
-    } else {
-        Err(format!(
-            "{} is missing: run tests/upstream/build.sh {component}",
-            bin.display()
-        ))
-    }
-}
-
-/// Runs `command` to its end: its standard output when it exits 0, else its exit status,
-/// standard output and standard error.
-pub async fn check_output(command: &mut tokio::process::Command) -> Result<String, String> {
-    let output = command
-        .output()
-        .await
-        .map_err(|error| format!("cannot run {command:?}: {error}"))?;
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    if output.status.success() {
-        Ok(stdout)
-    } else {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        Err(format!("{}\n{stdout}{stderr}", output.status))
-    }
-}

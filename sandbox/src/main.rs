@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use ngo_sandbox::cherry::{CherryEmulator, CherryOptions};
 use ngo_sandbox::demo::{self, Output};
 use ngo_sandbox::environment::{Sandbox, WORKER_TEMPLATE};
 use ngo_sandbox::stack::AutoscaledCluster;
+use ngo_testbed::cherry::{CherryEmulator, CherryOptions};
 use serde::{Deserialize, Serialize};
 
 /// The API token in examples/nodepool-cherry.yaml's Secret, which `up`'s emulator accepts.
@@ -126,7 +126,7 @@ struct UpState {
 }
 
 fn state_file() -> PathBuf {
-    ngo_sandbox::workspace_root().join("target/sandbox/up.json")
+    ngo_testbed::workspace_root().join("target/sandbox/up.json")
 }
 
 fn main() -> anyhow::Result<()> {
@@ -204,7 +204,7 @@ fn main() -> anyhow::Result<()> {
             ours_only: Some(shape),
         } => {
             let out = out.unwrap_or_else(|| {
-                ngo_sandbox::workspace_root().join("target/bench/ours-only.json")
+                ngo_testbed::workspace_root().join("target/bench/ours-only.json")
             });
             bench_ours(&runtime, &shape, &out, started)
         }
@@ -214,7 +214,7 @@ fn main() -> anyhow::Result<()> {
             ours_only: None,
         } => {
             let out = out
-                .unwrap_or_else(|| ngo_sandbox::workspace_root().join("target/bench/results.json"));
+                .unwrap_or_else(|| ngo_testbed::workspace_root().join("target/bench/results.json"));
             bench(&runtime, smoke, &out, started)
         }
         Command::Demo { plain, cherry } => {
@@ -274,9 +274,9 @@ async fn up(sandbox: Sandbox, namespace: &str, started: Instant) -> anyhow::Resu
     }
     std::fs::write(&path, serde_json::to_vec_pretty(&state)?)
         .with_context(|| format!("writing {}", path.display()))?;
-    let kubectl = ngo_sandbox::upstream_bin("kubectl");
+    let kubectl = ngo_testbed::upstream_bin("kubectl");
     say("sandbox up: nodegroup-operator and cluster-autoscaler (externalgrpc, mTLS) are running");
-    let examples = ngo_sandbox::workspace_root().join("examples");
+    let examples = ngo_testbed::workspace_root().join("examples");
     println!(
         "\n  export KUBECONFIG={kubeconfig}\n  alias kubectl={kubectl}\n\n\
          Cluster {namespace}/{namespace} is ready for MachineDeployments that use the \
@@ -399,7 +399,7 @@ async fn chaos(
 
 async fn soak(sandbox: Sandbox, options: &ngo_sandbox::soak::SoakOptions) -> anyhow::Result<()> {
     let results = ngo_sandbox::soak::run(&sandbox.info(), options).await?;
-    let path = ngo_sandbox::workspace_root().join("target/soak/results.json");
+    let path = ngo_testbed::workspace_root().join("target/soak/results.json");
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }

@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::pki::{CertificateAuthority, PkiError};
-use crate::process::{ManagedProcess, ProcessError, free_port, http_get, http_ok};
+use ngo_testbed::pki::{CertificateAuthority, PkiError};
+use ngo_testbed::process::{ManagedProcess, ProcessError, free_port, http_get, http_ok};
 
 /// A failure starting the operator.
 #[derive(Debug, thiserror::Error)]
@@ -74,9 +74,7 @@ impl GrpcPki {
         &self,
         address: SocketAddr,
     ) -> Result<
-        nodegroup_operator::proto::cloud_provider_client::CloudProviderClient<
-            tonic::transport::Channel,
-        >,
+        ngo_service::proto::cloud_provider_client::CloudProviderClient<tonic::transport::Channel>,
         OperatorError,
     > {
         use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
@@ -101,7 +99,7 @@ impl GrpcPki {
             .connect()
             .await
             .map_err(|e| transport(e.into()))?;
-        Ok(nodegroup_operator::proto::cloud_provider_client::CloudProviderClient::new(channel))
+        Ok(ngo_service::proto::cloud_provider_client::CloudProviderClient::new(channel))
     }
 
     /// Issues another client certificate with common name `name`; returns (cert, key).

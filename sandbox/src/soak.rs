@@ -18,19 +18,17 @@ use std::collections::BTreeSet;
 
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
-use nodegroup_operator::ngo_index::capi::scale_down::{
-    LEDGER_ANNOTATION, Ledger, MARK_ANNOTATION, ScaleDownMark,
-};
-use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
+use ngo_index::capi::scale_down::{LEDGER_ANNOTATION, Ledger, MARK_ANNOTATION, ScaleDownMark};
+use ngo_service::proto::{self, cloud_provider_client::CloudProviderClient};
 use serde::Serialize;
 use serde_json::json;
 use tonic::transport::Channel;
 
-use crate::auditor::DeletionAuditor;
-use crate::capi;
 use crate::environment::{SandboxInfo, WORKER_TEMPLATE};
-use crate::faultproxy::{FaultPlan, FaultProxy};
 use crate::stack::AutoscaledCluster;
+use ngo_testbed::auditor::DeletionAuditor;
+use ngo_testbed::capi;
+use ngo_testbed::faultproxy::{FaultPlan, FaultProxy};
 
 /// Soak parameters.
 #[derive(Clone, Debug)]

@@ -16,15 +16,15 @@ use std::time::Duration;
 use kube::Client;
 use serde_json::Value;
 
-use crate::autoscaler::{Autoscaler, AutoscalerOptions, CloudProvider};
 use crate::environment::{SandboxInfo, create_cluster};
-use crate::infra_provider::InfraProvider;
 use crate::operator::{
     GrpcPki, OperatorError, OperatorOptions, OperatorProcess, write_cloud_config,
     write_unix_socket_cloud_config,
 };
-use crate::process::ProcessError;
-use crate::workload_cluster::{SYSTEM_NAMESPACE, WorkloadClusterInfo};
+use ngo_testbed::autoscaler::{Autoscaler, AutoscalerOptions, CloudProvider};
+use ngo_testbed::infra_provider::InfraProvider;
+use ngo_testbed::process::ProcessError;
+use ngo_testbed::workload_cluster::{SYSTEM_NAMESPACE, WorkloadClusterInfo};
 
 /// How cluster-autoscaler reaches the operator (per-RPC `grpc_timeout` of its cloud-config).
 pub const GRPC_TIMEOUT: Duration = Duration::from_secs(10);
@@ -279,13 +279,13 @@ impl AutoscaledCluster {
 
     /// An admin client of the sandbox (the management cluster).
     pub async fn client(&self) -> anyhow::Result<Client> {
-        crate::controlplane::client_for(&self.kubeconfig).await
+        ngo_testbed::controlplane::client_for(&self.kubeconfig).await
     }
 
     /// An admin client of the cluster holding this Cluster's Nodes and Pods (the one
     /// cluster-autoscaler watches and reports into).
     pub async fn nodes_client(&self) -> anyhow::Result<Client> {
-        crate::controlplane::client_for(&self.nodes_kubeconfig).await
+        ngo_testbed::controlplane::client_for(&self.nodes_kubeconfig).await
     }
 }
 

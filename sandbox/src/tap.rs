@@ -7,11 +7,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
+use ngo_service::proto::{self, cloud_provider_client::CloudProviderClient};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use crate::auditor::DeletionAuditor;
+use ngo_testbed::auditor::DeletionAuditor;
 
 /// What the tap counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -164,9 +164,9 @@ forwarding_service! {
     node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest) -> proto::NodeGroupAutoscalingOptionsResponse;
 }
 
-/// True when `answer` is no answer of the operator's (see [`crate::auditor::unanswered`]).
+/// True when `answer` is no answer of the operator's (see [`ngo_testbed::auditor::unanswered`]).
 fn reached_no_answer<T>(answer: &Result<T, Status>) -> bool {
-    matches!(answer, Err(status) if crate::auditor::unanswered(status))
+    matches!(answer, Err(status) if ngo_testbed::auditor::unanswered(status))
 }
 
 /// A DeleteNodes under way, as the auditor was told: settled with the answer CA heard, or,
@@ -262,7 +262,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::auditor::Answer;
+    use ngo_testbed::auditor::Answer;
 
     /// An upstream that accepts connections and never says a word: every call to it hangs.
     async fn silent_upstream() -> (CloudProviderClient<Channel>, tokio::task::JoinHandle<()>) {

@@ -11,15 +11,15 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use nodegroup_operator::ngo_api::NodePool;
+use ngo_api::NodePool;
 use serde_json::json;
 
-use crate::auditor::DeletionAuditor;
-use crate::autoscaler::{AutoscalerOptions, CaRelease};
 use crate::environment::SandboxInfo;
 use crate::operator::OperatorOptions;
 use crate::stack::AutoscaledCluster;
-use crate::workload;
+use ngo_testbed::auditor::DeletionAuditor;
+use ngo_testbed::autoscaler::{AutoscalerOptions, CaRelease};
+use ngo_testbed::workload;
 
 /// The Node label that tells node groups apart: `<namespace>-<name>` of the group.
 pub const POOL_LABEL: &str = "e2e.nodegroup.dev/pool";
@@ -66,7 +66,7 @@ impl TestWorld {
         let auditor = DeletionAuditor::passive(
             client.clone(),
             &namespace,
-            &crate::capi::machines(),
+            &ngo_testbed::capi::machines(),
             POOL_LABEL,
             move |node| {
                 node.labels()

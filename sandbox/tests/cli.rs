@@ -132,7 +132,7 @@ fn up_serves_a_kubeconfig_until_down_stops_it() {
         .recv_timeout(Duration::from_secs(120))
         .expect("up prints a KUBECONFIG");
     let kubectl = |args: &[&str]| {
-        let out = Command::new(ngo_sandbox::upstream_bin("kubectl"))
+        let out = Command::new(ngo_testbed::upstream_bin("kubectl"))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .args(args)
             .output()

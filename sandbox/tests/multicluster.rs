@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use ngo_sandbox::capi;
 use ngo_sandbox::environment::{
     Sandbox, SandboxOptions, WORKER_TEMPLATE, create_cluster, wait_for,
 };
-use ngo_sandbox::infra_provider::{self, InfraProvider};
 use ngo_sandbox::stack::AutoscaledCluster;
-use ngo_sandbox::workload;
+use ngo_testbed::capi;
+use ngo_testbed::infra_provider::{self, InfraProvider};
+use ngo_testbed::workload;
 use serde_json::json;
 
 /// Each test starts a whole sandbox: on a small machine they run one at a time.

@@ -14,12 +14,12 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use ngo_api::NodePool;
-use ngo_sandbox::alicloud::{
+use ngo_sandbox::world::{POOL_LABEL as POOL, TestWorld};
+use ngo_testbed::alicloud::{
     AccessKey, AliCloudEmulator, AliCloudOptions, FaultAction, InstanceState, ScalingGroupSpec,
 };
-use ngo_sandbox::proxy::LatencyProxy;
-use ngo_sandbox::workload;
-use ngo_sandbox::world::{POOL_LABEL as POOL, TestWorld};
+use ngo_testbed::proxy::LatencyProxy;
+use ngo_testbed::workload;
 use serde_json::{Value, json};
 
 /// 4 vCPUs, 16 GiB in the emulator's catalogue (listed past its first 100 types).
@@ -646,7 +646,7 @@ async fn an_rrsa_pool_assumes_its_role_with_the_token_file_and_rereads_it() {
         &["asg-rrsa", "asg-halfrrsa", "asg-pathrrsa"],
         &args,
         |o| {
-            o.oidc_roles = vec![ngo_sandbox::alicloud::OidcRole {
+            o.oidc_roles = vec![ngo_testbed::alicloud::OidcRole {
                 role_arn: ROLE.into(),
                 oidc_provider_arn: PROVIDER.into(),
                 token: TOKEN.into(),
@@ -869,7 +869,7 @@ async fn twenty_concurrent_increases_land_exactly_priced_and_zoned_within_the_gr
     let dir = tempfile::tempdir().expect("tempdir");
     let id = w.get_pool("burst").await.group_id();
     let narrow_id = w.get_pool("narrow").await.group_id();
-    let ca = ngo_sandbox::ca_client::CaClient::start(&config, &dir.path().join("ca.log"))
+    let ca = ngo_testbed::ca_client::CaClient::start(&config, &dir.path().join("ca.log"))
         .expect("CA's client");
     let groups = ca.value(json!({"call": "NodeGroups"})).await;
     assert!(groups.to_string().contains(&id), "{groups}");
@@ -911,7 +911,7 @@ async fn twenty_concurrent_increases_land_exactly_priced_and_zoned_within_the_gr
         let (config, id) = (config.clone(), id.clone());
         let log = dir.path().join(format!("ca-{i}.log"));
         async move {
-            let ca = ngo_sandbox::ca_client::CaClient::start(&config, &log).expect("CA's client");
+            let ca = ngo_testbed::ca_client::CaClient::start(&config, &log).expect("CA's client");
             ca.value(json!({"call": "NodeGroups"})).await;
             let result = ca
                 .call(json!({"call": "IncreaseSize", "group": id, "delta": 1}))
@@ -1005,11 +1005,11 @@ async fn a_removal_refused_mid_batch_is_rolled_back_and_the_batch_answers_ok() {
 
     let config = w.cluster.cloud_config().expect("cloud-config");
     let dir = tempfile::tempdir().expect("tempdir");
-    let ca = ngo_sandbox::ca_client::CaClient::start(&config, &dir.path().join("ca.log"))
+    let ca = ngo_testbed::ca_client::CaClient::start(&config, &dir.path().join("ca.log"))
         .expect("CA's client");
     let id = w.get_pool("mid").await.group_id();
     ca.value(json!({"call": "NodeGroups"})).await;
-    let auditor = ngo_sandbox::auditor::DeletionAuditor::start_for_nodes(
+    let auditor = ngo_testbed::auditor::DeletionAuditor::start_for_nodes(
         w.client.clone(),
         &format!("{POOL}={}", w.label("mid")),
     );
@@ -1285,7 +1285,7 @@ async fn a_scale_out_that_changes_nothing_fails_with_the_rejected_activity() {
         .ess
         .activities("asg-rej")
         .into_iter()
-        .find(|a| a.status == ngo_sandbox::alicloud::ActivityStatus::Rejected)
+        .find(|a| a.status == ngo_testbed::alicloud::ActivityStatus::Rejected)
         .expect("ESS recorded a Rejected activity");
     assert!(event.contains(&rejected.id), "{event}");
     assert_eq!(w.instances("asg-rej").len(), 1, "no instance appeared");

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ngo_api::nodepool::AliCloudSpec;
-use ngo_sandbox::alicloud::{
+use ngo_testbed::alicloud::{
     AccessKey, AliCloudEmulator, AliCloudOptions, FaultAction, InstanceState, ScalingGroupSpec,
 };
 use nodegroup_operator::backends::alicloud::ess::Ess;
@@ -853,7 +853,7 @@ async fn a_client_token_reused_with_other_parameters_is_refused() {
 /// when the SDK cannot parse an answer or the provider gets an error.
 #[tokio::test]
 async fn cluster_autoscalers_in_tree_provider_drives_the_emulator() {
-    let bin = ngo_sandbox::upstream_check("alicloud-check-intree", "alicloud-check")
+    let bin = ngo_testbed::upstream_check("alicloud-check-intree", "alicloud-check")
         .unwrap_or_else(|e| panic!("{e}"));
     // A type on the first page of DescribeInstanceTypes: the provider reads only that page
     // (no NextToken), so it never finds a type beyond the first 100.
@@ -865,7 +865,7 @@ async fn cluster_autoscalers_in_tree_provider_drives_the_emulator() {
     })
     .await;
     let key = &emulator.access_keys()[0];
-    let stdout = ngo_sandbox::check_output(
+    let stdout = ngo_testbed::check_output(
         tokio::process::Command::new(&bin)
             .args([
                 "-test.run",
@@ -923,7 +923,7 @@ fn published(name: &str) -> serde_json::Value {
 
 /// Makes the emulator answer the next request of `action` with `example` as published.
 fn serve_published(
-    emulator: &ngo_sandbox::alicloud::AliCloudEmulator,
+    emulator: &ngo_testbed::alicloud::AliCloudEmulator,
     action: &str,
     example: &serde_json::Value,
 ) {
@@ -931,7 +931,7 @@ fn serve_published(
     emulator.inject(
         Some(action),
         1,
-        ngo_sandbox::alicloud::FaultAction::Respond {
+        ngo_testbed::alicloud::FaultAction::Respond {
             status,
             body: example["body"].to_string(),
         },
@@ -941,7 +941,7 @@ fn serve_published(
 /// One request to the emulator without the operator's client, signed with the emulator's
 /// own signature functions, so the answer's JSON is seen as sent: status and body.
 async fn signed_request(
-    emulator: &ngo_sandbox::alicloud::AliCloudEmulator,
+    emulator: &ngo_testbed::alicloud::AliCloudEmulator,
     version: &str,
     params: &[(&str, &str)],
 ) -> (u16, serde_json::Value) {
@@ -966,9 +966,9 @@ async fn signed_request(
     ] {
         query.insert(k.to_string(), v);
     }
-    let signature = ngo_sandbox::alicloud::signature(
+    let signature = ngo_testbed::alicloud::signature(
         &key.secret,
-        &ngo_sandbox::alicloud::string_to_sign("POST", &query),
+        &ngo_testbed::alicloud::string_to_sign("POST", &query),
     );
     query.insert("Signature".to_string(), signature);
     let query = nodegroup_operator::backends::alicloud::signature::canonical_query(&query);
@@ -1006,8 +1006,8 @@ async fn signed_request(
 }
 
 /// Checks the emulator's answer `ours` (`status`) against the published `example`: the same
-/// status; the example's shape (`ngo_sandbox::json_shape::differences`) but at `exempt`
-/// paths; no key the example lacks (`ngo_sandbox::json_shape::extra_keys`) unless its page
+/// status; the example's shape (`ngo_testbed::json_shape::differences`) but at `exempt`
+/// paths; no key the example lacks (`ngo_testbed::json_shape::extra_keys`) unless its page
 /// lists it or it is `undocumented`. Every exemption must be needed, so the lists stay true.
 fn same_shape(
     example: &serde_json::Value,
@@ -1017,7 +1017,7 @@ fn same_shape(
     exempt: &[&str],
     undocumented: &[&str],
 ) {
-    use ngo_sandbox::json_shape::{differences, extra_keys};
+    use ngo_testbed::json_shape::{differences, extra_keys};
     assert_eq!(u64::from(status), example["status"], "{at}: {ours}");
     let body = &example["body"];
     let found = differences(body, ours, at, exempt);
@@ -1064,7 +1064,7 @@ fn same_shape(
 #[tokio::test]
 async fn published_examples_decode_and_the_emulator_answers_their_shape() {
     use base64::Engine as _;
-    use ngo_sandbox::alicloud::FaultAction;
+    use ngo_testbed::alicloud::FaultAction;
     use nodegroup_operator::backends::alicloud::{
         ActivityStatus, ApiErrorKind, Error, GroupLifecycleState, InstanceLifecycleState,
         RemoveOptions,

@@ -16,12 +16,12 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use ngo_api::NodePool;
-use ngo_sandbox::auditor::DeletionAuditor;
-use ngo_sandbox::autoscaler::AutoscalerOptions;
-use ngo_sandbox::ca_client::CaClient;
-use ngo_sandbox::cherry::{CherryEmulator, CherryOptions, FaultAction, Lifecycle, RequestKind};
-use ngo_sandbox::workload;
 use ngo_sandbox::world::{POOL_LABEL as POOL, TestWorld};
+use ngo_testbed::auditor::DeletionAuditor;
+use ngo_testbed::autoscaler::AutoscalerOptions;
+use ngo_testbed::ca_client::CaClient;
+use ngo_testbed::cherry::{CherryEmulator, CherryOptions, FaultAction, Lifecycle, RequestKind};
+use ngo_testbed::workload;
 use serde_json::{Value, json};
 
 /// A plan with 4 cores and 16 GB, 0.1016 EUR/h in the emulator's catalogue.
@@ -469,7 +469,7 @@ async fn two_reconcilers_at_once_order_each_server_once() {
         .parse()
         .expect("emulator address");
     // A slow cloud: both passes list the servers at the same time, then record.
-    let slow = ngo_sandbox::proxy::LatencyProxy::start(cloud, Duration::from_millis(400))
+    let slow = ngo_testbed::proxy::LatencyProxy::start(cloud, Duration::from_millis(400))
         .await
         .expect("latency proxy");
     let mut second = w.cluster.operator_options();

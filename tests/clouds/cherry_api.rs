@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ObjectMeta, PostParams};
-use ngo_sandbox::cherry::{
+use ngo_testbed::cherry::{
     BootOutcome, CherryEmulator, CherryOptions, FaultAction, Lifecycle, RequestKind,
 };
-use ngo_sandbox::workload_cluster::{WorkloadCluster, WorkloadClusterOptions};
+use ngo_testbed::workload_cluster::{WorkloadCluster, WorkloadClusterOptions};
 use nodegroup_operator::backends::cherry::{
     CherryClient, CherryError, ClientConfig, CreateServer, PAGE_SIZE,
 };
@@ -777,7 +777,7 @@ async fn an_order_refused_with_either_documented_code_is_out_of_stock_by_the_pla
 #[tokio::test]
 async fn a_plan_in_an_unknown_memory_unit_is_refused_with_its_unit() {
     use ngo_api::nodepool::CherryServersSpec;
-    use ngo_sandbox::cherry::PlanSpec;
+    use ngo_testbed::cherry::PlanSpec;
     use nodegroup_operator::backends::cherry::pool::CherryPool;
     use nodegroup_operator::nodepool::backend::PoolBackend;
     let emulator = emulator(CherryOptions {
@@ -888,7 +888,7 @@ async fn published_examples_decode_and_the_emulator_answers_their_shape() {
     );
     let (status, ours) = raw(&emulator, "GET", "/v1/plans", None).await;
     assert_eq!(status, example["status"]);
-    let differences = ngo_sandbox::json_shape::differences(&example["body"], &ours, "plans", &[]);
+    let differences = ngo_testbed::json_shape::differences(&example["body"], &ours, "plans", &[]);
     assert!(differences.is_empty(), "{differences:#?}");
 
     // GET /v1/servers/{id}, of a server the emulator made.
@@ -913,7 +913,7 @@ async fn published_examples_decode_and_the_emulator_answers_their_shape() {
     assert_eq!(status, example["status"]);
     // `termination_date` of a server that has none is the Python string "None" in the
     // example, a rendering of the SDK's, not the API's: the emulator leaves it out.
-    let differences = ngo_sandbox::json_shape::differences(
+    let differences = ngo_testbed::json_shape::differences(
         &example["body"],
         &ours,
         "server",
@@ -949,7 +949,7 @@ async fn published_examples_decode_and_the_emulator_answers_their_shape() {
     )
     .await;
     assert_eq!(status, example["status"]);
-    let differences = ngo_sandbox::json_shape::differences(&example["body"], &ours, "error", &[]);
+    let differences = ngo_testbed::json_shape::differences(&example["body"], &ours, "error", &[]);
     assert!(differences.is_empty(), "{differences:#?}");
 }
 
@@ -959,7 +959,7 @@ async fn published_examples_decode_and_the_emulator_answers_their_shape() {
 /// does not decode or contradicts the request).
 #[tokio::test]
 async fn the_official_go_client_drives_the_emulator() {
-    let bin = ngo_sandbox::upstream_check("cherry-check", "cherry-check")
+    let bin = ngo_testbed::upstream_check("cherry-check", "cherry-check")
         .unwrap_or_else(|e| panic!("{e}"));
     let emulator = emulator(CherryOptions::default()).await;
     assert!(emulator.set_stock("e3_1240v3", "eu_nord_1", 0));
@@ -968,7 +968,7 @@ async fn the_official_go_client_drives_the_emulator() {
         .trim_end_matches('/')
         .trim_end_matches("/v1")
         .to_string();
-    let stdout = ngo_sandbox::check_output(
+    let stdout = ngo_testbed::check_output(
         tokio::process::Command::new(&bin)
             .args(["-url", &base, "-token", emulator.token()])
             .args(["-project", &PROJECT.to_string()])
@@ -1020,7 +1020,7 @@ async fn the_official_go_client_drives_the_emulator() {
 /// finds a node's group, scales in, and reads a refused order.
 #[tokio::test]
 async fn the_in_tree_provider_drives_the_emulator() {
-    let bin = ngo_sandbox::upstream_check("cherry-check-intree", "cherry-check")
+    let bin = ngo_testbed::upstream_check("cherry-check-intree", "cherry-check")
         .unwrap_or_else(|e| panic!("{e}"));
     let emulator = emulator(CherryOptions {
         pending_for: Duration::from_millis(50),
@@ -1029,7 +1029,7 @@ async fn the_in_tree_provider_drives_the_emulator() {
     })
     .await;
     assert!(emulator.set_stock("e3_1240v3", "eu_nord_1", 0));
-    let stdout = ngo_sandbox::check_output(
+    let stdout = ngo_testbed::check_output(
         tokio::process::Command::new(&bin)
             .args(["-test.run", "^TestEmulator$", "-test.v", "-test.count=1"])
             .env("CHERRY_CHECK_URL", emulator.url())

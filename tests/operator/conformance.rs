@@ -27,9 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::support::*;
-use ngo_sandbox::ca_client::CaClient;
-use ngo_sandbox::pki::CertificateAuthority;
 use ngo_service::server::tls::TlsFiles;
+use ngo_testbed::ca_client::CaClient;
+use ngo_testbed::pki::CertificateAuthority;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);

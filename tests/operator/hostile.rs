@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use crate::support::*;
 use k8s_pb::api::core::v1 as pb;
 use kube::ResourceExt;
-use ngo_sandbox::pki::{CertificateAuthority, IssuedCert};
 use ngo_service::server::tls::TlsFiles;
+use ngo_testbed::pki::{CertificateAuthority, IssuedCert};
 use nodegroup_operator::proto::{
     self, ExternalGrpcNode, cloud_provider_client::CloudProviderClient,
 };

@@ -28,8 +28,8 @@ use kube::ResourceExt;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::ApiResource;
-use ngo_sandbox::pki::CertificateAuthority;
 use ngo_service::server::tls::TlsFiles;
+use ngo_testbed::pki::CertificateAuthority;
 use nodegroup_operator::runtime::{self, Running};
 use serde_json::{Value, json};
 
@@ -843,7 +843,7 @@ impl Pki {
 
 /// Runs `clusterapi-diff` once: both sides' answers, and its log (CA's klog at -v=2).
 async fn ask_both(ns: &TestNs, discovery: &str, cloud_config: &Path) -> (Value, String) {
-    let bin = ngo_sandbox::upstream_check("clusterapi-diff", "clusterapi-diff")
+    let bin = ngo_testbed::upstream_check("clusterapi-diff", "clusterapi-diff")
         .unwrap_or_else(|e| panic!("{e}"));
     let mut command = tokio::process::Command::new(bin);
     command

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::support::*;
-use ngo_sandbox::pki::{CertificateAuthority, IssuedCert};
 use ngo_service::server::tls::{HandshakeLimits, Listener, ReloadingTls, TlsFiles, incoming_with};
+use ngo_testbed::pki::{CertificateAuthority, IssuedCert};
 use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
 use nodegroup_operator::runtime::Running;
 use rustls::pki_types::pem::PemObject as _;

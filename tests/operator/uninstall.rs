@@ -40,7 +40,7 @@ async fn dress(ns: &TestNs, name: &str, finalizers: &[&str], annotations: serde_
 }
 
 async fn release(ns: &TestNs, orphan: bool) -> Report {
-    let client = ngo_sandbox::controlplane::client_for(&shared().operator_kubeconfig)
+    let client = ngo_testbed::controlplane::client_for(&shared().operator_kubeconfig)
         .await
         .expect("the operator's client");
     let report = uninstall::release(

@@ -211,7 +211,7 @@ fn each_topology_renders_only_the_rbac_it_needs() {
 async fn the_charts_rbac_is_enough_to_run_the_operator() {
     let ns = TestNs::new("chart-rbac").await;
     // The suite's operator identity is the chart's ServiceAccount with a bound token.
-    let as_operator = ngo_sandbox::controlplane::client_for(&shared().operator_kubeconfig)
+    let as_operator = ngo_testbed::controlplane::client_for(&shared().operator_kubeconfig)
         .await
         .unwrap();
     let review: SelfSubjectReview = Api::<SelfSubjectReview>::all(as_operator)
@@ -370,7 +370,7 @@ fn repo_file(path: &str) -> PathBuf {
 
 /// `helm <args>`: success, stdout and stderr.
 fn helm(args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(ngo_sandbox::upstream_bin("helm"))
+    let out = std::process::Command::new(ngo_testbed::upstream_bin("helm"))
         .args(args)
         .output()
         .expect("running helm (tests/upstream/build.sh helm)");
@@ -2052,6 +2052,86 @@ fn the_upstream_chart_with_the_co_located_values_puts_the_operator_beside_cluste
     assert!(
         command.contains(&"--cloud-config=/etc/cluster-autoscaler/cloud-config"),
         "{command:?}"
+    );
+}
+
+/// The upstream cluster-autoscaler chart with `examples/cluster-autoscaler-relay-values.yaml`
+/// runs the relay as a native sidecar: cluster-autoscaler dials its socket in plaintext, the
+/// relay dials the operator with the mounted client certificate, and the pod carries no
+/// credentials of the relay's own beyond that Secret.
+#[test]
+fn the_upstream_chart_with_the_relay_values_puts_the_relay_beside_cluster_autoscaler() {
+    let values = repo_file("examples/cluster-autoscaler-relay-values.yaml");
+    let (ok, out, err) = helm(&[
+        "template",
+        "cluster-autoscaler",
+        upstream_ca_chart().to_str().unwrap(),
+        "-n",
+        "kube-system",
+        "-f",
+        values.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let docs = parse_docs(&out);
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment");
+    let spec = &deployment["spec"]["template"]["spec"];
+    let relay = &spec["initContainers"][0];
+    assert_eq!(relay["restartPolicy"], "Always", "a native sidecar");
+    let args: Vec<&str> = relay["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert_eq!(args.first(), Some(&"relay"), "{args:?}");
+    let flag = |name: &str| {
+        args.iter()
+            .find_map(|a| a.strip_prefix(&format!("--{name}=")))
+            .unwrap_or_else(|| panic!("--{name} in {args:?}"))
+            .to_string()
+    };
+    let socket = flag("grpc-unix-socket");
+    let relay_config = flag("operator-cloud-config");
+    let mounted = |container: &serde_json::Value, path: &str| {
+        container["volumeMounts"].as_array().is_some_and(|m| {
+            m.iter().any(|m| {
+                m["mountPath"]
+                    .as_str()
+                    .is_some_and(|dir| path.starts_with(&format!("{dir}/")))
+            })
+        })
+    };
+    assert!(mounted(relay, &socket), "the relay mounts its socket's directory");
+    assert!(
+        mounted(&spec["containers"][0], &socket),
+        "cluster-autoscaler mounts the socket's directory"
+    );
+    assert!(mounted(relay, &relay_config), "the relay mounts its cloud-config");
+    let config_map = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "ConfigMap" && d["metadata"]["name"] == "cluster-autoscaler-cloud-config"
+        })
+        .expect("the cloud-configs");
+    let ca_config: serde_json::Value =
+        serde_yaml::from_str(config_map["data"]["cloud-config"].as_str().expect("text")).unwrap();
+    assert_eq!(ca_config["address"], format!("unix://{socket}"));
+    let to_operator: serde_json::Value = serde_yaml::from_str(
+        config_map["data"]["relay-cloud-config"]
+            .as_str()
+            .expect("the relay's cloud-config"),
+    )
+    .unwrap();
+    for key in ["cert", "key", "cacert"] {
+        let path = to_operator[key].as_str().expect(key);
+        assert!(mounted(relay, path), "{key} {path} is mounted into the relay");
+    }
+    assert!(
+        spec["securityContext"]["fsGroup"].is_number(),
+        "a shared group for the 0660 socket"
     );
 }
 

@@ -4,7 +4,7 @@
 //! then real; the objects exist afterwards as rendered.
 //!
 //! Then the installed objects are run. There is no container runtime here, so no Pod runs by
-//! itself: `ngo_sandbox::localpod` runs a Pod's container as a local process with the Pod's
+//! itself: `ngo_testbed::localpod` runs a Pod's container as a local process with the Pod's
 //! arguments, environment, Secret volumes and ServiceAccount token at the same paths, as the
 //! image's user, with a read-only root, and Service names resolving to loopback. The operator
 //! runs as the chart's Deployment says (so with the chart's ServiceAccount and RBAC, in-cluster
@@ -33,8 +33,8 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
-use ngo_sandbox::localpod::{self, LocalPod};
-use ngo_sandbox::{self as sandbox, CertificateAuthority, ControlPlane, ControlPlaneOptions};
+use ngo_testbed::localpod::{self, LocalPod};
+use ngo_testbed::{self as testbed, CertificateAuthority, ControlPlane, ControlPlaneOptions};
 use serde_json::{Value, json};
 
 const RELEASE_NAMESPACE: &str = "ngo-system";
@@ -87,12 +87,12 @@ fn plane() -> &'static Plane {
                     .build()?;
                 rt.block_on(async {
                     let client = plane.client().await?;
-                    sandbox::capi::install_crds(&client, &[]).await?;
-                    let ecosystem = sandbox::upstream_dir().join("ecosystem-crds");
-                    let crds = sandbox::crds::read_dir(&ecosystem).map_err(|e| {
+                    testbed::capi::install_crds(&client, &[]).await?;
+                    let ecosystem = testbed::upstream_dir().join("ecosystem-crds");
+                    let crds = testbed::crds::read_dir(&ecosystem).map_err(|e| {
                         anyhow::anyhow!("{e}: run tests/upstream/build.sh ecosystem-crds")
                     })?;
-                    sandbox::crds::apply(&client, &crds).await?;
+                    testbed::crds::apply(&client, &crds).await?;
                     anyhow::Ok(())
                 })?;
                 let shared = Plane {
@@ -128,7 +128,7 @@ fn repo(path: &str) -> PathBuf {
 /// machine while helm listed its release Secrets) is retried twice; any other failure is not.
 fn helm(args: &[&str]) -> String {
     let run = || {
-        std::process::Command::new(sandbox::upstream_bin("helm"))
+        std::process::Command::new(testbed::upstream_bin("helm"))
             .args(args)
             .arg(format!("--kubeconfig={}", plane().kubeconfig.display()))
             .output()
@@ -152,7 +152,7 @@ fn helm(args: &[&str]) -> String {
 }
 
 fn kubectl(args: &[&str]) -> String {
-    let out = std::process::Command::new(sandbox::upstream_bin("kubectl"))
+    let out = std::process::Command::new(testbed::upstream_bin("kubectl"))
         .arg(format!("--kubeconfig={}", plane().kubeconfig.display()))
         .args(args)
         .output()
@@ -167,7 +167,7 @@ fn kubectl(args: &[&str]) -> String {
 
 /// `helm <args> --kubeconfig <plane>`, which may fail: success and stdout plus stderr.
 fn try_helm(args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(sandbox::upstream_bin("helm"))
+    let out = std::process::Command::new(testbed::upstream_bin("helm"))
         .args(args)
         .arg(format!("--kubeconfig={}", plane().kubeconfig.display()))
         .output()
@@ -383,7 +383,7 @@ async fn wait_http(
 ) -> String {
     let start = Instant::now();
     loop {
-        if let Ok(body) = sandbox::process::http_get(address, path) {
+        if let Ok(body) = testbed::process::http_get(address, path) {
             return body;
         }
         if let Err(e) = process.check_alive() {
@@ -402,7 +402,7 @@ async fn wait_http(
 /// reports its completion; returns the hook's output once `helm test` has ended, with its
 /// success and output.
 async fn run_helm_test(client: &Client, log_dir: &Path) -> (bool, String, String) {
-    let mut helm_test = tokio::process::Command::new(sandbox::upstream_bin("helm"))
+    let mut helm_test = tokio::process::Command::new(testbed::upstream_bin("helm"))
         .args(["test", "ngo", "-n", RELEASE_NAMESPACE, "--timeout", "2m"])
         .arg(format!("--kubeconfig={}", plane().kubeconfig.display()))
         .stdout(Stdio::piped())
@@ -464,7 +464,7 @@ async fn run_helm_test(client: &Client, log_dir: &Path) -> (bool, String, String
 async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_operator() {
     let _serial = SERIAL.lock().await;
     let plane = plane();
-    let client = sandbox::controlplane::client_for(&plane.kubeconfig)
+    let client = testbed::controlplane::client_for(&plane.kubeconfig)
         .await
         .unwrap();
     let logs = tempfile::Builder::new()
@@ -495,8 +495,8 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
     // --- Install: the operator's chart with everything on (cert-manager certificates,
     // ServiceMonitor, PrometheusRule, dashboard, NetworkPolicy), ports free on this host (a
     // local process binds them).
-    let grpc_port = sandbox::free_port().unwrap();
-    let admin_port = sandbox::free_port().unwrap();
+    let grpc_port = testbed::free_port().unwrap();
+    let admin_port = testbed::free_port().unwrap();
     let operator_docs = install(
         "ngo",
         &repo("charts/nodegroup-operator"),
@@ -558,7 +558,7 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
 
     // --- The upstream cluster-autoscaler chart with exactly the README's values (plus a free
     // port for its health/metrics endpoint, which the local process binds on this host).
-    let ca_port = sandbox::free_port().unwrap();
+    let ca_port = testbed::free_port().unwrap();
     let ca_docs = install(
         "cluster-autoscaler",
         &upstream_ca_chart(),
@@ -636,7 +636,7 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
     let ca = local_pod(
         &ca_name,
         ca_spec,
-        sandbox::upstream_bin("cluster-autoscaler"),
+        testbed::upstream_bin("cluster-autoscaler"),
         None,
     );
     let mut ca = ca
@@ -646,7 +646,7 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
     let ca_address: std::net::SocketAddr = ([127, 0, 0, 1], ca_port).into();
     let start = Instant::now();
     loop {
-        let metrics = sandbox::process::http_get(ca_address, "/metrics").unwrap_or_default();
+        let metrics = testbed::process::http_get(ca_address, "/metrics").unwrap_or_default();
         if metrics.lines().any(|l| {
             l.starts_with("cluster_autoscaler_node_groups_count{node_group_type=\"autoscaled\"} 1")
         }) {
@@ -672,7 +672,7 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
     // --- The operator's live /metrics: the dashboard's queries use the labels the series have
     // (names are checked against every family in tests/packaging/chart.rs; a live endpoint leaves out
     // families without samples).
-    let text = sandbox::process::http_get(admin, "/metrics").unwrap();
+    let text = testbed::process::http_get(admin, "/metrics").unwrap();
     assert!(
         text.lines().any(|l| l == "nodegroup_leader 1"),
         "the only replica leads"
@@ -834,7 +834,7 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
 
 /// `kubectl <args>` against the plane, which may fail: success and stdout plus stderr.
 fn try_kubectl(args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(sandbox::upstream_bin("kubectl"))
+    let out = std::process::Command::new(testbed::upstream_bin("kubectl"))
         .arg(format!("--kubeconfig={}", plane().kubeconfig.display()))
         .args(args)
         .output()
@@ -897,7 +897,7 @@ async fn min_size_description(client: &Client) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releases_install_side_by_side_and_crds_upgrade_as_documented() {
     let _serial = SERIAL.lock().await;
-    let client = sandbox::controlplane::client_for(&plane().kubeconfig)
+    let client = testbed::controlplane::client_for(&plane().kubeconfig)
         .await
         .unwrap();
     for namespace in ["ngo-a", "ngo-b"] {

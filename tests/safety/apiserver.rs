@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_pb::api::core::v1 as pb;
 use kube::api::{Patch, PatchParams};
-use ngo_sandbox::{self as sandbox, ControlPlane, ControlPlaneOptions};
+use ngo_testbed::{self as testbed, ControlPlane, ControlPlaneOptions};
 use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
 use prost::Message as _;
 use serde_json::json;
@@ -47,7 +47,7 @@ impl OwnPlane {
                 let operator_kubeconfig = rt.block_on(async {
                     let client = plane.client().await?;
                     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-                    sandbox::capi::install_crds(&client, &[&root.join("crds")]).await?;
+                    testbed::capi::install_crds(&client, &[&root.join("crds")]).await?;
                     rbac::install_operator_identity(&plane, &client).await
                 })?;
                 Ok((plane, operator_kubeconfig))
@@ -182,7 +182,7 @@ fn with_deadline<T>(message: T) -> tonic::Request<T> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_use_the_cache_and_writes_fail_fast_while_the_api_server_is_down() {
     let plane = OwnPlane::start().await;
-    let admin = sandbox::controlplane::client_for(&plane.admin_kubeconfig)
+    let admin = testbed::controlplane::client_for(&plane.admin_kubeconfig)
         .await
         .unwrap();
     let ns = TestNs::new_with(admin.clone(), "apiserver-down").await;

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
 use ngo_index::capi::scale_down::{LEDGER_ANNOTATION, Ledger, MARK_ANNOTATION, ScaleDownMark};
-use ngo_sandbox::auditor::DeletionAuditor;
-use ngo_sandbox::capi;
 use ngo_sandbox::environment::{SandboxInfo, WORKER_TEMPLATE, start_for_process};
 use ngo_sandbox::operator::{OperatorOptions, write_cloud_config};
 use ngo_sandbox::stack::AutoscaledCluster;
+use ngo_testbed::auditor::DeletionAuditor;
+use ngo_testbed::capi;
 use nodegroup_operator::proto;
 use serde_json::json;
 

@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use ngo_sandbox::ca_client::CaClient;
-use ngo_sandbox::faultproxy::{Fault, FaultPlan, FaultProxy};
+use ngo_testbed::ca_client::CaClient;
+use ngo_testbed::faultproxy::{Fault, FaultPlan, FaultProxy};
 use serde_json::json;
 
 use crate::crash::{Group, poll, sandbox};

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use ngo_sandbox::capi;
+use ngo_testbed::capi;
 use nodegroup_operator::proto;
 use serde_json::json;
 

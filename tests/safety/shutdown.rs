@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use ngo_sandbox::proxy::{LatencyProxy, kubeconfig_via};
+use ngo_testbed::proxy::{LatencyProxy, kubeconfig_via};
 use nodegroup_operator::proto;
 
 use crate::crash::{Group, node, poll, sandbox};

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use kube::ResourceExt;
-use ngo_sandbox::ca_client::CaClient;
-use ngo_sandbox::proxy::{LatencyProxy, kubeconfig_via};
+use ngo_testbed::ca_client::CaClient;
+use ngo_testbed::proxy::{LatencyProxy, kubeconfig_via};
 use serde_json::json;
 
 use crate::crash::{Group, poll, sandbox};

@@ -9,7 +9,7 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use ngo_index::capi::scale_down::{LEDGER_ANNOTATION, Ledger, MARK_ANNOTATION, ScaleDownMark};
-use ngo_sandbox::capi;
+use ngo_testbed::capi;
 use nodegroup_operator::proto;
 use serde_json::json;
 

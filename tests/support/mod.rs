@@ -18,8 +18,8 @@ use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::ApiResource;
 use kube::{Client, ResourceExt};
-use ngo_sandbox::{self as sandbox, ControlPlane, ControlPlaneOptions};
 use ngo_service::server::tls::TlsFiles;
+use ngo_testbed::{self as testbed, ControlPlane, ControlPlaneOptions};
 use nodegroup_operator::proto::cloud_provider_client::CloudProviderClient;
 use nodegroup_operator::runtime::{self, Config, Running};
 use serde_json::{Value, json};
@@ -65,7 +65,7 @@ pub fn shared() -> &'static Shared {
                 let operator_kubeconfig = rt.block_on(async {
                     let client = plane.client().await?;
                     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-                    sandbox::capi::install_crds(&client, &[&root.join("crds")]).await?;
+                    testbed::capi::install_crds(&client, &[&root.join("crds")]).await?;
                     create_no_scale_role(&client).await?;
                     rbac::install_operator_identity(&plane, &client).await
                 })?;
@@ -128,7 +128,7 @@ async fn create_no_scale_role(client: &Client) -> anyhow::Result<()> {
 }
 
 pub async fn admin_client() -> Client {
-    sandbox::controlplane::client_for(&shared().kubeconfig)
+    testbed::controlplane::client_for(&shared().kubeconfig)
         .await
         .expect("admin client")
 }
@@ -558,7 +558,7 @@ impl TestNs {
 
     /// `kubectl <args>` against the shared control plane, in this namespace.
     pub fn kubectl(&self, args: &[&str]) -> String {
-        let out = std::process::Command::new(sandbox::upstream_bin("kubectl"))
+        let out = std::process::Command::new(testbed::upstream_bin("kubectl"))
             .arg(format!("--kubeconfig={}", shared().kubeconfig.display()))
             .arg(format!("--namespace={}", self.name))
             .args(args)
@@ -720,7 +720,7 @@ pub fn upstream_ca_chart() -> PathBuf {
         .lines()
         .find_map(|l| l.strip_prefix("CA_VERSION="))
         .expect("CA_VERSION in versions.env");
-    let chart = sandbox::upstream_dir().join(format!(
+    let chart = testbed::upstream_dir().join(format!(
         "work/cluster-autoscaler-{version}/charts/cluster-autoscaler"
     ));
     assert!(

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use ngo_sandbox::{self as sandbox, ControlPlane};
+use ngo_testbed::{self as testbed, ControlPlane};
 use serde_json::{Value, json};
 
 /// The chart's release namespace in tests (where its ServiceAccount lives).
@@ -32,7 +32,7 @@ fn chart_dir() -> PathBuf {
 /// `helm template` of the chart for release namespace `namespace` with `args` (e.g.
 /// `--set-json ...`), CRDs included, as JSON documents.
 pub fn render_chart(namespace: &str, args: &[&str]) -> anyhow::Result<Vec<Value>> {
-    let out = std::process::Command::new(sandbox::upstream_bin("helm"))
+    let out = std::process::Command::new(testbed::upstream_bin("helm"))
         .args(["template", "ngo"])
         .arg(chart_dir())
         .args(["--namespace", namespace, "--include-crds"])

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::autoscaler::histogram_totals;
-use crate::process::http_get;
+use ngo_testbed::autoscaler::histogram_totals;
+use ngo_testbed::process::http_get;
 
 /// How often the metrics are read: well below the 1 s scan interval, so loops are seen one
 /// at a time.

@@ -20,13 +20,13 @@ use anyhow::Context as _;
 use futures::StreamExt as _;
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
-use nodegroup_operator::proto;
+use ngo_service::proto;
 use serde::Serialize;
 use serde_json::json;
 
 use super::dataset::{Dataset, MAX_SIZE};
 use super::load::{self, Client as GrpcClient};
-use crate::capi;
+use ngo_testbed::capi;
 
 /// How long one change may take to show before the measurement fails.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -250,7 +250,7 @@ impl OperatorLatency {
 }
 
 async fn scrape(addr: SocketAddr) -> Option<String> {
-    tokio::task::spawn_blocking(move || crate::process::http_get(addr, "/metrics").ok())
+    tokio::task::spawn_blocking(move || ngo_testbed::process::http_get(addr, "/metrics").ok())
         .await
         .ok()
         .flatten()

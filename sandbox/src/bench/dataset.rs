@@ -14,7 +14,7 @@ use kube::{Client, ResourceExt as _};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::capi::{
+use ngo_testbed::capi::{
     self, CAPI_GROUP, CAPI_VERSION, CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL, INFRA_GROUP,
     SET_NAME_LABEL,
 };

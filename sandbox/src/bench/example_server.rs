@@ -27,8 +27,8 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-use crate::process::{ManagedProcess, free_port};
-use crate::upstream_bin;
+use ngo_testbed::process::{ManagedProcess, free_port};
+use ngo_testbed::upstream_bin;
 
 /// The settings the example server runs with, as printed next to its figures.
 pub const SETTINGS: &str = "cluster-autoscaler 1.34.5's example externalgrpc server \

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use nodegroup_operator::proto::cloud_provider_client::CloudProviderClient;
+use ngo_service::proto::cloud_provider_client::CloudProviderClient;
 use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};

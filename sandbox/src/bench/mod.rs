@@ -33,13 +33,13 @@ use self::changes::ChangeStats;
 use self::dataset::{Dataset, DatasetSpec, SINGLE_CLUSTER};
 use self::example_server::{ExampleServer, ExampleServerOptions};
 use self::server::{LoadPlan, ServerFigures, Target};
-use crate::autoscaler::{Autoscaler, AutoscalerOptions, CloudProvider};
-use crate::controlplane::{ControlPlane, ControlPlaneOptions};
 use crate::operator::{
     GrpcPki, OperatorOptions, OperatorProcess, write_cloud_config, write_unix_socket_cloud_config,
 };
-use crate::process::http_get;
-use crate::{capi, crds};
+use ngo_testbed::autoscaler::{Autoscaler, AutoscalerOptions, CloudProvider};
+use ngo_testbed::controlplane::{ControlPlane, ControlPlaneOptions};
+use ngo_testbed::process::http_get;
+use ngo_testbed::{capi, crds};
 
 /// cluster-autoscaler's `grpc_timeout` towards either server: long enough that a slow
 /// answer is waited for rather than turned into an error that ends a loop early.
@@ -74,7 +74,7 @@ pub struct BenchOptions {
     /// cluster-autoscaler on the largest growth dataset too, with these loops: ours and
     /// in-tree at its last setting, without a hop and through the last of `hop_delays_ms`.
     pub ca_at_largest: Option<LargestLoops>,
-    /// Delays (ms each way) of a network hop ([`crate::hop::NetworkHop`]) between
+    /// Delays (ms each way) of a network hop ([`ngo_testbed::hop::NetworkHop`]) between
     /// cluster-autoscaler and what it calls, each run with ours remote, ours co-located and the
     /// last in-tree setting; the runs without a hop are the ones above.
     pub hop_delays_ms: Vec<f64>,
@@ -327,7 +327,7 @@ async fn prepare(
 ) -> anyhow::Result<Dataset> {
     let client = plane.client().await?;
     capi::install_crds(&client, &[]).await?;
-    crds::apply(&client, &nodegroup_operator::ngo_api::crds()).await?;
+    crds::apply(&client, &ngo_api::crds()).await?;
     let dataset = dataset::create(&client, spec).await?;
     say(&format!(
         "dataset {}: {} MachineDeployments, {} MachineSets, {} Machines and Nodes created in {:.0}s",
@@ -601,7 +601,7 @@ async fn ours_ca_runs(
             let hops = Hops::start(plane, delay_ms)?;
             // Kept until the run ends.
             let (provider, grpc_hop) = if mode == "remote" {
-                let hop = crate::hop::NetworkHop::start(
+                let hop = ngo_testbed::hop::NetworkHop::start(
                     operator.grpc_address,
                     Duration::from_secs_f64(delay_ms / 1e3),
                 )?;
@@ -752,7 +752,7 @@ async fn multicluster(
 
 /// A network hop before the API server and a kubeconfig that goes through it.
 struct Hops {
-    _api: crate::hop::NetworkHop,
+    _api: ngo_testbed::hop::NetworkHop,
     kubeconfig: PathBuf,
 }
 
@@ -764,9 +764,10 @@ impl Hops {
             .trim_end_matches('/')
             .parse()
             .with_context(|| format!("the API server address in {}", plane.server))?;
-        let api = crate::hop::NetworkHop::start(server, Duration::from_secs_f64(delay_ms / 1e3))?;
+        let api =
+            ngo_testbed::hop::NetworkHop::start(server, Duration::from_secs_f64(delay_ms / 1e3))?;
         let kubeconfig = plane.dir().join(format!("kubeconfig-hop-{delay_ms}ms"));
-        crate::proxy::kubeconfig_via(&plane.kubeconfig, &kubeconfig, api.address)?;
+        ngo_testbed::proxy::kubeconfig_via(&plane.kubeconfig, &kubeconfig, api.address)?;
         Ok(Self {
             _api: api,
             kubeconfig,

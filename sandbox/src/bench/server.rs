@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use nodegroup_operator::proto::{self, ExternalGrpcNode};
+use ngo_service::proto::{self, ExternalGrpcNode};
 use serde::Serialize;
 
 use super::dataset::GroupData;

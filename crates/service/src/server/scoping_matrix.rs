@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use ngo_sandbox::pki::{CertificateAuthority, IssuedCert};
+use ngo_testbed::pki::{CertificateAuthority, IssuedCert};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;

@@ -347,9 +347,9 @@ impl DeletionAuditor {
     }
 
     /// An auditor that watches nothing and whose client reaches no cluster: it only records
-    /// what it is told.
-    #[cfg(test)]
-    pub(crate) fn detached() -> Self {
+    /// what it is told, for tests of what tells it (the sandbox's tap). Call it inside a Tokio
+    /// runtime, as any kube client is made.
+    pub fn detached() -> Self {
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a valid URI"));
         Self {
             client: Client::try_from(config).expect("a client"),

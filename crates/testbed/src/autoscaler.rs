@@ -22,7 +22,7 @@ use crate::upstream_bin;
 
 /// tests/upstream/versions.env, read when this crate is built: the pinned release and the lists
 /// of the releases `tests/upstream/build.sh` builds binaries of.
-const VERSIONS_ENV: &str = include_str!("../../tests/upstream/versions.env");
+const VERSIONS_ENV: &str = include_str!("../../../tests/upstream/versions.env");
 
 /// A cluster-autoscaler release, `1.<minor>.<patch>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
