@@ -771,6 +771,68 @@ mod tests {
         assert!(matches!(config.client_identity, IdentitySource::Fixed(_)));
     }
 
+    /// The sidecar in `examples/cluster-autoscaler-relay-values.yaml` runs `relay` with flags
+    /// this binary takes, and reads the cloud-config the example's ConfigMap holds.
+    #[test]
+    fn the_relay_example_runs_with_these_flags() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/cluster-autoscaler-relay-values.yaml"
+        );
+        let values: serde_yaml::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(path).expect("the example")).unwrap();
+        let args: Vec<String> = values["initContainers"][0]["args"]
+            .as_sequence()
+            .expect("the sidecar's args")
+            .iter()
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect();
+        let cli =
+            Cli::try_parse_from(std::iter::once("nodegroup-operator".to_string()).chain(args))
+                .expect("flags parse");
+        let Some(Command::Relay(relay)) = cli.command else {
+            panic!("the example runs `relay`");
+        };
+        let config_text = values["extraObjects"][0]["data"]["relay-cloud-config"]
+            .as_str()
+            .expect("the relay's cloud-config");
+        let directory = tempfile::tempdir().expect("tempdir");
+        let config_path = directory.path().join("relay-cloud-config");
+        std::fs::write(&config_path, config_text).expect("write");
+        let relay = RelayArgs {
+            operator_cloud_config: config_path,
+            ..relay
+        };
+        let config = relay.config().expect("a valid configuration");
+        assert_eq!(config.cluster.to_string(), "default/my-cluster");
+        assert!(config.operator.cert.is_some(), "mTLS to the operator");
+        assert_eq!(config.max_staleness, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_relay_refuses_a_cluster_that_is_not_namespace_and_name_and_a_staleness_below_2s() {
+        let relay = |extra: &[&str]| -> anyhow::Result<_> {
+            let args = [
+                "nodegroup-operator",
+                "relay",
+                "--operator-cloud-config=/none",
+            ]
+            .into_iter()
+            .chain(extra.iter().copied());
+            let Some(Command::Relay(relay)) = Cli::try_parse_from(args)?.command else {
+                panic!("relay");
+            };
+            relay.config()
+        };
+        let error = relay(&["--cluster=c1"]).expect_err("not namespace/name");
+        assert!(error.to_string().contains("<namespace>/<name>"), "{error}");
+        let error =
+            relay(&["--cluster=ns/c1", "--max-staleness=1s"]).expect_err("below keepalives");
+        assert!(error.to_string().contains("at least 2s"), "{error}");
+        let error = relay(&["--cluster=ns/c1"]).expect_err("no cloud-config");
+        assert!(format!("{error:#}").contains("/none"), "{error:#}");
+    }
+
     #[test]
     fn an_unknown_default_architecture_falls_back_to_amd64_as_upstream() {
         assert_eq!(arch("x86_64"), "amd64");

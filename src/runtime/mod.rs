@@ -253,6 +253,15 @@ async fn our_kinds_served(client: &Client) -> OurKinds {
     }
 }
 
+/// Every metric family the operator exposes: the service's, with the relay streams' (returned
+/// apart, for the stream server to record into).
+pub fn metrics() -> (Metrics, StreamMetrics) {
+    let relay = StreamMetrics::default();
+    let mut metrics = Metrics::new();
+    metrics.register_with(|registry| relay.register(registry));
+    (metrics, relay)
+}
+
 /// Binds `address` and serves externalgrpc and the relay stream there, with mTLS from
 /// `config` (or, with `--insecure`, in plaintext); returns the bound address.
 async fn serve_grpc_tcp(
@@ -409,9 +418,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         our_kinds.node_pools = false;
     }
     let with_policies = our_kinds.policies;
-    let relay_metrics = StreamMetrics::default();
-    let mut metrics = Metrics::new();
-    metrics.register_with(|registry| relay_metrics.register(registry));
+    let (metrics, relay_metrics) = metrics();
     let metrics = Arc::new(metrics);
     let events = EventPublisher::new(client.clone(), config.pod_name.clone());
     let (publisher, snapshots) = index::channel();

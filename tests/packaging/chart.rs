@@ -1477,8 +1477,7 @@ pub(crate) fn operator_exposition() -> support::promql::Exposition {
     use ngo_index::index::{
         ClusterKey, ConfigWarning, IndexInputs, NodeGroup, Source, WorkloadState, build_snapshot,
     };
-    use ngo_service::metrics::Metrics;
-    let metrics = Metrics::new();
+    let (metrics, _) = nodegroup_operator::runtime::metrics();
     metrics.observe_rpc("NodeGroups", Code::Ok, Duration::from_millis(1));
     metrics.observe_index_update(false, Some(Duration::from_millis(1)));
     metrics.set_leader(true);
@@ -2104,12 +2103,18 @@ fn the_upstream_chart_with_the_relay_values_puts_the_relay_beside_cluster_autosc
             })
         })
     };
-    assert!(mounted(relay, &socket), "the relay mounts its socket's directory");
+    assert!(
+        mounted(relay, &socket),
+        "the relay mounts its socket's directory"
+    );
     assert!(
         mounted(&spec["containers"][0], &socket),
         "cluster-autoscaler mounts the socket's directory"
     );
-    assert!(mounted(relay, &relay_config), "the relay mounts its cloud-config");
+    assert!(
+        mounted(relay, &relay_config),
+        "the relay mounts its cloud-config"
+    );
     let config_map = docs
         .iter()
         .find(|d| {
@@ -2127,7 +2132,10 @@ fn the_upstream_chart_with_the_relay_values_puts_the_relay_beside_cluster_autosc
     .unwrap();
     for key in ["cert", "key", "cacert"] {
         let path = to_operator[key].as_str().expect(key);
-        assert!(mounted(relay, path), "{key} {path} is mounted into the relay");
+        assert!(
+            mounted(relay, path),
+            "{key} {path} is mounted into the relay"
+        );
     }
     assert!(
         spec["securityContext"]["fsGroup"].is_number(),
