@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use ngo_index::index::{self, ClusterKey};
-use ngo_service::metrics::Metrics;
+use ngo_service::metrics::ServiceMetrics;
 use ngo_service::relay::follower::{self, FollowerMetrics, Freshness};
 use ngo_service::relay::forward::Forwarder;
 use ngo_service::server::CloudProviderService;
@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use crate::probe::CloudConfig;
+use crate::runtime::metrics::Exposition;
 use crate::runtime::{admin, serve_grpc, unix_socket};
 
 /// How often an idle HTTP/2 connection to the operator is pinged, and how long a ping may go
@@ -93,9 +94,12 @@ pub async fn start(config: RelayConfig) -> anyhow::Result<RunningRelay> {
         .map_err(anyhow::Error::msg)
         .context("the operator's endpoint (--operator-cloud-config)")?;
     let follower_metrics = FollowerMetrics::default();
-    let mut metrics = Metrics::new();
-    metrics.register_with(|registry| follower_metrics.register(registry));
-    let metrics = Arc::new(metrics);
+    let service_metrics = Arc::new(ServiceMetrics::new());
+    let mut exposition = Exposition::new();
+    exposition.register(|registry| {
+        service_metrics.register(registry);
+        follower_metrics.register(registry);
+    });
     let (publisher, snapshots) = index::channel();
     let freshness = Freshness::new(config.max_staleness);
     let forwarder = Forwarder::new(first);
@@ -133,7 +137,7 @@ pub async fn start(config: RelayConfig) -> anyhow::Result<RunningRelay> {
         forwarder,
         freshness.clone(),
         config.cluster.clone(),
-        metrics.clone(),
+        service_metrics,
     ));
     let listener = unix_socket(&config.socket)?;
     tracing::info!(socket = %config.socket.display(), cluster = %config.cluster, operator = %config.operator.address,
@@ -160,7 +164,7 @@ pub async fn start(config: RelayConfig) -> anyhow::Result<RunningRelay> {
     tasks.spawn(admin::serve(
         admin_listener,
         ready,
-        metrics,
+        Arc::new(exposition),
         shutdown.clone(),
     ));
     Ok(RunningRelay {

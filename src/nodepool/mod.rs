@@ -10,6 +10,7 @@ pub mod bootstrap;
 pub mod converge;
 pub mod deletions;
 pub mod drain;
+pub mod metrics;
 #[cfg(test)]
 mod model;
 pub mod reconciler;

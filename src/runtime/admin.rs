@@ -11,8 +11,8 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::runtime::metrics::Exposition;
 use ngo_index::index::SnapshotHandle;
-use ngo_service::metrics::Metrics;
 
 /// Whether the process is ready to serve: `Err` says why not.
 pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
@@ -28,14 +28,14 @@ pub fn synced(snapshots: SnapshotHandle) -> Readiness {
 #[derive(Clone)]
 struct AdminState {
     ready: Readiness,
-    metrics: Arc<Metrics>,
+    metrics: Arc<Exposition>,
 }
 
 /// Serves until `shutdown` is cancelled.
 pub async fn serve(
     listener: TcpListener,
     ready: Readiness,
-    metrics: Arc<Metrics>,
+    metrics: Arc<Exposition>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let app = Router::new()

@@ -8,6 +8,7 @@ mod exclusions;
 pub mod leader;
 mod line_limit;
 pub mod memory;
+pub mod metrics;
 pub mod nodes;
 mod pacing;
 pub mod placement;
@@ -30,15 +31,16 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::nodepool::reconciler::{PoolController, PoolControllerOptions};
 use crate::status::writer::StatusWriter;
+use metrics::{OperatorMetrics, RuntimeMetrics};
 use ngo_index::capi::CapiKeys;
 use ngo_index::capi::autodiscovery::DiscoveryFilter;
 use ngo_index::index;
 use ngo_service::actuate::{ActivityLog, CapiActuator};
 use ngo_service::discovery::CapiResources;
 use ngo_service::events::EventPublisher;
-use ngo_service::metrics::Metrics;
+use ngo_service::metrics::ServiceMetrics;
 use ngo_service::proto::cloud_provider_server::CloudProviderServer;
-use ngo_service::relay::stream::{RelayStreams, StreamMetrics};
+use ngo_service::relay::stream::RelayStreams;
 use ngo_service::relay::wire::proto::relay_server::RelayServer;
 use ngo_service::server::CloudProviderService;
 use ngo_service::server::tls::{self, ReloadingTls, TlsFiles};
@@ -253,13 +255,9 @@ async fn our_kinds_served(client: &Client) -> OurKinds {
     }
 }
 
-/// Every metric family the operator exposes: the service's, with the relay streams' (returned
-/// apart, for the stream server to record into).
-pub fn metrics() -> (Metrics, StreamMetrics) {
-    let relay = StreamMetrics::default();
-    let mut metrics = Metrics::new();
-    metrics.register_with(|registry| relay.register(registry));
-    (metrics, relay)
+/// Every metric family the operator exposes, registered once.
+pub fn metrics() -> OperatorMetrics {
+    OperatorMetrics::new()
 }
 
 /// Binds `address` and serves externalgrpc and the relay stream there, with mTLS from
@@ -272,7 +270,7 @@ async fn serve_grpc_tcp(
         RelayStreams,
         tokio_util::task::TaskTracker,
     ),
-    metrics: &Arc<Metrics>,
+    metrics: &Arc<ServiceMetrics>,
     (tasks, shutdown): (&mut JoinSet<anyhow::Result<()>>, &CancellationToken),
 ) -> anyhow::Result<SocketAddr> {
     let grpc_listener = TcpListener::bind(address)
@@ -379,7 +377,7 @@ async fn drain_mutations(mutations: tokio_util::task::TaskTracker) {
 /// (or until the election ends and drops its sender).
 async fn publish_leadership(
     mut leading: tokio::sync::watch::Receiver<bool>,
-    metrics: Arc<Metrics>,
+    metrics: RuntimeMetrics,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     loop {
@@ -418,8 +416,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         our_kinds.node_pools = false;
     }
     let with_policies = our_kinds.policies;
-    let (metrics, relay_metrics) = metrics();
-    let metrics = Arc::new(metrics);
+    let metrics = metrics();
     let events = EventPublisher::new(client.clone(), config.pod_name.clone());
     let (publisher, snapshots) = index::channel();
     let shutdown = CancellationToken::new();
@@ -479,7 +476,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     );
     tasks.spawn(watches.clone().rebuild_loop(
         publisher,
-        metrics.clone(),
+        (metrics.service.clone(), metrics.runtime.clone()),
         config.rebuild_delay,
         shutdown.clone(),
     ));
@@ -508,7 +505,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     }
     tasks.spawn(publish_leadership(
         leading.clone(),
-        metrics.clone(),
+        metrics.runtime.clone(),
         shutdown.clone(),
     ));
     // Every replica checks its own Node (a follower is evicted with its Node as well).
@@ -516,7 +513,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         tasks.spawn(placement::watch(
             snapshots.clone(),
             (watches.clone(), own),
-            (events.clone(), metrics.clone()),
+            (events.clone(), metrics.runtime.clone()),
             shutdown.clone(),
         ));
     }
@@ -574,7 +571,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                 ngo_service::actuate::sweeper::run(
                     actuator.clone(),
                     snapshots.clone(),
-                    metrics.clone(),
+                    metrics.service.clone(),
                     interval,
                     margin,
                     term,
@@ -587,7 +584,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             client.clone(),
             Arc::new(watches.clone()),
             events.clone(),
-            metrics.clone(),
+            metrics.pools.clone(),
             PoolControllerOptions {
                 interval: config.node_pool_interval,
                 instance: instance.clone(),
@@ -613,7 +610,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let service = CloudProviderService::new(
         snapshots.clone(),
         actuator,
-        metrics.clone(),
+        metrics.service.clone(),
         mutations.clone(),
     )
     .scoped(config.client_identity.clone());
@@ -660,11 +657,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                     RelayStreams::new(
                         snapshots.clone(),
                         config.client_identity.clone(),
-                        relay_metrics,
+                        metrics.relays.clone(),
                     ),
                     mutations,
                 ),
-                &metrics,
+                &metrics.service,
                 (&mut tasks, &shutdown),
             )
             .await?,
@@ -682,7 +679,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     tasks.spawn(admin::serve(
         admin_listener,
         admin::synced(snapshots.clone()),
-        metrics,
+        metrics.exposition.clone(),
         shutdown.clone(),
     ));
     tracing::info!(address = %admin_address, "admin server (/livez, /readyz, /metrics)");

@@ -4,12 +4,10 @@
 //! provider ID is looked up among the served groups. Found: a warning in the log and an Event
 //! on the replica's Pod (once per group), and `nodegroup_on_served_node` 1.
 
-use std::sync::Arc;
-
+use crate::runtime::metrics::RuntimeMetrics;
 use k8s_openapi::api::core::v1::ObjectReference;
 use ngo_index::index::{NodeGroupLookup, SnapshotHandle};
 use ngo_service::events::{EventPublisher, Severity};
-use ngo_service::metrics::Metrics;
 use tokio_util::sync::CancellationToken;
 
 use super::watches::Watches;
@@ -31,7 +29,7 @@ pub struct Placement {
 pub async fn watch(
     mut snapshots: SnapshotHandle,
     (watches, placement): (Watches, Placement),
-    (events, metrics): (EventPublisher, Arc<Metrics>),
+    (events, metrics): (EventPublisher, RuntimeMetrics),
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut reported: Option<String> = None;

@@ -37,7 +37,9 @@ use ngo_index::index::{
     ClusterKey, IndexInputs, NodeView, Snapshot, SnapshotPublisher, TemplateKey, TemplateKindState,
 };
 use ngo_service::discovery::CapiResources;
-use ngo_service::metrics::Metrics;
+use ngo_service::metrics::ServiceMetrics;
+
+use crate::runtime::metrics::RuntimeMetrics;
 
 /// How long to wait before retrying an infrastructure template kind that could not be watched.
 const TEMPLATE_RETRY: Duration = Duration::from_secs(60);
@@ -353,7 +355,7 @@ impl Watches {
     pub async fn rebuild_loop(
         self,
         publisher: SnapshotPublisher,
-        metrics: Arc<Metrics>,
+        metrics: (Arc<ServiceMetrics>, RuntimeMetrics),
         delay: Duration,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
@@ -391,8 +393,8 @@ impl Watches {
                 // each), work a one-Machine update should not wait for.
                 let snapshot = publisher.publish(update.snapshot);
                 self.ensure_template_watches(update.infra_refs.iter());
-                metrics.observe_snapshot(&snapshot, update.took);
-                metrics.observe_index_update(update.full, update.latency);
+                metrics.0.observe_snapshot(&snapshot, update.took);
+                metrics.1.observe_index_update(update.full, update.latency);
                 tracing::debug!(
                     groups = snapshot.groups.len(),
                     full = update.full,

@@ -755,7 +755,7 @@ async fn v1beta1_can_be_chosen_with_capi_version() {
 /// group, `MachineDeployment/ns/slow`. Returns the service's address and its metrics.
 async fn service_with_a_silent_api_server() -> (
     std::net::SocketAddr,
-    std::sync::Arc<ngo_service::metrics::Metrics>,
+    std::sync::Arc<ngo_service::metrics::ServiceMetrics>,
 ) {
     use ngo_index::capi::{CapiKeys, ScalableKind};
     use ngo_index::index::{
@@ -827,7 +827,7 @@ async fn service_with_a_silent_api_server() -> (
         applied_decrements: Vec::new(),
     };
     snapshot.groups.insert(group.id.clone(), Arc::new(group));
-    let metrics = Arc::new(ngo_service::metrics::Metrics::new());
+    let metrics = Arc::new(ngo_service::metrics::ServiceMetrics::new());
     let service = ngo_service::server::CloudProviderService::new(
         SnapshotHandle::fixed(snapshot),
         Arc::new(actuator),

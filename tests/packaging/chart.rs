@@ -1477,16 +1477,21 @@ pub(crate) fn operator_exposition() -> support::promql::Exposition {
     use ngo_index::index::{
         ClusterKey, ConfigWarning, IndexInputs, NodeGroup, Source, WorkloadState, build_snapshot,
     };
-    let (metrics, _) = nodegroup_operator::runtime::metrics();
-    metrics.observe_rpc("NodeGroups", Code::Ok, Duration::from_millis(1));
-    metrics.observe_index_update(false, Some(Duration::from_millis(1)));
-    metrics.set_leader(true);
-    metrics.observe_backend_call("cherryServers", "create", "ok");
-    metrics.set_backend_available("ns/pool", true);
-    metrics.set_certificate_expiry("serving", 1_900_000_000);
-    metrics.set_client_certificate_expiry("nodegroup.dev/cluster/ns/c", 1_900_000_000);
-    metrics.count_handshake_failure("rejected");
-    metrics.observe_sweep(&ngo_service::metrics::SweepCounts {
+    let metrics = nodegroup_operator::runtime::metrics();
+    let service = &metrics.service;
+    service.observe_rpc("NodeGroups", Code::Ok, Duration::from_millis(1));
+    metrics
+        .runtime
+        .observe_index_update(false, Some(Duration::from_millis(1)));
+    metrics.runtime.set_leader(true);
+    metrics
+        .pools
+        .observe_backend_call("cherryServers", "create", "ok");
+    metrics.pools.set_backend_available("ns/pool", true);
+    service.set_certificate_expiry("serving", 1_900_000_000);
+    service.set_client_certificate_expiry("nodegroup.dev/cluster/ns/c", 1_900_000_000);
+    service.count_handshake_failure("rejected");
+    service.observe_sweep(&ngo_service::metrics::SweepCounts {
         unacted: vec![("MachineDeployment/ns/md".into(), 1)],
         ..Default::default()
     });
@@ -1530,8 +1535,8 @@ pub(crate) fn operator_exposition() -> support::promql::Exposition {
     snapshot
         .groups
         .insert(group.id.clone(), std::sync::Arc::new(group));
-    metrics.observe_snapshot(&snapshot, Duration::from_millis(1));
-    support::promql::Exposition::parse(&metrics.encode())
+    service.observe_snapshot(&snapshot, Duration::from_millis(1));
+    support::promql::Exposition::parse(&metrics.exposition.encode())
 }
 
 #[test]

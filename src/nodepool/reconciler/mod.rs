@@ -39,9 +39,9 @@ use kube::Client;
 
 use crate::nodepool::ambient::AmbientPolicy;
 use crate::nodepool::backend::{BackendConnector, BackendError, MachineTypeInfo};
+use crate::nodepool::metrics::BackendMetrics;
 use crate::nodepool::watches::PoolWatches;
 use ngo_service::events::EventPublisher;
-use ngo_service::metrics::Metrics;
 
 /// Finalizer that deletes a pool's servers before the pool goes.
 pub const FINALIZER: &str = "autoscaling.nodegroup.dev/servers";
@@ -88,7 +88,7 @@ pub struct PoolController {
     client: Client,
     watches: Arc<dyn PoolWatches>,
     events: EventPublisher,
-    metrics: Arc<Metrics>,
+    metrics: BackendMetrics,
     options: PoolControllerOptions,
     machine_types: Mutex<HashMap<String, (Instant, MachineTypeInfo)>>,
     /// One per cloud: connects the pools that name it.
@@ -102,7 +102,7 @@ impl PoolController {
         client: Client,
         watches: Arc<dyn PoolWatches>,
         events: EventPublisher,
-        metrics: Arc<Metrics>,
+        metrics: BackendMetrics,
         options: PoolControllerOptions,
         connectors: Vec<Box<dyn BackendConnector>>,
     ) -> Self {

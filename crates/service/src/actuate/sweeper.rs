@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::capi::{CapiActuator, GroupKey, Resolution};
-use crate::metrics::{Metrics, SweepCounts};
+use crate::metrics::{ServiceMetrics, SweepCounts};
 use ngo_index::capi::scale_down::RELEASED_RETENTION_SECS;
 use ngo_index::capi::scale_down::protocol::{self, Sweep};
 use ngo_index::index::{Snapshot, SnapshotHandle};
@@ -172,7 +172,7 @@ async fn sweep_stray_finalizer(
 pub async fn run(
     actuator: Arc<CapiActuator>,
     snapshots: SnapshotHandle,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ServiceMetrics>,
     interval: Duration,
     margin: i64,
     term: CancellationToken,

@@ -14,7 +14,7 @@ use super::rate_limit::{Admission, RateLimit, RateLimiter};
 use super::request_id;
 use crate::actuate::deadline::parse_grpc_timeout;
 use crate::actuate::{ActuateError, CapiActuator, MutationDeadline, NodeRef};
-use crate::metrics::Metrics;
+use crate::metrics::ServiceMetrics;
 use crate::pricing;
 use crate::proto::{self, cloud_provider_server::CloudProvider};
 use crate::relay::follower::Freshness;
@@ -46,7 +46,7 @@ const MAX_GROUP_ID_BYTES: usize = "MachineDeployment".len() + 1 + 63 + 1 + 253;
 pub struct CloudProviderService {
     snapshots: SnapshotHandle,
     writes: Writes,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ServiceMetrics>,
     mutations: TaskTracker,
     identity: IdentitySource,
     /// Each certificate-named Cluster's request budget; `None`: unlimited.
@@ -106,7 +106,7 @@ impl CloudProviderService {
     pub fn new(
         snapshots: SnapshotHandle,
         actuator: Arc<CapiActuator>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<ServiceMetrics>,
         mutations: TaskTracker,
     ) -> Self {
         Self {
@@ -127,7 +127,7 @@ impl CloudProviderService {
         forwarder: Forwarder,
         freshness: Freshness,
         cluster: ngo_index::index::ClusterKey,
-        metrics: Arc<Metrics>,
+        metrics: Arc<ServiceMetrics>,
     ) -> Self {
         Self {
             snapshots,

@@ -30,7 +30,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::metrics::Metrics;
+use crate::metrics::ServiceMetrics;
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -208,7 +208,7 @@ pub struct ReloadingTls {
     current: RwLock<(Option<u64>, Arc<ServerConfig>)>,
     expiries: RwLock<Expiries>,
     /// Where handshakes are counted, once [`ReloadingTls::watch`] runs.
-    metrics: std::sync::OnceLock<Arc<Metrics>>,
+    metrics: std::sync::OnceLock<Arc<ServiceMetrics>>,
 }
 
 impl ReloadingTls {
@@ -229,7 +229,7 @@ impl ReloadingTls {
         *self.expiries.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn publish_expiries(&self, metrics: &Metrics) {
+    fn publish_expiries(&self, metrics: &ServiceMetrics) {
         let expiries = self.expiries();
         metrics.set_certificate_expiry("serving", expiries.serving);
         metrics.set_certificate_expiry("client-ca", expiries.client_ca);
@@ -268,7 +268,7 @@ impl ReloadingTls {
     pub async fn watch(
         self: Arc<Self>,
         interval: Duration,
-        metrics: Arc<Metrics>,
+        metrics: Arc<ServiceMetrics>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
         let _ = self.metrics.set(metrics.clone());
