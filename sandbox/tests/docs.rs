@@ -269,3 +269,14 @@ fn every_section_the_chart_names_exists() {
     }
     assert!(named >= 3, "the chart names {named} sections");
 }
+
+/// The README is an entry point, at most 200 lines; reference material lives in `docs/`.
+#[test]
+fn the_readme_stays_at_most_200_lines() {
+    let text = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+    let lines = text.lines().count();
+    assert!(
+        lines <= 200,
+        "README.md has {lines} lines; move reference material to docs/"
+    );
+}
