@@ -709,8 +709,8 @@ impl Watches {
     /// Watches one infrastructure template kind. The kind is resolved and one list is tried
     /// first, so a kind that is not served or not readable (RBAC) becomes `Failed` with the API
     /// server's answer instead of a reflector that retries forever without syncing; the index
-    /// then serves the groups that need it with a warning (see `index::build`). A failed kind is
-    /// retried after [`TEMPLATE_RETRY`].
+    /// then serves the groups that need it with a warning (see the index's
+    /// `assess::scalable`). A failed kind is retried after [`TEMPLATE_RETRY`].
     async fn watch_template(self, infra: InfraRef) {
         let inner = &self.inner;
         let key = (infra.group.clone(), infra.kind.clone());

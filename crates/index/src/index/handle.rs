@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::Snapshot;
+use super::model::Snapshot;
 
 /// A published snapshot and its version: versions increase with every publication, so a
 /// reader can tell whether it sees a given write yet.

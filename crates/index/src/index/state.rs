@@ -17,10 +17,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::build::{
-    Assessment, IndexInputs, NodeFinder, NodeView, allowed, assess, instance_for, owning_group,
-    workload_not_synced,
-};
+use super::assess::{Assessment, assess};
+use super::inputs::{IndexInputs, NodeFinder, NodeView, allowed, workload_not_synced};
+use super::instances::{instance_for, owning_group, pool_instances};
 use super::keyset::KeySet;
 use super::model::{
     ClusterKey, ConfigWarning, Exclusion, ExclusionReason, IndexCounts, MachineEntry, NodeGroup,
@@ -775,7 +774,7 @@ impl IndexState {
     fn complete(&self, mut g: NodeGroup, key: &ResourceKey) -> NodeGroup {
         g.rolling_out = self.rollout(key);
         if let Some(pool) = self.resources.get(key).and_then(|r| r.pool.as_deref()) {
-            g.instances = super::pool::instances(pool, &g, self);
+            g.instances = pool_instances(pool, &g, self);
         } else if g.kind == ScalableKind::MachinePool {
             // MachinePools report their providerIDList verbatim.
             g.instances = g

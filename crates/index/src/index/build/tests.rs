@@ -6,8 +6,12 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::capi::objects::{Machine, ScalableKind, ScalableResource};
-use crate::index::{ExclusionReason, InstanceState, NodeGroupLookup};
+use crate::capi::CapiKeys;
+use crate::capi::objects::{InfraTemplate, Machine, ScalableKind, ScalableResource};
+use crate::index::{
+    ClusterKey, ExclusionReason, IndexInputs, InstanceState, NodeGroupLookup, NodeView,
+    TemplateKey, TemplateKindState, WorkloadState,
+};
 
 const MIN: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";
 const MAX: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size";

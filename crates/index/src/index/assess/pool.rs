@@ -1,21 +1,20 @@
-//! NodePools as node groups: bounds from the pool's spec (the governing policy fills what it
-//! leaves out), clamped into the backend's own bounds, the template from the backend's machine type overlaid by the pool's and the
-//! policy's template, instances from the pool's status.
+//! The NodePool arm of the assessment: bounds from the pool's spec (the governing policy fills
+//! what it leaves out), clamped into the backend's own bounds, the template from the
+//! backend's machine type overlaid by the pool's and the policy's template.
 
 use std::collections::BTreeMap;
 
-use super::build::{Assessment, IndexInputs, NodeFinder};
-use super::model::{ClusterKey, ConfigWarning, ExclusionReason, NodeGroup, Source};
-use super::policy::{PolicyRules, PriceList};
-use crate::capi::annotations;
-use crate::capi::groups::PolicyTemplate;
-use crate::capi::groups::{Instance, InstanceState, PoolView};
-use crate::capi::keys::PAUSED_ANNOTATION;
+use super::outcome::Assessment;
+use super::preamble::{self, OwnBounds};
+use crate::capi::groups::{PolicyTemplate, PoolMachineType};
 use crate::capi::objects::{InfraTemplate, ScalableResource};
+use crate::index::inputs::IndexInputs;
+use crate::index::model::{ConfigWarning, ExclusionReason, Source};
+use crate::index::policy::{PolicyRules, PriceList};
 use crate::template;
 use crate::template::TemplateInputs;
 
-/// Decides whether NodePool `r` is a served group (see [`super::build::assess`]).
+/// Decides whether NodePool `r` is a served group.
 pub(super) fn assess(
     inputs: &IndexInputs,
     r: &ScalableResource,
@@ -24,58 +23,34 @@ pub(super) fn assess(
     let Some(pool) = r.pool.as_deref() else {
         return Assessment::NotConfigured;
     };
-    if r.annotations.contains_key(PAUSED_ANNOTATION) {
-        return Assessment::Excluded(
-            ExclusionReason::Paused(PAUSED_ANNOTATION.into()),
+    let own = |_: &[ConfigWarning]| match &pool.invalid {
+        Some(reason) => Err(Assessment::Excluded(
+            ExclusionReason::Invalid(reason.clone()),
             Vec::new(),
-        );
-    }
-    if let Some(reason) = &pool.invalid {
-        return Assessment::Excluded(ExclusionReason::Invalid(reason.clone()), Vec::new());
-    }
-    let keys = &inputs.keys;
-    let (options, option_warnings) = annotations::parse_options(&r.annotations, keys);
-    let (hints, capacity_warnings) = annotations::parse_capacity(&r.annotations);
-    let warnings: Vec<ConfigWarning> = option_warnings
-        .into_iter()
-        .chain(capacity_warnings)
-        .map(ConfigWarning::from)
-        .collect();
-    let (max, max_source) = match (pool.max, policy.and_then(|p| p.max)) {
-        (Some(max), _) => (max, Source::Spec),
-        (None, Some(max)) => (max, Source::Policy),
-        (None, None) => return Assessment::Excluded(ExclusionReason::NotAutoscaled, warnings),
+        )),
+        None => Ok(OwnBounds {
+            min: pool.min,
+            max: pool.max,
+            source: Source::Spec,
+        }),
     };
-    if max == 0 {
-        return Assessment::Excluded(ExclusionReason::NotAutoscaled, warnings);
-    }
-    let (min, min_source) = match (pool.min, policy.and_then(|p| p.min)) {
-        (Some(min), _) => (min, Source::Spec),
-        (None, Some(min)) => (min, Source::Policy),
-        (None, None) => (0, Source::Default),
+    let mut configured = match preamble::configure(inputs, r, policy, own) {
+        Ok(configured) => configured,
+        Err(excluded) => return excluded,
     };
-    if min > max {
-        let reason = ExclusionReason::Invalid(format!(
-            "effective min size {min} (from {min_source:?}) is greater than max size {max} (from {max_source:?})"
-        ));
-        return Assessment::Excluded(reason, warnings);
-    }
-    let (min, max, bound_warnings) = within_backend(min, max, pool.backend_bounds);
-    let mut warnings = warnings;
-    warnings.extend(bound_warnings);
+    let (min, max, bound_warnings) =
+        within_backend(configured.min, configured.max, pool.backend_bounds);
+    configured.warnings.extend(bound_warnings);
     if min > max {
         let reason = ExclusionReason::Invalid(format!(
             "min size {min} and max size {max} leave no room within the backend's bounds {:?}",
             pool.backend_bounds
         ));
-        return Assessment::Excluded(reason, warnings);
+        return Assessment::Excluded(reason, configured.warnings);
     }
-    let options = match policy {
-        Some(p) => options.or(&p.options),
-        None => options,
-    };
+    (configured.min, configured.max) = (min, max);
     let inputs_for_template = TemplateInputs {
-        hints,
+        hints: std::mem::take(&mut configured.hints),
         infra: pool.machine_type.as_ref().map(|t| InfraTemplate {
             capacity: t.capacity.clone(),
             architecture: None,
@@ -108,42 +83,15 @@ pub(super) fn assess(
         };
         return Assessment::Excluded(
             ExclusionReason::ZeroWithoutTemplate(detail.into()),
-            warnings,
+            configured.warnings,
         );
     }
     let pricing = policy
         .and_then(|p| p.pricing)
         .or_else(|| pool.machine_type.as_ref().and_then(plan_prices));
-    let ledger = crate::capi::scale_down::LedgerSummary::of(&r.annotations);
-    Assessment::Served(Box::new(NodeGroup {
-        id: r.group_id(),
-        kind: r.kind,
-        namespace: r.namespace.clone(),
-        name: r.name.clone(),
-        cluster: ClusterKey {
-            namespace: r.namespace.clone(),
-            name: r.cluster_name.clone(),
-        },
-        uid: r.uid.clone(),
-        min,
-        max,
-        min_source,
-        max_source,
-        target,
-        instances: Vec::new(),
-        registered: 0,
-        ready: 0,
-        options,
-        template,
-        provider_id_list: r.provider_id_list.clone(),
-        policy: policy.map(|p| p.reference.clone()),
-        pricing,
-        node_capacity: BTreeMap::new(),
-        warnings,
-        scale_down_claim: ledger.claim,
-        applied_decrements: ledger.applied,
-        rolling_out: None,
-    }))
+    Assessment::Served(Box::new(
+        configured.group(r, policy, target, template, pricing),
+    ))
 }
 
 /// Field of the warnings [`within_backend`] gives: the reconciler reports them on the pool.
@@ -187,7 +135,7 @@ pub fn within_backend(
 /// Prices from the machine type's hourly price: the node's, and per core and per GiB (half
 /// of the price each over the cores and the memory), so that cluster-autoscaler's `price`
 /// expander, which needs pod prices too, can compare pools.
-fn plan_prices(machine_type: &crate::capi::groups::PoolMachineType) -> Option<PriceList> {
+fn plan_prices(machine_type: &PoolMachineType) -> Option<PriceList> {
     let node = machine_type.hourly_price?;
     let amount = |name: &str| {
         machine_type
@@ -228,33 +176,9 @@ fn overlay(
     }
 }
 
-/// The instances of NodePool group `g`: failed creations and deletions as the pool reports
-/// them; a server is running once a Node with its provider ID is registered, creating before.
-pub(super) fn instances(pool: &PoolView, g: &NodeGroup, nodes: &impl NodeFinder) -> Vec<Instance> {
-    pool.instances
-        .iter()
-        .map(|i| {
-            let mut instance = i.clone();
-            if instance.state == InstanceState::Running || instance.state == InstanceState::Creating
-            {
-                instance.state = if instance.error.is_none()
-                    && instance.is_real()
-                    && nodes.by_pid(&instance.id, &g.cluster).is_some()
-                {
-                    InstanceState::Running
-                } else {
-                    InstanceState::Creating
-                };
-            }
-            instance
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod price_tests {
     use super::*;
-    use crate::capi::groups::PoolMachineType;
 
     #[test]
     fn bounds_are_served_within_the_backends() {
