@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use super::groups::Taint;
 use super::keys::{CAPACITY_PREFIX, CapiKeys};
-use super::objects::Taint;
 use crate::quoted::quoted;
 use crate::{duration, quantity};
 

@@ -1,11 +1,23 @@
 //! What a node group is made of beyond Cluster API objects' own fields, shared by the object
 //! views, the template builder and the index: a NodePool's view, instances as reported to
-//! cluster-autoscaler, and a validated node template.
+//! cluster-autoscaler, and a validated node template and its taints.
 
 use std::collections::BTreeMap;
 
-use super::objects::Taint;
 use super::providerid;
+
+/// A taint as written in `spec.template.spec.taints` or the taints annotation.
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct Taint {
+    /// Taint key.
+    pub key: String,
+    /// Taint value ("" when absent).
+    pub value: String,
+    /// `NoSchedule`, `PreferNoSchedule`, `NoExecute`, or "" when unspecified.
+    pub effect: String,
+}
 
 /// What a new node looks like, per the policy.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

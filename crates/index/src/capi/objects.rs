@@ -15,6 +15,7 @@ use kube::core::{ApiResource, DynamicObject};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
+use super::groups::{PoolView, Taint};
 use super::keys::CapiKeys;
 use crate::quoted::quoted;
 
@@ -181,19 +182,6 @@ impl Selector {
     }
 }
 
-/// A taint as written in `spec.template.spec.taints` or the taints annotation.
-#[derive(
-    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-pub struct Taint {
-    /// Taint key.
-    pub key: String,
-    /// Taint value ("" when absent).
-    pub value: String,
-    /// `NoSchedule`, `PreferNoSchedule`, `NoExecute`, or "" when unspecified.
-    pub effect: String,
-}
-
 /// A MachineDeployment, MachineSet or MachinePool as the index needs it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScalableResource {
@@ -234,7 +222,7 @@ pub struct ScalableResource {
     /// True when the object is being deleted.
     pub deleting: bool,
     /// What a NodePool adds (bounds, template, machine type, instances).
-    pub pool: Option<std::sync::Arc<super::groups::PoolView>>,
+    pub pool: Option<std::sync::Arc<PoolView>>,
 }
 
 impl ScalableResource {

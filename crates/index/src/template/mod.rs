@@ -12,8 +12,8 @@ use thiserror::Error;
 
 use crate::capi::annotations::CapacityHints;
 use crate::capi::groups::PolicyTemplate;
+use crate::capi::groups::Taint;
 use crate::capi::objects::InfraTemplate;
-use crate::capi::objects::Taint;
 use crate::quantity;
 
 /// What the template builder needs for a group that may scale from zero.
