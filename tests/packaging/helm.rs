@@ -942,6 +942,67 @@ async fn releases_install_side_by_side_and_crds_upgrade_as_documented() {
         "{out}"
     );
 
+    // --- The same second release rendered with `helm template` and applied as Argo CD does
+    // (server-side apply, no lookup, so the chart's own check sees nothing): the release
+    // guard, an admission policy of the first release, refuses its RBAC objects, naming the
+    // release that owns them, and the first release's binding still names its ServiceAccount.
+    let rendered = helm(&["template", "ngo-b", chart_arg, "-n", "ngo-b"]);
+    let foreign: Vec<Value> = serde_yaml::Deserializer::from_str(&rendered)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .filter(|v: &Value| v["kind"] == "ClusterRoleBinding" || v["kind"] == "ClusterRole")
+        .collect();
+    assert_eq!(foreign.len(), 2, "{rendered}");
+    for object in &foreign {
+        let kind = object["kind"].as_str().unwrap();
+        let resource = kube::discovery::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+            "rbac.authorization.k8s.io",
+            "v1",
+            kind,
+        ));
+        let api = Api::<kube::core::DynamicObject>::all_with(client.clone(), &resource);
+        // The API server loads a new admission policy within a second or two: dry runs (which
+        // pass admission and store nothing) until it refuses, then the apply itself.
+        let apply = |dry_run: bool| {
+            let mut params = kube::api::PatchParams::apply("argocd-controller").force();
+            params.dry_run = dry_run;
+            let api = api.clone();
+            async move {
+                api.patch(
+                    "nodegroup-operator",
+                    &params,
+                    &kube::api::Patch::Apply(object),
+                )
+                .await
+            }
+        };
+        let started = Instant::now();
+        while apply(true).await.is_ok() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the release guard never refused {kind} nodegroup-operator"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let refused = apply(false)
+            .await
+            .expect_err("another release's RBAC object is refused");
+        assert!(
+            refused.to_string().contains(&format!(
+                "{kind} nodegroup-operator belongs to release ngo-a (namespace ngo-a), not release ngo-b (namespace ngo-b)"
+            )),
+            "{refused}"
+        );
+    }
+    let binding = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(client.clone())
+        .get("nodegroup-operator")
+        .await
+        .unwrap();
+    assert_eq!(
+        binding.subjects.unwrap()[0].namespace.as_deref(),
+        Some("ngo-a"),
+        "the first release's binding is untouched"
+    );
+
     // --- With names of its own (the value the refusal suggests) it installs next to the first;
     // and a third one in the first one's namespace, with nameOverride.
     let b = install_into(

@@ -29,6 +29,18 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
+{{- /*
+Labels and annotations of the RBAC objects: the release that owns them, which the release guard
+(release-guard.yaml) keeps any other release from taking over where lookup cannot see it
+(helm template, Argo CD).
+*/ -}}
+{{- define "ngo.guardedMetadata" -}}
+labels:
+  {{- include "ngo.labels" . | nindent 2 }}
+  nodegroup.dev/release-guard: "true"
+annotations:
+  nodegroup.dev/release: {{ printf "%s/%s" .Release.Namespace .Release.Name | quote }}
+{{- end -}}
 {{- define "ngo.selector" -}}
 app.kubernetes.io/name: {{ include "ngo.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
