@@ -7,6 +7,7 @@ mod support;
 mod changelog;
 mod chart;
 mod crds;
+mod docs_commands;
 mod helm;
 mod proto;
 mod workflows;
