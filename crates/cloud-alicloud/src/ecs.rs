@@ -24,6 +24,13 @@ pub struct Ecs {
     client: Client,
 }
 
+impl Client {
+    /// Typed ECS calls.
+    pub fn ecs(&self) -> Ecs {
+        Ecs::new(self.clone())
+    }
+}
+
 impl Ecs {
     pub(crate) fn new(client: Client) -> Self {
         Self { client }

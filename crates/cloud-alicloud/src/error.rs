@@ -3,13 +3,12 @@
 //! checks [`super::ess`] makes before it writes.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use ngo_cloud_http::excerpt::{excerpt, opaque_body};
 use ngo_cloud_http::lenient;
 use serde::Deserialize;
-
-use super::credentials::CredentialsError;
 
 /// An error response: HTTP status plus the JSON body `{RequestId, HostId, Code, Message,
 /// Recommend}` (every field optional), as the SDK's `NewServerError`
@@ -261,6 +260,47 @@ impl Error {
             ),
             Self::Credentials(e) => e.is_transient(),
             _ => false,
+        }
+    }
+}
+
+/// Why credentials could not be obtained.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    /// The OIDC token file could not be read.
+    #[error("reading the OIDC token file {path}: {source}")]
+    TokenFile {
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The OIDC token file is empty.
+    #[error("the OIDC token file {0} is empty")]
+    EmptyToken(PathBuf),
+    /// `AssumeRoleWithOIDC` failed.
+    #[error("AssumeRoleWithOIDC: {0}")]
+    Sts(#[source] Box<Error>),
+    /// The metadata server did not give credentials.
+    #[error("ECS metadata server {url}: {message}")]
+    Metadata {
+        /// What was asked.
+        url: String,
+        /// What went wrong.
+        message: String,
+        /// No answer (as opposed to a refusal).
+        transient: bool,
+    },
+}
+
+impl CredentialsError {
+    /// Worth trying again later unchanged.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Sts(e) => e.is_transient(),
+            Self::Metadata { transient, .. } => *transient,
+            Self::TokenFile { .. } | Self::EmptyToken(_) => false,
         }
     }
 }

@@ -13,13 +13,14 @@ use std::collections::{BTreeMap, HashSet};
 use ngo_cloud_http::lenient;
 use serde::Deserialize;
 
-use super::client::{Client, Product, nonce};
+use super::client::{Client, Product};
 use super::error::Error;
 use super::model::{
     ActivityStatus, GroupLifecycleState, InstanceLifecycleState, RemovalFailure,
     RemovalFailureReason, RemovalReport, RemoveOptions, ScaleOutStarted, ScalingActivity,
     ScalingConfiguration, ScalingGroup, ScalingInstance,
 };
+use super::signature::nonce;
 
 /// Largest page ESS serves (`PageSize` of the Describe calls).
 pub const MAX_PAGE_SIZE: u32 = 50;
@@ -32,6 +33,13 @@ pub const ACTIVITIES_PER_CALL: usize = 20;
 #[derive(Clone)]
 pub struct Ess {
     client: Client,
+}
+
+impl Client {
+    /// Typed ESS calls.
+    pub fn ess(&self) -> Ess {
+        Ess::new(self.clone())
+    }
 }
 
 fn p(key: impl Into<String>, value: impl Into<String>) -> (String, String) {

@@ -62,19 +62,21 @@ pub mod ess;
 mod model;
 pub mod signature;
 pub mod sts;
+pub mod transport;
 pub mod vpc;
 
-pub use client::{Client, ClientOptions, Endpoints, RetryPolicy, Scheme, TransportOptions};
+pub use client::{Client, ClientOptions, Endpoints, Scheme};
 pub use credentials::{
-    Credentials, CredentialsError, CredentialsProvider, EcsRamRoleCredentials, OidcRoleConfig,
-    OidcRoleCredentials, RefreshPolicy, StaticCredentials,
+    Credentials, CredentialsProvider, EcsRamRoleCredentials, OidcRoleConfig, OidcRoleCredentials,
+    RefreshPolicy, StaticCredentials,
 };
-pub use error::{ApiError, ApiErrorKind, Error};
+pub use error::{ApiError, ApiErrorKind, CredentialsError, Error};
 pub use model::{
     ActivityStatus, GroupLifecycleState, InstanceLifecycleState, InstanceType, RemovalFailure,
     RemovalFailureReason, RemovalReport, RemoveOptions, ScaleOutStarted, ScalingActivity,
     ScalingConfiguration, ScalingGroup, ScalingInstance,
 };
+pub use transport::{RetryPolicy, TransportOptions};
 
 /// The providerID of an instance's Node: `<region>.<instance-id>`, as cluster-autoscaler's
 /// alicloud provider writes it (`alicloud_manager.go` `getNodeProviderID`) and Alibaba's

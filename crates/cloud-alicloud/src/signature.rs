@@ -9,7 +9,9 @@
 //! 4. `Signature = base64(HMAC-SHA1(key = AccessKeySecret + "&", StringToSign))`.
 //!
 //! Pure functions over plain data; the emulator in the sandbox verifies with its own
-//! implementation, so a shared mistake cannot hide.
+//! implementation, so a shared mistake cannot hide. Beside them, the two fresh values every
+//! signed request carries: its `Timestamp` ([`timestamp_now`]) and `SignatureNonce`
+//! ([`nonce`]).
 
 use std::collections::BTreeMap;
 
@@ -71,9 +73,52 @@ pub fn sign(access_key_secret: &str, string_to_sign: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(tag.as_ref())
 }
 
+/// Now, in the SDK's layout `2006-01-02T15:04:05Z` (UTC, no fraction).
+pub(crate) fn timestamp_now() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// A fresh `SignatureNonce`: a random UUIDv4 as 32 lower-case hex digits, no dashes
+/// (the SDK's `utils.GetUUIDV4`).
+pub(crate) fn nonce() -> String {
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0u8; 16];
+    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+        // The system RNG never fails on Linux; the clock keeps the nonce unique regardless.
+        let nanos = jiff::Timestamp::now().as_nanosecond().to_le_bytes();
+        bytes.copy_from_slice(&nanos);
+    }
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nonces_are_uuid4_hex_and_fresh() {
+        let a = nonce();
+        let b = nonce();
+        assert_eq!(a.len(), 32);
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        assert_eq!(&a[12..13], "4");
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn timestamps_have_no_fraction() {
+        let t = timestamp_now();
+        assert_eq!(t.len(), 20, "{t}");
+        assert!(t.ends_with('Z'));
+        assert_eq!(&t[10..11], "T");
+    }
 
     fn params(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

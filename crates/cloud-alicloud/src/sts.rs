@@ -10,10 +10,10 @@ use http_body_util::Full;
 use ngo_cloud_http::lenient;
 use serde::Deserialize;
 
-use super::client::{RetryPolicy, Transport, nonce, timestamp_now};
 use super::credentials::Credentials;
 use super::error::Error;
-use super::signature::percent_encode;
+use super::signature::{nonce, percent_encode, timestamp_now};
+use super::transport::{RetryPolicy, Transport};
 
 /// STS API version.
 pub const STS_VERSION: &str = "2015-04-01";

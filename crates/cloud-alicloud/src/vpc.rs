@@ -16,6 +16,13 @@ pub struct Vpc {
     client: Client,
 }
 
+impl Client {
+    /// Typed VPC calls.
+    pub fn vpc(&self) -> Vpc {
+        Vpc::new(self.clone())
+    }
+}
+
 impl Vpc {
     pub(crate) fn new(client: Client) -> Self {
         Self { client }

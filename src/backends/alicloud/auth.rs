@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::ByteString;
 
 use super::Error;
-use super::client::{RetryPolicy, TransportOptions};
+use super::transport::{RetryPolicy, TransportOptions};
 use super::credentials::{
     Credentials, CredentialsProvider, EcsRamRoleCredentials, METADATA_ENDPOINT, OidcRoleConfig,
     OidcRoleCredentials, RefreshPolicy, StaticCredentials,
