@@ -5,77 +5,12 @@
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
-use super::{Account, ApiError, Finished, InstanceState, Params, page_of, paging, repeated};
-
-/// `StatusCode` of a scaling activity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ActivityStatus {
-    /// Running.
-    InProgress,
-    /// Done.
-    Successful,
-    /// Partly done.
-    Warning,
-    /// Failed.
-    Failed,
-    /// Refused before it started (a scale-out that would change nothing).
-    Rejected,
-}
-
-impl ActivityStatus {
-    /// The API's spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::InProgress => "InProgress",
-            Self::Successful => "Successful",
-            Self::Warning => "Warning",
-            Self::Failed => "Failed",
-            Self::Rejected => "Rejected",
-        }
-    }
-}
-
-/// A scaling activity.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Activity {
-    /// `ScalingActivityId` (`asa-...`).
-    pub id: String,
-    /// Its group.
-    pub group_id: String,
-    /// `StatusCode`.
-    pub status: ActivityStatus,
-    /// `Description`.
-    pub description: String,
-    /// `Cause`.
-    pub cause: String,
-    /// `StatusMessage`.
-    pub status_message: String,
-    /// `ErrorCode` of a failed launch.
-    pub error_code: Option<String>,
-    /// `ActivityMetadata` as the call sent it.
-    pub metadata: Option<String>,
-    /// Instances it launches.
-    pub created: Vec<String>,
-    /// Instances it removes.
-    pub removed: Vec<String>,
-    /// Instances it was asked to add (scale-out) or remove.
-    pub requested: u32,
-    /// Group total when it ends.
-    pub total_after: u32,
-    /// `StartTime`.
-    pub started: Timestamp,
-    /// `EndTime`.
-    pub ended: Option<Timestamp>,
-}
+use super::account::Account;
+use super::errors::ApiError;
+use super::params::{Params, page_of, paging, repeated};
+use super::types::{Activity, ActivityStatus, Finished, InstanceState};
 
 impl Account {
-    /// The activity of group `id` in progress, if any.
-    pub fn in_progress(&self, id: &str) -> Option<&Activity> {
-        self.activities
-            .iter()
-            .find(|a| a.group_id == id && a.status == ActivityStatus::InProgress)
-    }
-
     fn activity_json(a: &Activity) -> Value {
         let mut value = json!({
             "ScalingActivityId": a.id,

@@ -1,64 +1,11 @@
-//! The ECS instance-type catalogue and `DescribeInstanceTypes` over it.
+//! ECS `DescribeInstanceTypes`: the catalogue, filtered and paged by `NextToken`.
 
 use serde_json::{Value, json};
 
-use super::{Account, ApiError, Params, repeated};
-
-/// An ECS instance type of the catalogue.
-#[derive(Clone, Debug, PartialEq)]
-pub struct InstanceTypeSpec {
-    /// `InstanceTypeId`, e.g. `ecs.g6.large`.
-    pub id: String,
-    /// `InstanceTypeFamily`.
-    pub family: String,
-    /// `CpuCoreCount`.
-    pub cpu: u32,
-    /// `MemorySize`, GiB.
-    pub memory_gib: f64,
-    /// `GPUAmount`.
-    pub gpus: u32,
-    /// `GPUSpec`, e.g. `NVIDIA T4`.
-    pub gpu_spec: String,
-}
-
-impl InstanceTypeSpec {
-    /// A type without GPUs; the family is the id up to its last `.`.
-    pub fn new(id: &str, cpu: u32, memory_gib: f64) -> Self {
-        let family = id.rsplit_once('.').map_or(id, |(f, _)| f).to_string();
-        Self {
-            id: id.into(),
-            family,
-            cpu,
-            memory_gib,
-            gpus: 0,
-            gpu_spec: String::new(),
-        }
-    }
-
-    /// With `gpus` GPUs of `spec`.
-    pub fn gpus(mut self, gpus: u32, spec: &str) -> Self {
-        self.gpus = gpus;
-        self.gpu_spec = spec.into();
-        self
-    }
-}
-
-/// The catalogue: 110 filler types first, then real ones, so that the real types are beyond
-/// the first page of 100 that an unfiltered `DescribeInstanceTypes` answers (cluster-autoscaler
-/// only ever reads that page, `alicloud_instance_types.go`).
-pub fn default_instance_types() -> Vec<InstanceTypeSpec> {
-    let mut types: Vec<InstanceTypeSpec> = (1..=110)
-        .map(|n| InstanceTypeSpec::new(&format!("ecs.a0-n{n:03}.small"), 1, 1.0))
-        .collect();
-    types.extend([
-        InstanceTypeSpec::new("ecs.g6.large", 2, 8.0),
-        InstanceTypeSpec::new("ecs.g6.xlarge", 4, 16.0),
-        InstanceTypeSpec::new("ecs.c6.xlarge", 4, 8.0),
-        InstanceTypeSpec::new("ecs.r6.xlarge", 4, 32.0),
-        InstanceTypeSpec::new("ecs.gn6i-c4g1.xlarge", 4, 15.0).gpus(1, "NVIDIA T4"),
-    ]);
-    types
-}
+use super::account::Account;
+use super::errors::ApiError;
+use super::params::{Params, repeated};
+use super::types::InstanceTypeSpec;
 
 impl Account {
     pub(super) fn describe_types(&self, params: &Params) -> Result<Value, ApiError> {

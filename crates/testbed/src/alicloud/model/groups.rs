@@ -3,78 +3,12 @@
 //! what `ModifyScalingConfiguration` and `ModifyScalingGroup` change (a new desired capacity is
 //! reached in activities of the group's own).
 
-use std::collections::BTreeMap;
-
-use jiff::Timestamp;
 use serde_json::{Value, json};
 
-use super::{Account, ApiError, Effects, InstanceState, Params, int, page_of, paging, repeated};
-
-/// A scaling group to create at start.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ScalingGroupSpec {
-    /// `ScalingGroupId` (`asg-...`).
-    pub id: String,
-    /// `ScalingGroupName`.
-    pub name: String,
-    /// `MinSize`.
-    pub min_size: u32,
-    /// `MaxSize`.
-    pub max_size: u32,
-    /// `DesiredCapacity`; `None` for a group without expected capacity.
-    pub desired_capacity: Option<u32>,
-    /// Instance type of its active scaling configuration.
-    pub instance_type: String,
-    /// Zones of its vSwitches, in order; instances go round-robin.
-    pub zones: Vec<String>,
-    /// Tags of the scaling configuration.
-    pub tags: BTreeMap<String, String>,
-    /// User data of the scaling configuration, plain text.
-    pub user_data: String,
-}
-
-impl ScalingGroupSpec {
-    /// A group of `instance_type` with expected capacity 0, sizes 0..=10, one zone.
-    pub fn new(id: &str, instance_type: &str) -> Self {
-        Self {
-            id: id.into(),
-            name: id.into(),
-            min_size: 0,
-            max_size: 10,
-            desired_capacity: Some(0),
-            instance_type: instance_type.into(),
-            zones: vec!["cn-hangzhou-k".into()],
-            tags: BTreeMap::new(),
-            user_data: String::new(),
-        }
-    }
-}
-
-/// A scaling group.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Group {
-    /// As created.
-    pub spec: ScalingGroupSpec,
-    /// `LifecycleState`: `Active`, `Inactive` or `Deleting`.
-    pub lifecycle_state: String,
-    /// Its active scaling configuration.
-    pub configuration: Configuration,
-    /// `CreationTime` of the group and of its configuration.
-    pub created_at: Timestamp,
-}
-
-/// A scaling configuration.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Configuration {
-    /// `ScalingConfigurationId` (`asc-...`).
-    pub id: String,
-    /// `InstanceType`.
-    pub instance_type: String,
-    /// `Tags`.
-    pub tags: BTreeMap<String, String>,
-    /// `UserData`, Base64 as the API stores it.
-    pub user_data: String,
-}
+use super::account::Account;
+use super::errors::ApiError;
+use super::params::{Params, int, page_of, paging, repeated};
+use super::types::{Effects, Group, InstanceState};
 
 impl Account {
     fn group_json(&self, group: &Group) -> Value {

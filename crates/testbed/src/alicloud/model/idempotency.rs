@@ -3,7 +3,10 @@
 
 use serde_json::Value;
 
-use super::{Account, ApiError, Effects, Outcome, Params};
+use super::account::Account;
+use super::errors::ApiError;
+use super::params::Params;
+use super::types::{Effects, Outcome};
 
 impl Account {
     /// The earlier answer to a write with this `ClientToken`, or

@@ -1,60 +1,12 @@
 //! The instances of scaling groups: their lifecycle states as `DescribeScalingInstances` lists
 //! them, and `RemoveInstances`.
 
-use jiff::Timestamp;
 use serde_json::{Value, json};
 
-use super::{Account, ApiError, Effects, Params, page_of, paging, repeated};
-use crate::boot::BootOutcome;
-
-/// Lifecycle of a scaling instance (`LifecycleState`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InstanceState {
-    /// Being created and added.
-    Pending,
-    /// Serving.
-    InService,
-    /// Being removed.
-    Removing,
-}
-
-impl InstanceState {
-    /// The API's spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "Pending",
-            Self::InService => "InService",
-            Self::Removing => "Removing",
-        }
-    }
-}
-
-/// An ECS instance in a scaling group.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EmulatedInstance {
-    /// `InstanceId` (`i-...`).
-    pub id: String,
-    /// Its group.
-    pub group_id: String,
-    /// The configuration it was launched from.
-    pub configuration_id: String,
-    /// `InstanceType`.
-    pub instance_type: String,
-    /// `ZoneId`.
-    pub zone: String,
-    /// `LifecycleState`.
-    pub state: InstanceState,
-    /// The activity that added it.
-    pub activity_id: String,
-    /// `CreationTime`.
-    pub created_at: Timestamp,
-    /// `PrivateIpAddress`.
-    pub private_ip: String,
-    /// User data it booted with (Base64), the configuration's at launch.
-    pub user_data: String,
-    /// Whether its Node joined.
-    pub boot: BootOutcome,
-}
+use super::account::Account;
+use super::errors::ApiError;
+use super::params::{Params, page_of, paging, repeated};
+use super::types::{Effects, EmulatedInstance, InstanceState};
 
 impl Account {
     /// The `LifecycleState` instance `i` is listed in.

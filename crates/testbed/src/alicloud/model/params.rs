@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::ApiError;
+use super::errors::ApiError;
 
 /// Request parameters, decoded.
 pub type Params = BTreeMap<String, String>;

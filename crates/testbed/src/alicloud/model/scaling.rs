@@ -4,10 +4,10 @@
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
-use super::{
-    Account, Activity, ActivityStatus, ApiError, Effects, EmulatedInstance, InstanceState, Params,
-    int,
-};
+use super::account::Account;
+use super::errors::ApiError;
+use super::params::{Params, int};
+use super::types::{Activity, ActivityStatus, Effects, EmulatedInstance, InstanceState};
 use crate::boot::BootOutcome;
 
 impl Account {

@@ -1,5 +1,10 @@
 //! The account's actions, driven as the gateway calls them.
 
+use std::collections::BTreeSet;
+
+use jiff::Timestamp;
+use serde_json::Value;
+
 use super::*;
 
 fn account() -> Account {
