@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ngo_service::metrics::ServiceMetrics;
-use ngo_service::relay::stream::StreamMetrics;
+use ngo_service::server::relay_stream::StreamMetrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;

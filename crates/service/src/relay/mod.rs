@@ -4,7 +4,8 @@
 //!
 //! - [`wire`]: the stream's messages (`proto/relay.proto`) and how a view's changes are cut
 //!   into them and read back;
-//! - [`stream`]: the operator's side, which streams each relay its Cluster's view;
+//! - the operator's side, which streams each relay its Cluster's view, is a service of the
+//!   server (`crate::server::relay_stream`);
 //! - [`follower`]: the relay's side, which keeps the copy current and says when it is too
 //!   old to answer from;
 //! - [`forward`]: the relay's mutations, carried out by the operator, answered once the copy
@@ -12,7 +13,6 @@
 
 pub mod follower;
 pub mod forward;
-pub mod stream;
 pub mod wire;
 
 /// The response metadata key carrying a group's target size after a mutation (when the

@@ -6,6 +6,7 @@ mod error;
 pub mod identity;
 pub mod options;
 pub mod rate_limit;
+pub mod relay_stream;
 pub mod request_id;
 #[cfg(test)]
 mod scoping_matrix;
