@@ -58,7 +58,7 @@ use tokio_util::sync::CancellationToken;
 use super::changes::{Changes, Track};
 use super::nodes::WatchedNode;
 use super::ready::until_ready;
-use super::watches::{WatchBackoff, relevant};
+use super::watches::reflectors::{WatchBackoff, relevant};
 use ngo_index::index::{ClusterKey, WorkloadState};
 
 /// How often the set of Clusters is compared with the open connections, and connections made

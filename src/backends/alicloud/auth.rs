@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::ByteString;
 
 use super::Error;
-use super::transport::{RetryPolicy, TransportOptions};
 use super::credentials::{
     Credentials, CredentialsProvider, EcsRamRoleCredentials, METADATA_ENDPOINT, OidcRoleConfig,
     OidcRoleCredentials, RefreshPolicy, StaticCredentials,
 };
+use super::transport::{RetryPolicy, TransportOptions};
 use ngo_api::nodepool::{AliCloudCredentialsMode, AliCloudSpec};
 
 /// `RoleSessionName` when the Secret has no `session-name`.
