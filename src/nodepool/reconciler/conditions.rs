@@ -2,7 +2,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use super::status::PassReport;
+use super::pass_report::PassReport;
 use super::{Blocked, SIZE_OUTSIDE_BACKEND};
 use ngo_api::conditions::{ConditionStatus, DesiredCondition};
 

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
-use super::status::PassReport;
+use super::pass_report::PassReport;
 use super::{Blocked, NODE_POOL_LABEL, PoolController};
 use crate::nodepool::backend::{Created, CreationFailure, NewServer, PoolBackend, pool_key};
 use crate::nodepool::converge::{self, Decision};

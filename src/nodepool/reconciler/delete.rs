@@ -6,7 +6,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use super::status::PassReport;
+use super::pass_report::PassReport;
 use super::{Blocked, FINALIZER, PoolController};
 use crate::nodepool::backend::{BackendError, PoolBackend, pool_key};
 use crate::nodepool::converge::{self, Decision};

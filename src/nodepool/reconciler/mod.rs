@@ -14,6 +14,8 @@
 //! Its parts:
 //! - `schedule.rs`: when passes run, their concurrency, retries and the end of a term;
 //! - `pass.rs`: one pass: read the pool, connect its backend, decide, act;
+//! - `pass_report.rs`: what a pass did, which the status, conditions and reports are made
+//!   from;
 //! - `create.rs`: ordering servers (bootstrap token, user data) and creations that failed;
 //! - `delete.rs`: draining and deleting servers, the finalizer;
 //! - `status.rs`: the pool's status writes, fenced on the instances a pass saw;
@@ -27,6 +29,7 @@ mod create;
 mod delete;
 mod housekeeping;
 mod pass;
+mod pass_report;
 mod report;
 mod schedule;
 mod status;

@@ -10,7 +10,7 @@ use kube::api::Api;
 use kube::{Client, ResourceExt};
 
 use super::delete::add_finalizer;
-use super::status::PassReport;
+use super::pass_report::PassReport;
 use super::{Blocked, FINALIZER, NODE_POOL_LABEL, PassError, PoolController};
 use crate::nodepool::backend::{ConnectError, MachineTypeInfo, PoolBackend, Secrets, pool_key};
 use crate::nodepool::converge::{self, Observed, SeenNode};

@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
 
-use super::status::PassReport;
+use super::pass_report::PassReport;
 use super::{Blocked, PoolController, SIZE_OUTSIDE_BACKEND};
 use crate::nodepool::backend::{BackendError, PoolBackend, pool_key};
 use crate::nodepool::converge::{self, Dropped};

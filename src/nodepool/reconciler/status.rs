@@ -2,8 +2,6 @@
 //! conditions, and the instance lists a pass records before acting, each write fenced on the
 //! instances the pass last saw.
 
-use std::collections::HashMap;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -11,41 +9,15 @@ use serde_json::json;
 
 use super::conditions::conditions;
 use super::pass::seen_nodes;
+use super::pass_report::PassReport;
 use super::{Blocked, PoolController};
-use crate::nodepool::backend::{MachineTypeInfo, pool_key};
-use crate::nodepool::converge::{self, SeenNode};
+use crate::nodepool::backend::pool_key;
+use crate::nodepool::converge;
 use ngo_api::NodePool;
 use ngo_api::conditions::merge;
 use ngo_api::nodepool::{InstanceStateName, NodePoolStatus, PoolInstance};
 use ngo_index::capi::providerid;
 use ngo_index::index::ClusterKey;
-
-/// What a pass did, for the status.
-#[derive(Default)]
-pub(super) struct PassReport {
-    /// The pool's resourceVersion after this pass's last write (or its read).
-    pub(super) version: Option<String>,
-    /// `status.instances` as this pass last saw or wrote them: status writes land only over
-    /// this list, so two reconcilers (a handover, a stalled leader) never both record intents.
-    pub(super) recorded: Vec<PoolInstance>,
-    pub(super) backend: Option<&'static str>,
-    pub(super) machine_type: Option<MachineTypeInfo>,
-    pub(super) instances: Option<Vec<PoolInstance>>,
-    pub(super) scaled_up: bool,
-    pub(super) scaled_down: bool,
-    /// Servers were ordered in this pass.
-    pub(super) created: bool,
-    pub(super) create_failure: Option<(String, String)>,
-    /// Registered Nodes by normalized provider ID, as the pass saw them.
-    pub(super) nodes: Option<HashMap<String, SeenNode>>,
-    /// How the index clamped the pool's served bounds into the backend's (`None`: not
-    /// served).
-    pub(super) outside_backend: Option<Vec<String>>,
-    /// The backend's own min/max, read this pass.
-    pub(super) backend_bounds: Option<(i32, i32)>,
-    /// Why the pool's min/max do not fit the backend's.
-    pub(super) size_violation: Option<String>,
-}
 
 impl PoolController {
     /// Records `instances` as the pool's `status.instances`, over the list this pass last saw
