@@ -7,12 +7,14 @@
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Map, Value, json};
 
-use super::CapiActuator;
+use super::actuator::CapiActuator;
 use super::replicas::GroupKey;
 use crate::actuate::deadline::{MutationDeadline, conflict_backoff};
 use crate::actuate::error::ActuateError;
+use ngo_index::capi::groups::InstanceState;
 use ngo_index::capi::scale_down::protocol::{self, MachineState};
 use ngo_index::capi::scale_down::{FENCE_ANNOTATION, FINALIZER, MARK_ANNOTATION, ScaleDownMark};
+use ngo_index::index::{NodeGroup, Snapshot};
 
 /// Conflicts in a row after which a Machine write gives up (Cluster API rewrites Machines
 /// often, so a few are normal).
@@ -214,4 +216,26 @@ impl CapiActuator {
     pub(super) fn machines(&self, namespace: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.client.clone(), namespace, &self.resources.machines)
     }
+}
+
+/// Machines of `group` not being deleted, other than those `named` (by name), that carry the
+/// delete-machine annotation without this operator's live mark: a person's, or left by another
+/// autoscaler. Cluster API deletes them first when replicas drop, whatever a decrement was for.
+pub(super) fn foreign_delete_marks(
+    snapshot: &Snapshot,
+    group: &NodeGroup,
+    named: &[String],
+) -> Vec<String> {
+    let mut found: Vec<String> = group
+        .instances
+        .iter()
+        .filter(|i| i.state != InstanceState::Deleting)
+        .filter_map(|i| snapshot.machines.get(i.machine.as_deref()?))
+        .filter(|m| !m.deleting && m.marked_for_deletion && !named.contains(&m.name))
+        .filter(|m| !m.scale_down.as_ref().is_some_and(|mark| mark.is_mark()))
+        .map(|m| format!("{}/{}", m.namespace, m.name))
+        .collect();
+    found.sort();
+    found.dedup();
+    found
 }

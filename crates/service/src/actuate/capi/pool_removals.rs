@@ -18,7 +18,7 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use super::CapiActuator;
+use super::actuator::CapiActuator;
 use crate::actuate::deadline::MutationDeadline;
 use crate::actuate::error::ActuateError;
 use ngo_api::NodePool;

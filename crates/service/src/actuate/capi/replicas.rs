@@ -5,7 +5,7 @@
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::CapiActuator;
+use super::actuator::CapiActuator;
 use crate::actuate::deadline::{MutationDeadline, conflict_backoff};
 use crate::actuate::error::ActuateError;
 use ngo_index::capi::objects::ScalableKind;
@@ -62,6 +62,22 @@ pub(super) enum GroupStep<T> {
 const MAX_CONFLICTS: u32 = 50;
 
 impl CapiActuator {
+    /// The ledger of `group`, read live; `None` when its resource does not exist.
+    pub(super) async fn ledger_of(
+        &self,
+        group: &GroupKey,
+    ) -> Result<Option<ngo_index::capi::scale_down::Ledger>, ActuateError> {
+        if self.resources.scalable(group.kind).is_none() {
+            return Ok(None);
+        }
+        let object = self
+            .scalable(group.kind, &group.namespace)
+            .get_opt(&group.name)
+            .await
+            .map_err(ActuateError::api(format!("reading {}", group.id)))?;
+        object.map(|o| read_ledger(&group.id, &o)).transpose()
+    }
+
     /// Reads `/scale`, computes the new replicas and writes them back with the read
     /// resourceVersion; retries on conflict until `deadline` stops new writes. Returns (old,
     /// new).

@@ -7,7 +7,7 @@
 use kube::ResourceExt;
 use kube::api::{DynamicObject, ListParams};
 
-use super::CapiActuator;
+use super::actuator::CapiActuator;
 use super::marks::{MachinePatch, MachineStep};
 use super::replicas::{GroupKey, GroupStep, still_exists};
 use crate::actuate::deadline::MutationDeadline;
