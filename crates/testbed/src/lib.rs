@@ -2,8 +2,8 @@
 //! processes on loopback (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the
 //! Cluster API manager with a test infrastructure provider, kwok, cluster-autoscaler and its
 //! `externalgrpc` client), emulators of the cloud APIs the operator drives (Cherry Servers,
-//! Alibaba Cloud), networks and API servers that misbehave, throwaway certificates, and an
-//! auditor that judges deletions from cluster-autoscaler's side. It is a developer tool:
+//! Alibaba Cloud), networks and API servers that misbehave, light stand-ins for many workload
+//! clusters' API servers, throwaway certificates, and an auditor that judges deletions from cluster-autoscaler's side. It is a developer tool:
 //! nothing here ships in the operator image. `ngo-sandbox` puts the operator in it.
 //!
 //! Upstream binaries come from `tests/upstream/build.sh` (`target/upstream/bin`). Every
@@ -27,6 +27,7 @@ pub mod infra_provider;
 pub mod json_shape;
 pub mod kwok;
 pub mod localpod;
+pub mod node_apiserver;
 pub mod pki;
 pub mod process;
 pub mod proxy;
