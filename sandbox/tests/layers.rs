@@ -6,6 +6,16 @@
 //!   listed in [`KNOWN_CYCLES`], which may only shrink. A new circle fails, and so does a listed
 //!   one that is gone (so the list is kept true). The operator's NodePool layer (`nodepool`,
 //!   with its reconciler) names no `runtime` path: the runtime implements its trait.
+//! - Inside each crate, the files import each other without circles either. Each file is a
+//!   module (`index/build.rs` and `index/build/mod.rs` are `index::build`), with an edge to
+//!   every other module whose path it names: `crate::a::b`, `super::x`, `self::y`, a child
+//!   module's name, and each leaf of a `use` tree, resolved to the longest module path it
+//!   starts with. A name a module only imports (`super::Snapshot` where `super` has
+//!   `pub use model::Snapshot`) counts as the module it comes from, so a re-export neither
+//!   hides an edge nor makes one up. Comments, literals, `pub(in ..)` paths and unit tests
+//!   (`#[cfg(test)]` items, `tests.rs` files and `tests/` folders) are left out. A circle
+//!   is broken by moving what both sides need into a module of its own (types down,
+//!   behaviour up); [`KNOWN_FILE_CYCLES`] may only shrink, as above.
 //! - Between crates the compiler forbids circles of ordinary dependencies, but not a
 //!   dev-dependency that points up. `cargo metadata` gives every edge between the workspace's
 //!   crates (normal, build and dev), and each must point down [`LAYERS`]: the testbed is a leaf,
@@ -241,6 +251,547 @@ fn the_modules_of_every_crate_import_each_other_without_new_circles() {
     assert!(
         gone.is_empty(),
         "circles broken, take them off KNOWN_CYCLES: {gone:?}"
+    );
+}
+
+/// File-level circles not broken yet, as (the crate's sources, the circle's sorted module
+/// paths, `crate` for a crate root). None is left in the product crates but the service's
+/// metrics, whose files name `ServiceMetrics` in their parent, which names their families.
+const KNOWN_FILE_CYCLES: &[(&str, &[&str])] = &[
+    (
+        "crates/service/src",
+        &[
+            "metrics",
+            "metrics::groups",
+            "metrics::rpc",
+            "metrics::sweep",
+            "metrics::tls",
+        ],
+    ),
+    (
+        "crates/testbed/src",
+        &["alicloud", "alicloud::service", "alicloud::sts"],
+    ),
+    ("crates/testbed/src", &["cherry", "cherry::service"]),
+    ("crates/testbed/src", &["controlplane", "crate"]),
+];
+
+/// The module path of a file of the crate whose sources are `root`: `index::build` for
+/// `index/build.rs` and `index/build/mod.rs`, `crate` for the crate roots; `None` for unit
+/// tests (a `tests.rs` file or one below a `tests/` folder).
+fn module_path(root: &Path, file: &Path) -> Option<String> {
+    let relative = file.strip_prefix(root).ok()?;
+    let mut segments = relative
+        .iter()
+        .map(|s| s.to_str().map(str::to_string))
+        .collect::<Option<Vec<String>>>()?;
+    let file_name = segments.pop()?;
+    let stem = file_name.strip_suffix(".rs")?;
+    let crate_root = segments.is_empty() && matches!(stem, "lib" | "main");
+    if !crate_root && stem != "mod" {
+        segments.push(stem.to_string());
+    }
+    if segments.iter().any(|s| s == "tests") {
+        return None;
+    }
+    Some(if segments.is_empty() {
+        "crate".to_string()
+    } else {
+        segments.join("::")
+    })
+}
+
+/// The segments of a module path (none for `crate`).
+fn segments_of(module: &str) -> Vec<String> {
+    if module == "crate" {
+        Vec::new()
+    } else {
+        module.split("::").map(str::to_string).collect()
+    }
+}
+
+/// A module path from its segments.
+fn module_name(segments: &[String]) -> String {
+    if segments.is_empty() {
+        "crate".to_string()
+    } else {
+        segments.join("::")
+    }
+}
+
+/// A token of Rust source, as much of it as paths need.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Token<'a> {
+    Ident(&'a str),
+    PathSep,
+    Punct(char),
+}
+
+/// The tokens of `text`, without comments, string and character literals.
+fn tokens(text: &str) -> Vec<Token<'_>> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        let rest = &text[i..];
+        if rest.starts_with("//") {
+            i += rest.find('\n').unwrap_or(rest.len());
+        } else if let Some(comment) = rest.strip_prefix("/*") {
+            i += comment.find("*/").map_or(rest.len(), |e| e + 4);
+        } else if c == b'"' {
+            // A string: to the next quote not escaped.
+            let mut j = i + 1;
+            while j < bytes.len() && bytes[j] != b'"' {
+                j += if bytes[j] == b'\\' { 2 } else { 1 };
+            }
+            i = j + 1;
+        } else if c == b'\'' {
+            // A character literal ('x', '\n'); a lifetime ('a) goes on as an identifier.
+            let close = if bytes.get(i + 1) == Some(&b'\\') {
+                rest[2..].find('\'').map(|e| e + 3)
+            } else {
+                rest.char_indices()
+                    .nth(2)
+                    .filter(|(_, ch)| *ch == '\'')
+                    .map(|(e, _)| e + 1)
+            };
+            i += close.unwrap_or(1);
+        } else if c.is_ascii_alphabetic() || c == b'_' {
+            let len = rest
+                .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
+                .unwrap_or(rest.len());
+            let ident = &rest[..len];
+            let hashes = rest[len..].len() - rest[len..].trim_start_matches('#').len();
+            if matches!(ident, "r" | "br") && rest[len + hashes..].starts_with('"') {
+                // A raw string: to the quote followed by as many hashes.
+                let end = format!("\"{}", "#".repeat(hashes));
+                let body = len + hashes + 1;
+                i += rest[body..]
+                    .find(&end)
+                    .map_or(rest.len(), |e| body + e + end.len());
+            } else {
+                out.push(Token::Ident(ident));
+                i += len;
+            }
+        } else if rest.starts_with("::") {
+            out.push(Token::PathSep);
+            i += 2;
+        } else {
+            let ch = rest.chars().next().unwrap_or(' ');
+            if !ch.is_whitespace() {
+                out.push(Token::Punct(ch));
+            }
+            i += ch.len_utf8();
+        }
+    }
+    out
+}
+
+/// `tokens` without the items marked `#[cfg(test)]` (the unit-test modules, inline or
+/// declared, and test-only helpers and imports).
+fn without_test_items<'a>(tokens: &[Token<'a>]) -> Vec<Token<'a>> {
+    let cfg_test = [
+        Token::Punct('#'),
+        Token::Punct('['),
+        Token::Ident("cfg"),
+        Token::Punct('('),
+        Token::Ident("test"),
+        Token::Punct(')'),
+        Token::Punct(']'),
+    ];
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < tokens.len() {
+        if !tokens[at..].starts_with(&cfg_test) {
+            out.push(tokens[at]);
+            at += 1;
+            continue;
+        }
+        at += cfg_test.len();
+        let is_use = tokens[at..]
+            .iter()
+            .find(|t| matches!(t, Token::Ident(_)))
+            .is_some_and(|t| *t == Token::Ident("use"));
+        // To the `;` that ends the item, or the end of its first block.
+        while at < tokens.len() {
+            match tokens[at] {
+                Token::Punct(';') => break,
+                Token::Punct('{') if !is_use => {
+                    let mut depth = 0;
+                    while at < tokens.len() {
+                        match tokens[at] {
+                            Token::Punct('{') => depth += 1,
+                            Token::Punct('}') => depth -= 1,
+                            _ => {}
+                        }
+                        if depth == 0 {
+                            break;
+                        }
+                        at += 1;
+                    }
+                    break;
+                }
+                _ => at += 1,
+            }
+        }
+        at += 1;
+    }
+    out
+}
+
+/// A path a file names, as its segments, and the name it brings into scope when a `use`
+/// imports it (its last segment, or the `as` alias).
+#[derive(Debug, PartialEq)]
+struct NamedPath {
+    segments: Vec<String>,
+    imported_as: Option<String>,
+    /// The inline modules (`mod wire { .. }`) of the file it is named in, outermost first.
+    inline: Vec<String>,
+}
+
+/// The paths of a path or `use` tree starting at `tokens[at]` (`a::b::{c, d::e as f}` gives
+/// `a::b::c` and `a::b::d::e`), and the index after it.
+fn path_tree(
+    tokens: &[Token<'_>],
+    mut at: usize,
+    prefix: &[String],
+    import: bool,
+) -> (Vec<NamedPath>, usize) {
+    let mut segments = prefix.to_vec();
+    loop {
+        match tokens.get(at) {
+            Some(Token::Ident(name)) => {
+                if *name != "self" || segments.is_empty() {
+                    segments.push(name.to_string());
+                }
+                at += 1;
+            }
+            Some(Token::Punct('{')) => {
+                let mut paths = Vec::new();
+                at += 1;
+                while !matches!(tokens.get(at), None | Some(Token::Punct('}'))) {
+                    let (inner, next) = path_tree(tokens, at, &segments, import);
+                    paths.extend(inner);
+                    at = next.max(at + 1);
+                    if matches!(tokens.get(at), Some(Token::Punct(','))) {
+                        at += 1;
+                    }
+                }
+                return (paths, at + 1);
+            }
+            Some(Token::Punct('*')) => {
+                let glob = NamedPath {
+                    segments,
+                    imported_as: None,
+                    inline: Vec::new(),
+                };
+                return (vec![glob], at + 1);
+            }
+            _ => break,
+        }
+        if matches!(tokens.get(at), Some(Token::PathSep)) {
+            at += 1;
+        } else {
+            break;
+        }
+    }
+    let mut imported_as = segments.last().filter(|_| import).cloned();
+    if let (Some(Token::Ident("as")), Some(Token::Ident(alias))) =
+        (tokens.get(at), tokens.get(at + 1))
+    {
+        imported_as = import.then(|| alias.to_string());
+        at += 2;
+    }
+    let path = NamedPath {
+        segments,
+        imported_as,
+        inline: Vec::new(),
+    };
+    (vec![path], at)
+}
+
+/// The paths `code` names, test items left out: every path of two segments or more that does
+/// not continue another (`crate::a::b`, `super::x`, `self::y`, `a::b`), and each leaf of a
+/// `use` tree with the name it imports.
+fn paths(code: &str) -> Vec<NamedPath> {
+    let tokens = without_test_items(&tokens(code));
+    let mut out = Vec::new();
+    // The inline modules the scan is in, with the brace depth inside each.
+    let mut inline: Vec<(String, usize)> = Vec::new();
+    let mut depth = 0;
+    let mut at = 0;
+    while at < tokens.len() {
+        let continues = at > 0 && tokens[at - 1] == Token::PathSep;
+        let found = if tokens[at] == Token::Ident("use") && !continues {
+            let from = at + 1 + usize::from(tokens.get(at + 1) == Some(&Token::PathSep));
+            let (found, next) = path_tree(&tokens, from, &[], true);
+            at = next;
+            found
+        } else if matches!(tokens[at], Token::Ident(_))
+            && tokens.get(at + 1) == Some(&Token::PathSep)
+            && !continues
+            // Not the path of a visibility, `pub(in crate::a)`.
+            && !tokens[..at].ends_with(&[Token::Ident("pub"), Token::Punct('('), Token::Ident("in")])
+        {
+            let (found, next) = path_tree(&tokens, at, &[], false);
+            at = next;
+            found.into_iter().filter(|p| p.segments.len() > 1).collect()
+        } else {
+            match (tokens[at], tokens.get(at + 1), tokens.get(at + 2)) {
+                (Token::Ident("mod"), Some(Token::Ident(name)), Some(Token::Punct('{'))) => {
+                    depth += 1;
+                    inline.push((name.to_string(), depth));
+                    at += 3;
+                }
+                (Token::Punct('{'), _, _) => {
+                    depth += 1;
+                    at += 1;
+                }
+                (Token::Punct('}'), _, _) => {
+                    if inline.last().is_some_and(|(_, d)| *d == depth) {
+                        inline.pop();
+                    }
+                    depth = depth.saturating_sub(1);
+                    at += 1;
+                }
+                _ => at += 1,
+            }
+            Vec::new()
+        };
+        let names: Vec<String> = inline.iter().map(|(n, _)| n.clone()).collect();
+        out.extend(found.into_iter().map(|p| NamedPath {
+            inline: names.clone(),
+            ..p
+        }));
+    }
+    out
+}
+
+/// The absolute path (from the crate root) that `path`, named in module `here`, stands for;
+/// `None` for a path into another crate.
+fn absolute(
+    here: &[String],
+    path: &[String],
+    modules: &BTreeSet<Vec<String>>,
+) -> Option<Vec<String>> {
+    let head = path.first()?;
+    match head.as_str() {
+        "crate" | "$crate" => Some(path[1..].to_vec()),
+        "self" => Some(here.iter().chain(&path[1..]).cloned().collect()),
+        "super" => {
+            let ups = path.iter().take_while(|s| *s == "super").count();
+            let base = here.len().checked_sub(ups)?;
+            Some(here[..base].iter().chain(&path[ups..]).cloned().collect())
+        }
+        child => {
+            let mut child_module = here.to_vec();
+            child_module.push(child.to_string());
+            modules
+                .contains(&child_module)
+                .then(|| here.iter().chain(path).cloned().collect())
+        }
+    }
+}
+
+/// The graph between the module files of one crate, given as (module path, code): an edge
+/// when a file names a path (`crate::..`, `super::..`, `self::..`, or a child module's name)
+/// whose longest prefix that is a module is another file's. A name a module only imports
+/// (`super::Snapshot` where `super` has `pub use model::Snapshot`) counts as the module it is
+/// imported from, so a re-export neither hides an edge nor makes one up.
+fn file_edges(files: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|(m, _)| segments_of(m)).collect();
+    // What each module names, and the names it imports with where they come from.
+    let mut imports: BTreeMap<Vec<String>, BTreeMap<String, Vec<String>>> = BTreeMap::new();
+    let mut named: Vec<(String, Vec<Vec<String>>)> = Vec::new();
+    for (module, text) in files {
+        let here = segments_of(module);
+        let mut found = Vec::new();
+        for path in paths(text) {
+            let scope: Vec<String> = here.iter().chain(&path.inline).cloned().collect();
+            let Some(target) = absolute(&scope, &path.segments, &modules) else {
+                continue;
+            };
+            if let Some(name) = path.imported_as {
+                imports
+                    .entry(scope)
+                    .or_default()
+                    .insert(name, target.clone());
+            }
+            found.push(target);
+        }
+        named.push((module.clone(), found));
+    }
+    // The module a path lands in, following names its longest module prefix imports.
+    let land = |mut path: Vec<String>| -> String {
+        let mut hops = 0;
+        loop {
+            let depth = (0..=path.len())
+                .rev()
+                .find(|n| modules.contains(&path[..*n]))
+                .unwrap_or(0);
+            let imported = path
+                .get(depth)
+                .and_then(|name| imports.get(&path[..depth])?.get(name))
+                .filter(|source| **source != path[..=depth] && hops < 8);
+            match imported {
+                Some(source) => {
+                    path = source.iter().chain(&path[depth + 1..]).cloned().collect();
+                    hops += 1;
+                }
+                None => return module_name(&path[..depth]),
+            }
+        }
+    };
+    named
+        .into_iter()
+        .map(|(module, found)| {
+            let targets = found
+                .into_iter()
+                .map(&land)
+                .filter(|t| *t != module)
+                .collect();
+            (module, targets)
+        })
+        .collect()
+}
+
+/// The graph between the module files of the crate whose sources are `root`.
+fn file_graph(root: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_files(root, &mut files);
+    let files: Vec<(String, String)> = files
+        .iter()
+        .filter_map(|file| {
+            let module = module_path(root, file)?;
+            let text = std::fs::read_to_string(file).expect("readable source");
+            Some((module, text))
+        })
+        .collect();
+    file_edges(&files)
+}
+
+#[test]
+fn the_files_of_every_crate_import_each_other_without_circles() {
+    let known: BTreeSet<(String, Vec<String>)> = KNOWN_FILE_CYCLES
+        .iter()
+        .map(|(root, c)| (root.to_string(), c.iter().map(|m| m.to_string()).collect()))
+        .collect();
+    let mut found = BTreeSet::new();
+    let mut new = Vec::new();
+    for root in crate_sources() {
+        let name = root
+            .strip_prefix(repository())
+            .expect("inside the repository")
+            .display()
+            .to_string();
+        let graph = file_graph(&root);
+        if name == "crates/index/src" {
+            assert!(
+                graph["index::view"].contains("index::model"),
+                "the edges between files are read: {:?}",
+                graph["index::view"]
+            );
+        }
+        for cycle in cycles(&graph) {
+            let key = (name.clone(), cycle);
+            if !known.contains(&key) {
+                let cycle = &key.1;
+                let edges: Vec<String> = cycle
+                    .iter()
+                    .flat_map(|a| {
+                        graph[a]
+                            .iter()
+                            .filter(|b| cycle.contains(b))
+                            .map(move |b| format!("{a} -> {b}"))
+                    })
+                    .collect();
+                new.push((name.clone(), edges));
+            }
+            found.insert(key);
+        }
+    }
+    assert!(new.is_empty(), "import circles between files: {new:#?}");
+    let gone: Vec<_> = known.difference(&found).collect();
+    assert!(
+        gone.is_empty(),
+        "circles broken, take them off KNOWN_FILE_CYCLES: {gone:?}"
+    );
+}
+
+#[test]
+fn a_file_circle_is_found_and_a_chain_is_not() {
+    let files = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+        list.iter()
+            .map(|(m, t)| (m.to_string(), t.to_string()))
+            .collect()
+    };
+    let chain = files(&[
+        (
+            "crate",
+            "pub mod index;\npub use index::State as IndexState;",
+        ),
+        ("index", "mod build;\nmod state;\npub use state::State;"),
+        (
+            "index::build",
+            "use super::model::Input;\n// crate::index::state\n/* super::state */",
+        ),
+        ("index::model", "pub(in crate::index) struct Input;"),
+        (
+            "index::state",
+            "use super::{build::{self, assess}, model::Input as In};\nlet s = \"crate::index\";",
+        ),
+        (
+            "index::view",
+            "fn f() -> crate::IndexState { super::State::new(crate::index::model::Input) }",
+        ),
+    ]);
+    let graph = file_edges(&chain);
+    assert_eq!(
+        graph["index::state"],
+        BTreeSet::from(["index::build".to_string(), "index::model".into()])
+    );
+    assert_eq!(graph["index"], BTreeSet::from(["index::state".to_string()]));
+    assert_eq!(
+        graph["index::view"],
+        BTreeSet::from(["index::model".to_string(), "index::state".into()]),
+        "a re-exported name counts as the module it comes from"
+    );
+    assert!(cycles(&graph).is_empty(), "{graph:?}");
+    let circle = files(&[
+        ("index", "pub use state::S;"),
+        ("index::model", "pub struct M;"),
+        ("index::build", "fn f() { crate::index::state::g() }"),
+        (
+            "index::state",
+            "#[cfg(test)]\nmod tests;\nuse super::pool::P;",
+        ),
+        (
+            "index::pool",
+            "pub(crate) fn p() { super::build::f() }\nmod wire {\n    use super::*;\n    fn g() -> super::super::model::M {}\n}",
+        ),
+        (
+            "index::view",
+            "use super::S;\n#[cfg(test)]\nmod tests {\n    use super::super::view::V;\n}\n#[cfg(test)]\nuse super::build;",
+        ),
+    ]);
+    let graph = file_edges(&circle);
+    assert_eq!(
+        cycles(&graph),
+        BTreeSet::from([vec![
+            "index::build".to_string(),
+            "index::pool".into(),
+            "index::state".into()
+        ]])
+    );
+    assert_eq!(
+        graph["index::view"],
+        BTreeSet::from(["index::state".to_string()])
+    );
+    assert_eq!(
+        graph["index::pool"],
+        BTreeSet::from(["index::build".to_string(), "index::model".into()]),
+        "`super` in an inline module is the file's module"
     );
 }
 
