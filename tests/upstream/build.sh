@@ -8,6 +8,8 @@
 #   tests/upstream/build.sh cluster-autoscaler-1.29.5   # the real CA binary of another release;
 #                                           # cluster-autoscaler-test: CA_BINARY_TEST_VERSIONS,
 #                                           # cluster-autoscaler-all: CA_BINARY_ALL_VERSIONS
+#   tests/upstream/build.sh cluster-autoscaler-clusterapi-1.34.5   # that release with the in-tree
+#                                           # clusterapi provider alone (before 1.36; make bench)
 #   tests/upstream/build.sh conformance     # nodegroup-conformance (CA's externalgrpc client) for
 #                                           # CONFORMANCE_TEST_VERSIONS; conformance-all: every
 #                                           # CONFORMANCE_ALL_VERSIONS; conformance-1.31.5: one
@@ -21,6 +23,7 @@
 # Output (fixed paths, symlinks into the versioned dirs):
 #   target/upstream/bin/{etcd,kube-apiserver,kube-controller-manager,kube-scheduler,kubectl,
 #                        capi-manager,cluster-autoscaler(-<CA version>),
+#                        cluster-autoscaler-clusterapi-<CA version>,
 #                        externalgrpc-example-server,kwok,helm,
 #                        nodegroup-conformance(-<CA version>), cherry-check,
 #                        cherry-check-intree, alicloud-check-intree, clusterapi-diff}
@@ -397,11 +400,24 @@ ca_binary_key() {
     "$( { echo "$sum"; ca_binary_tags "$v"; conformance_substitutes "$v"; } | sha256sum | cut -c1-12)"
 }
 
+# cluster-autoscaler-clusterapi-<version>: the same release built with the in-tree clusterapi
+# provider alone (-tags clusterapi), bin/cluster-autoscaler-clusterapi-<version>, for releases
+# whose binary above has externalgrpc alone (before 1.36): the benchmark compares CA 1.34.5's
+# in-tree provider with ours through its externalgrpc binary.
+ca_clusterapi_binary_key() {
+  printf 'cluster-autoscaler-clusterapi-%s-%s\n' "$1" \
+    "$( { pinned_tarball_sha "cluster-autoscaler-$1"; echo clusterapi; conformance_substitutes "$1"; } | sha256sum | cut -c1-12)"
+}
+
 build_ca_binary() {
   local v=$1 key bin=cluster-autoscaler-$1 t tags d m mv sums modfile=()
-  if [ "$v" = "$CA_VERSION" ]; then build_ca; return 0; fi
-  key=$(ca_binary_key "$v")
-  tags=$(ca_binary_tags "$v")
+  if [ "${2:-}" = clusterapi ]; then
+    key=$(ca_clusterapi_binary_key "$v") bin=cluster-autoscaler-clusterapi-$v tags=clusterapi
+  else
+    if [ "$v" = "$CA_VERSION" ]; then build_ca; return 0; fi
+    key=$(ca_binary_key "$v")
+    tags=$(ca_binary_tags "$v")
+  fi
   if begin "$key" "$bin"; then
     t=$(ca_source "$v")
     grep -q "^const ClusterAutoscalerVersion = \"$v\"\$" "$t/version/version.go" \
@@ -780,6 +796,11 @@ for c in "${comps[@]}"; do
     kube) fn=build_kube key=$KEY_kube ;;
     capi) fn=build_capi key=$KEY_capi ;;
     cluster-autoscaler|ca) fn=build_ca key=$KEY_ca ;;
+    cluster-autoscaler-clusterapi-[0-9]*)
+      v=${c#cluster-autoscaler-clusterapi-}
+      [[ ",$CA_BINARY_ALL_VERSIONS," == *",$v,"* ]] && [ "$(ca_binary_tags "$v")" = externalgrpc ] \
+        || die "unknown component '$c' (a release of CA_BINARY_ALL_VERSIONS built with externalgrpc alone: before 1.36)"
+      fn="build_ca_binary $v clusterapi" key=$(ca_clusterapi_binary_key "$v") ;;
     cluster-autoscaler-[0-9]*)
       v=${c#cluster-autoscaler-}
       [[ ",$CA_BINARY_ALL_VERSIONS," == *",$v,"* ]] || die "unknown component '$c' (CA_BINARY_ALL_VERSIONS: $CA_BINARY_ALL_VERSIONS)"

@@ -111,6 +111,18 @@ impl CaRelease {
         *self >= Self::new(36, 0)
     }
 
+    /// The `tests/upstream/build.sh` component of this release's build with the in-tree
+    /// `clusterapi` provider: its own binary when it [`has_clusterapi`](Self::has_clusterapi),
+    /// else a second build with `clusterapi` alone, `cluster-autoscaler-clusterapi-<version>`
+    /// (`bin/cluster-autoscaler-clusterapi-<version>`; the benchmark runs 1.34.5's).
+    pub fn clusterapi_component(&self) -> Result<String, ReleaseError> {
+        if self.has_clusterapi() {
+            self.component()
+        } else {
+            Ok(format!("cluster-autoscaler-clusterapi-{self}"))
+        }
+    }
+
     /// Whether this release defines the command-line flag `name` (without dashes). Flags not in
     /// [`RELEASE_FLAGS`] are defined by every release from 1.29.5 to 1.36.1.
     pub fn knows_flag(&self, name: &str) -> bool {
@@ -336,11 +348,17 @@ impl AutoscalerOptions {
     /// does not define (from the typed options or [`AutoscalerOptions::extra_args`]). Every
     /// sandbox default is a flag all built releases define.
     pub fn unsupported(&self, release: CaRelease) -> Option<String> {
-        if matches!(self.provider, CloudProvider::ClusterApi { .. }) && !release.has_clusterapi() {
+        if matches!(self.provider, CloudProvider::ClusterApi { .. })
+            && !release.has_clusterapi()
+            && !release
+                .clusterapi_component()
+                .is_ok_and(|c| upstream_bin(&c).exists())
+        {
             return Some(format!(
                 "cluster-autoscaler {release} is built with the externalgrpc provider only \
                  (tests/upstream/build.sh ca_binary_tags: up to 1.35 a build has one provider), \
-                 not clusterapi"
+                 not clusterapi (tests/upstream/build.sh cluster-autoscaler-clusterapi-{release} \
+                 builds it with clusterapi alone)"
             ));
         }
         let placeholder: SocketAddr = ([127, 0, 0, 1], 0).into();
@@ -438,15 +456,17 @@ impl Autoscaler {
         let release = options
             .release()
             .map_err(|e| refuse(invalid, format!("choosing the release: {e}")))?;
-        let (binary, component) = release
-            .binary()
-            .and_then(|b| Ok((b, release.component()?)))
-            .map_err(|e| {
-                refuse(
-                    invalid,
-                    format!("locating cluster-autoscaler {release}: {e}"),
-                )
-            })?;
+        // The in-tree provider of a release built with one provider is a build of its own.
+        let component = match options.provider {
+            CloudProvider::ClusterApi { .. } => release.clusterapi_component(),
+            CloudProvider::ExternalGrpc { .. } => release.component(),
+        };
+        let (binary, component) = component.map(|c| (upstream_bin(&c), c)).map_err(|e| {
+            refuse(
+                invalid,
+                format!("locating cluster-autoscaler {release}: {e}"),
+            )
+        })?;
         if !binary.exists() {
             return Err(refuse(
                 std::io::ErrorKind::NotFound,
