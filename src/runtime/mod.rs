@@ -40,9 +40,9 @@ use ngo_service::discovery::CapiResources;
 use ngo_service::events::EventPublisher;
 use ngo_service::metrics::ServiceMetrics;
 use ngo_service::proto::cloud_provider_server::CloudProviderServer;
-use ngo_service::server::relay_stream::RelayStreams;
 use ngo_service::relay::wire::proto::relay_server::RelayServer;
 use ngo_service::server::CloudProviderService;
+use ngo_service::server::relay_stream::RelayStreams;
 use ngo_service::server::tls::{self, ReloadingTls, TlsFiles};
 
 pub use watches::{NodeSource, WatchSpec, Watches};

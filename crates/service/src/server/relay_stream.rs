@@ -16,8 +16,8 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::relay::wire::{self, proto};
 use super::identity::{self, IdentitySource, Scope};
+use crate::relay::wire::{self, proto};
 
 /// How often an idle stream carries a keepalive, by default.
 pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(1);
