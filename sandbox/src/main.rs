@@ -7,6 +7,8 @@
 //!   cluster-autoscaler while showing what happens, and stops it.
 //! - `ngo-sandbox bench` measures the operator side by side with its upstream peers
 //!   (`make bench`) and writes target/bench/results.json.
+//! - `ngo-sandbox scale` measures the operator's memory and CPU against the number of workload
+//!   clusters and relay streams it serves (`make scale`) and writes target/scale/results.json.
 
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
@@ -103,6 +105,24 @@ enum Command {
         /// cluster-autoscaler; prints the raw figures (for work on the operator).
         #[arg(long, value_name = "GROUPSxNODES", conflicts_with = "smoke")]
         ours_only: Option<String>,
+    },
+    /// Measure the management topology at scale: the operator's memory, CPU and Node change
+    /// latency against 10, 100 and 1,000 workload clusters (stand-in API servers) and 1, 100
+    /// and 1,000 relay streams; prints the tables and the goals, and writes the results.
+    Scale {
+        /// 10 clusters and 10 streams, short windows: exercises every code path, measures
+        /// nothing.
+        #[arg(long)]
+        smoke: bool,
+        /// Where to write the results (default: target/scale/results.json).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Workload cluster counts to run instead (e.g. `10,100`).
+        #[arg(long, value_delimiter = ',')]
+        clusters: Vec<usize>,
+        /// Relay stream counts to step through instead (e.g. `1,100`; `0` for none).
+        #[arg(long, value_delimiter = ',')]
+        streams: Vec<usize>,
     },
     /// Run the demo: scale a MachineDeployment up and down through cluster-autoscaler.
     Demo {
@@ -216,6 +236,27 @@ fn main() -> anyhow::Result<()> {
             let out = out
                 .unwrap_or_else(|| ngo_testbed::workspace_root().join("target/bench/results.json"));
             bench(&runtime, smoke, &out, started)
+        }
+        Command::Scale {
+            smoke,
+            out,
+            clusters,
+            streams,
+        } => {
+            let out = out
+                .unwrap_or_else(|| ngo_testbed::workspace_root().join("target/scale/results.json"));
+            let mut options = if smoke {
+                ngo_sandbox::scale::ScaleOptions::smoke()
+            } else {
+                ngo_sandbox::scale::ScaleOptions::full()
+            };
+            if !clusters.is_empty() {
+                options.clusters = clusters;
+            }
+            if !streams.is_empty() {
+                options.streams = streams.into_iter().filter(|&s| s > 0).collect();
+            }
+            scale(&runtime, &options, &out, started)
         }
         Command::Demo { plain, cherry } => {
             let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
@@ -473,6 +514,50 @@ fn bench_ours(
     std::fs::write(out, &figures).with_context(|| format!("writing {}", out.display()))?;
     println!("{figures}");
     Ok(())
+}
+
+fn scale(
+    runtime: &tokio::runtime::Runtime,
+    options: &ngo_sandbox::scale::ScaleOptions,
+    out: &std::path::Path,
+    started: Instant,
+) -> anyhow::Result<()> {
+    use ngo_sandbox::scale::{self, procfs, report};
+    raise_open_files_limit();
+    say(
+        started,
+        &format!("scale measurement on {}", procfs::Machine::read().line()),
+    );
+    let results = scale::run(runtime, options, &|line| say(started, line))?;
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(out, serde_json::to_vec_pretty(&results)?)
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("\n{}", report::render(&results));
+    let shown = std::fs::canonicalize(out).unwrap_or_else(|_| out.to_path_buf());
+    println!("results: {}", shown.display());
+    Ok(())
+}
+
+/// Raises this process's limit of open files to its hard limit, for it and the operator it
+/// starts: 1,000 workload clusters take about 3,000 sockets on each side (a listener per
+/// stand-in, the operator's watch and probe connections, the relay streams).
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct passed, nothing else.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                tracing::warn!("could not raise the open files limit");
+            }
+        }
+    }
 }
 
 async fn run_demo(
