@@ -1,0 +1,137 @@
+//! What the operator reads from one workload cluster at most, and how a cluster beyond a
+//! limit is told apart and paused.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use kube::runtime::watcher;
+
+use crate::runtime::nodes::WatchedNode;
+
+/// How long a cluster that listed more than [`ReadLimits::nodes`] Nodes waits before it is
+/// listed again.
+pub(super) const TOO_MANY_NODES_BACKOFF: Duration = Duration::from_secs(60);
+/// How long a cluster whose list missed [`ReadLimits::list_deadline`], or whose answer was
+/// beyond a size limit, waits before it is listed again.
+pub(super) const SLOW_LIST_BACKOFF: Duration = Duration::from_secs(60);
+
+/// What the operator reads from one workload cluster at most: the tenant runs that API
+/// server. A cluster beyond a limit is reported failed (naming the limit), its Nodes are not
+/// served, and it is listed again after a minute; other clusters are not affected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadLimits {
+    /// Largest response body (one LIST page, or one watch request's events). Default 64 MiB:
+    /// the Nodes are listed 500 to a page, and 500 Nodes with their image lists come to
+    /// about 10 MiB.
+    pub response_bytes: usize,
+    /// Longest watch event line. Default 16 MiB.
+    pub watch_line_bytes: usize,
+    /// Most Nodes kept. Default 15,000: three times Kubernetes' largest supported cluster.
+    pub nodes: usize,
+    /// Longest a whole LIST of the Nodes may take, every page included: the read timeout
+    /// bounds the wait for each next byte, not the list, and a tenant's server may send one
+    /// byte every few seconds forever. Default 180 s: 15,000 Nodes at a few MB/s list in
+    /// well under a minute.
+    pub list_deadline: Duration,
+}
+
+impl Default for ReadLimits {
+    fn default() -> Self {
+        Self {
+            response_bytes: 64 << 20,
+            watch_line_bytes: crate::runtime::line_limit::MAX_WATCH_LINE_BYTES,
+            nodes: 15_000,
+            list_deadline: Duration::from_secs(180),
+        }
+    }
+}
+/// True when a request failed because its answer was larger than a workload client reads
+/// ([`ReadLimits::response_bytes`], or a watch line beyond [`ReadLimits::watch_line_bytes`]).
+/// Which, named as the operator's flag says it.
+pub(super) fn oversized(reason: &str, limits: &ReadLimits) -> Option<String> {
+    if reason.contains("length limit exceeded") {
+        Some(format!(
+            "an answer was larger than {} MiB (--workload-max-response-mib)",
+            limits.response_bytes >> 20
+        ))
+    } else if reason.contains("a watch event line longer than") {
+        Some(format!(
+            "a watch event was longer than {} MiB (--workload-max-watch-line-mib)",
+            limits.watch_line_bytes >> 20
+        ))
+    } else {
+        None
+    }
+}
+
+/// The number of Nodes when `event` takes a cluster beyond `max` Nodes: counted per list
+/// (`listing`, reset when a list begins) and, once listed, as the Nodes known (`seen`).
+pub(super) fn over_node_cap(
+    event: &watcher::Event<WatchedNode>,
+    listing: &mut usize,
+    seen: &HashMap<String, u64>,
+    max: usize,
+) -> Option<usize> {
+    match event {
+        watcher::Event::Init => {
+            *listing = 0;
+            None
+        }
+        watcher::Event::InitApply(_) => {
+            *listing += 1;
+            (*listing > max).then_some(*listing)
+        }
+        watcher::Event::Apply(node) => {
+            let new = node
+                .metadata
+                .name
+                .as_ref()
+                .is_some_and(|n| !seen.contains_key(n));
+            let count = seen.len() + usize::from(new);
+            (count > max).then_some(count)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_listing_more_nodes_than_the_cap_is_stopped_at_the_first_one_beyond() {
+        let node = |name: &str| -> WatchedNode {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap()
+        };
+        const MAX_NODES: usize = 1_000;
+        let mut listing = 0;
+        let mut seen: HashMap<String, u64> = HashMap::new();
+        assert_eq!(
+            over_node_cap(&watcher::Event::Init, &mut listing, &seen, MAX_NODES),
+            None
+        );
+        for k in 0..MAX_NODES {
+            let event = watcher::Event::InitApply(node(&format!("n{k}")));
+            assert_eq!(over_node_cap(&event, &mut listing, &seen, MAX_NODES), None);
+        }
+        let beyond = watcher::Event::InitApply(node("one-more"));
+        assert_eq!(
+            over_node_cap(&beyond, &mut listing, &seen, MAX_NODES),
+            Some(MAX_NODES + 1)
+        );
+        // A new list starts the count again; once listed, a new Node beyond the cap stops it.
+        assert_eq!(
+            over_node_cap(&watcher::Event::Init, &mut listing, &seen, MAX_NODES),
+            None
+        );
+        assert_eq!(listing, 0);
+        seen.extend((0..MAX_NODES).map(|k| (format!("n{k}"), 0)));
+        let known = watcher::Event::Apply(node("n7"));
+        assert_eq!(over_node_cap(&known, &mut listing, &seen, MAX_NODES), None);
+        let new = watcher::Event::Apply(node("n-new"));
+        assert_eq!(
+            over_node_cap(&new, &mut listing, &seen, MAX_NODES),
+            Some(MAX_NODES + 1)
+        );
+    }
+}

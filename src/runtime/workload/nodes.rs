@@ -1,0 +1,257 @@
+//! The Node watch of a connection: fills its cache, records changes for the index while the
+//! connection serves, and stops at the read limits.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::client::READ_TIMEOUT;
+use super::health::{SharedHealth, reason};
+use super::limits::{
+    ReadLimits, SLOW_LIST_BACKOFF, TOO_MANY_NODES_BACKOFF, over_node_cap, oversized,
+};
+use crate::runtime::changes::Track;
+use crate::runtime::nodes::WatchedNode;
+use crate::runtime::watches::reflectors::{WatchBackoff, relevant};
+use ngo_index::index::WorkloadState;
+
+/// Seconds the API server keeps each Node watch request open; the watch then resumes from
+/// where it was. kube's watcher renews a watch that stays silent 5 s longer than this.
+pub(super) const WATCH_TIMEOUT_SECS: u32 = 20;
+// A healthy watch is renewed before the read timeout would cut it.
+const _: () = assert!(READ_TIMEOUT.as_secs() > WATCH_TIMEOUT_SECS as u64 + 5);
+
+/// Keeps `writer` filled with the Nodes of the cluster until `shutdown`; lists them afresh
+/// when `relist` is notified.
+pub(super) async fn watch_nodes(
+    client: Client,
+    mut writer: reflector::store::Writer<WatchedNode>,
+    (health, limits): (Arc<SharedHealth>, ReadLimits),
+    relist: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    let cluster = health.cluster.clone();
+    let list_deadline = limits.list_deadline;
+    let api = Api::<WatchedNode>::all(client);
+    let config = watcher::Config::default()
+        .any_semantic()
+        .timeout(WATCH_TIMEOUT_SECS);
+    let open = || {
+        let cluster = cluster.clone();
+        watcher(api.clone(), config.clone())
+            .modify(move |node| node.set_cluster(&cluster))
+            .backoff(WatchBackoff::default())
+            .boxed()
+    };
+    let mut stream = open();
+    let track = Track::Nodes(Some(cluster.clone()));
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    // Nodes of the list under way.
+    let mut listing = 0usize;
+    // Since when the watcher is listing (it opened, a list began, or it must list again),
+    // until the list is done or watch events come.
+    let mut listing_since = Some(Instant::now());
+    loop {
+        let list_due = listing_since.map_or_else(
+            || tokio::time::Instant::now() + Duration::from_secs(86_400),
+            |since| tokio::time::Instant::from_std(since + list_deadline),
+        );
+        let event = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = relist.notified() => {
+                tracing::info!(%cluster, kubeconfig = %health.kubeconfig, "workload cluster answers again; listing its Nodes afresh");
+                stream = open();
+                listing_since = Some(Instant::now());
+                continue;
+            }
+            _ = tokio::time::sleep_until(list_due), if listing_since.is_some() => {
+                let reason = format!(
+                    "listing the cluster's Nodes took longer than {}s (--workload-list-deadline-secs); it is listed again in {}s",
+                    list_deadline.as_secs(),
+                    SLOW_LIST_BACKOFF.as_secs()
+                );
+                // The list under way goes now, not after the pause.
+                drop(std::mem::replace(&mut stream, futures::stream::empty().boxed()));
+                let slow = "workload cluster too slow";
+                if !pause_listing(&health, slow, reason, SLOW_LIST_BACKOFF, &shutdown).await {
+                    return;
+                }
+                listing = 0;
+                stream = open();
+                listing_since = Some(Instant::now());
+                continue;
+            }
+            event = stream.next() => event,
+        };
+        match &event {
+            Some(Ok(
+                watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_),
+            )) => {
+                listing_since = None;
+            }
+            // A list began, or the watcher lists again next (its list failed, or the server
+            // answered 410 Gone); other failures resume the watch without a list.
+            Some(Ok(watcher::Event::Init) | Err(watcher::Error::InitialListFailed(_))) => {
+                listing_since.get_or_insert_with(Instant::now);
+            }
+            Some(Err(watcher::Error::WatchError(status))) if status.code == 410 => {
+                listing_since.get_or_insert_with(Instant::now);
+            }
+            _ => {}
+        }
+        match event {
+            Some(Ok(event)) => {
+                if let Some(count) = over_node_cap(&event, &mut listing, &seen, limits.nodes) {
+                    let reason = format!(
+                        "the cluster lists more than {} Nodes ({count} so far; --workload-max-nodes); it is listed again in {}s",
+                        limits.nodes,
+                        TOO_MANY_NODES_BACKOFF.as_secs()
+                    );
+                    writer.apply_watcher_event(&watcher::Event::Init);
+                    let large = "workload cluster too large";
+                    if !pause_listing(&health, large, reason, TOO_MANY_NODES_BACKOFF, &shutdown)
+                        .await
+                    {
+                        return;
+                    }
+                    listing = 0;
+                    stream = open();
+                    listing_since = Some(Instant::now());
+                    continue;
+                }
+                writer.apply_watcher_event(&event);
+                if matches!(event, watcher::Event::InitDone) {
+                    health.update(|h| h.listed(Instant::now()));
+                }
+                if relevant(&event, Some(WatchedNode::fingerprint), &mut seen) && health.serves() {
+                    health.changes.record(&track, &event);
+                }
+            }
+            Some(Err(error)) => {
+                let reason = reason(&error);
+                if let Some(bound) = oversized(&reason, &limits) {
+                    // Reading it again at once would cost the same again.
+                    let reason = format!(
+                        "{bound}; the cluster is listed again in {}s",
+                        SLOW_LIST_BACKOFF.as_secs()
+                    );
+                    let big = "workload cluster answer too large";
+                    if !pause_listing(&health, big, reason, SLOW_LIST_BACKOFF, &shutdown).await {
+                        return;
+                    }
+                    listing = 0;
+                    stream = open();
+                    listing_since = Some(Instant::now());
+                    continue;
+                }
+                if health.state() == WorkloadState::Synced {
+                    tracing::warn!(%cluster, kubeconfig = %health.kubeconfig, %reason, "Node watch of workload cluster failed; retrying");
+                } else {
+                    tracing::debug!(%cluster, kubeconfig = %health.kubeconfig, %reason, "Node watch of workload cluster failed; retrying");
+                }
+                health.update(|h| h.watch_failed(reason));
+            }
+            None => return,
+        }
+    }
+}
+
+/// Reports the cluster failed for `reason` (`what` names it in the log line), then waits
+/// `pause` before it is listed again; false when the operator stops meanwhile.
+pub(super) async fn pause_listing(
+    health: &SharedHealth,
+    what: &str,
+    reason: String,
+    pause: Duration,
+    shutdown: &CancellationToken,
+) -> bool {
+    tracing::warn!(cluster = %health.cluster, kubeconfig = %health.kubeconfig, %reason, "{what}");
+    health.update(|h| h.over_limit(reason));
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tokio::time::sleep(pause) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicBool;
+
+    use super::super::client::client_of;
+    use super::super::health::Health;
+    use super::*;
+    use ngo_index::index::ClusterKey;
+
+    /// A server sending its Node list one byte every half second (never long enough apart
+    /// for the read timeout): the list is abandoned at the deadline and the cluster reported.
+    #[tokio::test]
+    async fn a_tenants_list_dripping_past_the_deadline_is_abandoned_and_reported() {
+        let router = axum::Router::new().fallback(|| async {
+            let drip = futures::stream::unfold(0u8, |n| async move {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                Some((Ok::<_, std::io::Error>(bytes::Bytes::from_static(b" ")), n))
+            });
+            let head = futures::stream::once(async {
+                Ok::<_, std::io::Error>(bytes::Bytes::from_static(
+                    br#"{"kind":"NodeList","apiVersion":"v1","metadata":{},"items":["#,
+                ))
+            });
+            (
+                [("content-type", "application/json")],
+                axum::body::Body::from_stream(head.chain(drip)),
+            )
+        });
+        let client = client_of(router).await;
+        let cluster = ClusterKey {
+            namespace: "tenant".into(),
+            name: "slow".into(),
+        };
+        let health = Arc::new(SharedHealth {
+            cluster,
+            kubeconfig: "test".into(),
+            health: Mutex::new(Health::new(Instant::now())),
+            serving: AtomicBool::new(true),
+            changes: Arc::default(),
+        });
+        let shutdown = CancellationToken::new();
+        let watching = tokio::spawn(watch_nodes(
+            client,
+            reflector::store::Writer::default(),
+            (
+                health.clone(),
+                ReadLimits {
+                    list_deadline: Duration::from_secs(2),
+                    ..ReadLimits::default()
+                },
+            ),
+            Arc::new(Notify::new()),
+            shutdown.clone(),
+        ));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            health.state(),
+            WorkloadState::Syncing,
+            "still within the deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let state = health.state();
+        shutdown.cancel();
+        let _ = watching.await;
+        match state {
+            WorkloadState::NeverSynced(reason) => assert!(
+                reason.starts_with("listing the cluster's Nodes took longer than 2s"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! The probe of a connection: one Node's metadata asked for every few seconds, which tells
+//! whether the API server answers while the watch is silent.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::api::{Api, ListParams};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::health::{SharedHealth, UNREACHABLE_AFTER, reason};
+
+/// How often each connection probes its API server.
+pub(super) const PROBE_INTERVAL: Duration = Duration::from_secs(5);
+/// Longest a probe waits for its answer.
+pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+// A silent cluster is reported by the second probe after its last answer, which ends
+// `2 * PROBE_INTERVAL + PROBE_TIMEOUT` (15 s) after it.
+const _: () =
+    assert!(UNREACHABLE_AFTER.as_secs() < 2 * PROBE_INTERVAL.as_secs() + PROBE_TIMEOUT.as_secs());
+/// Probes the API server every [`PROBE_INTERVAL`] until `shutdown`; notifies `relist` when it
+/// answers again after an outage.
+pub(super) async fn probe_api_server(
+    client: Client,
+    health: Arc<SharedHealth>,
+    relist: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    let nodes = Api::<Node>::all(client);
+    let mut ticks = tokio::time::interval(PROBE_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let outcome = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            outcome = async {
+                ticks.tick().await;
+                probe(&nodes).await
+            } => outcome,
+        };
+        if health.update(|h| h.probed(outcome, Instant::now())) {
+            relist.notify_one();
+        }
+    }
+}
+
+/// Asks for the metadata of one Node, for at most [`PROBE_TIMEOUT`].
+pub(super) async fn probe(nodes: &Api<Node>) -> Result<(), String> {
+    let one = ListParams::default().limit(1);
+    match tokio::time::timeout(PROBE_TIMEOUT, nodes.list_metadata(&one)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(reason(&error)),
+        Err(_) => Err(format!("no answer within {}s", PROBE_TIMEOUT.as_secs())),
+    }
+}
