@@ -15,10 +15,7 @@ pub mod status;
 pub mod uninstall;
 
 // The crates below the operator, each under its own name, for what depends on the operator
-// alone (the sandbox, the fuzz target). Inside this crate they are named directly.
+// alone (the fuzz target). Inside this crate they are named directly.
 pub use ngo_api;
 pub use ngo_index;
 pub use ngo_service;
-/// The `externalgrpc` wire types the binary serves, for its clients (the integration tests,
-/// the sandbox's load and chaos clients).
-pub use ngo_service::proto;

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use nodegroup_operator::proto;
+use ngo_service::proto;
 use serde_json::json;
 use support::*;
 

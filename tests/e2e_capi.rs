@@ -27,7 +27,7 @@ use ngo_testbed::infra_provider::{
     self, InfraProvider, NEVER_REGISTER_ANNOTATION, PROVISION_DELAY_ANNOTATION,
 };
 use ngo_testbed::stall::Stall;
-use nodegroup_operator::proto::ExternalGrpcNode;
+use ngo_service::proto::ExternalGrpcNode;
 use nodegroup_operator::runtime::{self, Running};
 use serde_json::{Value, json};
 use support::rpc::Rpc;

@@ -440,7 +440,7 @@ async fn each_autoscaler_sees_and_scales_only_its_own_cluster() {
             .expect("cert");
     let mut nobody = connect_as(&w, &nobody_cert).await;
     let gpu = nobody
-        .gpu_label(nodegroup_operator::proto::GpuLabelRequest {})
+        .gpu_label(ngo_service::proto::GpuLabelRequest {})
         .await;
     assert_eq!(
         gpu.map(|_| ()).map_err(|s| s.code()),
@@ -448,7 +448,7 @@ async fn each_autoscaler_sees_and_scales_only_its_own_cluster() {
         "GPULabel"
     );
     let cleanup = nobody
-        .cleanup(nodegroup_operator::proto::CleanupRequest {})
+        .cleanup(ngo_service::proto::CleanupRequest {})
         .await;
     assert_eq!(
         cleanup.map(|_| ()).map_err(|s| s.code()),
@@ -637,7 +637,7 @@ impl Hostile {
 async fn connect_as(
     w: &World,
     cert: &(std::path::PathBuf, std::path::PathBuf),
-) -> nodegroup_operator::proto::cloud_provider_client::CloudProviderClient<tonic::transport::Channel>
+) -> ngo_service::proto::cloud_provider_client::CloudProviderClient<tonic::transport::Channel>
 {
     use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
     let read = |p: &std::path::Path| std::fs::read_to_string(p).expect("pem");
@@ -653,17 +653,17 @@ async fn connect_as(
         .connect()
         .await
         .expect("connect");
-    nodegroup_operator::proto::cloud_provider_client::CloudProviderClient::new(channel)
+    ngo_service::proto::cloud_provider_client::CloudProviderClient::new(channel)
 }
 
 /// Every RPC that takes a node group id, on `id`.
 async fn scoped_calls(
-    mut client: nodegroup_operator::proto::cloud_provider_client::CloudProviderClient<
+    mut client: ngo_service::proto::cloud_provider_client::CloudProviderClient<
         tonic::transport::Channel,
     >,
     id: &str,
 ) -> Vec<(&'static str, Result<(), tonic::Status>)> {
-    use nodegroup_operator::proto;
+    use ngo_service::proto;
     let id = id.to_string();
     vec![
         (
@@ -1044,12 +1044,12 @@ async fn a_silent_workload_cluster_is_reported_within_30s_and_affects_only_its_o
 
 /// Whether `id` is served to its own cluster's autoscaler: the read-only RPCs answer.
 async fn group_answers(
-    client: &mut nodegroup_operator::proto::cloud_provider_client::CloudProviderClient<
+    client: &mut ngo_service::proto::cloud_provider_client::CloudProviderClient<
         tonic::transport::Channel,
     >,
     id: &str,
 ) -> Result<(), String> {
-    use nodegroup_operator::proto;
+    use ngo_service::proto;
     client
         .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: id.into() })
         .await
@@ -1207,7 +1207,7 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// Latencies of `calls` NodeGroups from `client`, sorted.
 async fn node_groups_latencies(
-    client: &nodegroup_operator::proto::cloud_provider_client::CloudProviderClient<
+    client: &ngo_service::proto::cloud_provider_client::CloudProviderClient<
         tonic::transport::Channel,
     >,
     calls: usize,
@@ -1217,7 +1217,7 @@ async fn node_groups_latencies(
         let start = Instant::now();
         let groups = client
             .clone()
-            .node_groups(nodegroup_operator::proto::NodeGroupsRequest {})
+            .node_groups(ngo_service::proto::NodeGroupsRequest {})
             .await
             .expect("A is served");
         assert_eq!(groups.into_inner().node_groups.len(), 1, "A's group");
@@ -1301,7 +1301,7 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
         let a = connect_as(&w, &a_cert).await;
         poll("A served by the restarted operator", || async {
             a.clone()
-                .node_groups(nodegroup_operator::proto::NodeGroupsRequest {})
+                .node_groups(ngo_service::proto::NodeGroupsRequest {})
                 .await
                 .ok()
                 .filter(|g| g.get_ref().node_groups.len() == 1)

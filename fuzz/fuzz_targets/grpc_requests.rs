@@ -20,7 +20,7 @@ use nodegroup_operator::ngo_index::index::{
 use nodegroup_operator::ngo_index::template;
 use nodegroup_operator::ngo_service::pricing;
 use nodegroup_operator::ngo_service::server::{convert, options};
-use nodegroup_operator::proto::{self, ExternalGrpcNode};
+use nodegroup_operator::ngo_service::proto::{self, ExternalGrpcNode};
 use prost::Message;
 
 const NAMESPACE: &str = "ns";

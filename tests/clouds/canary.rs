@@ -27,7 +27,7 @@ use ngo_testbed::alicloud::{
     AccessKey, AliCloudEmulator, AliCloudOptions, OidcRole, ScalingGroupSpec,
 };
 use ngo_testbed::cherry::{CherryEmulator, CherryOptions};
-use nodegroup_operator::proto;
+use ngo_service::proto;
 use serde::Deserialize;
 use serde_json::{Value, json};
 

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
+use ngo_service::proto::{self, cloud_provider_client::CloudProviderClient};
 use tonic::transport::Channel;
 
 use super::*;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::support::rpc::Rpc;
 use crate::support::*;
 use k8s_pb::api::core::v1 as pb;
-use nodegroup_operator::proto::{self, ExternalGrpcNode};
+use ngo_service::proto::{self, ExternalGrpcNode};
 use prost::Message;
 use serde_json::{Value, json};
 use tonic::Code;
@@ -637,7 +637,7 @@ async fn annotation_changes_reach_answers_within_a_loop() {
 
 #[tokio::test]
 async fn every_rpc_is_unavailable_until_caches_sync() {
-    use nodegroup_operator::proto::cloud_provider_server::CloudProvider;
+    use ngo_service::proto::cloud_provider_server::CloudProvider;
     let client = admin_client().await;
     let resources =
         ngo_service::discovery::CapiResources::discover(&client, "cluster.x-k8s.io", None)

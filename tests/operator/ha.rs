@@ -41,7 +41,7 @@ async fn one_replica_leads_and_another_takes_over_when_it_stops() {
         .await
         .unwrap();
         let client =
-            nodegroup_operator::proto::cloud_provider_client::CloudProviderClient::new(channel);
+            ngo_service::proto::cloud_provider_client::CloudProviderClient::new(channel);
         assert_eq!(wait_groups(&client, 1).await[0].max_size, 3);
     }
     let (leader, follower) = if leaders.0 {

@@ -10,7 +10,7 @@ use k8s_pb::api::core::v1 as pb;
 use kube::ResourceExt;
 use ngo_service::server::tls::TlsFiles;
 use ngo_testbed::pki::{CertificateAuthority, IssuedCert};
-use nodegroup_operator::proto::{
+use ngo_service::proto::{
     self, ExternalGrpcNode, cloud_provider_client::CloudProviderClient,
 };
 use prost::Message as _;

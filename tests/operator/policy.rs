@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::support::rpc::Rpc;
 use crate::support::*;
-use nodegroup_operator::proto;
+use ngo_service::proto;
 use serde_json::json;
 use tonic::Code;
 

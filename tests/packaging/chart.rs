@@ -12,7 +12,7 @@ use crate::support::*;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, PostParams};
-use nodegroup_operator::proto;
+use ngo_service::proto;
 use serde_json::json;
 use tonic::Code;
 

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use nodegroup_operator::proto::{self, cloud_provider_client::CloudProviderClient};
+use ngo_service::proto::{self, cloud_provider_client::CloudProviderClient};
 use serde_json::json;
 use tonic::Code;
 use tonic::transport::Channel;

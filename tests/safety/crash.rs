@@ -15,7 +15,7 @@ use ngo_sandbox::operator::{OperatorOptions, write_cloud_config};
 use ngo_sandbox::stack::AutoscaledCluster;
 use ngo_testbed::auditor::DeletionAuditor;
 use ngo_testbed::capi;
-use nodegroup_operator::proto;
+use ngo_service::proto;
 use serde_json::json;
 
 pub const DELETE_MACHINE: &str = "cluster.x-k8s.io/delete-machine";

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use ngo_testbed::capi;
-use nodegroup_operator::proto;
+use ngo_service::proto;
 use serde_json::json;
 
 use crate::crash::{Group, node, paused_at_fault_point, poll};

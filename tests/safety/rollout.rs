@@ -11,7 +11,7 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use ngo_testbed::capi;
-use nodegroup_operator::proto;
+use ngo_service::proto;
 use serde_json::json;
 
 use crate::crash::{Group, node, poll};

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use ngo_testbed::proxy::{LatencyProxy, kubeconfig_via};
-use nodegroup_operator::proto;
+use ngo_service::proto;
 
 use crate::crash::{Group, node, poll, sandbox};
 

@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use ngo_index::capi::scale_down::{LEDGER_ANNOTATION, Ledger, MARK_ANNOTATION, ScaleDownMark};
 use ngo_testbed::capi;
-use nodegroup_operator::proto;
+use ngo_service::proto;
 use serde_json::json;
 
 use crate::crash::{DELETE_MACHINE, Group, node, paused_at_fault_point};

@@ -20,7 +20,7 @@ use kube::discovery::ApiResource;
 use kube::{Client, ResourceExt};
 use ngo_service::server::tls::TlsFiles;
 use ngo_testbed::{self as testbed, ControlPlane, ControlPlaneOptions};
-use nodegroup_operator::proto::cloud_provider_client::CloudProviderClient;
+use ngo_service::proto::cloud_provider_client::CloudProviderClient;
 use nodegroup_operator::runtime::{self, Config, Running};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
@@ -438,7 +438,7 @@ impl TestNs {
             eventually("operator caches synced", Duration::from_secs(20), || {
                 let mut c = client.clone();
                 async move {
-                    c.refresh(nodegroup_operator::proto::RefreshRequest {})
+                    c.refresh(ngo_service::proto::RefreshRequest {})
                         .await
                         .ok()
                 }
@@ -646,12 +646,12 @@ pub fn shared_token_kubeconfig(name: &str, token: &str) -> PathBuf {
 pub async fn wait_groups(
     client: &CloudProviderClient<Channel>,
     n: usize,
-) -> Vec<nodegroup_operator::proto::NodeGroup> {
+) -> Vec<ngo_service::proto::NodeGroup> {
     eventually(&format!("{n} node groups"), Duration::from_secs(20), || {
         let mut c = client.clone();
         async move {
             let groups = c
-                .node_groups(nodegroup_operator::proto::NodeGroupsRequest {})
+                .node_groups(ngo_service::proto::NodeGroupsRequest {})
                 .await
                 .ok()?;
             Some(groups.into_inner().node_groups).filter(|g| g.len() == n)

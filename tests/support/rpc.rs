@@ -5,8 +5,8 @@
 use std::ops::Range;
 
 use k8s_pb::api::core::v1 as pb;
-use nodegroup_operator::proto::cloud_provider_client::CloudProviderClient;
-use nodegroup_operator::proto::{self, ExternalGrpcNode};
+use ngo_service::proto::cloud_provider_client::CloudProviderClient;
+use ngo_service::proto::{self, ExternalGrpcNode};
 use prost::Message;
 use tonic::Status;
 use tonic::transport::Channel;
