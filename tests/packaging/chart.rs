@@ -2334,7 +2334,7 @@ fn operator_access(
     const CAPI: &str = "cluster.x-k8s.io";
     const OURS: &str = "autoscaling.nodegroup.dev";
     let mut access: Vec<(&str, &str, &[&str])> = vec![
-        // runtime/watches.rs (reflectors); actuate/capi/replicas.rs (replicas + ledger patch);
+        // runtime/watches/ (reflectors); actuate/capi/replicas.rs (replicas + ledger patch);
         // uninstall/ (release-finalizers, the pre-delete hook: stale ledgers removed)
         (
             CAPI,
@@ -2347,10 +2347,10 @@ fn operator_access(
         (CAPI, "machinedeployments/scale", &["get", "update"]),
         (CAPI, "machinesets/scale", &["get", "update"]),
         (CAPI, "machinepools/scale", &["get", "update"]),
-        // runtime/watches.rs; actuate/capi/marks.rs (delete-machine marks); uninstall/
+        // runtime/watches/; actuate/capi/marks.rs (delete-machine marks); uninstall/
         // (release-finalizers: our finalizer and records off Machines being deleted)
         (CAPI, "machines", &["get", "list", "watch", "patch"]),
-        // runtime/watches.rs; status/writer.rs (server-side apply of status)
+        // runtime/watches/; status/writer.rs (server-side apply of status)
         (OURS, "nodegrouppolicies", &["get", "list", "watch"]),
         (OURS, "nodegrouppolicies/status", &["patch"]),
         // nodepool/reconciler (finalizer); uninstall/ (finalizer released with
@@ -2361,7 +2361,7 @@ fn operator_access(
         (OURS, "nodepools/status", &["patch"]),
         // events.rs
         ("events.k8s.io", "events", &["create", "patch"]),
-        // runtime/watches.rs: infrastructure templates for scale from zero (values list them)
+        // runtime/watches/templates.rs: infrastructure templates for scale from zero (values list them)
         (
             "infrastructure.cluster.x-k8s.io",
             "awsmachinetemplates",
@@ -2394,17 +2394,17 @@ fn operator_access(
         ),
     ];
     if workload_nodes != "cluster-secrets" {
-        // runtime/watches.rs: Nodes of this cluster (or of the cluster the operator runs in);
+        // runtime/watches/: Nodes of this cluster (or of the cluster the operator runs in);
         // nodepool/drain.rs: a NodePool server's Node cordoned, its pods listed and evicted
         access.push(("", "nodes", &["get", "list", "watch", "patch"]));
         access.push(("", "pods", &["list"]));
         access.push(("", "pods/eviction", &["create"]));
     }
-    // runtime/watches.rs: Clusters (their spec.paused pauses groups; identities name them;
+    // runtime/watches/: Clusters (their spec.paused pauses groups; identities name them;
     // workload connections follow them)
     access.push((CAPI, "clusters", &["get", "list", "watch"]));
     if workload_nodes == "cluster-secrets" {
-        // runtime/workload.rs: `<cluster>-kubeconfig` Secrets, read by name
+        // runtime/workload/kubeconfig.rs: `<cluster>-kubeconfig` Secrets, read by name
         access.push(("", "secrets", &["get"]));
     }
     access
