@@ -41,9 +41,10 @@
 //! Instances created by others (ESS health replacements, cluster-autoscaler's in-tree
 //! provider) are members too, without a request: the reconciler adopts them.
 //!
-//! The files: the pool on its group (`group.rs`, the [`PoolBackend`](crate::nodepool::backend::PoolBackend)),
-//! how the pool connects (`connector.rs`), what activities and instances mean for the
-//! requests (`activities.rs`), and ESS's errors as the reconciler's (`errors.rs`).
+//! The files: the pool on its group (`group.rs`, the
+//! [`PoolBackend`](crate::nodepool::backend::PoolBackend)), how the pool connects
+//! (`connector.rs`), what activities and instances mean for the requests (`activities.rs`),
+//! and ESS's errors as the reconciler's (`errors.rs`).
 
 mod activities;
 mod connector;
