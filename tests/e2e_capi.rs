@@ -21,13 +21,13 @@ use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use ngo_sandbox::environment::process_sandbox as e2e;
+use ngo_service::proto::ExternalGrpcNode;
 use ngo_testbed::auditor::DeletionAuditor;
 use ngo_testbed::capi;
 use ngo_testbed::infra_provider::{
     self, InfraProvider, NEVER_REGISTER_ANNOTATION, PROVISION_DELAY_ANNOTATION,
 };
 use ngo_testbed::stall::Stall;
-use ngo_service::proto::ExternalGrpcNode;
 use nodegroup_operator::runtime::{self, Running};
 use serde_json::{Value, json};
 use support::rpc::Rpc;

@@ -447,9 +447,7 @@ async fn each_autoscaler_sees_and_scales_only_its_own_cluster() {
         Err(tonic::Code::PermissionDenied),
         "GPULabel"
     );
-    let cleanup = nobody
-        .cleanup(ngo_service::proto::CleanupRequest {})
-        .await;
+    let cleanup = nobody.cleanup(ngo_service::proto::CleanupRequest {}).await;
     assert_eq!(
         cleanup.map(|_| ()).map_err(|s| s.code()),
         Err(tonic::Code::PermissionDenied),
@@ -637,8 +635,7 @@ impl Hostile {
 async fn connect_as(
     w: &World,
     cert: &(std::path::PathBuf, std::path::PathBuf),
-) -> ngo_service::proto::cloud_provider_client::CloudProviderClient<tonic::transport::Channel>
-{
+) -> ngo_service::proto::cloud_provider_client::CloudProviderClient<tonic::transport::Channel> {
     use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
     let read = |p: &std::path::Path| std::fs::read_to_string(p).expect("pem");
     let tls = ClientTlsConfig::new()

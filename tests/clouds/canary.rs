@@ -23,11 +23,11 @@ use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::discovery::ApiResource;
 use ngo_sandbox::world::TestWorld;
+use ngo_service::proto;
 use ngo_testbed::alicloud::{
     AccessKey, AliCloudEmulator, AliCloudOptions, OidcRole, ScalingGroupSpec,
 };
 use ngo_testbed::cherry::{CherryEmulator, CherryOptions};
-use ngo_service::proto;
 use serde::Deserialize;
 use serde_json::{Value, json};
 

@@ -40,8 +40,7 @@ async fn one_replica_leads_and_another_takes_over_when_it_stops() {
         .connect()
         .await
         .unwrap();
-        let client =
-            ngo_service::proto::cloud_provider_client::CloudProviderClient::new(channel);
+        let client = ngo_service::proto::cloud_provider_client::CloudProviderClient::new(channel);
         assert_eq!(wait_groups(&client, 1).await[0].max_size, 3);
     }
     let (leader, follower) = if leaders.0 {

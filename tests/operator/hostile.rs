@@ -8,11 +8,9 @@ use std::time::{Duration, Instant};
 use crate::support::*;
 use k8s_pb::api::core::v1 as pb;
 use kube::ResourceExt;
+use ngo_service::proto::{self, ExternalGrpcNode, cloud_provider_client::CloudProviderClient};
 use ngo_service::server::tls::TlsFiles;
 use ngo_testbed::pki::{CertificateAuthority, IssuedCert};
-use ngo_service::proto::{
-    self, ExternalGrpcNode, cloud_provider_client::CloudProviderClient,
-};
 use prost::Message as _;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

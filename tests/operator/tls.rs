@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use crate::support::*;
+use ngo_service::proto::{self, cloud_provider_client::CloudProviderClient};
 use ngo_service::server::tls::{HandshakeLimits, Listener, ReloadingTls, TlsFiles, incoming_with};
 use ngo_testbed::pki::{CertificateAuthority, IssuedCert};
-use ngo_service::proto::{self, cloud_provider_client::CloudProviderClient};
 use nodegroup_operator::runtime::Running;
 use rustls::pki_types::pem::PemObject as _;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use k8s_pb::api::core::v1 as pb;
 use kube::api::{Patch, PatchParams};
-use ngo_testbed::{self as testbed, ControlPlane, ControlPlaneOptions};
 use ngo_service::proto::{self, cloud_provider_client::CloudProviderClient};
+use ngo_testbed::{self as testbed, ControlPlane, ControlPlaneOptions};
 use prost::Message as _;
 use serde_json::json;
 use tonic::Code;

@@ -13,9 +13,9 @@ use ngo_index::capi::scale_down::{LEDGER_ANNOTATION, Ledger, MARK_ANNOTATION, Sc
 use ngo_sandbox::environment::{SandboxInfo, WORKER_TEMPLATE, start_for_process};
 use ngo_sandbox::operator::{OperatorOptions, write_cloud_config};
 use ngo_sandbox::stack::AutoscaledCluster;
+use ngo_service::proto;
 use ngo_testbed::auditor::DeletionAuditor;
 use ngo_testbed::capi;
-use ngo_service::proto;
 use serde_json::json;
 
 pub const DELETE_MACHINE: &str = "cluster.x-k8s.io/delete-machine";

@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use ngo_testbed::capi;
 use ngo_service::proto;
+use ngo_testbed::capi;
 use serde_json::json;
 
 use crate::crash::{Group, node, paused_at_fault_point, poll};

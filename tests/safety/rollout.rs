@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use ngo_testbed::capi;
 use ngo_service::proto;
+use ngo_testbed::capi;
 use serde_json::json;
 
 use crate::crash::{Group, node, poll};

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use ngo_testbed::proxy::{LatencyProxy, kubeconfig_via};
 use ngo_service::proto;
+use ngo_testbed::proxy::{LatencyProxy, kubeconfig_via};
 
 use crate::crash::{Group, node, poll, sandbox};
 

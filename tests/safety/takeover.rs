@@ -9,8 +9,8 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use ngo_index::capi::scale_down::{LEDGER_ANNOTATION, Ledger, MARK_ANNOTATION, ScaleDownMark};
-use ngo_testbed::capi;
 use ngo_service::proto;
+use ngo_testbed::capi;
 use serde_json::json;
 
 use crate::crash::{DELETE_MACHINE, Group, node, paused_at_fault_point};

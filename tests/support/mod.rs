@@ -18,9 +18,9 @@ use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::ApiResource;
 use kube::{Client, ResourceExt};
+use ngo_service::proto::cloud_provider_client::CloudProviderClient;
 use ngo_service::server::tls::TlsFiles;
 use ngo_testbed::{self as testbed, ControlPlane, ControlPlaneOptions};
-use ngo_service::proto::cloud_provider_client::CloudProviderClient;
 use nodegroup_operator::runtime::{self, Config, Running};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
@@ -437,11 +437,7 @@ impl TestNs {
             let mut client = CloudProviderClient::new(channel);
             eventually("operator caches synced", Duration::from_secs(20), || {
                 let mut c = client.clone();
-                async move {
-                    c.refresh(ngo_service::proto::RefreshRequest {})
-                        .await
-                        .ok()
-                }
+                async move { c.refresh(ngo_service::proto::RefreshRequest {}).await.ok() }
             })
             .await;
             client = client.clone();

@@ -10,7 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use super::{GaugeSeries, ServiceMetrics, saturating_i64};
+use super::series::{GaugeSeries, saturating_i64};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct GroupLabels {
@@ -128,12 +128,10 @@ impl GroupFamilies {
     }
 }
 
-impl ServiceMetrics {
-    /// Records a snapshot rebuild and refreshes the per-group gauges. Series of groups,
-    /// clusters and warnings that are gone are removed; the others are never absent, not
-    /// even to a scrape during the refresh.
-    pub fn observe_snapshot(&self, snapshot: &Snapshot, elapsed: Duration) {
-        let families = &self.groups;
+impl GroupFamilies {
+    /// See [`super::ServiceMetrics::observe_snapshot`].
+    pub(super) fn observe_snapshot(&self, snapshot: &Snapshot, elapsed: Duration) {
+        let families = self;
         families.snapshot_build.observe(elapsed.as_secs_f64());
         let per_group = |value: fn(&NodeGroup) -> i64| {
             snapshot

@@ -19,10 +19,13 @@ mod tls;
 #[cfg(test)]
 mod tests;
 
+use std::time::Duration;
+
+use ngo_index::index::Snapshot;
 use prometheus_client::registry::Registry;
 
 pub use rpc::{UnansweredRpc, grpc_code_name};
-pub use series::GaugeSeries;
+pub use series::{GaugeSeries, saturating_i64};
 pub use sweep::{OutcomeCounter, SweepCounts};
 
 /// The service layer's metric families, recorded by its handlers, actuators and TLS acceptor.
@@ -61,8 +64,42 @@ impl ServiceMetrics {
     }
 }
 
-/// A count as a gauge value (counts beyond `i64::MAX` do not occur; they would read as the
-/// maximum).
-pub fn saturating_i64(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
+impl ServiceMetrics {
+    /// Records one RPC (its code as [`grpc_code_name`] names it).
+    pub fn observe_rpc(&self, method: &'static str, code: tonic::Code, elapsed: Duration) {
+        self.rpc.observe(method, code, elapsed);
+    }
+
+    /// Starts timing `method`, recorded even if it never answers (see [`UnansweredRpc`]).
+    pub fn unanswered(&self, method: &'static str) -> UnansweredRpc<'_> {
+        UnansweredRpc::new(&self.rpc, method)
+    }
+
+    /// Records a snapshot rebuild and refreshes the per-group gauges. Series of groups,
+    /// clusters and warnings that are gone are removed; the others are never absent, not
+    /// even to a scrape during the refresh.
+    pub fn observe_snapshot(&self, snapshot: &Snapshot, elapsed: Duration) {
+        self.groups.observe_snapshot(snapshot, elapsed);
+    }
+
+    /// Records one sweep of expired scale-down marks.
+    pub fn observe_sweep(&self, sweep: &SweepCounts) {
+        self.sweeps.observe(sweep);
+    }
+
+    /// Records that the gRPC endpoint's `certificate` (`serving` or `client-ca`) in use
+    /// expires at `at` (Unix seconds).
+    pub fn set_certificate_expiry(&self, certificate: &'static str, at: i64) {
+        self.tls.set_certificate_expiry(certificate, at);
+    }
+
+    /// Counts a TLS handshake refused for `reason` (`rejected`, `timeout`, `abandoned`).
+    pub fn count_handshake_failure(&self, reason: &'static str) {
+        self.tls.count_handshake_failure(reason);
+    }
+
+    /// Records that `client` connected with a certificate expiring at `at` (Unix seconds).
+    pub fn set_client_certificate_expiry(&self, client: &str, at: i64) {
+        self.tls.set_client_certificate_expiry(client, at);
+    }
 }

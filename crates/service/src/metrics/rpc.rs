@@ -7,8 +7,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use super::ServiceMetrics;
-
 /// Static strings: recording an RPC allocates nothing.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RpcLabels {
@@ -17,7 +15,7 @@ struct RpcLabels {
 }
 
 /// `grpc_request_duration_seconds`.
-pub(super) struct RpcFamilies {
+pub struct RpcFamilies {
     duration: Family<RpcLabels, Histogram>,
 }
 
@@ -70,11 +68,10 @@ pub fn grpc_code_name(code: tonic::Code) -> &'static str {
     }
 }
 
-impl ServiceMetrics {
+impl RpcFamilies {
     /// Records one RPC (its code as [`grpc_code_name`] names it).
-    pub fn observe_rpc(&self, method: &'static str, code: tonic::Code, elapsed: Duration) {
-        self.rpc
-            .duration
+    pub(super) fn observe(&self, method: &'static str, code: tonic::Code, elapsed: Duration) {
+        self.duration
             .get_or_create(&RpcLabels {
                 method,
                 code: grpc_code_name(code),
@@ -89,7 +86,7 @@ impl ServiceMetrics {
 /// [`UnansweredRpc::answered`], the RPC is recorded as `DeadlineExceeded` when the client's
 /// deadline had passed (see [`UnansweredRpc::client_deadline`]) and as `Canceled` otherwise.
 pub struct UnansweredRpc<'a> {
-    metrics: &'a ServiceMetrics,
+    metrics: &'a RpcFamilies,
     method: &'static str,
     start: Instant,
     client_deadline: Option<Duration>,
@@ -98,7 +95,7 @@ pub struct UnansweredRpc<'a> {
 
 impl<'a> UnansweredRpc<'a> {
     /// Starts timing `method`.
-    pub fn new(metrics: &'a ServiceMetrics, method: &'static str) -> Self {
+    pub fn new(metrics: &'a RpcFamilies, method: &'static str) -> Self {
         Self {
             metrics,
             method,
@@ -143,7 +140,7 @@ impl Drop for UnansweredRpc<'_> {
                 code = grpc_code_name(code),
                 "rpc dropped before answering (client deadline or reset)"
             );
-            self.metrics.observe_rpc(self.method, code, elapsed);
+            self.metrics.observe(self.method, code, elapsed);
         }
     }
 }

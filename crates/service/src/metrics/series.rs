@@ -53,3 +53,9 @@ where
         *present = values.into_keys().collect();
     }
 }
+
+/// A count as a gauge value (counts beyond `i64::MAX` do not occur; they would read as the
+/// maximum).
+pub fn saturating_i64(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}

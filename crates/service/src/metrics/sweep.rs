@@ -7,7 +7,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::{GaugeSeries, ServiceMetrics, saturating_i64};
+use super::series::{GaugeSeries, saturating_i64};
 
 /// Counter type used for actuation outcomes.
 pub type OutcomeCounter = Counter<u64, AtomicU64>;
@@ -73,10 +73,10 @@ impl SweepFamilies {
     }
 }
 
-impl ServiceMetrics {
+impl SweepFamilies {
     /// Records one sweep of expired scale-down marks.
-    pub fn observe_sweep(&self, sweep: &SweepCounts) {
-        let families = &self.sweeps;
+    pub(super) fn observe(&self, sweep: &SweepCounts) {
+        let families = self;
         families.completed.inc_by(sweep.completed as u64);
         families.rolled_back.inc_by(sweep.rolled_back as u64);
         families.rolled_forward.inc_by(sweep.rolled_forward as u64);

@@ -44,10 +44,10 @@ fn config_warnings_are_counted_per_resource_and_field_and_cleared() {
 fn an_rpc_dropped_before_answering_is_counted_as_cancelled() {
     let metrics = ServiceMetrics::new();
     {
-        let _pending = UnansweredRpc::new(&metrics, "NodeGroupDeleteNodes");
+        let _pending = metrics.unanswered("NodeGroupDeleteNodes");
     }
     {
-        let mut answered = UnansweredRpc::new(&metrics, "NodeGroupIncreaseSize");
+        let mut answered = metrics.unanswered("NodeGroupIncreaseSize");
         answered.answered();
     }
     let text = metrics.encode();
@@ -206,7 +206,8 @@ fn a_scrape_during_a_refresh_sees_every_series_that_stays() {
 #[test]
 fn a_dropped_rpc_is_deadline_exceeded_once_the_clients_deadline_has_passed() {
     let metrics = ServiceMetrics::new();
-    let rpc = UnansweredRpc::new(&metrics, "NodeGroupIncreaseSize")
+    let rpc = metrics
+        .unanswered("NodeGroupIncreaseSize")
         .client_deadline(Some(Duration::from_secs(5)));
     assert_eq!(
         rpc.dropped_code(Duration::from_secs(1)),
@@ -224,7 +225,7 @@ fn a_dropped_rpc_is_deadline_exceeded_once_the_clients_deadline_has_passed() {
     );
     let mut rpc = rpc;
     rpc.answered();
-    let unbounded = UnansweredRpc::new(&metrics, "NodeGroups");
+    let unbounded = metrics.unanswered("NodeGroups");
     assert_eq!(
         unbounded.dropped_code(Duration::from_secs(60)),
         tonic::Code::Cancelled,

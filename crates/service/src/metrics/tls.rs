@@ -6,8 +6,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::ServiceMetrics;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CertificateLabels {
     certificate: &'static str,
@@ -51,28 +49,25 @@ impl TlsFamilies {
     }
 }
 
-impl ServiceMetrics {
+impl TlsFamilies {
     /// Records that the gRPC endpoint's `certificate` (`serving` or `client-ca`) in use
     /// expires at `at` (Unix seconds).
-    pub fn set_certificate_expiry(&self, certificate: &'static str, at: i64) {
-        self.tls
-            .certificate_expiry
+    pub(super) fn set_certificate_expiry(&self, certificate: &'static str, at: i64) {
+        self.certificate_expiry
             .get_or_create(&CertificateLabels { certificate })
             .set(at);
     }
 
     /// Counts a TLS handshake refused for `reason` (`rejected`, `timeout`, `abandoned`).
-    pub fn count_handshake_failure(&self, reason: &'static str) {
-        self.tls
-            .handshake_failures
+    pub(super) fn count_handshake_failure(&self, reason: &'static str) {
+        self.handshake_failures
             .get_or_create(&HandshakeLabels { reason })
             .inc();
     }
 
     /// Records that `client` connected with a certificate expiring at `at` (Unix seconds).
-    pub fn set_client_certificate_expiry(&self, client: &str, at: i64) {
-        self.tls
-            .client_certificate_expiry
+    pub(super) fn set_client_certificate_expiry(&self, client: &str, at: i64) {
+        self.client_certificate_expiry
             .get_or_create(&ClientCertificateLabels {
                 client: client.to_string(),
             })

@@ -353,7 +353,9 @@ impl CloudProviderService {
                 .observe_rpc(method, refused.code(), start.elapsed());
             return Err(refused);
         }
-        let mut unanswered = crate::metrics::UnansweredRpc::new(&self.metrics, method)
+        let mut unanswered = self
+            .metrics
+            .unanswered(method)
             .client_deadline(caller.timeout);
         let asked_text = asked.as_deref().unwrap_or_default();
         let result = body.instrument(span.clone()).await.map_err(|error| {
