@@ -264,7 +264,6 @@ const KNOWN_FILE_CYCLES: &[(&str, &[&str])] = &[
         &["alicloud", "alicloud::service", "alicloud::sts"],
     ),
     ("crates/testbed/src", &["cherry", "cherry::service"]),
-    ("crates/testbed/src", &["controlplane", "crate"]),
 ];
 
 /// The module path of a file of the crate whose sources are `root`: `index::build` for

@@ -18,7 +18,7 @@ use kube::{Api, Client};
 use serde::Deserialize;
 
 use crate::process::{ManagedProcess, ProcessError, free_port, http_get, http_ok};
-use crate::upstream_bin;
+use crate::upstream::upstream_bin;
 
 /// tests/upstream/versions.env, read when this crate is built: the pinned release and the lists
 /// of the releases `tests/upstream/build.sh` builds binaries of.

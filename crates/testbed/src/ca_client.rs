@@ -19,7 +19,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::Mutex;
 
-use crate::upstream_bin;
+use crate::upstream::upstream_bin;
 
 /// A running CA client.
 pub struct CaClient {

@@ -24,7 +24,7 @@ use crate::controlplane::ControlPlane;
 use crate::crds;
 use crate::pki::{CertificateAuthority, PkiError};
 use crate::process::{ManagedProcess, ProcessError, free_port, http_ok};
-use crate::{upstream_bin, upstream_dir};
+use crate::upstream::{upstream_bin, upstream_dir};
 
 /// Cluster API group.
 pub const CAPI_GROUP: &str = "cluster.x-k8s.io";

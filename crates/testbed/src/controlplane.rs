@@ -10,7 +10,7 @@ use kube::Client;
 
 use crate::pki::{self, CertificateAuthority};
 use crate::process::{ManagedProcess, free_port, http_ok};
-use crate::upstream_bin;
+use crate::upstream::upstream_bin;
 
 /// How long kube-apiserver may take to exit after SIGTERM before it is killed. It keeps no
 /// state of its own (etcd does), and while a client (the Cluster API manager's cluster

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::controlplane::ControlPlane;
 use crate::process::{ManagedProcess, ProcessError, free_port, http_ok};
-use crate::{upstream_bin, upstream_dir};
+use crate::upstream::{upstream_bin, upstream_dir};
 
 /// How to run kwok.
 #[derive(Clone, Debug)]
