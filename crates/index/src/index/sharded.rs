@@ -83,6 +83,28 @@ impl<K: Hash + Eq + Clone, V: Clone> ShardedMap<K, V> {
         self.len == 0
     }
 
+    /// Sets `key` to `value` unless it holds an equal value already (then its shard stays
+    /// shared with earlier clones).
+    pub fn insert_if_changed(&mut self, key: K, value: V)
+    where
+        V: PartialEq,
+    {
+        if self.get(&key) != Some(&value) {
+            self.insert(key, value);
+        }
+    }
+
+    /// True when every shard of `self` is the very shard of `other` (a clone neither changed):
+    /// then both hold the same entries. Cheap: a pointer comparison per shard.
+    pub fn same_shards(&self, other: &Self) -> bool {
+        self.shards.len() == other.shards.len()
+            && self
+                .shards
+                .iter()
+                .zip(&other.shards)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+
     /// Every value, in no particular order.
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.shards.iter().flat_map(|s| s.values())

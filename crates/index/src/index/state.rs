@@ -553,14 +553,16 @@ impl IndexState {
             match self.machines.get(&key) {
                 Some(m) => {
                     let entry = self.machine_entry(m);
-                    self.machine_entries.insert(key, entry);
+                    self.machine_entries.insert_if_changed(key, entry);
                 }
                 None => self.machine_entries.remove(&key),
             }
         }
         for pid in std::mem::take(&mut self.dirty_pids) {
             match self.pid_owner(&pid) {
-                Some(owner) => self.pid_owners.insert(pid, owner),
+                // An unchanged owner leaves its shard shared with earlier snapshots, so what
+                // did not change can be told apart by pointer (`ClusterView::unchanged_between`).
+                Some(owner) => self.pid_owners.insert_if_changed(pid, owner),
                 None => self.pid_owners.remove(&pid),
             }
         }
@@ -1406,6 +1408,9 @@ mod tests {
                     s.groups.values().filter(|g| scope.is_none_or(|c| *c == g.cluster)).map(|g| g.id.clone()).collect()
                 };
                 prop_assert_eq!(visible(&newer), visible(&rebuilt));
+                if ClusterView::unchanged_between(&older, &newer, scope) {
+                    prop_assert_eq!(&ClusterView::of(&older, scope), &view);
+                }
                 let mut moved = ClusterView::of(&older, scope);
                 moved.apply(moved.delta_to(&view));
                 prop_assert_eq!(&moved, &view);
@@ -1461,6 +1466,26 @@ mod tests {
             cluster: Some(cluster.clone()),
             ..Default::default()
         }
+    }
+
+    /// A Node's readiness changing in one tenant's cluster leaves every other tenant's view
+    /// certainly unchanged, found by pointer comparisons alone; its own view may have changed.
+    #[test]
+    fn a_node_change_in_one_cluster_leaves_the_other_clusters_view_unchanged() {
+        let (mut state, c1, c2) = two_tenants(WorkloadState::Synced);
+        let before = state.snapshot();
+        state.upsert_node(workload_node(&c2, "n-c2", false));
+        let after = state.snapshot();
+        assert!(ClusterView::unchanged_between(&before, &after, Some(&c1)));
+        assert_eq!(
+            ClusterView::of(&before, Some(&c1)),
+            ClusterView::of(&after, Some(&c1))
+        );
+        assert!(!ClusterView::unchanged_between(&before, &after, Some(&c2)));
+        assert_ne!(
+            ClusterView::of(&before, Some(&c2)),
+            ClusterView::of(&after, Some(&c2))
+        );
     }
 
     /// A tenant's workload cluster reconnecting (its state and Nodes replaced) recomputes that

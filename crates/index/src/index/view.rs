@@ -144,6 +144,49 @@ impl ClusterView {
         }
     }
 
+    /// True when `scope`'s view of `after` is certainly its view of `before`, found without
+    /// building either: the same Clusters in the header, the very same group objects of the
+    /// scope, and machines and provider IDs untouched. Snapshots share what an update did not
+    /// change, so a change in another Cluster (a Node's readiness there) costs a view here a
+    /// pointer comparison per group and shard. `false` says only that it may have changed.
+    pub fn unchanged_between(
+        before: &Snapshot,
+        after: &Snapshot,
+        scope: Option<&ClusterKey>,
+    ) -> bool {
+        let in_scope = |cluster: &ClusterKey| scope.is_none_or(|s| s == cluster);
+        let header_same = before.nodes_per_cluster == after.nodes_per_cluster
+            && before
+                .clusters
+                .iter()
+                .filter(|c| in_scope(c))
+                .eq(after.clusters.iter().filter(|c| in_scope(c)))
+            && before
+                .deleting_clusters
+                .iter()
+                .filter(|c| in_scope(c))
+                .eq(after.deleting_clusters.iter().filter(|c| in_scope(c)))
+            && before
+                .workload
+                .iter()
+                .filter(|(c, _)| in_scope(c))
+                .eq(after.workload.iter().filter(|(c, _)| in_scope(c)));
+        let groups_same = before
+            .groups
+            .iter()
+            .filter(|(_, g)| in_scope(&g.cluster))
+            .map(|(id, g)| (id, Arc::as_ptr(g)))
+            .eq(after
+                .groups
+                .iter()
+                .filter(|(_, g)| in_scope(&g.cluster))
+                .map(|(id, g)| (id, Arc::as_ptr(g))));
+        header_same
+            && groups_same
+            && before.machines.same_shards(&after.machines)
+            && before.by_provider_id.same_shards(&after.by_provider_id)
+    }
+
     /// A snapshot holding this view: what the read RPCs need of it (no exclusions, policy
     /// reports or counts).
     pub fn to_snapshot(&self) -> Snapshot {

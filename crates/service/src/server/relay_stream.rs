@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ngo_index::index::{ClusterKey, ClusterView, SnapshotHandle};
+use ngo_index::index::{ClusterKey, ClusterView, Snapshot, SnapshotHandle};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -165,10 +165,27 @@ impl Feed {
     async fn run(mut self, tx: mpsc::Sender<Result<proto::ViewUpdate, Status>>) {
         let _live = Live::new(&self.metrics.streams);
         let mut sent: Option<(u64, Arc<ClusterView>)> = None;
+        // The snapshot the last view was sent for: a newer one that changed nothing of this
+        // Cluster (found by pointer comparisons) costs a keepalive, not a rebuild.
+        let mut seen: Option<Arc<Snapshot>> = None;
         loop {
             if let Some((version, snapshot)) = self.snapshots.current_versioned()
                 && sent.as_ref().is_none_or(|(at, _)| *at != version)
             {
+                if let (Some(before), Some((at, _))) = (&seen, &mut sent)
+                    && ClusterView::unchanged_between(before, &snapshot, Some(&self.cluster))
+                {
+                    *at = version;
+                    seen = Some(snapshot);
+                    if self
+                        .send_all(&tx, vec![wire::keepalive(version)])
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                    continue;
+                }
                 let view = Arc::new(ClusterView::of(&snapshot, Some(&self.cluster)));
                 let (delta, reset) = match &sent {
                     Some((_, before)) => (before.delta_to(&view), false),
@@ -183,6 +200,7 @@ impl Feed {
                     }
                 };
                 sent = Some((version, view));
+                seen = Some(snapshot);
                 if self.send_all(&tx, updates).await.is_err() {
                     break;
                 }
