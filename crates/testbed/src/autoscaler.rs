@@ -467,6 +467,11 @@ impl Autoscaler {
                 format!("locating cluster-autoscaler {release}: {e}"),
             )
         })?;
+        // What the release cannot take is said first: a provider it was not built with is
+        // refused as such, not as a missing binary.
+        if let Some(reason) = options.unsupported(release) {
+            return Err(refuse(invalid, reason));
+        }
         if !binary.exists() {
             return Err(refuse(
                 std::io::ErrorKind::NotFound,
@@ -476,9 +481,6 @@ impl Autoscaler {
                     binary.display()
                 ),
             ));
-        }
-        if let Some(reason) = options.unsupported(release) {
-            return Err(refuse(invalid, reason));
         }
         let port = free_port().map_err(|source| ProcessError::Spawn {
             name: options.name.clone(),
