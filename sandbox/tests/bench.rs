@@ -1,7 +1,8 @@
 //! `ngo-sandbox bench --smoke`: the side-by-side benchmark's whole code path (API servers,
-//! datasets, the operator, the upstream example server, cluster-autoscaler three ways, the
-//! load client, the change series, the report) on tiny datasets. No timing is asserted: only
-//! that the run completes and its results name every metric.
+//! datasets with Pods, the operator, the relay, the upstream example server, cluster-autoscaler
+//! every way, the hop calibration, the load client, the change series, the report) on tiny
+//! datasets, one round. No timing is asserted: only that the run completes and its results
+//! name every metric.
 
 use std::process::{Command, Stdio};
 
@@ -53,44 +54,73 @@ fn bench_smoke_writes_every_metric_with_ratios_and_goals() {
             "{peer} in {entries:?}"
         );
     }
-    // And through a network hop: ours remote and co-located, in-tree at its last setting.
-    for (peer, mode) in [
-        ("nodegroup-operator", "remote"),
-        ("nodegroup-operator", "co-located"),
-        ("in-tree-clusterapi", "qps 50/100"),
+    // Every compared setting without a hop and through it, at the same client limits: ours
+    // remote and co-located, the relay, in-tree.
+    for mode in ["remote", "co-located", "relay", "in-tree"] {
+        for delay in [0.0, 0.25] {
+            let entry = entries
+                .iter()
+                .find(|e| {
+                    e["mode"] == mode
+                        && e["delay_ms_each_way"] == delay
+                        && e["reference"] == false
+                        && e["workload"] == "filled"
+                })
+                .unwrap_or_else(|| panic!("{mode} at {delay} ms in {entries:?}"));
+            assert!(entry["p50_ms"].is_number(), "{entry}");
+            assert!(
+                entry["min_ms"].is_number() && entry["max_ms"].is_number(),
+                "{entry}"
+            );
+            // One loop: no p99.
+            assert!(entry["p99_ms"].is_null(), "{entry}");
+            assert_eq!(entry["qps"], serde_json::json!([1000.0, 2000]), "{entry}");
+            // The light Nodes of the filled dataset are scale-down candidates every provider
+            // finds removable.
+            assert!(entry["unneeded_nodes"].as_f64() > Some(0.0), "{entry}");
+        }
+    }
+    // The references: CA through the example server, ours remote and in-tree at CA's default.
+    for (peer, qps) in [
+        ("example-server", 1000.0),
+        ("nodegroup-operator", 5.0),
+        ("in-tree-clusterapi", 5.0),
     ] {
         assert!(
-            entries.iter().any(|e| e["peer"] == peer
-                && e["mode"] == mode
-                && e["delay_ms_each_way"] == 0.25
-                && e["p50_ms"].is_number()),
-            "{peer} {mode} at 0.25 ms in {entries:?}"
+            entries
+                .iter()
+                .any(|e| e["peer"] == peer && e["reference"] == true && e["qps"][0] == qps),
+            "reference {peer} at {qps} in {entries:?}"
         );
     }
-    // The largest dataset runs the compared settings too: ours remote and co-located, in-tree
-    // at its last setting, with and without the hop.
-    for (peer, mode, delay) in [
-        ("nodegroup-operator", "remote", 0.0),
-        ("nodegroup-operator", "remote", 0.25),
-        ("nodegroup-operator", "co-located", 0.25),
-        ("in-tree-clusterapi", "qps 50/100", 0.0),
-        ("in-tree-clusterapi", "qps 50/100", 0.25),
-    ] {
-        assert!(
-            entries.iter().any(|e| e["groups"] == 6
-                && e["peer"] == peer
-                && e["mode"] == mode
-                && e["delay_ms_each_way"] == delay
-                && e["p50_ms"].is_number()),
-            "6x2: {peer} {mode} at {delay} ms in {entries:?}"
-        );
-    }
-    // The goals through the hop, per dataset, each a ratio to in-tree with its verdict.
+    // What the relay cost, and the hop's own cost.
+    let relay = entries
+        .iter()
+        .find(|e| e["mode"] == "relay")
+        .expect("relay");
+    assert!(relay["relay_rss_max_mib"].as_f64() > Some(0.0), "{relay}");
+    assert!(
+        relay["relay_update_bytes_per_run"].as_f64() > Some(0.0),
+        "{relay}"
+    );
+    assert!(
+        relay["rpcs_per_loop"]["NodeGroupForNode"].as_f64() > Some(0.0),
+        "{relay}"
+    );
+    let hop = results["hop_calibration"]
+        .as_array()
+        .expect("hop calibration");
+    assert!(
+        hop.iter()
+            .any(|h| h["delay_ms"] == 0.25 && h["grpc_hop_mean_us"].as_f64() > Some(500.0)),
+        "{hop:?}"
+    );
+    // The goals through the hop, each a ratio with its verdict, and the relay's memory.
     for name in [
         "ca_loop_remote_vs_intree_4x3",
         "ca_loop_colocated_vs_intree_4x3",
-        "ca_loop_remote_vs_intree_6x2",
-        "ca_loop_colocated_vs_intree_6x2",
+        "ca_loop_relay_vs_intree_4x3",
+        "ca_loop_relay_vs_colocated_4x3",
     ] {
         let metric = &results["metrics"][name];
         assert!(metric["ratio"].is_number(), "{name}.ratio in {metric}");
@@ -98,18 +128,33 @@ fn bench_smoke_writes_every_metric_with_ratios_and_goals() {
         assert_eq!(metric["delay_ms_each_way"], 0.25, "{name}");
     }
     assert!(
-        stdout.contains("ms each way: ours co-located vs in-tree qps 50/100"),
-        "{stdout}"
+        results["metrics"]["relay_rss_mib_4x3"]["pass"].is_boolean(),
+        "{}",
+        results["metrics"]["relay_rss_mib_4x3"]
     );
+    assert!(
+        results["relay"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|r| r["vs_in_tree"].is_number())),
+        "{}",
+        results["relay"]
+    );
+    for line in [
+        "ms each way: relay vs in-tree qps 1000/2000",
+        "ms each way: relay vs ours co-located",
+        "the hop itself at 0.250 ms each way",
+        "relay / co-located",
+    ] {
+        assert!(stdout.contains(line), "{line:?} in {stdout}");
+    }
     let ours = entries
         .iter()
-        .find(|e| e["peer"] == "nodegroup-operator")
+        .find(|e| e["peer"] == "nodegroup-operator" && e["mode"] == "remote")
         .expect("ours");
     assert!(
         ours["rpcs_per_loop"]["NodeGroupForNode"].as_f64() > Some(0.0),
         "{ours}"
     );
-    assert!(ours["rpcs_per_loop_predicted"].is_array(), "{ours}");
     assert!(
         ours["server_ms_per_loop"]["NodeGroupForNode"].as_f64() > Some(0.0),
         "{ours}"
@@ -119,6 +164,8 @@ fn bench_smoke_writes_every_metric_with_ratios_and_goals() {
         "{stdout}"
     );
     assert!(stdout.contains("RPCs per loop to ours"), "{stdout}");
+    assert_eq!(results["dataset"]["workload"], "filled");
+    assert!(results["dataset"]["pods"].as_u64() > Some(0));
 
     for name in METRICS {
         let metric = &results["metrics"][name];

@@ -52,15 +52,63 @@ pub struct LoopStats {
     pub node_groups: Option<f64>,
     /// `cluster_autoscaler_errors_total` at the end, all types.
     pub errors: Option<f64>,
-    /// externalgrpc only: RPCs the server answered per completed loop, by method (from the
-    /// server's request counter, over the whole run divided by the loops it completed).
-    pub rpcs_per_loop: BTreeMap<String, f64>,
-    /// externalgrpc to ours: milliseconds per completed loop the operator spent answering, by
-    /// method (its own request-duration histogram, from the request's arrival to the answer).
-    pub server_ms_per_loop: BTreeMap<String, f64>,
+    /// `cluster_autoscaler_unneeded_nodes_count` at the end: the scale-down candidates CA found
+    /// removable (a filled dataset's light Nodes).
+    pub unneeded_nodes: Option<f64>,
 }
 
-impl LoopStats {
+/// Fewest loops a 99th percentile is given from: below, it would be the slowest loop or
+/// close to it, and is left out.
+pub const P99_MIN_LOOPS: usize = 20;
+
+/// The loops of every run of one setting together.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LoopSummary {
+    /// Runs (cluster-autoscaler processes).
+    pub runs: usize,
+    /// Loops measured over all runs.
+    pub loops: usize,
+    /// Fastest loop, ms.
+    pub min_ms: Option<f64>,
+    /// Median loop, ms.
+    pub p50_ms: Option<f64>,
+    /// Slowest loop, ms.
+    pub max_ms: Option<f64>,
+    /// 99th percentile (interpolated between the closest ranks), from at least
+    /// [`P99_MIN_LOOPS`] loops only.
+    pub p99_ms: Option<f64>,
+    /// When no run measured a loop: how long the longest-running first loop had run at least,
+    /// ms.
+    pub bound_ms: Option<f64>,
+}
+
+impl LoopSummary {
+    /// Summarises the loops of `runs`.
+    pub fn of<'a>(runs: impl IntoIterator<Item = &'a LoopStats>) -> Self {
+        let mut summary = Self::default();
+        let mut samples = Vec::new();
+        for run in runs {
+            summary.runs += 1;
+            samples.extend_from_slice(&run.samples_ms);
+            summary.bound_ms = match (summary.bound_ms, run.bound_ms) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        samples.sort_by(f64::total_cmp);
+        summary.loops = samples.len();
+        if !samples.is_empty() {
+            summary.bound_ms = None;
+        }
+        summary.min_ms = samples.first().copied();
+        summary.max_ms = samples.last().copied();
+        summary.p50_ms = quantile(&samples, 0.5);
+        if samples.len() >= P99_MIN_LOOPS {
+            summary.p99_ms = quantile(&samples, 0.99);
+        }
+        summary
+    }
+
     /// The median, or the bound when no loop completed.
     pub fn p50_or_bound(&self) -> Option<f64> {
         self.p50_ms.or(self.bound_ms)
@@ -70,6 +118,16 @@ impl LoopStats {
     pub fn p50_is_bound(&self) -> bool {
         self.p50_ms.is_none() && self.bound_ms.is_some()
     }
+}
+
+/// Quantile `q` of `sorted`, interpolated linearly between the two closest ranks (the median
+/// of an even count is the mean of the middle two).
+pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    let last = sorted.len().checked_sub(1)?;
+    let rank = q.clamp(0.0, 1.0) * last as f64;
+    let (low, high) = (rank.floor() as usize, rank.ceil() as usize);
+    let fraction = rank - low as f64;
+    Some(sorted[low] + (sorted[high] - sorted[low]) * fraction)
 }
 
 /// Measures the loops of the cluster-autoscaler serving metrics at `address`, started
@@ -129,7 +187,7 @@ pub async fn measure(
     }
     let mut sorted = samples.clone();
     sorted.sort_by(f64::total_cmp);
-    stats.p50_ms = median(&sorted);
+    stats.p50_ms = quantile(&sorted, 0.5);
     let buckets = histogram_buckets(&text, METRIC, MAIN);
     let in_window = match &baseline {
         Some(base) if skip > 0 => subtract(&buckets, base),
@@ -139,6 +197,7 @@ pub async fn measure(
     stats.samples_ms = samples;
     stats.node_groups = gauge(&text, "cluster_autoscaler_node_groups_count", "autoscaled");
     stats.errors = counter_total(&text, "cluster_autoscaler_errors_total");
+    stats.unneeded_nodes = counter_total(&text, "cluster_autoscaler_unneeded_nodes_count");
     stats
 }
 
@@ -147,14 +206,6 @@ async fn read(address: SocketAddr) -> Option<String> {
         .await
         .ok()
         .flatten()
-}
-
-fn median(sorted: &[f64]) -> Option<f64> {
-    match sorted.len() {
-        0 => None,
-        n if n % 2 == 1 => Some(sorted[n / 2]),
-        n => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
-    }
 }
 
 /// The cumulative buckets `(le, count)` of histogram `name` whose labels contain `label`,
@@ -251,23 +302,40 @@ fn rpc_totals(metrics: &str, prefix: &str) -> BTreeMap<String, f64> {
     counts
 }
 
-/// RPCs per loop by method between two reads of [`rpc_counts`], over `loops` loops.
-pub fn per_loop(
+/// By method, what `after` holds beyond `before` (two reads of [`rpc_counts`] or
+/// [`rpc_seconds`]); methods that did not move are left out.
+pub fn delta(
     before: &BTreeMap<String, f64>,
     after: &BTreeMap<String, f64>,
-    loops: usize,
 ) -> BTreeMap<String, f64> {
-    if loops == 0 {
-        return BTreeMap::new();
-    }
     after
         .iter()
         .map(|(method, n)| {
-            let delta = n - before.get(method).copied().unwrap_or(0.0);
-            (method.clone(), delta / loops as f64)
+            (
+                method.clone(),
+                n - before.get(method).copied().unwrap_or(0.0),
+            )
         })
         .filter(|(_, n)| *n > 0.0)
         .collect()
+}
+
+/// `totals` (summed over runs) per loop, over the `loops` those runs completed.
+pub fn per_loop(totals: &BTreeMap<String, f64>, loops: usize) -> BTreeMap<String, f64> {
+    if loops == 0 {
+        return BTreeMap::new();
+    }
+    totals
+        .iter()
+        .map(|(method, n)| (method.clone(), n / loops as f64))
+        .collect()
+}
+
+/// Adds `more` into `totals`, method by method.
+pub fn add_into(totals: &mut BTreeMap<String, f64>, more: &BTreeMap<String, f64>) {
+    for (method, n) in more {
+        *totals.entry(method.clone()).or_default() += n;
+    }
 }
 
 /// The value of gauge `name` on the line whose labels contain `label_value`.
@@ -280,8 +348,8 @@ fn gauge(metrics: &str, name: &str, label_value: &str) -> Option<f64> {
         .and_then(|(_, v)| v.trim().parse().ok())
 }
 
-/// The sum of every series of counter `name`.
-fn counter_total(metrics: &str, name: &str) -> Option<f64> {
+/// The sum of every series of counter (or gauge) `name` (its full name, `_total` included).
+pub fn counter_total(metrics: &str, name: &str) -> Option<f64> {
     let values: Vec<f64> = metrics
         .lines()
         .filter(|l| l.starts_with(name) && !l.starts_with('#'))
@@ -314,14 +382,54 @@ mod tests {
             ),
             BTreeMap::from([("Refresh".to_string(), 0.75)])
         );
+        let run = delta(&before, &after);
+        let mut totals = BTreeMap::new();
+        add_into(&mut totals, &run);
+        add_into(&mut totals, &run);
         assert_eq!(
-            per_loop(&before, &after, 4),
+            per_loop(&totals, 8),
             BTreeMap::from([
                 ("NodeGroupForNode".to_string(), 12.5),
                 ("Refresh".into(), 1.0)
             ])
         );
-        assert!(per_loop(&before, &after, 0).is_empty());
+        assert!(per_loop(&totals, 0).is_empty());
+    }
+
+    #[test]
+    fn loops_of_several_runs_summarise_together_and_p99_needs_twenty() {
+        let run = |samples: &[f64]| LoopStats {
+            samples_ms: samples.to_vec(),
+            ..Default::default()
+        };
+        let few = LoopSummary::of(&[run(&[30.0, 10.0]), run(&[20.0, 40.0, 50.0])]);
+        assert_eq!(
+            (
+                few.runs, few.loops, few.min_ms, few.p50_ms, few.max_ms, few.p99_ms
+            ),
+            (2, 5, Some(10.0), Some(30.0), Some(50.0), None)
+        );
+        let many: Vec<f64> = (1..=20).map(f64::from).collect();
+        let twenty = LoopSummary::of(&[run(&many)]);
+        // Rank 0.99 x 19 = 18.81: between the 19th and the 20th loop.
+        assert!(
+            twenty.p99_ms.is_some_and(|p| (p - 19.81).abs() < 1e-9),
+            "{twenty:?}"
+        );
+        assert_eq!(twenty.p50_ms, Some(10.5));
+        let none = LoopSummary::of(&[
+            LoopStats {
+                bound_ms: Some(120_000.0),
+                ..Default::default()
+            },
+            LoopStats {
+                bound_ms: Some(125_000.0),
+                ..Default::default()
+            },
+        ]);
+        assert_eq!((none.loops, none.p50_or_bound()), (0, Some(125_000.0)));
+        assert!(none.p50_is_bound());
+        assert!(!few.p50_is_bound());
     }
 
     const METRICS: &str = "\
@@ -335,6 +443,7 @@ cluster_autoscaler_node_groups_count{node_group_type=\"autoscaled\"} 200
 cluster_autoscaler_node_groups_count{node_group_type=\"autoprovisioned\"} 0
 cluster_autoscaler_errors_total{type=\"cloudProviderError\"} 2
 cluster_autoscaler_errors_total{type=\"apiCallError\"} 1
+cluster_autoscaler_unneeded_nodes_count 40
 ";
 
     #[test]
@@ -382,6 +491,10 @@ cluster_autoscaler_errors_total{type=\"apiCallError\"} 1
         assert_eq!(
             counter_total(METRICS, "cluster_autoscaler_errors_total"),
             Some(3.0)
+        );
+        assert_eq!(
+            counter_total(METRICS, "cluster_autoscaler_unneeded_nodes_count"),
+            Some(40.0)
         );
     }
 }

@@ -2,48 +2,57 @@
 //! in the same API server, driven by the same load client.
 //!
 //! Peers: CA 1.34.5's example externalgrpc server wrapping the in-tree `clusterapi` provider
-//! ([`example_server`]), and cluster-autoscaler 1.36.1 itself, run three ways (externalgrpc to
-//! ours, externalgrpc to the example server, in-tree `--cloud-provider=clusterapi`) to compare
-//! its own main-loop duration ([`ca_loop`]).
+//! ([`example_server`]), and cluster-autoscaler itself, whose own main-loop duration
+//! ([`ca_loop`]) is compared across the ways it can reach Cluster API ([`ca_runs`]): ours
+//! remote, ours co-located, ours through `nodegroup-operator relay` ([`relay`]), in-tree
+//! `clusterapi`, and the example server; each without a network hop and through hops of the
+//! delays named ([`calibrate`] measures what the hop itself adds); CA 1.36.1, and CA 1.34.5 for
+//! ours remote and in-tree at one delay.
 //!
 //! Each dataset gets a fresh etcd + kube-apiserver with the Cluster API CRDs and static Ready
 //! Nodes ([`dataset`]); no Cluster API manager, kwok or controllers run, so nothing but the
-//! servers under test, cluster-autoscaler and the load client uses the CPUs. Servers run one
-//! at a time. The main dataset (200 groups x 25 nodes) gets every measurement; the growth
-//! datasets the read metrics; the largest of them the single-Machine index change; a last
-//! one, 100 Clusters, the operator's scoped reads.
+//! servers under test, cluster-autoscaler and the load client uses the CPUs. The servers'
+//! read metrics are measured one server at a time. The main dataset (200 groups x 25 nodes,
+//! filled: groups above their minimum, Pods on every Node, scale-down candidates) gets every
+//! measurement; the growth datasets the read metrics; the largest of them (filled too) the
+//! single-Machine index change and the compared cluster-autoscaler settings; a last one, 100
+//! Clusters, the operator's scoped reads.
+//!
+//! cluster-autoscaler's settings run in rounds, each round every compared setting once in an
+//! order shuffled per round from a fixed seed, all at the same client limits
+//! ([`ca_runs`]); the summary gives each setting's min, median and max over all its loops,
+//! and a p99 from 20 loops on ([`ca_summary`]).
 
 pub mod ca_loop;
+pub mod ca_runs;
+pub mod ca_summary;
+pub mod calibrate;
 pub mod changes;
 pub mod dataset;
 pub mod example_server;
 pub mod load;
+pub mod relay;
 pub mod report;
 pub mod server;
 pub mod summary;
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use serde::Serialize;
 
-use self::ca_loop::{LoopOptions, LoopStats};
+use self::ca_runs::{CaPlan, Peers, RunLoops, SettingRuns};
+use self::calibrate::HopCalibration;
 use self::changes::ChangeStats;
 use self::dataset::{Dataset, DatasetSpec, SINGLE_CLUSTER};
 use self::example_server::{ExampleServer, ExampleServerOptions};
 use self::server::{LoadPlan, ServerFigures, Target};
-use crate::operator::{
-    GrpcPki, OperatorOptions, OperatorProcess, write_cloud_config, write_unix_socket_cloud_config,
-};
-use ngo_testbed::autoscaler::{Autoscaler, AutoscalerOptions, CloudProvider};
+use crate::operator::{GrpcPki, OperatorOptions, OperatorProcess};
+use ngo_testbed::autoscaler::CaRelease;
 use ngo_testbed::controlplane::{ControlPlane, ControlPlaneOptions};
 use ngo_testbed::process::http_get;
 use ngo_testbed::{capi, crds};
-
-/// cluster-autoscaler's `grpc_timeout` towards either server: long enough that a slow
-/// answer is waited for rather than turned into an error that ends a loop early.
-const CA_GRPC_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// What to run.
 #[derive(Clone, Debug, Serialize)]
@@ -51,7 +60,8 @@ pub struct BenchOptions {
     /// The dataset every measurement runs on.
     pub main: DatasetSpec,
     /// More single-cluster datasets for the growth table (read metrics only); the one with
-    /// the most machines also gets the single-Machine index change.
+    /// the most machines also gets the single-Machine index change and
+    /// [`BenchOptions::ca_at_largest`].
     pub growth: Vec<DatasetSpec>,
     /// The multi-cluster dataset (ours only).
     pub multicluster: DatasetSpec,
@@ -61,36 +71,48 @@ pub struct BenchOptions {
     pub connections: usize,
     /// Changes per propagation and index series.
     pub changes: usize,
-    /// Main loops to measure per cluster-autoscaler run.
-    pub ca_loops: usize,
-    /// Loops ignored first.
-    pub ca_skip: usize,
-    /// Longest wait for those loops, per run.
-    #[serde(skip)]
-    pub ca_window: Duration,
-    /// In-tree provider settings (`--kube-client-qps`, `--kube-client-burst`): the default
-    /// first; the last is the denominator of `ca_loop_p50_ms_vs_intree`.
-    pub in_tree_qps: Vec<(f64, u32)>,
-    /// cluster-autoscaler on the largest growth dataset too, with these loops: ours and
-    /// in-tree at its last setting, without a hop and through the last of `hop_delays_ms`.
-    pub ca_at_largest: Option<LargestLoops>,
+    /// cluster-autoscaler on the main dataset.
+    pub ca: CaOptions,
+    /// cluster-autoscaler on the largest growth dataset too (no references there).
+    pub ca_at_largest: Option<CaOptions>,
+    /// `--kube-client-qps`, `--kube-client-burst` of every compared cluster-autoscaler run,
+    /// whatever its provider (and of CA through the example server).
+    pub ca_qps: (f64, u32),
+    /// Client limits of the reference runs of ours remote and in-tree (CA's default 5/10).
+    pub reference_qps: Vec<(f64, u32)>,
+    /// Loops of each reference run.
+    pub reference_run: RunLoops,
+    /// Seed of the rounds' orders.
+    pub seed: u64,
+    /// Round trips per series of the hop calibration.
+    pub hop_samples: usize,
+}
+
+/// cluster-autoscaler's runs on one dataset.
+#[derive(Clone, Debug, Serialize)]
+pub struct CaOptions {
     /// Delays (ms each way) of a network hop ([`ngo_testbed::hop::NetworkHop`]) between
-    /// cluster-autoscaler and what it calls, each run with ours remote, ours co-located and the
-    /// last in-tree setting; the runs without a hop are the ones above.
-    pub hop_delays_ms: Vec<f64>,
+    /// cluster-autoscaler and what it calls; 0: no hop. At each: ours remote and co-located, the
+    /// relay, in-tree.
+    pub delays_ms: Vec<f64>,
+    /// Rounds; every round runs each setting once.
+    pub rounds: usize,
+    /// Loops of each run.
+    pub per_run: RunLoops,
+    /// Whether the references run too (the example server, [`BenchOptions::reference_qps`]).
+    pub references: bool,
+    /// An older cluster-autoscaler release (`1.<minor>.<patch>`) to run ours remote and
+    /// in-tree with, at the delay given, beside the pinned release.
+    pub older_release: Option<(String, f64)>,
 }
 
 impl BenchOptions {
-    /// The full benchmark (about 43 minutes on 2 cores, plus the release builds).
+    /// The full benchmark (about two and a half hours on 2 cores, plus the release builds).
     pub fn full() -> Self {
         Self {
-            main: DatasetSpec::single(200, 25),
-            growth: vec![DatasetSpec::single(20, 10), DatasetSpec::single(1_000, 10)],
-            multicluster: DatasetSpec {
-                clusters: 100,
-                groups_per_cluster: 10,
-                nodes_per_group: 10,
-            },
+            main: DatasetSpec::filled(200, 25),
+            growth: vec![DatasetSpec::single(20, 10), DatasetSpec::filled(1_000, 10)],
+            multicluster: DatasetSpec::multi(100, 10, 10),
             load: LoadPlan {
                 concurrency: 16,
                 warmup: Duration::from_secs(1),
@@ -102,29 +124,48 @@ impl BenchOptions {
             },
             connections: 4,
             changes: 50,
-            ca_loops: 20,
-            ca_skip: 2,
-            ca_window: Duration::from_secs(120),
-            in_tree_qps: vec![(5.0, 10), (50.0, 100), (1000.0, 2000)],
-            ca_at_largest: Some(LargestLoops {
-                loops: 10,
-                window: Duration::from_secs(180),
+            ca: CaOptions {
+                delays_ms: vec![0.0, 0.1, 0.25],
+                rounds: 5,
+                per_run: RunLoops {
+                    loops: 4,
+                    skip: 2,
+                    window: Duration::from_secs(180),
+                },
+                references: true,
+                older_release: Some(("1.34.5".into(), 0.25)),
+            },
+            ca_at_largest: Some(CaOptions {
+                delays_ms: vec![0.0, 0.25],
+                rounds: 5,
+                per_run: RunLoops {
+                    loops: 1,
+                    skip: 1,
+                    window: Duration::from_secs(300),
+                },
+                references: false,
+                older_release: None,
             }),
-            hop_delays_ms: vec![0.1, 0.25],
+            ca_qps: (1000.0, 2000),
+            reference_qps: vec![(5.0, 10)],
+            reference_run: RunLoops {
+                loops: 20,
+                skip: 2,
+                window: Duration::from_secs(120),
+            },
+            seed: 36,
+            hop_samples: 2000,
         }
     }
 
-    /// Every code path on tiny datasets with short windows: for `make test`, no timing
-    /// meaning.
+    /// Every code path on tiny datasets with short windows, one round: for `make test`, no
+    /// timing meaning. The older release and the largest dataset's loops are left out (their
+    /// binaries are not among `make test`'s peers; the code path is the main dataset's).
     pub fn smoke() -> Self {
         Self {
-            main: DatasetSpec::single(4, 3),
+            main: DatasetSpec::filled(4, 3),
             growth: vec![DatasetSpec::single(6, 2)],
-            multicluster: DatasetSpec {
-                clusters: 3,
-                groups_per_cluster: 2,
-                nodes_per_group: 2,
-            },
+            multicluster: DatasetSpec::multi(3, 2, 2),
             load: LoadPlan {
                 concurrency: 4,
                 warmup: Duration::from_millis(100),
@@ -136,28 +177,54 @@ impl BenchOptions {
             },
             connections: 2,
             changes: 4,
-            ca_loops: 1,
-            ca_skip: 0,
-            ca_window: Duration::from_secs(8),
-            in_tree_qps: vec![(5.0, 10), (50.0, 100)],
-            ca_at_largest: Some(LargestLoops {
+            ca: CaOptions {
+                delays_ms: vec![0.0, 0.25],
+                rounds: 1,
+                per_run: RunLoops {
+                    loops: 1,
+                    skip: 0,
+                    window: Duration::from_secs(8),
+                },
+                references: true,
+                older_release: None,
+            },
+            ca_at_largest: None,
+            ca_qps: (1000.0, 2000),
+            reference_qps: vec![(5.0, 10)],
+            reference_run: RunLoops {
                 loops: 1,
+                skip: 0,
                 window: Duration::from_secs(8),
-            }),
-            hop_delays_ms: vec![0.25],
+            },
+            seed: 36,
+            hop_samples: 50,
         }
     }
-}
 
-/// How many of cluster-autoscaler's loops to measure on the largest dataset, where each takes
-/// seconds.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct LargestLoops {
-    /// Loops to measure, after [`BenchOptions::ca_skip`].
-    pub loops: usize,
-    /// Longest wait for them, per run.
-    #[serde(skip)]
-    pub window: Duration,
+    /// The plan of cluster-autoscaler runs on a dataset: every compared setting of `ca` at
+    /// [`Self::ca_qps`], and its references.
+    fn ca_plan(&self, ca: &CaOptions) -> anyhow::Result<CaPlan> {
+        let pinned = CaRelease::pinned().context("the pinned cluster-autoscaler release")?;
+        let older = match &ca.older_release {
+            Some((release, delay_ms)) => Some((
+                CaRelease::parse(release).context("the older cluster-autoscaler release")?,
+                *delay_ms,
+            )),
+            None => None,
+        };
+        Ok(CaPlan {
+            settings: ca_runs::compared_settings(&ca.delays_ms, self.ca_qps, pinned, older),
+            rounds: ca.rounds,
+            per_run: ca.per_run,
+            seed: self.seed,
+            references: if ca.references {
+                ca_runs::reference_settings(self.ca_qps, &self.reference_qps, pinned)
+            } else {
+                Vec::new()
+            },
+            reference_run: self.reference_run,
+        })
+    }
 }
 
 /// Everything one single-cluster dataset yielded.
@@ -196,31 +263,16 @@ pub struct IndexRun {
     pub event_to_index_updated_mean_ms: Option<f64>,
 }
 
-/// cluster-autoscaler's main loop with each provider.
+/// cluster-autoscaler's runs on one dataset.
 #[derive(Clone, Debug, Serialize)]
 pub struct CaRuns {
-    /// externalgrpc to nodegroup-operator.
-    pub ours: LoopStats,
-    /// externalgrpc to the upstream example server (main dataset only).
-    pub example: Option<LoopStats>,
-    /// In-tree `clusterapi`, per `(qps, burst)` of [`BenchOptions::in_tree_qps`].
-    pub in_tree: Vec<((f64, u32), LoopStats)>,
-    /// The runs through a network hop ([`BenchOptions::hop_delays_ms`]).
-    pub through_hop: Vec<HopRun>,
-}
-
-/// One cluster-autoscaler run with a network hop in front of what it calls.
-#[derive(Clone, Debug, Serialize)]
-pub struct HopRun {
-    /// `nodegroup-operator` or `in-tree-clusterapi`.
-    pub peer: String,
-    /// `remote` (the hop before the API server and the operator), `co-located` (before the API
-    /// server only) or `qps <qps>/<burst>` (in-tree, the hop before the API server).
-    pub mode: String,
-    /// Delay each way.
-    pub delay_ms: f64,
-    /// The loops.
-    pub stats: LoopStats,
+    /// What was planned.
+    pub plan: CaPlan,
+    /// Every setting with its runs: the compared ones, then the references.
+    pub settings: Vec<SettingRuns>,
+    /// What the network hop itself adds per round trip, at each delay above zero (main
+    /// dataset).
+    pub hop: Vec<HopCalibration>,
 }
 
 /// The multi-cluster dataset: ours with scoped reads.
@@ -330,11 +382,13 @@ async fn prepare(
     crds::apply(&client, &ngo_api::crds()).await?;
     let dataset = dataset::create(&client, spec).await?;
     say(&format!(
-        "dataset {}: {} MachineDeployments, {} MachineSets, {} Machines and Nodes created in {:.0}s",
+        "dataset {}: {} MachineDeployments, {} MachineSets, {} Machines and Nodes, {} Pods ({}) created in {:.0}s",
         spec.label(),
         spec.groups(),
         spec.groups(),
         spec.machines(),
+        spec.pods(),
+        spec.workload.label(),
         dataset.create_seconds
     ));
     Ok(dataset)
@@ -353,7 +407,15 @@ async fn single_cluster(
     let all = std::sync::Arc::new(dataset.clusters[0].groups.clone());
 
     say(&format!("dataset {}: nodegroup-operator", spec.label()));
-    let schedule = CaSchedule::for_role(role, options);
+    let plan = match role {
+        Role::Main => Some(options.ca_plan(&options.ca)?),
+        Role::Index => options
+            .ca_at_largest
+            .as_ref()
+            .map(|ca| options.ca_plan(ca))
+            .transpose()?,
+        Role::Growth | Role::OursOnly => None,
+    };
     // The co-located runs' socket, only where cluster-autoscaler runs; short, as a socket path
     // must be.
     let socket = std::env::temp_dir().join(format!(
@@ -362,11 +424,7 @@ async fn single_cluster(
         spec.machines()
     ));
     let socket_arg = format!("--grpc-unix-socket={}", socket.display());
-    let extra_args: &[&str] = if schedule.is_some() {
-        &[&socket_arg]
-    } else {
-        &[]
-    };
+    let extra_args: &[&str] = if plan.is_some() { &[&socket_arg] } else { &[] };
     let mut operator = start_operator(
         plane,
         &pki,
@@ -417,9 +475,48 @@ async fn single_cluster(
     } else {
         None
     };
-    let ca_ours = match &schedule {
-        Some(schedule) => {
-            Some(ours_ca_runs(plane, &operator, &pki, &socket, schedule, &spec, say).await?)
+    drop(ours_target);
+    let label = spec.label();
+    let mut ca = match &plan {
+        Some(plan) => {
+            let hop = if role == Role::Main {
+                say(&format!(
+                    "dataset {label}: calibrating the network hop ({} round trips per series)",
+                    options.hop_samples
+                ));
+                calibrate::calibrate(
+                    operator.grpc_address,
+                    &pki,
+                    &options.ca.delays_ms,
+                    options.hop_samples,
+                )
+                .await?
+            } else {
+                Vec::new()
+            };
+            let peers = Peers {
+                plane,
+                pki: &pki,
+                operator: Some(&operator),
+                socket: &socket,
+                example: None,
+            };
+            let mut settings = ca_runs::run_rounds(&peers, plan, &label, say).await?;
+            for &setting in plan
+                .references
+                .iter()
+                .filter(|s| s.peer != ca_runs::Peer::Example)
+            {
+                settings.push(
+                    ca_runs::run_reference(&peers, setting, plan.reference_run, &label, say)
+                        .await?,
+                );
+            }
+            Some(CaRuns {
+                plan: plan.clone(),
+                settings,
+                hop,
+            })
         }
         None => None,
     };
@@ -437,10 +534,7 @@ async fn single_cluster(
         });
     }
 
-    say(&format!(
-        "dataset {}: upstream example server",
-        spec.label()
-    ));
+    say(&format!("dataset {label}: upstream example server"));
     let token = example_server::admin_token(&kube, SINGLE_CLUSTER).await?;
     let mut example = ExampleServer::start(
         &ExampleServerOptions {
@@ -469,37 +563,26 @@ async fn single_cluster(
         visible: vec![all; options.connections],
     };
     let upstream = server::measure(&upstream_target, &options.load, false).await?;
-    let ca = match (ca_ours, schedule) {
-        (Some((ours, mut through_hop)), Some(schedule)) => {
-            let example_loops = if schedule.example {
-                say(&format!(
-                    "dataset {}: cluster-autoscaler + example server",
-                    spec.label()
-                ));
-                let provider = mtls_provider(plane, "example", example.grpc_address, &pki)?;
-                let loops = ca_run(
-                    plane,
-                    "ca-externalgrpc-example",
-                    provider,
-                    (5.0, 10),
-                    schedule.loops,
-                );
-                Some(loops.await?)
-            } else {
-                None
-            };
-            example.stop();
-            let (in_tree, in_tree_hops) = in_tree_ca_runs(plane, &schedule, &spec, say).await?;
-            through_hop.extend(in_tree_hops);
-            Some(CaRuns {
-                ours,
-                example: example_loops,
-                in_tree,
-                through_hop,
-            })
+    drop(upstream_target);
+    if let (Some(plan), Some(ca)) = (&plan, &mut ca) {
+        let peers = Peers {
+            plane,
+            pki: &pki,
+            operator: None,
+            socket: &socket,
+            example: Some(example.grpc_address),
+        };
+        for &setting in plan
+            .references
+            .iter()
+            .filter(|s| s.peer == ca_runs::Peer::Example)
+        {
+            ca.settings.push(
+                ca_runs::run_reference(&peers, setting, plan.reference_run, &label, say).await?,
+            );
         }
-        _ => None,
-    };
+    }
+    example.stop();
     drop(example);
     Ok(DatasetRun {
         spec,
@@ -510,205 +593,6 @@ async fn single_cluster(
         index,
         ca,
     })
-}
-
-/// Which cluster-autoscaler runs a dataset gets.
-struct CaSchedule {
-    /// Delays (ms each way) of the runs through a network hop.
-    delays_ms: Vec<f64>,
-    /// Whether CA also runs against the upstream example server.
-    example: bool,
-    /// In-tree `clusterapi` settings; the last one also runs through each hop.
-    in_tree_qps: Vec<(f64, u32)>,
-    /// Loops per run.
-    loops: LoopOptions,
-}
-
-impl CaSchedule {
-    /// The main dataset gets every run; the largest growth dataset (with
-    /// [`BenchOptions::ca_at_largest`]) the runs the goals compare: ours remote and
-    /// co-located and in-tree at its last setting, without a hop and at the last delay.
-    fn for_role(role: Role, options: &BenchOptions) -> Option<Self> {
-        match role {
-            Role::Main => Some(Self {
-                delays_ms: options.hop_delays_ms.clone(),
-                example: true,
-                in_tree_qps: options.in_tree_qps.clone(),
-                loops: LoopOptions {
-                    loops: options.ca_loops,
-                    skip: options.ca_skip,
-                    window: options.ca_window,
-                },
-            }),
-            Role::Index => options.ca_at_largest.map(|loops| Self {
-                delays_ms: options.hop_delays_ms.last().copied().into_iter().collect(),
-                example: false,
-                in_tree_qps: options.in_tree_qps.last().copied().into_iter().collect(),
-                loops: LoopOptions {
-                    loops: loops.loops,
-                    skip: options.ca_skip,
-                    window: loops.window,
-                },
-            }),
-            Role::Growth | Role::OursOnly => None,
-        }
-    }
-}
-
-/// cluster-autoscaler with ours: remote without a hop (counting the RPCs it makes per loop),
-/// then at each delay remote (mTLS over TCP, through a hop) and co-located (plaintext on the
-/// operator's Unix socket, the hop before the API server only).
-async fn ours_ca_runs(
-    plane: &ControlPlane,
-    operator: &OperatorProcess,
-    pki: &GrpcPki,
-    socket: &Path,
-    schedule: &CaSchedule,
-    spec: &DatasetSpec,
-    say: &dyn Fn(&str),
-) -> anyhow::Result<(LoopStats, Vec<HopRun>)> {
-    say(&format!(
-        "dataset {}: cluster-autoscaler + nodegroup-operator",
-        spec.label()
-    ));
-    let provider = mtls_provider(plane, "ours", operator.grpc_address, pki)?;
-    let before = operator.metrics();
-    let mut stats = ca_run(
-        plane,
-        "ca-externalgrpc-ours",
-        provider,
-        (5.0, 10),
-        schedule.loops,
-    )
-    .await?;
-    if let (Ok(before), Ok(after)) = (before, operator.metrics()) {
-        let per_loop = |totals: fn(&str) -> std::collections::BTreeMap<String, f64>| {
-            ca_loop::per_loop(&totals(&before), &totals(&after), stats.completed)
-        };
-        stats.rpcs_per_loop = per_loop(ca_loop::rpc_counts);
-        stats.server_ms_per_loop = per_loop(ca_loop::rpc_seconds)
-            .into_iter()
-            .map(|(method, seconds)| (method, seconds * 1e3))
-            .collect();
-    }
-    let mut hop_runs = Vec::new();
-    for &delay_ms in &schedule.delays_ms {
-        for mode in ["remote", "co-located"] {
-            say(&format!(
-                "dataset {}: cluster-autoscaler + nodegroup-operator ({mode}), {delay_ms} ms each way",
-                spec.label()
-            ));
-            let hops = Hops::start(plane, delay_ms)?;
-            // Kept until the run ends.
-            let (provider, grpc_hop) = if mode == "remote" {
-                let hop = ngo_testbed::hop::NetworkHop::start(
-                    operator.grpc_address,
-                    Duration::from_secs_f64(delay_ms / 1e3),
-                )?;
-                (
-                    mtls_provider(plane, "ours-remote", hop.address, pki)?,
-                    Some(hop),
-                )
-            } else {
-                let config = plane.dir().join("cloud-config-ours-co-located.yaml");
-                write_unix_socket_cloud_config(&config, socket, CA_GRPC_TIMEOUT)?;
-                let provider = CloudProvider::ExternalGrpc {
-                    cloud_config: config,
-                };
-                (provider, None)
-            };
-            let name = format!("ca-ours-{mode}-hop");
-            let stats = ca_run_with(
-                plane,
-                &hops.kubeconfig,
-                &name,
-                provider,
-                (5.0, 10),
-                schedule.loops,
-            )
-            .await?;
-            drop(grpc_hop);
-            hop_runs.push(HopRun {
-                peer: "nodegroup-operator".into(),
-                mode: mode.into(),
-                delay_ms,
-                stats,
-            });
-        }
-    }
-    Ok((stats, hop_runs))
-}
-
-/// cluster-autoscaler's `externalgrpc` provider dialling `address` over mTLS with `pki`'s
-/// client certificate (its cloud-config written as `cloud-config-<name>.yaml`).
-fn mtls_provider(
-    plane: &ControlPlane,
-    name: &str,
-    address: std::net::SocketAddr,
-    pki: &GrpcPki,
-) -> anyhow::Result<CloudProvider> {
-    let config = plane.dir().join(format!("cloud-config-{name}.yaml"));
-    write_cloud_config(
-        &config,
-        &address.to_string(),
-        &pki.client,
-        &pki.ca_cert,
-        CA_GRPC_TIMEOUT,
-    )?;
-    Ok(CloudProvider::ExternalGrpc {
-        cloud_config: config,
-    })
-}
-
-/// In-tree `clusterapi` at each of the schedule's settings, then at the last one through
-/// each hop.
-async fn in_tree_ca_runs(
-    plane: &ControlPlane,
-    schedule: &CaSchedule,
-    spec: &DatasetSpec,
-    say: &dyn Fn(&str),
-) -> anyhow::Result<(Vec<((f64, u32), LoopStats)>, Vec<HopRun>)> {
-    let provider = || CloudProvider::ClusterApi {
-        auto_discovery: vec![format!("clusterapi:namespace={SINGLE_CLUSTER}")],
-        management_kubeconfig: None,
-    };
-    let mut in_tree = Vec::new();
-    for &(qps, burst) in &schedule.in_tree_qps {
-        say(&format!(
-            "dataset {}: cluster-autoscaler in-tree clusterapi, --kube-client-qps={qps} --kube-client-burst={burst}",
-            spec.label(),
-        ));
-        let name = format!("ca-in-tree-qps-{qps}");
-        let stats = ca_run(plane, &name, provider(), (qps, burst), schedule.loops).await?;
-        in_tree.push(((qps, burst), stats));
-    }
-    let mut hop_runs = Vec::new();
-    if let Some(&(qps, burst)) = schedule.in_tree_qps.last() {
-        for &delay_ms in &schedule.delays_ms {
-            say(&format!(
-                "dataset {}: cluster-autoscaler in-tree clusterapi at {qps}/{burst}, {delay_ms} ms each way",
-                spec.label(),
-            ));
-            let hops = Hops::start(plane, delay_ms)?;
-            let name = format!("ca-in-tree-hop-{qps}");
-            let stats = ca_run_with(
-                plane,
-                &hops.kubeconfig,
-                &name,
-                provider(),
-                (qps, burst),
-                schedule.loops,
-            )
-            .await?;
-            hop_runs.push(HopRun {
-                peer: "in-tree-clusterapi".into(),
-                mode: format!("qps {qps}/{burst}"),
-                delay_ms,
-                stats,
-            });
-        }
-    }
-    Ok((in_tree, hop_runs))
 }
 
 async fn multicluster(
@@ -750,31 +634,6 @@ async fn multicluster(
     })
 }
 
-/// A network hop before the API server and a kubeconfig that goes through it.
-struct Hops {
-    _api: ngo_testbed::hop::NetworkHop,
-    kubeconfig: PathBuf,
-}
-
-impl Hops {
-    fn start(plane: &ControlPlane, delay_ms: f64) -> anyhow::Result<Self> {
-        let server: std::net::SocketAddr = plane
-            .server
-            .trim_start_matches("https://")
-            .trim_end_matches('/')
-            .parse()
-            .with_context(|| format!("the API server address in {}", plane.server))?;
-        let api =
-            ngo_testbed::hop::NetworkHop::start(server, Duration::from_secs_f64(delay_ms / 1e3))?;
-        let kubeconfig = plane.dir().join(format!("kubeconfig-hop-{delay_ms}ms"));
-        ngo_testbed::proxy::kubeconfig_via(&plane.kubeconfig, &kubeconfig, api.address)?;
-        Ok(Self {
-            _api: api,
-            kubeconfig,
-        })
-    }
-}
-
 /// Starts the operator binary (the build next to this one) with mTLS from `pki`, against
 /// `plane`, with its default flags but for `auto_discovery` and `extra_args`.
 fn start_operator(
@@ -802,40 +661,6 @@ async fn connect_all(
         clients.push(load::connect(address, &pki.ca_cert, identity).await?);
     }
     Ok(clients)
-}
-
-/// Starts cluster-autoscaler against `plane`'s Nodes with `provider` (sandbox defaults, `--v=2`,
-/// 1 s scan interval), measures its main loop, and stops it.
-async fn ca_run(
-    plane: &ControlPlane,
-    name: &str,
-    provider: CloudProvider,
-    qps: (f64, u32),
-    loops: LoopOptions,
-) -> anyhow::Result<LoopStats> {
-    ca_run_with(plane, &plane.kubeconfig, name, provider, qps, loops).await
-}
-
-/// [`ca_run`] with cluster-autoscaler reaching the API server through `kubeconfig`.
-async fn ca_run_with(
-    plane: &ControlPlane,
-    kubeconfig: &Path,
-    name: &str,
-    provider: CloudProvider,
-    qps: (f64, u32),
-    loops: LoopOptions,
-) -> anyhow::Result<LoopStats> {
-    let mut options = AutoscalerOptions::new(provider, kubeconfig, SINGLE_CLUSTER);
-    options.name = name.into();
-    options.status_config_map = format!("{name}-status");
-    options.verbosity = 2;
-    options.kube_client_qps = qps;
-    let started = Instant::now();
-    let mut autoscaler = Autoscaler::start(&options, &plane.log_dir)
-        .with_context(|| format!("starting cluster-autoscaler {name}"))?;
-    let stats = ca_loop::measure(autoscaler.metrics_address, started.elapsed(), loops).await;
-    autoscaler.stop(Duration::from_secs(10));
-    Ok(stats)
 }
 
 /// The mean (ms) and count of the observations histogram `name` (restricted to the series

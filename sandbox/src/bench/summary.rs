@@ -1,16 +1,20 @@
 //! From what was measured ([`Runs`]) to `target/bench/results.json` and the printed tables:
-//! the named metrics with ratios and goals, the growth table, the multi-cluster table.
+//! the named metrics with ratios and goals, the growth table, the multi-cluster table, and
+//! cluster-autoscaler's loop ([`super::ca_summary`]).
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::ca_loop::LoopStats;
+use super::ca_summary::{self, CaLoopEntry, RelayRatio};
+use super::calibrate::HopCalibration;
+use super::dataset::Workload;
 use super::load::Latency;
 use super::report::{self, Goal, MachineInfo, Metric, bounded, num, ratio_cell, table, verdict};
 use super::server::ServerFigures;
 use super::{BenchOptions, DatasetRun, Runs};
+use ngo_testbed::autoscaler::CaRelease;
 
 /// `results.json`.
 #[derive(Clone, Debug, Serialize)]
@@ -27,97 +31,18 @@ pub struct Results {
     pub growth: Vec<GrowthRow>,
     /// Ours serving many clusters, next to one cluster of the same size.
     pub multicluster: Value,
-    /// cluster-autoscaler's main loop, one entry per peer and setting on every dataset that
-    /// ran it.
+    /// cluster-autoscaler's main loop, one entry per setting on every dataset that ran it.
     pub ca_loop: Vec<CaLoopEntry>,
+    /// The relay against in-tree and co-located at every delay.
+    pub relay: Vec<RelayRatio>,
+    /// What the network hop itself adds per round trip.
+    pub hop_calibration: Vec<HopCalibration>,
     /// Seconds the whole run took.
     pub duration_s: f64,
     /// The options it ran with.
     pub options: BenchOptions,
     /// Everything measured, unsummarised.
     pub runs: Runs,
-}
-
-/// cluster-autoscaler's main loop with one peer on one dataset.
-#[derive(Clone, Debug, Serialize)]
-pub struct CaLoopEntry {
-    /// `nodegroup-operator`, `example-server` or `in-tree-clusterapi`.
-    pub peer: String,
-    /// How CA reaches it: `remote` (externalgrpc over mTLS on TCP), `co-located` (plaintext on
-    /// the operator's Unix socket) or `qps <qps>/<burst>` (in-tree, its API client's limits).
-    pub mode: String,
-    /// Nodes of the dataset (all autoscaled).
-    pub nodes: usize,
-    /// Node groups.
-    pub groups: usize,
-    /// Delay added each way between CA and the peer (or the API server, in-tree).
-    pub delay_ms_each_way: f64,
-    /// Median loop, or the lower bound when none completed.
-    pub p50_ms: Option<f64>,
-    /// 99th percentile of the measured loops.
-    pub p99_ms: Option<f64>,
-    /// Loops measured.
-    pub loops: usize,
-    /// externalgrpc to ours: RPCs per loop by method.
-    pub rpcs_per_loop: BTreeMap<String, f64>,
-    /// externalgrpc to ours: ms per loop the operator spent answering, by method.
-    pub server_ms_per_loop: BTreeMap<String, f64>,
-    /// What CA 1.36.1's source predicts per loop for these nodes and groups with no
-    /// scale-down candidates and no other nodes: `2 + 3 * nodes + 2 * groups` to
-    /// `2 + 3 * nodes + 3 * groups` (ours only).
-    pub rpcs_per_loop_predicted: Option<(f64, f64)>,
-}
-
-/// The loop entries of every dataset that ran cluster-autoscaler.
-fn ca_loop_entries(runs: &Runs) -> Vec<CaLoopEntry> {
-    let mut entries = Vec::new();
-    for run in &runs.datasets {
-        let Some(ca) = &run.ca else {
-            continue;
-        };
-        let (nodes, groups) = (run.spec.machines(), run.spec.groups());
-        let entry = |peer: &str, mode: String, stats: &LoopStats| {
-            let mut sorted = stats.samples_ms.clone();
-            sorted.sort_by(f64::total_cmp);
-            let p99 = sorted
-                .get(((sorted.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
-                .copied();
-            let ours = peer == "nodegroup-operator";
-            CaLoopEntry {
-                peer: peer.into(),
-                mode,
-                nodes,
-                groups,
-                delay_ms_each_way: 0.0,
-                p50_ms: stats.p50_or_bound(),
-                p99_ms: p99,
-                loops: stats.samples_ms.len(),
-                rpcs_per_loop: stats.rpcs_per_loop.clone(),
-                server_ms_per_loop: stats.server_ms_per_loop.clone(),
-                rpcs_per_loop_predicted: ours.then(|| {
-                    let base = 2.0 + 3.0 * nodes as f64;
-                    (base + 2.0 * groups as f64, base + 3.0 * groups as f64)
-                }),
-            }
-        };
-        entries.push(entry("nodegroup-operator", "remote".into(), &ca.ours));
-        if let Some(example) = &ca.example {
-            entries.push(entry("example-server", "remote".into(), example));
-        }
-        for ((qps, burst), stats) in &ca.in_tree {
-            entries.push(entry(
-                "in-tree-clusterapi",
-                format!("qps {qps}/{burst}"),
-                stats,
-            ));
-        }
-        for run in &ca.through_hop {
-            let mut delayed = entry(&run.peer, run.mode.clone(), &run.stats);
-            delayed.delay_ms_each_way = run.delay_ms;
-            entries.push(delayed);
-        }
-    }
-    entries
 }
 
 /// One dataset of the growth table.
@@ -197,9 +122,6 @@ pub fn summarise(
     let main = runs.datasets.first();
     if let Some(main) = main {
         add_server_metrics(&mut metrics, main);
-        if let Some(ca) = &main.ca {
-            add_ca_metrics(&mut metrics, ca);
-        }
         if let Some(p) = &main.propagation {
             metrics.insert(
                 "propagation_p99_ms".into(),
@@ -274,11 +196,16 @@ pub fn summarise(
             "machines": m.spec.machines(), "nodes": m.spec.machines(),
             "unknown_node_share": options.load.unknown_share,
             "create_seconds": m.create_seconds,
+            "workload": m.spec.workload,
+            "workload_described": m.spec.workload.describe(),
+            "pods": m.spec.pods(),
         })
     });
-    add_hop_goals(&mut metrics, &runs);
+    let ca_loop = ca_summary::entries(&runs);
+    ca_summary::add_metrics(&mut metrics, &runs, &ca_loop);
+    let relay = ca_summary::relay_ratios(&ca_loop);
+    let hop_calibration = ca_summary::hop_calibration(&runs);
     let multicluster = multicluster_summary(&runs);
-    let ca_loop = ca_loop_entries(&runs);
     Results {
         machine,
         settings: settings(&options),
@@ -287,6 +214,8 @@ pub fn summarise(
         growth,
         multicluster,
         ca_loop,
+        relay,
+        hop_calibration,
         duration_s,
         options,
         runs,
@@ -300,17 +229,36 @@ fn settings(options: &BenchOptions) -> BTreeMap<String, String> {
     } else {
         "debug build (not optimized: figures are not comparable)"
     };
-    let in_tree = options
-        .in_tree_qps
+    let qps = |(q, b): (f64, u32)| format!("--kube-client-qps={q} --kube-client-burst={b}");
+    let references = options
+        .reference_qps
         .iter()
-        .map(|(q, b)| format!("{q}/{b}"))
+        .map(|&q| qps(q))
         .collect::<Vec<_>>()
-        .join(" and ");
+        .join(", ");
+    let ca = &options.ca;
+    let older = ca
+        .older_release
+        .as_ref()
+        .map(|(release, delay)| {
+            format!("; CA {release} too, for ours remote and in-tree at {delay} ms each way")
+        })
+        .unwrap_or_default();
+    let largest = options
+        .ca_at_largest
+        .as_ref()
+        .map(|l| {
+            format!(
+                "; on the largest dataset at {:?} ms each way, {} rounds of {} loops after {} skipped",
+                l.delays_ms, l.rounds, l.per_run.loops, l.per_run.skip
+            )
+        })
+        .unwrap_or_default();
     BTreeMap::from([
         (
             "ours".into(),
             format!(
-                "nodegroup-operator, {profile} {}; default flags, mTLS; --node-group-auto-discovery=clusterapi:namespace=bench",
+                "nodegroup-operator, {profile} {}; default flags, mTLS; --node-group-auto-discovery=clusterapi:namespace=bench; the relay: the same binary's `relay` mode, --max-staleness=10s, started for each of its runs",
                 binary.display()
             ),
         ),
@@ -318,7 +266,16 @@ fn settings(options: &BenchOptions) -> BTreeMap<String, String> {
         (
             "cluster_autoscaler".into(),
             format!(
-                "cluster-autoscaler 1.36.1, --scan-interval=1s --v=2, scale-down on (every group at its min size); externalgrpc runs at CA's default --kube-client-qps/burst 5/10 with grpc_timeout 180s; in-tree clusterapi at {in_tree}"
+                "cluster-autoscaler {}{older}, --scan-interval=1s --v=2 --scale-down-unneeded-time=24h --max-bulk-soft-taint-count=0 (scale-down candidates checked every loop, none removed or tainted); every compared run at {} whatever the provider, grpc_timeout 180s; at {:?} ms each way (0: no hop), in {} rounds (each setting once per round, in an order shuffled per round from seed {}) of {} loops after {} skipped per run{largest}; references once after the rounds (CA through the example server at the compared limits; ours remote and in-tree at {references}), {} loops after {} skipped",
+                CaRelease::pinned().map_or_else(|e| e.to_string(), |r| r.to_string()),
+                qps(options.ca_qps),
+                ca.delays_ms,
+                ca.rounds,
+                options.seed,
+                ca.per_run.loops,
+                ca.per_run.skip,
+                options.reference_run.loops,
+                options.reference_run.skip,
             ),
         ),
         (
@@ -337,7 +294,15 @@ fn settings(options: &BenchOptions) -> BTreeMap<String, String> {
         ),
         (
             "api_server".into(),
-            "one etcd + kube-apiserver per dataset, Cluster API CRDs, static Ready Nodes, no controllers".into(),
+            "one etcd + kube-apiserver per dataset, Cluster API CRDs, static Ready Nodes (the not-ready taint TaintNodesByCondition gives a new Node removed, as the node lifecycle controller would), no controllers; the datasets where cluster-autoscaler runs are filled (they replace the all-at-minimum datasets of the runs before; the others stay at their minimum)".into(),
+        ),
+        (
+            "workload".into(),
+            format!(
+                "filled: {}; at minimum: {}",
+                Workload::Filled.describe(),
+                Workload::AtMinimum.describe()
+            ),
         ),
     ])
 }
@@ -393,96 +358,6 @@ fn add_server_metrics(metrics: &mut BTreeMap<String, Metric>, run: &DatasetRun) 
     ] {
         metrics.insert(format!("{name}_p50_ms"), latency_metric(o, u, false));
         metrics.insert(format!("{name}_p99_ms"), latency_metric(o, u, true));
-    }
-}
-
-fn add_ca_metrics(metrics: &mut BTreeMap<String, Metric>, ca: &super::CaRuns) {
-    let loops = |s: &LoopStats| (s.p50_or_bound(), s.p50_is_bound());
-    let ours = ca.ours.p50_ms;
-    let describe = |m: Metric, s: &LoopStats| {
-        m.with("ours_loops", ca.ours.samples_ms.len())
-            .with("upstream_loops", s.samples_ms.len())
-            .with("ours_bucket_p50_ms", ca.ours.bucket_p50_ms)
-            .with("upstream_bucket_p50_ms", s.bucket_p50_ms)
-            .with("ours_node_groups_seen", ca.ours.node_groups)
-            .with("upstream_node_groups_seen", s.node_groups)
-    };
-    if let Some(((qps, burst), raised)) = ca.in_tree.last() {
-        let (up, bound) = loops(raised);
-        let mut metric = describe(Metric::compare(ours, up, bound, "ms"), raised).with(
-            "upstream_setting",
-            format!("--kube-client-qps={qps} --kube-client-burst={burst}"),
-        );
-        if let Some(((q0, b0), default)) = ca.in_tree.first().filter(|_| ca.in_tree.len() > 1) {
-            let (up0, bound0) = loops(default);
-            metric = metric
-                .with(
-                    "upstream_default_setting",
-                    format!("--kube-client-qps={q0} --kube-client-burst={b0}"),
-                )
-                .with("upstream_default_qps", up0)
-                .with("upstream_default_qps_is_bound", bound0)
-                .with("ratio_default_qps", report::ratio(ours, up0));
-        }
-        metrics.insert(
-            "ca_loop_p50_ms_vs_intree".into(),
-            metric.goal("ratio", Goal::AtMost(0.2)),
-        );
-    }
-    if let Some(example) = &ca.example {
-        let (up, bound) = loops(example);
-        metrics.insert(
-            "ca_loop_p50_ms_vs_example".into(),
-            describe(Metric::compare(ours, up, bound, "ms"), example)
-                .goal("ratio", Goal::AtMost(0.1)),
-        );
-    }
-}
-
-/// The goals through a network hop, per dataset that ran cluster-autoscaler: at the largest
-/// delay, ours remote within half of in-tree's loop at its last setting, and ours co-located
-/// within a tenth. Named `ca_loop_<mode>_vs_intree_<groups>x<nodes per group>`.
-fn add_hop_goals(metrics: &mut BTreeMap<String, Metric>, runs: &Runs) {
-    for run in &runs.datasets {
-        let Some(ca) = &run.ca else {
-            continue;
-        };
-        let Some(delay) = ca
-            .through_hop
-            .iter()
-            .map(|h| h.delay_ms)
-            .max_by(f64::total_cmp)
-        else {
-            continue;
-        };
-        let at = |peer: &str, mode: Option<&str>| {
-            ca.through_hop
-                .iter()
-                .find(|h| h.delay_ms == delay && h.peer == peer && mode.is_none_or(|m| h.mode == m))
-        };
-        let Some(in_tree) = at("in-tree-clusterapi", None) else {
-            continue;
-        };
-        let (up, up_is_bound) = (in_tree.stats.p50_or_bound(), in_tree.stats.p50_is_bound());
-        for (mode, key, goal) in [("remote", "remote", 0.5), ("co-located", "colocated", 0.1)] {
-            let Some(ours) = at("nodegroup-operator", Some(mode)) else {
-                continue;
-            };
-            let metric = Metric::compare(ours.stats.p50_ms, up, up_is_bound, "ms")
-                .with("dataset", run.spec.label())
-                .with("nodes", run.spec.machines())
-                .with("groups", run.spec.groups())
-                .with("delay_ms_each_way", delay)
-                .with("mode", mode)
-                .with("upstream_setting", &in_tree.mode)
-                .with("ours_loops", ours.stats.samples_ms.len())
-                .with("upstream_loops", in_tree.stats.samples_ms.len())
-                .goal("ratio", Goal::AtMost(goal));
-            metrics.insert(
-                format!("ca_loop_{key}_vs_intree_{}", run.spec.label()),
-                metric,
-            );
-        }
     }
 }
 
@@ -546,10 +421,12 @@ pub fn render(results: &Results) -> String {
     push(
         &mut out,
         format!(
-            "nodegroup-operator vs upstream on {} MachineDeployments x {} Machines/Nodes (+{} MachineSets)",
+            "nodegroup-operator vs upstream on {} MachineDeployments x {} Machines/Nodes (+{} MachineSets), {}, {} Pods",
             main.spec.groups(),
             main.spec.nodes_per_group,
-            main.spec.groups()
+            main.spec.groups(),
+            main.spec.workload.label(),
+            main.spec.pods()
         ),
     );
     push(&mut out, format!("machine:  {}", results.machine.line()));
@@ -643,30 +520,7 @@ pub fn render(results: &Results) -> String {
         "CA main loop p50 (ms) vs CA + example server",
         m("ca_loop_p50_ms_vs_example"),
     );
-    let mut hop_goals: Vec<(&String, &Metric)> = results
-        .metrics
-        .iter()
-        .filter(|(name, _)| name.starts_with("ca_loop_") && name.contains("_vs_intree_"))
-        .collect();
-    // By dataset size, remote before co-located.
-    hop_goals.sort_by_key(|(name, m)| {
-        let nodes = m.extra.get("nodes").and_then(Value::as_u64).unwrap_or(0);
-        (nodes, !name.starts_with("ca_loop_remote"))
-    });
-    for (name, metric) in hop_goals {
-        let get = |k: &str| metric.extra.get(k);
-        let label = format!(
-            "CA main loop p50 (ms), {} ({} nodes), {} ms each way: ours {} vs in-tree {}",
-            get("dataset").and_then(Value::as_str).unwrap_or_default(),
-            num(get("nodes").and_then(Value::as_f64)),
-            num(get("delay_ms_each_way").and_then(Value::as_f64)),
-            get("mode").and_then(Value::as_str).unwrap_or(name),
-            get("upstream_setting")
-                .and_then(Value::as_str)
-                .unwrap_or_default(),
-        );
-        row(&mut rows, &label, Some(metric));
-    }
+    rows.extend(ca_summary::goal_rows(&results.metrics));
     row(
         &mut rows,
         "propagation, min/max change -> NodeGroups p99 (ms)",
@@ -776,81 +630,12 @@ pub fn render(results: &Results) -> String {
         ],
         &rows,
     ));
-    out.push_str(&render_ca_loop(&results.ca_loop));
-    out.push_str(&format!("\nrun took {:.0}s\n", results.duration_s));
-    out
-}
-
-/// The loop table (peer x setting x dataset) and the RPCs per loop CA made to ours, beside
-/// what CA's source predicts.
-fn render_ca_loop(entries: &[CaLoopEntry]) -> String {
-    if entries.is_empty() {
-        return String::new();
-    }
-    let rows: Vec<Vec<String>> = entries
-        .iter()
-        .map(|e| {
-            vec![
-                e.peer.clone(),
-                e.mode.clone(),
-                format!("{} x {}", e.groups, e.nodes / e.groups.max(1)),
-                num(Some(e.delay_ms_each_way)),
-                // No loop measured: the figure is how long the first one ran at least.
-                bounded(e.p50_ms, e.loops == 0),
-                num(e.p99_ms),
-                e.loops.to_string(),
-            ]
-        })
-        .collect();
-    let mut out = String::from("\ncluster-autoscaler main loop\n");
-    out.push_str(&table(
-        &[
-            "peer",
-            "setting",
-            "groups x nodes",
-            "delay ms each way",
-            "p50 ms",
-            "p99 ms",
-            "loops",
-        ],
-        &rows,
+    out.push_str(&ca_summary::render(
+        &results.ca_loop,
+        &results.hop_calibration,
+        &results.relay,
     ));
-    for e in entries.iter().filter(|e| !e.rpcs_per_loop.is_empty()) {
-        let total: f64 = e.rpcs_per_loop.values().sum();
-        let by_method = e
-            .rpcs_per_loop
-            .iter()
-            .map(|(m, n)| format!("{m} {}", num(Some(*n))))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let predicted = e
-            .rpcs_per_loop_predicted
-            .map(|(low, high)| format!("; CA's source predicts {low:.0} to {high:.0}"))
-            .unwrap_or_default();
-        out.push_str(&format!(
-            "RPCs per loop to ours at {} nodes, {} groups: {} ({by_method}){predicted}\n",
-            e.nodes,
-            e.groups,
-            num(Some(total))
-        ));
-        let server: f64 = e.server_ms_per_loop.values().sum();
-        if server > 0.0 {
-            let per_call = e
-                .server_ms_per_loop
-                .iter()
-                .filter_map(|(m, ms)| {
-                    let calls = e.rpcs_per_loop.get(m).copied().filter(|n| *n > 0.0)?;
-                    Some(format!("{m} {}", num(Some(ms / calls * 1e3))))
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
-            out.push_str(&format!(
-                "  the operator's own time answering them: {} ms per loop of a {} ms loop (µs per call: {per_call})\n",
-                num(Some(server)),
-                num(e.p50_ms),
-            ));
-        }
-    }
+    out.push_str(&format!("\nrun took {:.0}s\n", results.duration_s));
     out
 }
 
