@@ -8,10 +8,11 @@ UPSTREAM := tests/upstream/build.sh
 TEST_PEERS ?= etcd kube capi kwok helm ca-source ecosystem-crds cluster-autoscaler cluster-autoscaler-test example-server conformance cherry-check alicloud-check clusterapi-diff
 # What `make demo` needs.
 DEMO_PEERS ?= etcd kube capi kwok cluster-autoscaler
-# What `make bench` needs.
-BENCH_PEERS ?= etcd kube capi cluster-autoscaler example-server
+# What `make bench` needs (CA 1.34.5 twice: its externalgrpc binary, and its in-tree clusterapi
+# provider, a build of its own before 1.36).
+BENCH_PEERS ?= etcd kube capi cluster-autoscaler example-server cluster-autoscaler-1.34.5 cluster-autoscaler-clusterapi-1.34.5
 
-.PHONY: all build test unit e2e safety soak chaos lint fmt crds upstream demo demo-cherry sandbox bench fuzz clean-upstream compat
+.PHONY: all build test unit e2e safety soak chaos lint fmt crds upstream demo demo-cherry sandbox bench scale fuzz clean-upstream compat
 
 all: build
 
@@ -82,13 +83,25 @@ compat:
 	$(UPSTREAM) kwok cluster-autoscaler-all && NGO_COMPAT=1 $(CARGO) test --locked --features nodegroup-operator/fault-injection --test e2e_ca compat_ca_binaries -- --nocapture
 
 ## Side by side with the upstream peers (CA's example externalgrpc server, CA's in-tree clusterapi
-## provider) on fresh API servers, same load client for all: optimized builds of ours and theirs.
-## Prints a table and writes target/bench/results.json; about 45 minutes on 2 cores, not part of
-## `make test` (which runs `ngo-sandbox bench --smoke`).
+## provider) on fresh API servers, same load client for all: optimized builds of ours and theirs;
+## cluster-autoscaler 1.36.1 (and 1.34.5) through ours remote, co-located and the relay and
+## in-tree, in interleaved rounds. Prints the tables and writes target/bench/results.json; about
+## two and a half hours on 2 cores, not part of `make test` (which runs `ngo-sandbox bench --smoke`).
 bench:
 	$(UPSTREAM) $(BENCH_PEERS)
 	$(CARGO) build --release --locked -p ngo-sandbox -p nodegroup-operator --bins
 	./target/release/ngo-sandbox bench
+
+## The management topology at scale (ngo_sandbox::scale): one operator reading 10, 100 and 1,000
+## workload clusters of 10 Nodes (stand-in API servers, through its real client) from their
+## kubeconfig Secrets, then serving 1, 100 and 1,000 relay streams: memory, CPU, sync time and
+## Node change latency, judged against issue 36's goals. Optimized builds; prints the tables and
+## writes target/scale/results.json; about 10 minutes on 2 cores, not part of `make test` (which
+## runs `ngo-sandbox scale --smoke`).
+scale:
+	$(UPSTREAM) etcd kube capi
+	$(CARGO) build --release --locked -p ngo-sandbox -p nodegroup-operator --bins
+	./target/release/ngo-sandbox scale
 
 ## Fuzz the gRPC request decoders and the pure request handling (fuzz/; not part of `make test`).
 ## Needs a nightly toolchain and cargo-fuzz (`rustup toolchain install nightly --profile minimal`,
