@@ -636,6 +636,14 @@ async fn connect_as(
     w: &World,
     cert: &(std::path::PathBuf, std::path::PathBuf),
 ) -> ngo_service::proto::cloud_provider_client::CloudProviderClient<tonic::transport::Channel> {
+    ngo_service::proto::cloud_provider_client::CloudProviderClient::new(channel_as(w, cert).await)
+}
+
+/// An mTLS channel to the shared operator with client certificate `cert`.
+async fn channel_as(
+    w: &World,
+    cert: &(std::path::PathBuf, std::path::PathBuf),
+) -> tonic::transport::Channel {
     use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
     let read = |p: &std::path::Path| std::fs::read_to_string(p).expect("pem");
     let tls = ClientTlsConfig::new()
@@ -643,14 +651,13 @@ async fn connect_as(
         .identity(Identity::from_pem(read(&cert.0), read(&cert.1)))
         .domain_name("localhost");
     let address = w.address;
-    let channel = Channel::from_shared(format!("https://{address}"))
+    Channel::from_shared(format!("https://{address}"))
         .expect("uri")
         .tls_config(tls)
         .expect("tls")
         .connect()
         .await
-        .expect("connect");
-    ngo_service::proto::cloud_provider_client::CloudProviderClient::new(channel)
+        .expect("connect")
 }
 
 /// Every RPC that takes a node group id, on `id`.

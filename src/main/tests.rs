@@ -147,14 +147,12 @@ fn the_co_located_mode_scopes_by_configuration_and_refuses_certificate_scoping()
     );
 }
 
-/// The sidecar in `examples/cluster-autoscaler-colocated-values.yaml` runs with flags this
-/// binary takes, in the co-located mode.
-#[test]
-fn the_co_located_example_runs_with_these_flags() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/cluster-autoscaler-colocated-values.yaml"
-    );
+/// The values of `examples/<name>` (upstream cluster-autoscaler chart values) and its first
+/// init container's args parsed as this binary's command line.
+fn example_sidecar(name: &str) -> (serde_yaml::Value, Cli) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name);
     let values: serde_yaml::Value =
         serde_yaml::from_str(&std::fs::read_to_string(path).expect("the example")).unwrap();
     let args: Vec<String> = values["initContainers"][0]["args"]
@@ -165,6 +163,14 @@ fn the_co_located_example_runs_with_these_flags() {
         .collect();
     let cli = Cli::try_parse_from(std::iter::once("nodegroup-operator".to_string()).chain(args))
         .expect("flags parse");
+    (values, cli)
+}
+
+/// The sidecar in `examples/cluster-autoscaler-colocated-values.yaml` runs with flags this
+/// binary takes, in the co-located mode.
+#[test]
+fn the_co_located_example_runs_with_these_flags() {
+    let (_, cli) = example_sidecar("cluster-autoscaler-colocated-values.yaml");
     let Some(Command::Run(run)) = cli.command else {
         panic!("the example runs `run`");
     };
@@ -177,20 +183,7 @@ fn the_co_located_example_runs_with_these_flags() {
 /// this binary takes, and reads the cloud-config the example's ConfigMap holds.
 #[test]
 fn the_relay_example_runs_with_these_flags() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/cluster-autoscaler-relay-values.yaml"
-    );
-    let values: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(path).expect("the example")).unwrap();
-    let args: Vec<String> = values["initContainers"][0]["args"]
-        .as_sequence()
-        .expect("the sidecar's args")
-        .iter()
-        .filter_map(|a| a.as_str().map(String::from))
-        .collect();
-    let cli = Cli::try_parse_from(std::iter::once("nodegroup-operator".to_string()).chain(args))
-        .expect("flags parse");
+    let (values, cli) = example_sidecar("cluster-autoscaler-relay-values.yaml");
     let Some(Command::Relay(relay)) = cli.command else {
         panic!("the example runs `relay`");
     };

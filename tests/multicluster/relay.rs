@@ -317,6 +317,39 @@ async fn a_relay_answers_as_the_operator_scales_through_it_and_refuses_reads_onc
         assert_eq!(relayed, direct, "through the relay and from the operator");
     }
 
+    // A tenant's relay learns nothing of another Cluster: with A's certificate, asking for B's
+    // view is refused, and A's own view names nothing in B's namespace.
+    let mut stream = ngo_service::relay::wire::proto::relay_client::RelayClient::new(
+        channel_as(&w, &a_cert).await,
+    );
+    let asked = |cluster: String| ngo_service::relay::wire::proto::WatchRequest {
+        protocol: ngo_service::relay::wire::PROTOCOL,
+        cluster,
+    };
+    let refused = stream
+        .watch(asked(format!("{}/{}", w.b.namespace, w.b.cluster)))
+        .await
+        .map(|_| ())
+        .expect_err("B's view with A's certificate");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    let mut own = stream
+        .watch(asked(format!("{}/{}", w.a.namespace, w.a.cluster)))
+        .await
+        .expect("A's own view")
+        .into_inner();
+    let first = own
+        .message()
+        .await
+        .expect("an update")
+        .expect("the stream is open");
+    let text = format!("{first:?}");
+    assert!(first.reset && !first.groups.is_empty(), "{text}");
+    assert!(
+        !text.contains(&w.b.namespace),
+        "A's view names something of B's: {text}"
+    );
+    drop(own);
+
     // Read-your-writes: a forwarded IncreaseSize is in the relay's very next TargetSize.
     through_relay
         .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {

@@ -1976,12 +1976,10 @@ fn the_readme_shows_the_cluster_autoscaler_values_the_tests_use() {
     );
 }
 
-/// The co-located values: the upstream chart renders the operator as a native sidecar of
-/// cluster-autoscaler's pod, both containers mount the socket's directory, and the
-/// cloud-config CA reads names that socket (the operator's `--grpc-unix-socket`).
-#[test]
-fn the_upstream_chart_with_the_co_located_values_puts_the_operator_beside_cluster_autoscaler() {
-    let values = repo_file("examples/cluster-autoscaler-colocated-values.yaml");
+/// The upstream cluster-autoscaler chart rendered into kube-system with the values file
+/// `values` (a path in the repository).
+fn upstream_ca_chart_with(values: &str) -> Vec<serde_json::Value> {
+    let values = repo_file(values);
     let (ok, out, err) = helm(&[
         "template",
         "cluster-autoscaler",
@@ -1992,7 +1990,15 @@ fn the_upstream_chart_with_the_co_located_values_puts_the_operator_beside_cluste
         values.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
-    let docs = parse_docs(&out);
+    parse_docs(&out)
+}
+
+/// The co-located values: the upstream chart renders the operator as a native sidecar of
+/// cluster-autoscaler's pod, both containers mount the socket's directory, and the
+/// cloud-config CA reads names that socket (the operator's `--grpc-unix-socket`).
+#[test]
+fn the_upstream_chart_with_the_co_located_values_puts_the_operator_beside_cluster_autoscaler() {
+    let docs = upstream_ca_chart_with("examples/cluster-autoscaler-colocated-values.yaml");
     let deployment = docs
         .iter()
         .find(|d| d["kind"] == "Deployment")
@@ -2065,18 +2071,7 @@ fn the_upstream_chart_with_the_co_located_values_puts_the_operator_beside_cluste
 /// credentials of the relay's own beyond that Secret.
 #[test]
 fn the_upstream_chart_with_the_relay_values_puts_the_relay_beside_cluster_autoscaler() {
-    let values = repo_file("examples/cluster-autoscaler-relay-values.yaml");
-    let (ok, out, err) = helm(&[
-        "template",
-        "cluster-autoscaler",
-        upstream_ca_chart().to_str().unwrap(),
-        "-n",
-        "kube-system",
-        "-f",
-        values.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
-    let docs = parse_docs(&out);
+    let docs = upstream_ca_chart_with("examples/cluster-autoscaler-relay-values.yaml");
     let deployment = docs
         .iter()
         .find(|d| d["kind"] == "Deployment")
