@@ -337,7 +337,7 @@ pub async fn create(client: &Client, spec: DatasetSpec) -> anyhow::Result<Datase
 }
 
 /// Runs `tasks` [`CONCURRENCY`] at a time; the first error stops the rest.
-async fn run_all<T, F>(tasks: impl Iterator<Item = F>) -> anyhow::Result<Vec<T>>
+pub(crate) async fn run_all<T, F>(tasks: impl Iterator<Item = F>) -> anyhow::Result<Vec<T>>
 where
     F: Future<Output = anyhow::Result<T>>,
 {
@@ -347,7 +347,8 @@ where
         .await
 }
 
-async fn create_object(
+/// Creates the object `body` of `resource` in `namespace`, saying which on an error.
+pub(crate) async fn create_object(
     client: &Client,
     namespace: &str,
     resource: &kube::discovery::ApiResource,

@@ -10,10 +10,9 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
 
 use ngo_testbed::capi::{
@@ -22,8 +21,8 @@ use ngo_testbed::capi::{
 };
 use ngo_testbed::node_apiserver::{NodeApiServer, NodeServerTls, NodeSpec};
 
-/// Requests in flight while writing the management objects.
-const CONCURRENCY: usize = 48;
+use crate::bench::dataset::{create_object, run_all};
+
 /// cluster-autoscaler's annotation of a group's min size.
 const MIN_SIZE: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";
 /// cluster-autoscaler's annotation of a group's max size.
@@ -124,32 +123,6 @@ impl Fleet {
 /// The providerID of Node `name`, on its Machine too.
 fn provider_id(name: &str) -> String {
     format!("test:////{name}")
-}
-
-/// Runs `tasks` [`CONCURRENCY`] at a time; the first error stops the rest.
-async fn run_all<T, F>(tasks: impl Iterator<Item = F>) -> anyhow::Result<Vec<T>>
-where
-    F: Future<Output = anyhow::Result<T>>,
-{
-    futures::stream::iter(tasks)
-        .buffer_unordered(CONCURRENCY)
-        .try_collect()
-        .await
-}
-
-async fn create_object(
-    client: &Client,
-    namespace: &str,
-    resource: &kube::discovery::ApiResource,
-    body: Value,
-) -> anyhow::Result<DynamicObject> {
-    let object: DynamicObject =
-        serde_json::from_value(body).with_context(|| format!("{} manifest", resource.kind))?;
-    let name = object.name_any();
-    Api::<DynamicObject>::namespaced_with(client.clone(), namespace, resource)
-        .create(&PostParams::default(), &object)
-        .await
-        .with_context(|| format!("creating {} {namespace}/{name}", resource.kind))
 }
 
 /// The namespace, the kubeconfig Secret (as Cluster API writes it: type
