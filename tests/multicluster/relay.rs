@@ -293,6 +293,20 @@ async fn a_relay_answers_as_the_operator_scales_through_it_and_refuses_reads_onc
     })
     .await;
     assert!(relay.ready(), "ready once its copy is fresh");
+    // The group can reach the relay before its Machine has a Node: compare reads once the
+    // relay's copy holds A's instance, so both sides answer about the same world.
+    poll("the relay to list A's instance", || async {
+        let nodes = through_relay
+            .clone()
+            .node_group_nodes(proto::NodeGroupNodesRequest { id: id_a.clone() })
+            .await
+            .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
+        let count = nodes.into_inner().instances.len();
+        (count == 1)
+            .then_some(())
+            .ok_or(format!("{count} instances"))
+    })
+    .await;
     assert_eq!(
         stream_gauge(w.admin),
         Some(1),

@@ -1,8 +1,10 @@
 //! The operator's side of the relay stream: each relay, scoped by its client certificate as
 //! cluster-autoscaler's own connections are, gets its Cluster's view of the current snapshot
-//! in full, then the changes of every snapshot published after, and a keepalive while nothing
-//! changes. A slow relay holds its own stream only: it is sent the newest view once it takes
-//! the previous one, never a queue of old ones.
+//! in full, then its changes as snapshots are published, and a keepalive once a keepalive
+//! period passes without a message. A snapshot that changes only other Clusters sends nothing,
+//! so one Cluster's churn costs the other relays' streams nothing. A slow relay holds its own
+//! stream only: it is sent the newest view once it takes the previous one, never a queue of
+//! old ones.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -166,8 +168,12 @@ impl Feed {
         let _live = Live::new(&self.metrics.streams);
         let mut sent: Option<(u64, Arc<ClusterView>)> = None;
         // The snapshot the last view was sent for: a newer one that changed nothing of this
-        // Cluster (found by pointer comparisons) costs a keepalive, not a rebuild.
+        // Cluster (found by pointer comparisons) costs neither a rebuild nor a message; the
+        // next keepalive carries its version.
         let mut seen: Option<Arc<Snapshot>> = None;
+        // A keepalive is due this long after the last message, however often other Clusters
+        // change.
+        let mut last_sent = tokio::time::Instant::now();
         loop {
             if let Some((version, snapshot)) = self.snapshots.current_versioned()
                 && sent.as_ref().is_none_or(|(at, _)| *at != version)
@@ -177,42 +183,37 @@ impl Feed {
                 {
                     *at = version;
                     seen = Some(snapshot);
-                    if self
-                        .send_all(&tx, vec![wire::keepalive(version)])
-                        .await
-                        .is_err()
-                    {
+                } else {
+                    let view = Arc::new(ClusterView::of(&snapshot, Some(&self.cluster)));
+                    let (delta, reset) = match &sent {
+                        Some((_, before)) => (before.delta_to(&view), false),
+                        None => (ClusterView::default().delta_to(&view), true),
+                    };
+                    let updates = match wire::encode(version, reset, &delta) {
+                        Ok(updates) => updates,
+                        Err(error) => {
+                            tracing::error!(cluster = %self.cluster, %error, "a view cannot be encoded for its relay");
+                            let _ = tx.send(Err(Status::internal(error.to_string()))).await;
+                            return;
+                        }
+                    };
+                    sent = Some((version, view));
+                    seen = Some(snapshot);
+                    if self.send_all(&tx, updates).await.is_err() {
                         break;
                     }
-                    continue;
-                }
-                let view = Arc::new(ClusterView::of(&snapshot, Some(&self.cluster)));
-                let (delta, reset) = match &sent {
-                    Some((_, before)) => (before.delta_to(&view), false),
-                    None => (ClusterView::default().delta_to(&view), true),
-                };
-                let updates = match wire::encode(version, reset, &delta) {
-                    Ok(updates) => updates,
-                    Err(error) => {
-                        tracing::error!(cluster = %self.cluster, %error, "a view cannot be encoded for its relay");
-                        let _ = tx.send(Err(Status::internal(error.to_string()))).await;
-                        return;
-                    }
-                };
-                sent = Some((version, view));
-                seen = Some(snapshot);
-                if self.send_all(&tx, updates).await.is_err() {
-                    break;
+                    last_sent = tokio::time::Instant::now();
                 }
             }
             tokio::select! {
                 alive = self.snapshots.changed() => if !alive { break },
-                () = tokio::time::sleep(self.keepalive) => {
+                () = tokio::time::sleep_until(last_sent + self.keepalive) => {
                     if let Some((version, _)) = &sent
                         && self.send_all(&tx, vec![wire::keepalive(*version)]).await.is_err()
                     {
                         break;
                     }
+                    last_sent = tokio::time::Instant::now();
                 }
                 () = tx.closed() => break,
             }
@@ -234,5 +235,118 @@ impl Feed {
             tx.send(Ok(update)).await.map_err(|_| ())?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ngo_index::index::{ClusterKey, IndexState, NodeView};
+    use tokio::sync::mpsc;
+
+    use super::{Feed, StreamMetrics};
+    use crate::relay::wire::proto;
+    use crate::server::scoping_matrix;
+
+    /// A keepalive: an update that changes nothing.
+    fn carries_nothing(update: &proto::ViewUpdate) -> bool {
+        update.header.is_empty()
+            && update.groups.is_empty()
+            && update.removed_groups.is_empty()
+            && update.machines.is_empty()
+            && update.removed_machines.is_empty()
+            && update.owners.is_empty()
+            && update.removed_owners.is_empty()
+    }
+
+    fn cluster(namespace: &str, name: &str) -> ClusterKey {
+        ClusterKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// `bravo` flips its Node's readiness every 5 ms for two seconds while `alpha`'s relay
+    /// streams with a keepalive of 100 ms: `alpha`'s relay gets its view, then keepalives at
+    /// their period, and nothing for each of `bravo`'s 400 changes. A change of its own
+    /// arrives at once.
+    #[tokio::test(start_paused = true)]
+    async fn another_clusters_changes_send_a_relay_nothing_but_its_keepalives() {
+        let mut state = IndexState::new(&scoping_matrix::inputs());
+        let (publisher, snapshots) = ngo_index::index::channel();
+        publisher.publish(state.snapshot());
+        let (alpha, bravo) = (cluster("tenant-a", "alpha"), cluster("tenant-b", "bravo"));
+        let feed = Feed {
+            snapshots,
+            cluster: alpha.clone(),
+            keepalive: Duration::from_millis(100),
+            metrics: StreamMetrics::default(),
+        };
+        let (tx, mut rx) = mpsc::channel(1);
+        tokio::spawn(feed.run(tx));
+        let first = rx.recv().await.expect("the view").expect("no error");
+        assert!(first.reset, "the first update carries the whole view");
+        let mut complete = first.complete;
+        while !complete {
+            complete = rx
+                .recv()
+                .await
+                .expect("the view")
+                .expect("no error")
+                .complete;
+        }
+
+        let node = |cluster: &ClusterKey, name: &str, ready: bool| NodeView {
+            name: name.into(),
+            provider_id: Some(scoping_matrix::provider_id(&cluster.name)),
+            ready,
+            cluster: Some(cluster.clone()),
+            ..Default::default()
+        };
+        let received = tokio::spawn(async move {
+            let mut updates = Vec::new();
+            while let Some(update) = rx.recv().await {
+                updates.push((tokio::time::Instant::now(), update.expect("no error")));
+            }
+            updates
+        });
+        let started = tokio::time::Instant::now();
+        for round in 0..400 {
+            state.upsert_node(node(&bravo, "bravo-n1", round % 2 == 1));
+            publisher.publish(state.snapshot());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        state.upsert_node(node(&alpha, "alpha-n1", false));
+        let own = tokio::time::Instant::now();
+        publisher.publish(state.snapshot());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        drop(publisher);
+        let updates = received.await.expect("the receiver");
+
+        let keepalives = updates
+            .iter()
+            .filter(|(at, u)| *at < own && carries_nothing(u))
+            .count();
+        assert!(
+            (15..=21).contains(&keepalives),
+            "a keepalive each 100 ms of 2 s, not one per change of another Cluster: {keepalives}"
+        );
+        assert!(
+            updates
+                .iter()
+                .all(|(at, u)| *at >= own || carries_nothing(u)),
+            "nothing of bravo's reaches alpha's relay"
+        );
+        let (at, _) = updates
+            .iter()
+            .find(|(_, u)| !carries_nothing(u))
+            .expect("alpha's own change reaches its relay");
+        assert!(
+            *at - own < Duration::from_millis(5),
+            "at once: {:?}",
+            *at - own
+        );
+        assert!(started.elapsed() >= Duration::from_secs(2));
     }
 }
