@@ -1,4 +1,4 @@
-//! The Alibaba Cloud client (`backends::alicloud`) against the sandbox's ESS/ECS emulator:
+//! The Alibaba Cloud client (`ngo_cloud_alicloud`) against the sandbox's ESS/ECS emulator:
 //! the calls a node pool makes, paging, the signature and credential checks of the gateway,
 //! throttling, activities in progress, outages, hung requests, lost answers and idempotent
 //! scale-outs.
@@ -8,16 +8,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ngo_api::nodepool::AliCloudSpec;
-use ngo_testbed::alicloud::{
-    AccessKey, AliCloudEmulator, AliCloudOptions, FaultAction, InstanceState, ScalingGroupSpec,
-};
-use nodegroup_operator::backends::alicloud::ess::Ess;
-use nodegroup_operator::backends::alicloud::pool::AliCloudPool;
-use nodegroup_operator::backends::alicloud::{
+use ngo_cloud_alicloud::ess::Ess;
+use ngo_cloud_alicloud::{
     ActivityStatus, ApiErrorKind, Client, ClientOptions, Credentials, EcsRamRoleCredentials,
     Endpoints, Error, GroupLifecycleState, InstanceLifecycleState, RefreshPolicy,
     RemovalFailureReason, RemoveOptions, RetryPolicy, StaticCredentials, TransportOptions,
 };
+use ngo_testbed::alicloud::{
+    AccessKey, AliCloudEmulator, AliCloudOptions, FaultAction, InstanceState, ScalingGroupSpec,
+};
+use nodegroup_operator::backends::alicloud::pool::AliCloudPool;
 use nodegroup_operator::nodepool::backend::{BackendErrorKind, Created, NewServer, PoolBackend};
 
 const GROUP: &str = "asg-workers";
@@ -971,7 +971,7 @@ async fn signed_request(
         &ngo_testbed::alicloud::string_to_sign("POST", &query),
     );
     query.insert("Signature".to_string(), signature);
-    let query = nodegroup_operator::backends::alicloud::signature::canonical_query(&query);
+    let query = ngo_cloud_alicloud::signature::canonical_query(&query);
     let addr = emulator.url().trim_start_matches("http://").to_string();
     let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
     let request = format!(
@@ -1064,11 +1064,11 @@ fn same_shape(
 #[tokio::test]
 async fn published_examples_decode_and_the_emulator_answers_their_shape() {
     use base64::Engine as _;
-    use ngo_testbed::alicloud::FaultAction;
-    use nodegroup_operator::backends::alicloud::{
+    use ngo_cloud_alicloud::{
         ActivityStatus, ApiErrorKind, Error, GroupLifecycleState, InstanceLifecycleState,
         RemoveOptions,
     };
+    use ngo_testbed::alicloud::FaultAction;
     const ESS: &str = "2014-08-28";
     const ECS: &str = "2014-05-26";
     let emulator = emulator(|_| {}).await;

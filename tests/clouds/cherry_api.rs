@@ -1,4 +1,4 @@
-//! The Cherry Servers client (`backends::cherry`) against the sandbox's emulator of the API:
+//! The Cherry Servers client (`ngo_cloud_cherry`) against the sandbox's emulator of the API:
 //! the calls a node pool makes, paging, authentication, rate limiting, out-of-stock plans,
 //! outages, hung and garbled answers; and, with a real API server and kwok, servers that
 //! boot into Nodes only with a valid bootstrap token. The emulator itself is checked against
@@ -11,13 +11,11 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ObjectMeta, PostParams};
+use ngo_cloud_cherry::{CherryClient, CherryError, ClientConfig, CreateServer, PAGE_SIZE};
 use ngo_testbed::cherry::{
     BootOutcome, CherryEmulator, CherryOptions, FaultAction, Lifecycle, RequestKind,
 };
 use ngo_testbed::workload_cluster::{WorkloadCluster, WorkloadClusterOptions};
-use nodegroup_operator::backends::cherry::{
-    CherryClient, CherryError, ClientConfig, CreateServer, PAGE_SIZE,
-};
 use nodegroup_operator::nodepool::bootstrap;
 
 const PROJECT: i64 = 10001;
@@ -874,7 +872,7 @@ fn fixture(name: &str) -> serde_json::Value {
 /// with the operator's client, and the emulator answers the same requests in their shape.
 #[tokio::test]
 async fn published_examples_decode_and_the_emulator_answers_their_shape() {
-    use nodegroup_operator::backends::cherry::{Plan, Server};
+    use ngo_cloud_cherry::{Plan, Server};
     let emulator = emulator(CherryOptions::default()).await;
 
     // GET /v1/plans.

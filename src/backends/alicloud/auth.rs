@@ -13,13 +13,13 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::ByteString;
 
-use super::Error;
-use super::credentials::{
+use ngo_api::nodepool::{AliCloudCredentialsMode, AliCloudSpec};
+use ngo_cloud_alicloud::Error;
+use ngo_cloud_alicloud::credentials::{
     Credentials, CredentialsProvider, EcsRamRoleCredentials, METADATA_ENDPOINT, OidcRoleConfig,
     OidcRoleCredentials, RefreshPolicy, StaticCredentials,
 };
-use super::transport::{RetryPolicy, TransportOptions};
-use ngo_api::nodepool::{AliCloudCredentialsMode, AliCloudSpec};
+use ngo_cloud_alicloud::transport::{RetryPolicy, TransportOptions};
 
 /// `RoleSessionName` when the Secret has no `session-name`.
 pub const DEFAULT_SESSION_NAME: &str = "nodegroup-operator";

@@ -1,8 +1,6 @@
-//! Alibaba Cloud: the API client (crate `ngo-cloud-alicloud`, re-exported here) and the
-//! NodePool adapter: which credentials a pool's spec and Secret name ([`auth`]) and the pool
+//! Alibaba Cloud: the NodePool adapter on the API client (crate `ngo-cloud-alicloud`, named
+//! where it is used): which credentials a pool's spec and Secret name ([`auth`]) and the pool
 //! on its scaling group ([`pool`]).
-
-pub use ngo_cloud_alicloud::*;
 
 pub mod auth;
 pub mod pool;

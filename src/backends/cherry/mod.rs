@@ -1,6 +1,4 @@
-//! Cherry Servers: the API client (crate `ngo-cloud-cherry`, re-exported here) and the
-//! NodePool adapter ([`pool`]).
-
-pub use ngo_cloud_cherry::*;
+//! Cherry Servers: the NodePool adapter ([`pool`]) on the API client (crate
+//! `ngo-cloud-cherry`, named where it is used).
 
 pub mod pool;

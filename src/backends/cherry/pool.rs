@@ -9,7 +9,6 @@ use async_trait::async_trait;
 use base64::Engine as _;
 use kube::ResourceExt;
 
-use super::{CherryClient, CherryError, ClientConfig, CreateServer, Plan, Server};
 use crate::backends::EndpointPolicy;
 use crate::nodepool::backend::{
     BackendConnector, BackendError, BackendErrorKind, ConnectError, Created, MachineTypeInfo,
@@ -17,6 +16,7 @@ use crate::nodepool::backend::{
 };
 use crate::nodepool::converge::{Member, MemberPhase};
 use ngo_api::nodepool::{CherryServersSpec, MachineType, NodePool};
+use ngo_cloud_cherry::{CherryClient, CherryError, ClientConfig, CreateServer, Plan, Server};
 use ngo_index::template::labels::valid_label_value;
 
 /// Tag naming the cluster (in-tree provider's).

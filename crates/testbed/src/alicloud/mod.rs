@@ -17,66 +17,39 @@
 //! configuration at launch carries a valid bootstrap token ([`crate::boot`]). A released
 //! instance's Node is deleted.
 
+mod access_key;
+mod faults;
 mod model;
+mod node;
 mod service;
+mod state;
 mod sts;
+mod throttle;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
+pub use access_key::AccessKey;
+pub use faults::FaultAction;
 pub use model::{
     Activity, ActivityStatus, ApiError, EmulatedInstance, InstanceState, InstanceTypeSpec,
     ScalingGroupSpec, default_instance_types,
 };
+pub use node::node_for;
 pub use service::{signature, string_to_sign};
+pub use state::RecordedRequest;
 pub use sts::{OidcRole, STS_VERSION};
 
-use self::model::{Account, Params};
-use self::service::Throttle;
+use self::faults::Fault;
+use self::model::Account;
+use self::state::{Shared, lock};
 use self::sts::StsState;
-use crate::boot::BootOutcome;
-use crate::kwok::FakeNode;
-
-/// An AccessKey the emulator accepts.
-#[derive(Clone, PartialEq, Eq)]
-pub struct AccessKey {
-    /// `AccessKeyId`.
-    pub id: String,
-    /// `AccessKeySecret`.
-    pub secret: String,
-    /// The `SecurityToken` requests must carry: set for temporary (STS) keys.
-    pub security_token: Option<String>,
-    /// When a temporary key stops being accepted (`InvalidSecurityToken.Expired`).
-    pub expiration: Option<jiff::Timestamp>,
-}
-
-impl AccessKey {
-    /// A permanent AccessKey pair.
-    pub fn new(id: &str, secret: &str) -> Self {
-        Self {
-            id: id.into(),
-            secret: secret.into(),
-            security_token: None,
-            expiration: None,
-        }
-    }
-}
-
-impl std::fmt::Debug for AccessKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AccessKey")
-            .field("id", &self.id)
-            .field("temporary", &self.security_token.is_some())
-            .field("expiration", &self.expiration)
-            .finish_non_exhaustive()
-    }
-}
+use self::throttle::Throttle;
 
 /// How the emulator behaves.
 #[derive(Clone)]
@@ -140,296 +113,6 @@ impl std::fmt::Debug for AliCloudOptions {
             .field("ram_role", &self.ram_role)
             .finish_non_exhaustive()
     }
-}
-
-/// What an injected fault does to a request (after the gateway's checks, before the
-/// action runs).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum FaultAction {
-    /// Answer this error (`{RequestId, HostId, Code, Message, Recommend}`); no effect.
-    Error {
-        /// HTTP status.
-        status: u16,
-        /// `Code`.
-        code: String,
-        /// `Message`.
-        message: String,
-    },
-    /// Answer this status and body (JSON, `Content-Type: application/json;charset=utf-8`;
-    /// text on the metadata server's paths) instead of handling the request: no effect. For
-    /// serving a client answers the emulator would not make, such as the API reference's
-    /// published examples.
-    Respond {
-        /// HTTP status.
-        status: u16,
-        /// Body, sent as is.
-        body: String,
-    },
-    /// Wait this long, then handle the request normally.
-    Hang(Duration),
-    /// Reset the connection without handling the request: no effect.
-    Reset,
-    /// Handle the request, then reset the connection: the effect happens, the answer is
-    /// lost.
-    LoseAnswer,
-}
-
-impl FaultAction {
-    /// `Throttling.User` (HTTP 400), as the gateway answers over the flow-control limit.
-    pub fn throttling() -> Self {
-        Self::Error {
-            status: 400,
-            code: "Throttling.User".into(),
-            message: "Request was denied due to user flow control.".into(),
-        }
-    }
-
-    /// `ServiceUnavailable` (HTTP 503).
-    pub fn unavailable() -> Self {
-        Self::Error {
-            status: 503,
-            code: "ServiceUnavailable".into(),
-            message: "The request has failed due to a temporary failure of the server.".into(),
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Fault {
-    action: Option<String>,
-    remaining: usize,
-    fault: FaultAction,
-}
-
-/// A request as the emulator saw it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RecordedRequest {
-    /// HTTP method.
-    pub method: String,
-    /// `Action` (empty when absent).
-    pub action: String,
-    /// Every parameter but `Signature` and `SecurityToken`, decoded.
-    pub params: BTreeMap<String, String>,
-    /// Status answered; `None` when the connection was reset before answering.
-    pub status: Option<u16>,
-    /// `Code` of an error answer.
-    pub code: Option<String>,
-    /// When it arrived (its answer, for [`FaultAction::LoseAnswer`]), since the start.
-    pub at: Duration,
-}
-
-struct Shared {
-    region: String,
-    account: Mutex<Account>,
-    keys: Mutex<Vec<AccessKey>>,
-    sts: Mutex<StsState>,
-    nonces: Mutex<HashMap<(String, String), Instant>>,
-    faults: Mutex<Vec<Fault>>,
-    log: Mutex<Vec<RecordedRequest>>,
-    throttle: Mutex<Throttle>,
-    tasks: Mutex<JoinSet<()>>,
-    activity_duration: Mutex<Duration>,
-    cluster: Option<kube::Client>,
-    started: Instant,
-    requests: std::sync::atomic::AtomicU64,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Shared {
-    fn account(&self) -> MutexGuard<'_, Account> {
-        lock(&self.account)
-    }
-
-    fn log(&self) -> MutexGuard<'_, Vec<RecordedRequest>> {
-        lock(&self.log)
-    }
-
-    fn throttle(&self) -> MutexGuard<'_, Throttle> {
-        lock(&self.throttle)
-    }
-
-    fn request_id(&self) -> String {
-        let n = self
-            .requests
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        format!(
-            "E1A0{n:04X}-5A4D-4B0C-9E2F-{:012X}",
-            self.started.elapsed().as_micros()
-        )
-    }
-
-    fn access_key(&self, id: &str) -> Option<AccessKey> {
-        lock(&self.keys).iter().find(|k| k.id == id).cloned()
-    }
-
-    fn sts(&self) -> MutexGuard<'_, StsState> {
-        lock(&self.sts)
-    }
-
-    /// Accepts a temporary key minted by STS or the metadata server (forgetting keys
-    /// expired for over an hour).
-    fn accept(&self, key: AccessKey) {
-        let forget = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
-        let mut keys = lock(&self.keys);
-        keys.retain(|k| k.expiration.is_none_or(|e| e > forget));
-        keys.push(key);
-    }
-
-    /// Records `nonce` for `key`; false when it was used in the last 15 minutes.
-    fn use_nonce(&self, key: &str, nonce: &str) -> bool {
-        let mut nonces = lock(&self.nonces);
-        let now = Instant::now();
-        nonces.retain(|_, at| now.duration_since(*at) < Duration::from_secs(15 * 60));
-        nonces
-            .insert((key.to_string(), nonce.to_string()), now)
-            .is_none()
-    }
-
-    fn record<B>(
-        &self,
-        mut record: RecordedRequest,
-        answer: http::Response<B>,
-    ) -> http::Response<B> {
-        record.status = Some(answer.status().as_u16());
-        self.log().push(record);
-        answer
-    }
-
-    fn take_fault(&self, action: &str) -> Option<FaultAction> {
-        let mut faults = lock(&self.faults);
-        let index = faults
-            .iter()
-            .position(|f| f.remaining > 0 && f.action.as_deref().is_none_or(|a| a == action))?;
-        let fault = &mut faults[index];
-        fault.remaining -= 1;
-        let action = fault.fault.clone();
-        if fault.remaining == 0 {
-            faults.remove(index);
-        }
-        Some(action)
-    }
-
-    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        let mut tasks = lock(&self.tasks);
-        while tasks.try_join_next().is_some() {}
-        tasks.spawn(task);
-    }
-
-    /// Runs an action and schedules the end of the activities it started.
-    fn act(self: &Arc<Self>, action: &str, params: &Params) -> Result<Value, ApiError> {
-        let (answer, effects) = self.account().act(action, params)?;
-        for activity in effects.started {
-            self.schedule(activity);
-        }
-        Ok(answer)
-    }
-
-    fn schedule(self: &Arc<Self>, activity: String) {
-        let shared = self.clone();
-        let after = *lock(&self.activity_duration);
-        self.spawn(async move {
-            tokio::time::sleep(after).await;
-            shared.finish(&activity).await;
-        });
-    }
-
-    /// Ends an activity: boots what it launched, deletes the Nodes of what it released.
-    async fn finish(self: &Arc<Self>, activity: &str) {
-        let finished = self.account().finish(activity);
-        for next in finished.started {
-            self.schedule(next);
-        }
-        for instance in finished.released {
-            if let BootOutcome::Joined { node } = &instance.boot {
-                self.delete_node(node).await;
-            }
-        }
-        for instance in finished.launched {
-            let shared = self.clone();
-            self.spawn(async move { shared.boot(instance).await });
-        }
-    }
-
-    async fn boot(&self, instance: EmulatedInstance) {
-        let instance_type = self
-            .account()
-            .instance_types
-            .iter()
-            .find(|t| t.id == instance.instance_type)
-            .cloned();
-        let outcome = crate::boot::boot(self.cluster.as_ref(), &instance.user_data, |join| {
-            let mut node = node_for(&self.region, &instance, instance_type.as_ref());
-            node.labels.extend(join.labels.clone());
-            node
-        })
-        .await;
-        tracing::info!(instance = %instance.id, outcome = ?outcome, "alicloud emulator: instance booted");
-        let released_meanwhile = {
-            let mut account = self.account();
-            match account.instances.get_mut(&instance.id) {
-                Some(i) => {
-                    i.boot = outcome.clone();
-                    false
-                }
-                None => true,
-            }
-        };
-        if released_meanwhile && let BootOutcome::Joined { node } = &outcome {
-            self.delete_node(node).await;
-        }
-    }
-
-    async fn delete_node(&self, node: &str) {
-        if let Some(client) = &self.cluster
-            && let Err(e) = crate::kwok::delete_node(client, node).await
-        {
-            tracing::warn!(node, error = %e, "alicloud emulator: deleting the Node of a released instance");
-        }
-    }
-}
-
-/// The Node an instance registers: named `<region>.<private IP>` (ACK's node names),
-/// providerID `<region>.<instance-id>`, the labels the Alibaba Cloud controller manager sets
-/// (instance type, region, zone) and, for GPU types, `aliyun.accelerator/nvidia_name`; the
-/// type's capacity.
-pub fn node_for(
-    region: &str,
-    instance: &EmulatedInstance,
-    instance_type: Option<&InstanceTypeSpec>,
-) -> FakeNode {
-    let mut capacity = BTreeMap::from([("pods".to_string(), "110".to_string())]);
-    if let Some(t) = instance_type {
-        capacity.insert("cpu".into(), t.cpu.to_string());
-        // Whole MiB, as a kubelet reports memory (minus nothing: no reservations here).
-        let mib = (t.memory_gib * 1024.0).trunc();
-        capacity.insert("memory".into(), format!("{mib}Mi"));
-        if t.gpus > 0 {
-            capacity.insert("nvidia.com/gpu".into(), t.gpus.to_string());
-        }
-    }
-    let mut node = FakeNode::new(
-        &format!("{region}.{}", instance.private_ip),
-        &format!("{region}.{}", instance.id),
-        capacity,
-    );
-    node.labels.insert(
-        "node.kubernetes.io/instance-type".into(),
-        instance.instance_type.clone(),
-    );
-    node.labels
-        .insert("topology.kubernetes.io/region".into(), region.into());
-    node.labels
-        .insert("topology.kubernetes.io/zone".into(), instance.zone.clone());
-    if let Some(t) = instance_type.filter(|t| t.gpus > 0) {
-        node.labels.insert(
-            "aliyun.accelerator/nvidia_name".into(),
-            t.gpu_spec.replace(' ', "-"),
-        );
-    }
-    node
 }
 
 /// A running emulator on a loopback port. Dropping it stops the server and every task.

@@ -14,7 +14,7 @@
 //! The signature is computed here independently of the operator's client (the canonical
 //! query is rebuilt from the decoded parameters, never taken from the raw query text).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,9 +26,10 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+use super::faults::FaultAction;
 use super::model::{ApiError, Params};
-use super::{FaultAction, RecordedRequest, Shared};
-use crate::emulator::{self, Answer, RateWindow, ResetConnection};
+use super::state::{RecordedRequest, Shared};
+use crate::emulator::{self, Answer, ResetConnection};
 
 /// ESS actions this emulator serves.
 const ESS_ACTIONS: &[&str] = &[
@@ -136,29 +137,6 @@ fn parse_timestamp(text: &str) -> Option<jiff::Timestamp> {
             _ => c.is_ascii_digit(),
         });
     shape.then(|| text.parse().ok()).flatten()
-}
-
-/// Requests per AccessKey beyond which a one-second window answers `Throttling.User`.
-#[derive(Debug, Default)]
-pub(super) struct Throttle {
-    pub limit: Option<u32>,
-    windows: HashMap<String, RateWindow>,
-}
-
-impl Throttle {
-    pub(super) fn new(limit: Option<u32>) -> Self {
-        Self {
-            limit,
-            windows: HashMap::new(),
-        }
-    }
-
-    /// Whether a request of `key` may pass now (and then it counts).
-    fn admit(&mut self, key: &str, now: Instant) -> bool {
-        let window = self.windows.entry(key.to_string()).or_default();
-        window.limit = self.limit;
-        window.admit(now).is_none()
-    }
 }
 
 /// Accepts connections until the task is aborted (which aborts every connection).
@@ -727,15 +705,5 @@ mod tests {
         assert!(parse_timestamp("2024-01-02T03:04:05.123Z").is_none());
         assert!(parse_timestamp("2024-01-02 03:04:05Z").is_none());
         assert!(parse_timestamp("2024-01-02T03:04:05+00:00").is_none());
-    }
-
-    #[test]
-    fn throttling_is_per_access_key() {
-        let mut t = Throttle::new(Some(2));
-        let now = Instant::now();
-        assert!(t.admit("a", now) && t.admit("a", now));
-        assert!(!t.admit("a", now));
-        assert!(t.admit("b", now));
-        assert!(t.admit("a", now + Duration::from_secs(1)));
     }
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::AccessKey;
+use super::access_key::AccessKey;
 use super::model::{ApiError, Params};
 
 /// STS API version.

@@ -58,22 +58,28 @@
 //! server did not join is in [`EmulatedServer::boot`].
 
 pub mod boot;
+mod faults;
 mod model;
 mod service;
+mod state;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
+pub use faults::{FaultAction, RequestKind};
 pub use model::{
     BootOutcome, EmulatedServer, Lifecycle, OUT_OF_STOCK_MESSAGE, PlanSpec, RegionSpec,
     decode_user_data, default_plans, default_regions,
 };
+pub use state::RecordedRequest;
 
+use self::faults::Fault;
 use self::model::Account;
+use self::state::{Shared, lock};
 use crate::emulator::RateWindow;
 
 /// How the emulator behaves.
@@ -140,221 +146,6 @@ impl std::fmt::Debug for CherryOptions {
 /// bootstrap token the operator minted in a `kubeadm join` line.
 pub const JOIN_USER_DATA: &str = "#!/bin/bash\nKUBELET_EXTRA_ARGS=\"--node-labels={{.NodeLabels}}\"\n\
     kubeadm join --token {{.BootstrapToken}} {{.APIServerEndpoint}}\n";
-
-/// Which requests a fault applies to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RequestKind {
-    /// Every routed request.
-    Any,
-    /// `GET projects/{id}/servers`.
-    ListServers,
-    /// `GET servers/{id}`.
-    GetServer,
-    /// `POST projects/{id}/servers`.
-    CreateServer,
-    /// `DELETE servers/{id}`.
-    DeleteServer,
-    /// `GET plans`, `GET teams/{id}/plans`.
-    ListPlans,
-}
-
-/// What an injected fault does to a request (after the rate limit, before auth).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum FaultAction {
-    /// Answer this status with the API's error body; the request has no effect.
-    Status(u16),
-    /// Answer exactly this (e.g. a 200 with a body that is not JSON); no effect.
-    Respond {
-        /// HTTP status.
-        status: u16,
-        /// Headers besides `Content-Type: application/json` (which they may replace).
-        headers: Vec<(String, String)>,
-        /// Body.
-        body: String,
-    },
-    /// Wait this long, then handle the request normally (a client that gave up meanwhile
-    /// does not learn that it took effect).
-    Hang(Duration),
-    /// Close the connection with a TCP reset before handling the request: no effect.
-    Reset,
-    /// Handle the request, then reset the connection instead of answering: the effect
-    /// happens, the answer is lost.
-    LoseAnswer,
-}
-
-#[derive(Debug)]
-struct Fault {
-    kind: RequestKind,
-    remaining: usize,
-    action: FaultAction,
-}
-
-/// A request as the emulator saw it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RecordedRequest {
-    /// Method.
-    pub method: String,
-    /// Path with its query (`/v1/projects/1/servers?limit=100&offset=0`).
-    pub path: String,
-    /// Body as text (lossy UTF-8).
-    pub body: String,
-    /// Status answered; `None` when the connection was reset instead.
-    pub status: Option<u16>,
-    /// When it arrived (its answer, for [`FaultAction::LoseAnswer`]), since the start.
-    pub at: Duration,
-}
-
-/// State shared by the HTTP tasks, the lifecycle tasks and the handle.
-struct Shared {
-    token: String,
-    account: Mutex<Account>,
-    faults: Mutex<Vec<Fault>>,
-    log: Mutex<Vec<RecordedRequest>>,
-    rate: Mutex<RateWindow>,
-    tasks: Mutex<JoinSet<()>>,
-    pending_for: Duration,
-    provisioning_for: Duration,
-    termination_delay: Duration,
-    cluster: Option<kube::Client>,
-    started: Instant,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Shared {
-    fn account(&self) -> MutexGuard<'_, Account> {
-        lock(&self.account)
-    }
-
-    fn log(&self) -> MutexGuard<'_, Vec<RecordedRequest>> {
-        lock(&self.log)
-    }
-
-    fn rate(&self) -> MutexGuard<'_, RateWindow> {
-        lock(&self.rate)
-    }
-
-    /// Logs `record` with the status of `answer`, and returns `answer`.
-    fn record<B>(
-        &self,
-        mut record: RecordedRequest,
-        answer: http::Response<B>,
-    ) -> http::Response<B> {
-        record.status = Some(answer.status().as_u16());
-        self.log().push(record);
-        answer
-    }
-
-    /// Consumes one use of the first fault for `kind`.
-    fn take_fault(&self, kind: RequestKind) -> Option<FaultAction> {
-        let mut faults = lock(&self.faults);
-        let index = faults
-            .iter()
-            .position(|f| f.remaining > 0 && (f.kind == kind || f.kind == RequestKind::Any))?;
-        let fault = &mut faults[index];
-        fault.remaining -= 1;
-        let action = fault.action.clone();
-        if fault.remaining == 0 {
-            faults.remove(index);
-        }
-        Some(action)
-    }
-
-    fn spawn(self: &Arc<Self>, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        let mut tasks = lock(&self.tasks);
-        while tasks.try_join_next().is_some() {}
-        tasks.spawn(task);
-    }
-
-    /// Walks a new server through `pending`, `provisioning` and `active`, then boots it.
-    fn spawn_lifecycle(self: &Arc<Self>, id: i64) {
-        let shared = self.clone();
-        self.spawn(async move {
-            tokio::time::sleep(shared.pending_for).await;
-            if !shared.advance(id, Lifecycle::Pending, Lifecycle::Provisioning) {
-                return;
-            }
-            tokio::time::sleep(shared.provisioning_for).await;
-            if !shared.advance(id, Lifecycle::Provisioning, Lifecycle::Active) {
-                return;
-            }
-            shared.boot(id).await;
-        });
-    }
-
-    /// Moves server `id` from `from` to `to`; false when it is no longer in `from`.
-    fn advance(&self, id: i64, from: Lifecycle, to: Lifecycle) -> bool {
-        let mut account = self.account();
-        match account.servers.get_mut(&id) {
-            Some(server) if server.lifecycle == from => {
-                server.lifecycle = to;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    async fn boot(&self, id: i64) {
-        let (server, plan) = {
-            let account = self.account();
-            let Some(server) = account.servers.get(&id).cloned() else {
-                return;
-            };
-            let plan = account.plan(&server.plan).cloned();
-            (server, plan)
-        };
-        let outcome = crate::boot::boot(self.cluster.as_ref(), &server.user_data, |join| {
-            boot::node_for(&server, plan.as_ref(), join)
-        })
-        .await;
-        match &outcome {
-            BootOutcome::Joined { node } => {
-                tracing::info!(server = id, node, "cherry emulator: server joined")
-            }
-            other => {
-                tracing::info!(server = id, outcome = ?other, "cherry emulator: server did not join")
-            }
-        }
-        let deleted_meanwhile = {
-            let mut account = self.account();
-            match account.servers.get_mut(&id) {
-                Some(server) if server.lifecycle == Lifecycle::Active => {
-                    server.boot = outcome.clone();
-                    false
-                }
-                _ => true,
-            }
-        };
-        if deleted_meanwhile && let BootOutcome::Joined { node } = &outcome {
-            self.delete_node(node).await;
-        }
-    }
-
-    /// Deletes a Node this emulator registered; failures are logged (the server is gone
-    /// either way).
-    async fn delete_node(&self, node: &str) {
-        if let Some(client) = &self.cluster
-            && let Err(e) = crate::kwok::delete_node(client, node).await
-        {
-            tracing::warn!(node, error = %e, "cherry emulator: deleting the Node of a deleted server");
-        }
-    }
-
-    /// Deletes a terminated server's Node (as the cloud controller manager does for
-    /// instances that are gone), then forgets the server after the termination delay.
-    fn spawn_termination(self: &Arc<Self>, server: EmulatedServer) {
-        let shared = self.clone();
-        self.spawn(async move {
-            if let BootOutcome::Joined { node } = &server.boot {
-                shared.delete_node(node).await;
-            }
-            tokio::time::sleep(shared.termination_delay).await;
-            shared.account().servers.remove(&server.id);
-        });
-    }
-}
 
 /// A running emulator on a loopback port. Dropping it stops the server and every task.
 pub struct CherryEmulator {

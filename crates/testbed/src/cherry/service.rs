@@ -13,8 +13,9 @@ use hyper::body::Incoming;
 use serde_json::Value;
 use tokio::net::TcpListener;
 
+use super::faults::{FaultAction, RequestKind};
 use super::model::ApiError;
-use super::{FaultAction, RecordedRequest, RequestKind, Shared};
+use super::state::{RecordedRequest, Shared};
 use crate::emulator::{self, Answer, ResetConnection};
 
 /// A request, routed.

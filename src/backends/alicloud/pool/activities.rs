@@ -4,11 +4,11 @@
 
 use std::collections::HashMap;
 
-use crate::backends::alicloud::{
-    ActivityStatus, InstanceLifecycleState, ScalingActivity, ScalingInstance,
-};
 use crate::nodepool::backend::{OTHER_ERROR, OUT_OF_RESOURCES};
 use crate::nodepool::converge::MemberPhase;
+use ngo_cloud_alicloud::{
+    ActivityStatus, InstanceLifecycleState, ScalingActivity, ScalingInstance,
+};
 
 /// `ActivityMetadata` key listing the creation requests a scale-out serves.
 pub const REQUESTS_KEY: &str = "nodegroup.dev/requests";
@@ -116,7 +116,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::backends::alicloud::ActivityStatus;
+    use ngo_cloud_alicloud::ActivityStatus;
 
     fn activity(
         id: &str,

@@ -8,11 +8,11 @@ use async_trait::async_trait;
 use super::group::{AliCloudPool, BACKEND_NAME};
 use crate::backends::EndpointPolicy;
 use crate::backends::alicloud::auth::{CredentialsSource, ProviderCache, metadata_endpoint};
-use crate::backends::alicloud::{ClientOptions, Endpoints, Scheme};
 use crate::backends::options::BackendOptions;
 use crate::nodepool::ambient::AmbientPolicy;
 use crate::nodepool::backend::{BackendConnector, ConnectError, PoolBackend, Secrets, pool_key};
 use ngo_api::nodepool::{AliCloudCredentialsMode, AliCloudSpec, NodePool, UrlScheme};
+use ngo_cloud_alicloud::{ClientOptions, Endpoints, Scheme};
 
 /// The client options of `spec`: its region, and its endpoints with the defaults
 /// (`<scheme>://<product>.<region>.aliyuncs.com`, HTTPS unless `endpoints.scheme` says

@@ -1,8 +1,8 @@
 //! ESS's errors as the reconciler's: whether a failure is refused, unauthorized or worth
 //! trying again.
 
-use crate::backends::alicloud::{ApiErrorKind, Error, RemovalFailureReason};
 use crate::nodepool::backend::{BackendError, BackendErrorKind, Created};
+use ngo_cloud_alicloud::{ApiErrorKind, Error, RemovalFailureReason};
 
 pub(super) fn removal_error(group: &str, id: &str, reason: &RemovalFailureReason) -> BackendError {
     let kind = match reason {

@@ -12,16 +12,16 @@ use super::activities::{
     requests_by_instance,
 };
 use super::errors::{backend_error, not_sent, removal_error};
-use crate::backends::alicloud::{
-    ActivityStatus, Client, ClientOptions, CredentialsProvider, Error, RemovalFailureReason,
-    RemoveOptions, ScalingActivity, ScalingInstance, provider_id,
-};
 use crate::nodepool::backend::{
     BackendError, BackendErrorKind, Created, CreationFailure, MachineTypeInfo, NewServer,
     OTHER_ERROR, PoolBackend,
 };
 use crate::nodepool::converge::Member;
 use ngo_api::nodepool::{AliCloudSpec, MachineType};
+use ngo_cloud_alicloud::{
+    ActivityStatus, Client, ClientOptions, CredentialsProvider, Error, RemovalFailureReason,
+    RemoveOptions, ScalingActivity, ScalingInstance, provider_id,
+};
 use ngo_index::template::labels::{valid_label_key, valid_label_value};
 
 /// The backend's name (`status.backend`), the spec field naming it.
