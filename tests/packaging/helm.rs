@@ -50,10 +50,10 @@ const SERVICE_NAMES: &[&str] = &[
 
 /// Tests that install a release with the chart's default names (whose ClusterRole is
 /// cluster-scoped) run one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-struct Plane {
-    kubeconfig: PathBuf,
+pub(crate) struct Plane {
+    pub(crate) kubeconfig: PathBuf,
     server: String,
     ca_pem: String,
 }
@@ -71,7 +71,7 @@ extern "C" fn stop_plane() {
 /// objects the chart renders for prometheus-operator and cert-manager (their controllers do not
 /// run; the API server validates the objects against the real schemas). The chart installs
 /// ours.
-fn plane() -> &'static Plane {
+pub(crate) fn plane() -> &'static Plane {
     static SHARED: OnceLock<Plane> = OnceLock::new();
     SHARED.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel();
@@ -119,14 +119,14 @@ fn plane() -> &'static Plane {
     })
 }
 
-fn repo(path: &str) -> PathBuf {
+pub(crate) fn repo(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
 /// `helm <args> --kubeconfig <plane>`: panics with helm's output unless it succeeds. A
 /// request the API server reset (`stream error ... INTERNAL_ERROR`, seen once on a loaded
 /// machine while helm listed its release Secrets) is retried twice; any other failure is not.
-fn helm(args: &[&str]) -> String {
+pub(crate) fn helm(args: &[&str]) -> String {
     let run = || {
         std::process::Command::new(testbed::upstream_bin("helm"))
             .args(args)
@@ -166,7 +166,7 @@ fn kubectl(args: &[&str]) -> String {
 }
 
 /// `helm <args> --kubeconfig <plane>`, which may fail: success and stdout plus stderr.
-fn try_helm(args: &[&str]) -> (bool, String) {
+pub(crate) fn try_helm(args: &[&str]) -> (bool, String) {
     let out = std::process::Command::new(testbed::upstream_bin("helm"))
         .args(args)
         .arg(format!("--kubeconfig={}", plane().kubeconfig.display()))
@@ -190,7 +190,12 @@ fn install(release: &str, chart: &Path, values: &[String]) -> Vec<Value> {
 }
 
 /// `install` into `namespace`.
-fn install_into(release: &str, namespace: &str, chart: &Path, values: &[String]) -> Vec<Value> {
+pub(crate) fn install_into(
+    release: &str,
+    namespace: &str,
+    chart: &Path,
+    values: &[String],
+) -> Vec<Value> {
     let chart = chart.to_str().unwrap();
     let mut args = vec!["install", release, chart, "-n", namespace];
     args.extend(values.iter().map(String::as_str));
@@ -398,33 +403,75 @@ async fn wait_http(
     }
 }
 
-/// Stands in for the kubelet during `helm test`: runs each test hook Pod helm creates and
-/// reports its completion; returns the hook's output once `helm test` has ended, with its
-/// success and output.
-async fn run_helm_test(client: &Client, log_dir: &Path) -> (bool, String, String) {
-    let mut helm_test = tokio::process::Command::new(testbed::upstream_bin("helm"))
-        .args(["test", "ngo", "-n", RELEASE_NAMESPACE, "--timeout", "2m"])
+/// Runs `helm <args> --kubeconfig <plane>` and, every 200 ms until it ends (within 150 s),
+/// `stand_in`: what the sandbox lacks (a kubelet, a Job controller) acting on what helm
+/// created meanwhile. Returns helm's success and output.
+pub(crate) async fn helm_standing_in(
+    args: &[&str],
+    mut stand_in: impl AsyncFnMut(),
+) -> (bool, String) {
+    let mut helm = tokio::process::Command::new(testbed::upstream_bin("helm"))
+        .args(args)
         .arg(format!("--kubeconfig={}", plane().kubeconfig.display()))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NAMESPACE);
-    let selector = ListParams::default().labels("app.kubernetes.io/component=helm-test");
-    let mut hook_output = String::new();
     let start = Instant::now();
     loop {
-        if let Some(status) = helm_test.try_wait().unwrap() {
-            let out = helm_test.wait_with_output().await.unwrap();
-            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-            return (status.success(), format!("{stdout}{stderr}"), hook_output);
+        if let Some(status) = helm.try_wait().unwrap() {
+            let out = helm.wait_with_output().await.unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            return (status.success(), format!("{stdout}{stderr}"));
         }
         assert!(
             start.elapsed() < Duration::from_secs(150),
-            "helm test did not end"
+            "helm {args:?} did not end"
         );
+        stand_in().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Runs the first container of hook Pod `name` (the operator's binary as the image's
+/// entrypoint, as the image's user) in `namespace` to completion, its log in `log_dir`:
+/// its exit status and output.
+pub(crate) async fn run_hook_pod(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    spec: k8s_openapi::api::core::v1::PodSpec,
+    log_dir: &Path,
+) -> (std::process::ExitStatus, String) {
+    let run = LocalPod {
+        namespace: namespace.into(),
+        ..local_pod(
+            name,
+            spec,
+            PathBuf::from(env!("CARGO_BIN_EXE_nodegroup-operator")),
+            Some(IMAGE_USER),
+        )
+    };
+    run.run(
+        client,
+        &log_dir.join(format!("{name}.log")),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("running hook Pod {name}: {e:#}"))
+}
+
+/// Stands in for the kubelet during `helm test`: runs each test hook Pod helm creates and
+/// reports its completion; returns the hook's output once `helm test` has ended, with its
+/// success and output.
+async fn run_helm_test(client: &Client, log_dir: &Path) -> (bool, String, String) {
+    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NAMESPACE);
+    let selector = ListParams::default().labels("app.kubernetes.io/component=helm-test");
+    let mut hook_output = String::new();
+    let args = ["test", "ngo", "-n", RELEASE_NAMESPACE, "--timeout", "2m"];
+    let (passed, output) = helm_standing_in(&args, async || {
         for pod in pods.list(&selector).await.unwrap() {
             let pending = pod
                 .status
@@ -437,27 +484,16 @@ async fn run_helm_test(client: &Client, log_dir: &Path) -> (bool, String, String
             let name = pod.metadata.name.clone().unwrap_or_default();
             let spec = pod.spec.clone().unwrap();
             let container = spec.containers[0].name.clone();
-            let run = local_pod(
-                &name,
-                spec,
-                PathBuf::from(env!("CARGO_BIN_EXE_nodegroup-operator")),
-                Some(IMAGE_USER),
-            );
-            let (status, output) = run
-                .run(
-                    client,
-                    &log_dir.join(format!("{name}.log")),
-                    Duration::from_secs(60),
-                )
-                .await
-                .unwrap_or_else(|e| panic!("running hook Pod {name}: {e:#}"));
+            let (status, output) =
+                run_hook_pod(client, RELEASE_NAMESPACE, &name, spec, log_dir).await;
             hook_output.push_str(&output);
             localpod::report_completion(client, &pod, &container, status)
                 .await
                 .unwrap();
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
+    (passed, output, hook_output)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -833,7 +869,7 @@ async fn both_charts_install_into_the_sandbox_and_helm_test_passes_against_the_o
 }
 
 /// `kubectl <args>` against the plane, which may fail: success and stdout plus stderr.
-fn try_kubectl(args: &[&str]) -> (bool, String) {
+pub(crate) fn try_kubectl(args: &[&str]) -> (bool, String) {
     let out = std::process::Command::new(testbed::upstream_bin("kubectl"))
         .arg(format!("--kubeconfig={}", plane().kubeconfig.display()))
         .args(args)

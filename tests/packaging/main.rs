@@ -10,4 +10,6 @@ mod crds;
 mod docs_commands;
 mod helm;
 mod proto;
+mod rbac;
+mod uninstall;
 mod workflows;
