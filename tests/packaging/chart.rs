@@ -4,7 +4,7 @@
 
 use crate::support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -1144,8 +1144,21 @@ fn a_second_release_gets_names_of_its_own_and_the_first_keeps_its_names() {
         let values = [*values, &["--set", "nodePools.bootstrapTokens=true"]].concat();
         let docs = render_release(release, namespace, &values);
         let keys = object_keys(&docs);
-        let cluster_scoped: Vec<_> = keys.iter().filter(|(_, ns, _)| ns.is_empty()).collect();
-        assert_eq!(cluster_scoped.len(), 2, "ClusterRole and binding: {keys:?}");
+        let cluster_scoped: BTreeSet<&str> = keys
+            .iter()
+            .filter(|(_, ns, _)| ns.is_empty())
+            .map(|(kind, _, _)| kind.as_str())
+            .collect();
+        assert_eq!(
+            cluster_scoped,
+            BTreeSet::from([
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding"
+            ]),
+            "the ClusterRole and the release guard, each with its binding: {keys:?}"
+        );
         let outside: Vec<_> = keys.iter().filter(|(_, ns, _)| ns != namespace).collect();
         assert!(
             outside.len() >= 4,
