@@ -12,7 +12,7 @@ DEMO_PEERS ?= etcd kube capi kwok cluster-autoscaler
 # provider, a build of its own before 1.36).
 BENCH_PEERS ?= etcd kube capi cluster-autoscaler example-server cluster-autoscaler-1.34.5 cluster-autoscaler-clusterapi-1.34.5
 
-.PHONY: all build test unit e2e safety soak chaos lint fmt crds upstream demo demo-cherry sandbox bench scale fuzz clean-upstream compat
+.PHONY: all build test unit e2e safety soak chaos lint fmt crds upstream demo demo-cherry sandbox bench bench-loop scale fuzz clean-upstream compat
 
 all: build
 
@@ -91,6 +91,14 @@ bench:
 	$(UPSTREAM) $(BENCH_PEERS)
 	$(CARGO) build --release --locked -p ngo-sandbox -p nodegroup-operator --bins
 	./target/release/ngo-sandbox bench
+
+## cluster-autoscaler's loop alone on bench's main dataset at 0.25 ms each way, in its rounds (ours
+## remote, co-located, through the relay, in-tree): the loop's ratios and the relay's memory in
+## about half an hour; writes target/bench/loop-goals.json.
+bench-loop:
+	$(UPSTREAM) etcd kube capi cluster-autoscaler example-server
+	$(CARGO) build --release --locked -p ngo-sandbox -p nodegroup-operator --bins
+	./target/release/ngo-sandbox bench --loop-goals --out target/bench/loop-goals.json
 
 ## The management topology at scale (ngo_sandbox::scale): one operator reading 10, 100 and 1,000
 ## workload clusters of 10 Nodes (stand-in API servers, through its real client) from their

@@ -100,6 +100,10 @@ enum Command {
         /// Where to write the results (default: target/bench/results.json).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Only cluster-autoscaler's loop on the main dataset at 0.25 ms each way, in the full
+        /// run's rounds: its ratios and the relay's memory, in about half an hour.
+        #[arg(long, conflicts_with = "smoke")]
+        loop_goals: bool,
         /// Only our server, on one dataset of `<groups>x<nodes>` (e.g. 1000x10): read
         /// metrics, memory, propagation and the single-Machine change, no peers and no
         /// cluster-autoscaler; prints the raw figures (for work on the operator).
@@ -219,9 +223,9 @@ fn main() -> anyhow::Result<()> {
             runtime.block_on(chaos(sandbox, &options, min_scale_downs))
         }
         Command::Bench {
-            smoke: _,
             out,
             ours_only: Some(shape),
+            ..
         } => {
             let out = out.unwrap_or_else(|| {
                 ngo_testbed::workspace_root().join("target/bench/ours-only.json")
@@ -231,11 +235,19 @@ fn main() -> anyhow::Result<()> {
         Command::Bench {
             smoke,
             out,
+            loop_goals,
             ours_only: None,
         } => {
             let out = out
                 .unwrap_or_else(|| ngo_testbed::workspace_root().join("target/bench/results.json"));
-            bench(&runtime, smoke, &out, started)
+            let options = if smoke {
+                ngo_sandbox::bench::BenchOptions::smoke()
+            } else if loop_goals {
+                ngo_sandbox::bench::BenchOptions::loop_goals()
+            } else {
+                ngo_sandbox::bench::BenchOptions::full()
+            };
+            bench(&runtime, options, &out, started)
         }
         Command::Scale {
             smoke,
@@ -458,16 +470,11 @@ async fn soak(sandbox: Sandbox, options: &ngo_sandbox::soak::SoakOptions) -> any
 
 fn bench(
     runtime: &tokio::runtime::Runtime,
-    smoke: bool,
+    options: ngo_sandbox::bench::BenchOptions,
     out: &std::path::Path,
     started: Instant,
 ) -> anyhow::Result<()> {
-    use ngo_sandbox::bench::{self, BenchOptions, report::MachineInfo, summary};
-    let options = if smoke {
-        BenchOptions::smoke()
-    } else {
-        BenchOptions::full()
-    };
+    use ngo_sandbox::bench::{self, report::MachineInfo, summary};
     let machine = MachineInfo::read();
     say(started, &format!("benchmark on {}", machine.line()));
     let runs = bench::run(runtime, &options, &|line| say(started, line))?;

@@ -158,6 +158,32 @@ impl BenchOptions {
         }
     }
 
+    /// cluster-autoscaler's loop on the full run's main dataset at 0.25 ms each way, in the
+    /// full run's rounds (ours remote, co-located and through the relay, in-tree), with a
+    /// short read load and no growth datasets, references or older release: the loop's ratios
+    /// and the relay's memory in about half an hour on 2 cores instead of two and a half hours.
+    pub fn loop_goals() -> Self {
+        let full = Self::full();
+        Self {
+            growth: Vec::new(),
+            multicluster: DatasetSpec::multi(3, 2, 2),
+            load: LoadPlan {
+                window: Duration::from_secs(2),
+                latency_samples: 100,
+                ..full.load
+            },
+            changes: 10,
+            ca: CaOptions {
+                delays_ms: vec![0.25],
+                references: false,
+                older_release: None,
+                ..full.ca.clone()
+            },
+            ca_at_largest: None,
+            ..full
+        }
+    }
+
     /// Every code path on tiny datasets with short windows, one round: for `make test`, no
     /// timing meaning. The older release and the largest dataset's loops are left out (their
     /// binaries are not among `make test`'s peers; the code path is the main dataset's).
