@@ -9,8 +9,9 @@ TEST_PEERS ?= etcd kube capi kwok helm ca-source ecosystem-crds cluster-autoscal
 # What `make demo` needs.
 DEMO_PEERS ?= etcd kube capi kwok cluster-autoscaler
 # What `make bench` needs (CA 1.34.5 twice: its externalgrpc binary, and its in-tree clusterapi
-# provider, a build of its own before 1.36).
-BENCH_PEERS ?= etcd kube capi cluster-autoscaler example-server cluster-autoscaler-1.34.5 cluster-autoscaler-clusterapi-1.34.5
+# provider, a build of its own before 1.36; CA 1.36.1 built with each patch of
+# tests/upstream/patches/ alone, docs/upstream.md).
+BENCH_PEERS ?= etcd kube capi cluster-autoscaler example-server cluster-autoscaler-1.34.5 cluster-autoscaler-clusterapi-1.34.5 cluster-autoscaler-patched
 
 .PHONY: all build test unit e2e safety soak chaos lint fmt crds upstream demo demo-cherry sandbox bench bench-loop scale fuzz clean-upstream compat
 
@@ -84,19 +85,21 @@ compat:
 
 ## Side by side with the upstream peers (CA's example externalgrpc server, CA's in-tree clusterapi
 ## provider) on fresh API servers, same load client for all: optimized builds of ours and theirs;
-## cluster-autoscaler 1.36.1 (and 1.34.5) through ours remote, co-located and the relay and
-## in-tree, in interleaved rounds. Prints the tables and writes target/bench/results.json; about
-## two and a half hours on 2 cores, not part of `make test` (which runs `ngo-sandbox bench --smoke`).
+## cluster-autoscaler 1.36.1 (and 1.34.5, and 1.36.1 with each patch of docs/upstream.md) through
+## ours remote, co-located and the relay and in-tree, in interleaved rounds. Prints the tables and
+## writes target/bench/results.json; about two and a half hours on 2 cores, not part of `make test`
+## (which runs `ngo-sandbox bench --smoke`).
 bench:
 	$(UPSTREAM) $(BENCH_PEERS)
 	$(CARGO) build --release --locked -p ngo-sandbox -p nodegroup-operator --bins
 	./target/release/ngo-sandbox bench
 
 ## cluster-autoscaler's loop alone on bench's main dataset at 0.25 ms each way, in its rounds (ours
-## remote, co-located, through the relay, in-tree): the loop's ratios and the relay's memory in
-## about half an hour; writes target/bench/loop-goals.json.
+## remote, co-located, through the relay, in-tree, and ours remote with CA 1.36.1 built with each
+## patch of docs/upstream.md): the loop's ratios, the relay's memory and what each patch gives in
+## about 40 minutes; writes target/bench/loop-goals.json.
 bench-loop:
-	$(UPSTREAM) etcd kube capi cluster-autoscaler example-server
+	$(UPSTREAM) etcd kube capi cluster-autoscaler example-server cluster-autoscaler-patched
 	$(CARGO) build --release --locked -p ngo-sandbox -p nodegroup-operator --bins
 	./target/release/ngo-sandbox bench --loop-goals --out target/bench/loop-goals.json
 

@@ -10,6 +10,9 @@
 #                                           # cluster-autoscaler-all: CA_BINARY_ALL_VERSIONS
 #   tests/upstream/build.sh cluster-autoscaler-clusterapi-1.34.5   # that release with the in-tree
 #                                           # clusterapi provider alone (before 1.36; make bench)
+#   tests/upstream/build.sh cluster-autoscaler-patched   # CA built with each patch of
+#                                           # tests/upstream/patches/ alone (make bench; never the
+#                                           # product); one: cluster-autoscaler-1.36.1-<patch>
 #   tests/upstream/build.sh conformance     # nodegroup-conformance (CA's externalgrpc client) for
 #                                           # CONFORMANCE_TEST_VERSIONS; conformance-all: every
 #                                           # CONFORMANCE_ALL_VERSIONS; conformance-1.31.5: one
@@ -24,6 +27,7 @@
 #   target/upstream/bin/{etcd,kube-apiserver,kube-controller-manager,kube-scheduler,kubectl,
 #                        capi-manager,cluster-autoscaler(-<CA version>),
 #                        cluster-autoscaler-clusterapi-<CA version>,
+#                        cluster-autoscaler-<CA version>-<patch>,
 #                        externalgrpc-example-server,kwok,helm,
 #                        nodegroup-conformance(-<CA version>), cherry-check,
 #                        cherry-check-intree, alicloud-check-intree, clusterapi-diff}
@@ -34,7 +38,7 @@
 #
 # cluster-autoscaler is not served by the Go module proxy: its source comes from the tarballs in
 # ../shared/upstream (checksums verified, extracted under target/upstream/work/, never modified);
-# its dependencies come from the proxy.
+# its dependencies come from the proxy. The patched builds apply their patch to a copy.
 #
 # Env: UPSTREAM_OUT (default <repo>/target/upstream), UPSTREAM_JOBS (go build -p, default 2),
 #      NGO_SHARED_UPSTREAM (default <repo>/../shared/upstream), NGO_UPSTREAM_ARCHIVES (where a
@@ -409,19 +413,71 @@ ca_clusterapi_binary_key() {
     "$( { pinned_tarball_sha "cluster-autoscaler-$1"; echo clusterapi; conformance_substitutes "$1"; } | sha256sum | cut -c1-12)"
 }
 
+# cluster-autoscaler-<version>-<patch>: the same release with one patch of docs/upstream.md,
+# tests/upstream/patches/cluster-autoscaler-<version>/<patch>.patch, applied alone,
+# bin/cluster-autoscaler-<version>-<patch>: the benchmark measures what each patch would give
+# (make bench); the product never ships or needs a patched CA. Built as the release's binary
+# above (the same tags, flags and go.sum; for CA_VERSION as build_ca) from a scratch copy of the
+# extracted tree with the patch applied (ca_patched_source); the key hashes the patch too, so a
+# changed patch is a new build. `cluster-autoscaler-patched` stands for every patch kept there.
+ca_patched_binary_key() {
+  local p
+  p=$(ca_patch_file "$1" "$2") || exit 1   # (a command substitution runs without set -e)
+  printf 'cluster-autoscaler-%s-%s-%s\n' "$1" "$2" \
+    "$( { pinned_tarball_sha "cluster-autoscaler-$1"; ca_binary_tags "$1"; conformance_substitutes "$1"; \
+          sha256sum <"$p"; } | sha256sum | cut -c1-12)"
+}
+
+# ca_patch_file VERSION PATCH -> tests/upstream/patches/cluster-autoscaler-VERSION/PATCH.patch
+ca_patch_file() {
+  local p=$HERE/patches/cluster-autoscaler-$1/$2.patch
+  [ -f "$p" ] || die "no patch $2 for cluster-autoscaler $1: ${p#"$ROOT"/} is missing"
+  printf '%s\n' "$p"
+}
+
+# ca_patches -> "<version>-<patch>" of every patch under tests/upstream/patches/
+ca_patches() {
+  local f d
+  for f in "$HERE"/patches/cluster-autoscaler-*/*.patch; do
+    [ -f "$f" ] || continue
+    d=${f%/*}
+    printf '%s-%s\n' "${d##*/cluster-autoscaler-}" "$(basename "$f" .patch)"
+  done
+}
+
+# ca_patched_source VERSION PATCH TREE -> prints $WORK/cluster-autoscaler-VERSION-PATCH, a fresh
+# copy of TREE (CA VERSION's extracted source, which stays untouched) with PATCH applied exactly
+# (no fuzz: a hunk whose context changed fails rather than lands elsewhere).
+ca_patched_source() {
+  local v=$1 name=$2 t=$3 p dst=$WORK/cluster-autoscaler-$1-$2 out
+  p=$(ca_patch_file "$v" "$name") || exit 1
+  command -v patch >/dev/null || die "patch is not installed (it applies ${p#"$ROOT"/})"
+  rm -rf "$dst"
+  cp -a "$t" "$dst" || die "cannot copy $t to $dst"
+  rm -f "$dst/.complete"
+  out=$(patch -d "$dst" -p1 --forward --batch --fuzz=0 --no-backup-if-mismatch -i "$p" 2>&1) || {
+    log "$out"; rm -rf "$dst"
+    die "${p#"$ROOT"/} no longer applies to cluster-autoscaler $v's source: update the patch (docs/upstream.md)"
+  }
+  printf '%s\n' "$dst"
+}
+
 build_ca_binary() {
-  local v=$1 key bin=cluster-autoscaler-$1 t tags d m mv sums modfile=()
-  if [ "${2:-}" = clusterapi ]; then
-    key=$(ca_clusterapi_binary_key "$v") bin=cluster-autoscaler-clusterapi-$v tags=clusterapi
-  else
-    if [ "$v" = "$CA_VERSION" ]; then build_ca; return 0; fi
-    key=$(ca_binary_key "$v")
-    tags=$(ca_binary_tags "$v")
-  fi
+  local v=$1 key bin=cluster-autoscaler-$1 t tags d m mv sums modfile=() patch=
+  case ${2:-} in
+    clusterapi) key=$(ca_clusterapi_binary_key "$v") bin=cluster-autoscaler-clusterapi-$v tags=clusterapi ;;
+    patch) patch=$3 key=$(ca_patched_binary_key "$v" "$3") bin=cluster-autoscaler-$v-$3 tags=$(ca_binary_tags "$v") ;;
+    *)
+      if [ "$v" = "$CA_VERSION" ]; then build_ca; return 0; fi
+      key=$(ca_binary_key "$v")
+      tags=$(ca_binary_tags "$v") ;;
+  esac
   if begin "$key" "$bin"; then
     t=$(ca_source "$v")
-    grep -q "^const ClusterAutoscalerVersion = \"$v\"\$" "$t/version/version.go" \
+    # a const up to 1.35, a var (overridable by -ldflags) from 1.36
+    grep -Eq "^(const|var) ClusterAutoscalerVersion = \"$v\"\$" "$t/version/version.go" \
       || die "$t/version/version.go does not say $v"
+    [ -z "$patch" ] || t=$(ca_patched_source "$v" "$patch" "$t")
     if [ -n "$(conformance_substitutes "$v")" ]; then
       d=$WORK/cluster-autoscaler-$v-modfile
       rm -rf "$d"; mkdir -p "$d"
@@ -437,7 +493,7 @@ build_ca_binary() {
     fi
     ( cd "$t" && GOFLAGS="-mod=readonly -buildvcs=false" go build "${modfile[@]}" -p "$JOBS" -trimpath \
         -tags "$tags" -ldflags "-s -w" -o "$OUT/$key.tmp/bin/$bin" . ) \
-      || die "building cluster-autoscaler $v (-tags $tags) failed"
+      || die "building cluster-autoscaler $v${patch:+ with $patch.patch} (-tags $tags) failed"
     finish "$key"
   fi
   link_bin "$key" "$bin"
@@ -779,6 +835,10 @@ for c in "${comps[@]}"; do
     conformance-all) expanded+=("${CONFORMANCE_ALL[@]/#/conformance-}") ;;
     cluster-autoscaler-test) expanded+=("${CA_BINARY_TEST[@]/#/cluster-autoscaler-}") ;;
     cluster-autoscaler-all) expanded+=("${CA_BINARY_ALL[@]/#/cluster-autoscaler-}") ;;
+    cluster-autoscaler-patched)
+      mapfile -t patched < <(ca_patches)
+      [ ${#patched[@]} -gt 0 ] || die "no patches under tests/upstream/patches/cluster-autoscaler-*/"
+      expanded+=("${patched[@]/#/cluster-autoscaler-}") ;;
     *) expanded+=("$c") ;;
   esac
 done
@@ -801,6 +861,9 @@ for c in "${comps[@]}"; do
       [[ ",$CA_BINARY_ALL_VERSIONS," == *",$v,"* ]] && [ "$(ca_binary_tags "$v")" = externalgrpc ] \
         || die "unknown component '$c' (a release of CA_BINARY_ALL_VERSIONS built with externalgrpc alone: before 1.36)"
       fn="build_ca_binary $v clusterapi" key=$(ca_clusterapi_binary_key "$v") ;;
+    cluster-autoscaler-[0-9]*.[0-9]*.[0-9]*-*)
+      v=${c#cluster-autoscaler-} p=${c#cluster-autoscaler-*.*.*-}; v=${v%"-$p"}
+      fn="build_ca_binary $v patch $p" key=$(ca_patched_binary_key "$v" "$p") ;;
     cluster-autoscaler-[0-9]*)
       v=${c#cluster-autoscaler-}
       [[ ",$CA_BINARY_ALL_VERSIONS," == *",$v,"* ]] || die "unknown component '$c' (CA_BINARY_ALL_VERSIONS: $CA_BINARY_ALL_VERSIONS)"
@@ -819,7 +882,7 @@ for c in "${comps[@]}"; do
     cherry-check) fn=build_cherry_check key=$KEY_cherry_check ;;
     alicloud-check) fn=build_alicloud_check key=$KEY_alicloud_check ;;
     clusterapi-diff) fn=build_clusterapi_diff key=$KEY_clusterapi_diff ;;
-    *) die "unknown component '$c' (known: ${ALL[*]} conformance-all conformance-<version> cluster-autoscaler-all cluster-autoscaler-<version>)" ;;
+    *) die "unknown component '$c' (known: ${ALL[*]} conformance-all conformance-<version> cluster-autoscaler-all cluster-autoscaler-<version> cluster-autoscaler-patched cluster-autoscaler-<version>-<patch>)" ;;
   esac
   if [ -d "$OUT/$key" ]; then state=cached; else state=built; fi
   set +e; ( set -e; $fn ); s=$?; set -e   # not in an `if`: that would switch off set -e inside

@@ -6,7 +6,9 @@
 //! `bin/cluster-autoscaler`) by default, and every other release of `CA_BINARY_ALL_VERSIONS`
 //! (`build.sh cluster-autoscaler-<version>`, `bin/cluster-autoscaler-<version>`). Older releases
 //! lack some flags: the launcher passes only flags the release defines and refuses, before
-//! starting anything, options that release cannot take.
+//! starting anything, options that release cannot take. For measurements, a release can also run
+//! built with one of the patches to its source kept in `tests/upstream/patches/`
+//! ([`AutoscalerOptions::source_patch`]).
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -18,7 +20,7 @@ use kube::{Api, Client};
 use serde::Deserialize;
 
 use crate::process::{ManagedProcess, ProcessError, free_port, http_get, http_ok};
-use crate::upstream::upstream_bin;
+use crate::upstream::{upstream_bin, workspace_root};
 
 /// tests/upstream/versions.env, read when this crate is built: the pinned release and the lists
 /// of the releases `tests/upstream/build.sh` builds binaries of.
@@ -100,6 +102,36 @@ impl CaRelease {
     /// the pinned release, `bin/cluster-autoscaler-<version>` for the others.
     pub fn binary(&self) -> Result<PathBuf, ReleaseError> {
         Ok(upstream_bin(&self.component()?))
+    }
+
+    /// The patches to this release's source kept for measurements (docs/upstream.md), by name:
+    /// the files `tests/upstream/patches/cluster-autoscaler-<version>/<name>.patch`, sorted;
+    /// none when that directory does not exist.
+    pub fn source_patches(&self) -> std::io::Result<Vec<String>> {
+        let dir =
+            workspace_root().join(format!("tests/upstream/patches/cluster-autoscaler-{self}"));
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut names = Vec::new();
+        for entry in entries {
+            let file = entry?.file_name();
+            if let Some(name) = file.to_str().and_then(|f| f.strip_suffix(".patch")) {
+                names.push(name.to_string());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// The `tests/upstream/build.sh` component of this release built with `patch` (one of
+    /// [`Self::source_patches`]) applied alone, `cluster-autoscaler-<version>-<patch>`
+    /// (`bin/cluster-autoscaler-<version>-<patch>`), for the pinned release too; the providers
+    /// are those of the release's own binary.
+    pub fn patched_component(&self, patch: &str) -> String {
+        format!("cluster-autoscaler-{self}-{patch}")
     }
 
     /// Whether this release's binary has CA's in-tree `clusterapi` provider besides
@@ -316,6 +348,9 @@ pub struct AutoscalerOptions {
     pub name: String,
     /// The release to run; `None`: the pinned one ([`CaRelease::pinned`]).
     pub release: Option<CaRelease>,
+    /// A patch of [`CaRelease::source_patches`] the release's source is built with, for
+    /// measuring what it would change; `None`: the release as published.
+    pub source_patch: Option<String>,
 }
 
 impl AutoscalerOptions {
@@ -336,6 +371,7 @@ impl AutoscalerOptions {
             extra_args: Vec::new(),
             name: "cluster-autoscaler".into(),
             release: None,
+            source_patch: None,
         }
     }
 
@@ -344,15 +380,29 @@ impl AutoscalerOptions {
         self.release.map_or_else(CaRelease::pinned, Ok)
     }
 
+    /// The `tests/upstream/build.sh` component whose binary runs `release` with these
+    /// options: its build with [`Self::source_patch`] when there is one, else the release's
+    /// own, or for the in-tree provider of a release built with one provider, the build of its
+    /// own ([`CaRelease::clusterapi_component`]).
+    pub fn component(&self, release: CaRelease) -> Result<String, ReleaseError> {
+        match (&self.source_patch, &self.provider) {
+            (Some(patch), _) => Ok(release.patched_component(patch)),
+            (None, CloudProvider::ClusterApi { .. }) => release.clusterapi_component(),
+            (None, CloudProvider::ExternalGrpc { .. }) => release.component(),
+        }
+    }
+
     /// What `release` cannot run of these options: a provider its binary lacks, or flags it
     /// does not define (from the typed options or [`AutoscalerOptions::extra_args`]). Every
     /// sandbox default is a flag all built releases define.
     pub fn unsupported(&self, release: CaRelease) -> Option<String> {
+        // A patched build has the providers of the release's own binary.
         if matches!(self.provider, CloudProvider::ClusterApi { .. })
             && !release.has_clusterapi()
-            && !release
-                .clusterapi_component()
-                .is_ok_and(|c| upstream_bin(&c).exists())
+            && (self.source_patch.is_some()
+                || !release
+                    .clusterapi_component()
+                    .is_ok_and(|c| upstream_bin(&c).exists()))
         {
             return Some(format!(
                 "cluster-autoscaler {release} is built with the externalgrpc provider only \
@@ -456,11 +506,7 @@ impl Autoscaler {
         let release = options
             .release()
             .map_err(|e| refuse(invalid, format!("choosing the release: {e}")))?;
-        // The in-tree provider of a release built with one provider is a build of its own.
-        let component = match options.provider {
-            CloudProvider::ClusterApi { .. } => release.clusterapi_component(),
-            CloudProvider::ExternalGrpc { .. } => release.component(),
-        };
+        let component = options.component(release);
         let (binary, component) = component.map(|c| (upstream_bin(&c), c)).map_err(|e| {
             refuse(
                 invalid,
@@ -946,6 +992,64 @@ NodeGroups:
         assert_eq!(pinned.component().expect("pinned"), "cluster-autoscaler");
         assert_eq!(old.component().expect("old"), "cluster-autoscaler-1.29.5");
         assert!(pinned.has_clusterapi() && !old.has_clusterapi());
+    }
+
+    #[test]
+    fn a_patched_build_is_the_build_sh_component_named_for_its_release_and_patch() {
+        let pinned = CaRelease::pinned().expect("CA_VERSION");
+        let patches = pinned.source_patches().expect("tests/upstream/patches");
+        assert_eq!(
+            patches,
+            [
+                "externalgrpc-options-per-loop",
+                "startup-time-for-unready-nodes"
+            ],
+            "the patches of docs/upstream.md"
+        );
+        assert!(
+            CaRelease::new(29, 5)
+                .source_patches()
+                .expect("no directory")
+                .is_empty()
+        );
+        let mut options = AutoscalerOptions::new(
+            CloudProvider::ExternalGrpc {
+                cloud_config: PathBuf::from("/cloud-config"),
+            },
+            Path::new("/kubeconfig"),
+            "ns",
+        );
+        assert_eq!(
+            options.component(pinned).expect("pinned"),
+            "cluster-autoscaler"
+        );
+        options.source_patch = Some(patches[1].clone());
+        let component = options.component(pinned).expect("patched");
+        assert_eq!(
+            component,
+            format!("cluster-autoscaler-{pinned}-startup-time-for-unready-nodes")
+        );
+        assert!(
+            upstream_bin(&component).ends_with(format!(
+                "bin/cluster-autoscaler-{pinned}-startup-time-for-unready-nodes"
+            )),
+            "build.sh links each patched build into bin/ under its component's name"
+        );
+        assert_eq!(options.unsupported(pinned), None);
+        let mut in_tree = options.clone();
+        in_tree.provider = CloudProvider::ClusterApi {
+            auto_discovery: Vec::new(),
+            management_kubeconfig: None,
+        };
+        assert_eq!(in_tree.component(pinned).expect("patched"), component);
+        assert_eq!(in_tree.unsupported(pinned), None);
+        let old = CaRelease::new(29, 5);
+        assert!(
+            in_tree
+                .unsupported(old)
+                .is_some_and(|r| r.contains("externalgrpc provider only")),
+            "an older release's patched build has its binary's one provider"
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! cluster-autoscaler's main loop against each peer, in the settings compared: who CA calls
-//! ([`Peer`]), the delay of a network hop in front of it, CA's API client limits and CA's
-//! release ([`CaSetting`]).
+//! ([`Peer`]), the delay of a network hop in front of it, CA's API client limits, CA's release
+//! and, for measuring what CA itself could change (docs/upstream.md), a patch its source is built
+//! with ([`CaSetting`]).
 //!
 //! The compared settings run in rounds: each round runs every setting once, as a fresh
 //! cluster-autoscaler process (and, for the relay, a fresh relay), in an order shuffled per
@@ -111,7 +112,7 @@ impl Peer {
 }
 
 /// One way of running cluster-autoscaler.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CaSetting {
     /// Whom it calls.
     pub peer: Peer,
@@ -122,6 +123,9 @@ pub struct CaSetting {
     /// Its release.
     #[serde(serialize_with = "as_text")]
     pub release: CaRelease,
+    /// The patch of [`CaRelease::source_patches`] its source is built with alone
+    /// (`tests/upstream/build.sh cluster-autoscaler-<release>-<patch>`); `None`: as released.
+    pub patch: Option<String>,
 }
 
 fn as_text<S: serde::Serializer>(
@@ -131,12 +135,21 @@ fn as_text<S: serde::Serializer>(
     serializer.collect_str(value)
 }
 
+/// A cluster-autoscaler build for people: `1.36.1`, or `1.36.1 + <patch>` built with a patch.
+pub fn ca_build(release: &str, patch: Option<&str>) -> String {
+    match patch {
+        Some(patch) => format!("{release} + {patch}"),
+        None => release.to_string(),
+    }
+}
+
 impl CaSetting {
-    /// For people: `CA 1.36.1 + nodegroup-operator relay, 0.25 ms each way, qps 1000/2000`.
+    /// For people: `CA 1.36.1 + nodegroup-operator relay, 0.25 ms each way, qps 1000/2000`;
+    /// built with a patch, `CA 1.36.1 + <patch> + nodegroup-operator remote, ...`.
     pub fn label(&self) -> String {
         format!(
             "CA {} + {} {}, {} ms each way, qps {}/{}",
-            self.release,
+            ca_build(&self.release.to_string(), self.patch.as_deref()),
             self.peer.name(),
             self.peer.mode(),
             self.delay_ms,
@@ -145,15 +158,20 @@ impl CaSetting {
         )
     }
 
-    /// For file and object names: `relay-0.25ms-qps1000-1.36.1`.
+    /// For file and object names: `relay-0.25ms-qps1000-1.36.1`, with a patch
+    /// `ours-remote-0.25ms-qps1000-1.36.1-<patch>`.
     fn slug(&self) -> String {
-        format!(
+        let mut slug = format!(
             "{}-{}ms-qps{}-{}",
             self.peer.slug(),
             self.delay_ms,
             self.qps.0,
             self.release
-        )
+        );
+        if let Some(patch) = &self.patch {
+            slug = format!("{slug}-{patch}");
+        }
+        slug
     }
 }
 
@@ -213,12 +231,15 @@ impl CaPlan {
 
 /// The compared settings of a dataset: at each of `delays_ms` (0: no hop), ours remote and
 /// co-located, the relay and in-tree, all at `qps` with the pinned `release`; then, with
-/// `older` (a release and a delay), ours remote and in-tree with that release at that delay.
+/// `older` (a release and a delay), ours remote and in-tree with that release at that delay;
+/// then, with `patched` (patches of `release` and a delay), ours remote with `release` built
+/// with each patch alone at that delay.
 pub fn compared_settings(
     delays_ms: &[f64],
     qps: (f64, u32),
     release: CaRelease,
     older: Option<(CaRelease, f64)>,
+    patched: Option<(&[String], f64)>,
 ) -> Vec<CaSetting> {
     let mut settings = Vec::new();
     for &delay_ms in delays_ms {
@@ -233,6 +254,7 @@ pub fn compared_settings(
                 delay_ms,
                 qps,
                 release,
+                patch: None,
             });
         }
     }
@@ -243,6 +265,18 @@ pub fn compared_settings(
                 delay_ms,
                 qps,
                 release: older,
+                patch: None,
+            });
+        }
+    }
+    if let Some((patches, delay_ms)) = patched {
+        for patch in patches {
+            settings.push(CaSetting {
+                peer: Peer::OursRemote,
+                delay_ms,
+                qps,
+                release,
+                patch: Some(patch.clone()),
             });
         }
     }
@@ -262,6 +296,7 @@ pub fn reference_settings(
         delay_ms: 0.0,
         qps,
         release,
+        patch: None,
     };
     let mut settings = vec![at(Peer::Example, qps)];
     for &qps in reference_qps {
@@ -400,8 +435,8 @@ pub async fn run_rounds(
     let mut results: Vec<SettingRuns> = plan
         .settings
         .iter()
-        .map(|&setting| SettingRuns {
-            setting,
+        .map(|setting| SettingRuns {
+            setting: setting.clone(),
             reference: false,
             runs: Vec::new(),
         })
@@ -409,7 +444,7 @@ pub async fn run_rounds(
     let order = plan.order();
     let per_round = plan.settings.len().max(1);
     for (n, &(round, index)) in order.iter().enumerate() {
-        let setting = plan.settings[index];
+        let setting = &plan.settings[index];
         let position = n % per_round;
         say(&format!(
             "dataset {dataset}: round {}/{}, {}/{per_round}: {}",
@@ -418,7 +453,7 @@ pub async fn run_rounds(
             position + 1,
             setting.label()
         ));
-        let run = run_once(peers, &setting, plan.per_run, round, position)
+        let run = run_once(peers, setting, plan.per_run, round, position)
             .await
             .with_context(|| setting.label())?;
         results[index].runs.push(run);
@@ -429,7 +464,7 @@ pub async fn run_rounds(
 /// Runs one reference setting once.
 pub async fn run_reference(
     peers: &Peers<'_>,
-    setting: CaSetting,
+    setting: &CaSetting,
     loops: RunLoops,
     dataset: &str,
     say: &dyn Fn(&str),
@@ -438,11 +473,11 @@ pub async fn run_reference(
         "dataset {dataset}: reference, once: {}",
         setting.label()
     ));
-    let run = run_once(peers, &setting, loops, 0, 0)
+    let run = run_once(peers, setting, loops, 0, 0)
         .await
         .with_context(|| setting.label())?;
     Ok(SettingRuns {
-        setting,
+        setting: setting.clone(),
         reference: true,
         runs: vec![run],
     })
@@ -580,10 +615,8 @@ async fn run_once(
     })
 }
 
-/// Starts cluster-autoscaler `setting.release` against `plane`'s Nodes, reaching the API server
-/// through `kubeconfig`, with `provider` (sandbox defaults but for `--v=2`, the client limits
-/// of `setting`, [`UNNEEDED_TIME`] and [`EXTRA_FLAGS`]; 1 s scan interval), measures its loops,
-/// and stops it.
+/// Starts cluster-autoscaler as [`autoscaler_options`] says against `plane`'s Nodes, measures
+/// its loops, and stops it.
 async fn ca_run(
     plane: &ControlPlane,
     kubeconfig: &Path,
@@ -592,16 +625,7 @@ async fn ca_run(
     setting: &CaSetting,
     loops: RunLoops,
 ) -> anyhow::Result<LoopStats> {
-    let mut options = AutoscalerOptions::new(provider, kubeconfig, SINGLE_CLUSTER);
-    options.name = name.into();
-    options.status_config_map = format!("{name}-status");
-    options.verbosity = 2;
-    options.kube_client_qps = setting.qps;
-    options.release = Some(setting.release);
-    options.scale_down_unneeded_time = UNNEEDED_TIME;
-    options
-        .extra_args
-        .extend(EXTRA_FLAGS.iter().map(|f| f.to_string()));
+    let options = autoscaler_options(kubeconfig, name, provider, setting);
     let started = Instant::now();
     let mut autoscaler = Autoscaler::start(&options, &plane.log_dir)
         .with_context(|| format!("starting cluster-autoscaler {name}"))?;
@@ -613,6 +637,29 @@ async fn ca_run(
     .await;
     autoscaler.stop(Duration::from_secs(10));
     Ok(stats)
+}
+
+/// cluster-autoscaler `setting.release`, built with `setting.patch` if any, reaching the API
+/// server through `kubeconfig`, with `provider`: sandbox defaults but for `--v=2`, the client
+/// limits of `setting`, [`UNNEEDED_TIME`] and [`EXTRA_FLAGS`] (1 s scan interval).
+fn autoscaler_options(
+    kubeconfig: &Path,
+    name: &str,
+    provider: CloudProvider,
+    setting: &CaSetting,
+) -> AutoscalerOptions {
+    let mut options = AutoscalerOptions::new(provider, kubeconfig, SINGLE_CLUSTER);
+    options.name = name.into();
+    options.status_config_map = format!("{name}-status");
+    options.verbosity = 2;
+    options.kube_client_qps = setting.qps;
+    options.release = Some(setting.release);
+    options.source_patch = setting.patch.clone();
+    options.scale_down_unneeded_time = UNNEEDED_TIME;
+    options
+        .extra_args
+        .extend(EXTRA_FLAGS.iter().map(|f| f.to_string()));
+    options
 }
 
 /// cluster-autoscaler's `externalgrpc` provider dialling `address` over mTLS with `pki`'s
@@ -677,7 +724,7 @@ mod tests {
 
     fn plan(settings: usize, rounds: usize, seed: u64) -> CaPlan {
         let release = CaRelease::new(36, 1);
-        let all = compared_settings(&[0.0, 0.1, 0.25], (1000.0, 2000), release, None);
+        let all = compared_settings(&[0.0, 0.1, 0.25], (1000.0, 2000), release, None, None);
         CaPlan {
             settings: all.into_iter().take(settings).collect(),
             rounds,
@@ -727,7 +774,13 @@ mod tests {
     fn compared_settings_share_one_client_limit_and_the_older_release_runs_two() {
         let pinned = CaRelease::new(36, 1);
         let older = CaRelease::new(34, 5);
-        let settings = compared_settings(&[0.0, 0.25], (1000.0, 2000), pinned, Some((older, 0.25)));
+        let settings = compared_settings(
+            &[0.0, 0.25],
+            (1000.0, 2000),
+            pinned,
+            Some((older, 0.25)),
+            None,
+        );
         assert_eq!(settings.len(), 10);
         assert!(settings.iter().all(|s| s.qps == (1000.0, 2000)));
         let relay: Vec<f64> = settings
@@ -762,6 +815,79 @@ mod tests {
     }
 
     #[test]
+    fn each_patch_runs_ours_remote_alone_at_its_delay_with_its_own_names() {
+        let pinned = CaRelease::pinned().expect("CA_VERSION");
+        let patches = pinned.source_patches().expect("tests/upstream/patches");
+        assert_eq!(patches.len(), 2, "{patches:?}");
+        let settings = compared_settings(
+            &[0.0, 0.25],
+            (1000.0, 2000),
+            pinned,
+            Some((CaRelease::new(34, 5), 0.25)),
+            Some((&patches, 0.25)),
+        );
+        assert_eq!(settings.len(), 12);
+        let patched: Vec<&CaSetting> = settings.iter().filter(|s| s.patch.is_some()).collect();
+        assert_eq!(patched.len(), 2);
+        for (setting, patch) in patched.iter().zip(&patches) {
+            assert_eq!(setting.patch.as_ref(), Some(patch));
+            assert_eq!(
+                (setting.peer, setting.delay_ms, setting.qps, setting.release),
+                (Peer::OursRemote, 0.25, (1000.0, 2000), pinned)
+            );
+        }
+        assert_eq!(
+            patched[1].label(),
+            format!(
+                "CA {pinned} + startup-time-for-unready-nodes + nodegroup-operator remote, 0.25 ms each way, qps 1000/2000"
+            )
+        );
+        assert_eq!(
+            patched[1].slug(),
+            format!("ours-remote-0.25ms-qps1000-{pinned}-startup-time-for-unready-nodes"),
+            "its own files and status ConfigMap"
+        );
+        // The unpatched row at the same delay, which the summary divides by.
+        assert!(settings.iter().any(|s| s.patch.is_none()
+            && s.release == pinned
+            && s.peer == Peer::OursRemote
+            && s.delay_ms == 0.25));
+    }
+
+    #[test]
+    fn a_patched_setting_runs_the_binary_build_sh_gives_its_patch() {
+        let pinned = CaRelease::pinned().expect("CA_VERSION");
+        let provider = || CloudProvider::ExternalGrpc {
+            cloud_config: PathBuf::from("/cloud-config"),
+        };
+        let mut setting = compared_settings(&[0.25], (1000.0, 2000), pinned, None, None)[0].clone();
+        let plain = autoscaler_options(Path::new("/kubeconfig"), "ca", provider(), &setting);
+        assert_eq!(
+            plain.component(pinned).expect("component"),
+            "cluster-autoscaler"
+        );
+        setting.patch = Some("externalgrpc-options-per-loop".into());
+        let options = autoscaler_options(Path::new("/kubeconfig"), "ca", provider(), &setting);
+        let component = options.component(pinned).expect("component");
+        assert_eq!(
+            component,
+            format!("cluster-autoscaler-{pinned}-externalgrpc-options-per-loop"),
+            "tests/upstream/build.sh cluster-autoscaler-patched builds it"
+        );
+        assert_eq!(
+            ngo_testbed::upstream::upstream_bin(&component)
+                .file_name()
+                .and_then(|f| f.to_str()),
+            Some(component.as_str())
+        );
+        assert_eq!(
+            options.unsupported(pinned),
+            None,
+            "the pinned release's flags"
+        );
+    }
+
+    #[test]
     fn relay_costs_and_rpcs_add_up_over_runs() {
         let run = |completed, rss, bytes| CaRun {
             round: 0,
@@ -780,7 +906,8 @@ mod tests {
             }),
         };
         let runs = SettingRuns {
-            setting: compared_settings(&[0.0], (1.0, 1), CaRelease::new(36, 1), None)[2],
+            setting: compared_settings(&[0.0], (1.0, 1), CaRelease::new(36, 1), None, None)[2]
+                .clone(),
             reference: false,
             runs: vec![run(2, 12.0, 1000.0), run(4, 14.0, 3000.0)],
         };

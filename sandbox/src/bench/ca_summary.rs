@@ -1,7 +1,8 @@
 //! cluster-autoscaler's loop in `results.json` and in the printed report: one entry per
 //! setting and dataset (min, median and max over all its loops, a p99 from 20 loops on), the
 //! RPCs CA made to ours per loop, what the relay cost, what the network hop itself adds, and
-//! the ratios and goals between settings.
+//! the ratios and goals between settings (another release's or a patched build's against the
+//! pinned release as published).
 
 use std::collections::BTreeMap;
 
@@ -9,7 +10,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::ca_loop::{LoopSummary, P99_MIN_LOOPS};
-use super::ca_runs::{Peer, SettingRuns};
+use super::ca_runs::{Peer, SettingRuns, ca_build};
 use super::calibrate::HopCalibration;
 use super::dataset::Workload;
 use super::report::{Goal, Metric, bounded, num, ratio_cell, table, verdict};
@@ -33,6 +34,10 @@ pub struct CaLoopEntry {
     pub mode: String,
     /// cluster-autoscaler's release.
     pub ca_version: String,
+    /// The patch of docs/upstream.md that release's source was built with alone
+    /// (`tests/upstream/patches/cluster-autoscaler-<ca_version>/<ca_patch>.patch`); `None`: as
+    /// released.
+    pub ca_patch: Option<String>,
     /// `groups x nodes` of the dataset, e.g. `200x25`.
     pub dataset: String,
     /// What runs on it: `filled` or `at minimum`.
@@ -71,11 +76,12 @@ pub struct CaLoopEntry {
 
 impl CaLoopEntry {
     fn of(run: &DatasetRun, setting: &SettingRuns) -> Self {
-        let s = setting.setting;
+        let s = &setting.setting;
         let (nodes, groups) = (run.spec.machines(), run.spec.groups());
         let predicted = (s.peer.is_ours()
             && run.spec.workload == Workload::AtMinimum
-            && s.release >= CaRelease::new(35, 0))
+            && s.release >= CaRelease::new(35, 0)
+            && s.patch.is_none())
         .then(|| {
             let base = 2.0 + 3.0 * nodes as f64;
             (base + 2.0 * groups as f64, base + 3.0 * groups as f64)
@@ -85,6 +91,7 @@ impl CaLoopEntry {
             peer: s.peer.name().into(),
             mode: s.peer.mode().into(),
             ca_version: s.release.to_string(),
+            ca_patch: s.patch.clone(),
             dataset: run.spec.label(),
             workload: run.spec.workload.label().into(),
             nodes,
@@ -105,6 +112,17 @@ impl CaLoopEntry {
             relay_update_bytes_per_run: bytes.map(|(per_run, _)| per_run),
             relay_update_bytes_per_s: bytes.map(|(_, per_s)| per_s),
         }
+    }
+
+    /// `1.36.1`, or `1.36.1 + <patch>` for a patched build.
+    pub fn ca(&self) -> String {
+        ca_build(&self.ca_version, self.ca_patch.as_deref())
+    }
+
+    /// Whether this is the pinned release as published (the rows the goals and the other
+    /// releases and patched builds are measured against).
+    fn is_pinned(&self) -> bool {
+        self.ca_patch.is_none() && self.ca_version == pinned()
     }
 }
 
@@ -132,21 +150,20 @@ fn pinned() -> String {
 }
 
 /// Finds the compared (not reference) entry of `dataset` for `peer` at `delay`, with the
-/// pinned release.
+/// pinned release as published.
 fn compared<'a>(
     entries: &'a [CaLoopEntry],
     dataset: &str,
     peer: Peer,
     delay: f64,
 ) -> Option<&'a CaLoopEntry> {
-    let version = pinned();
     entries.iter().find(|e| {
         !e.reference
             && e.dataset == dataset
             && e.peer == peer.name()
             && e.mode == peer.mode()
             && e.delay_ms_each_way == delay
-            && e.ca_version == version
+            && e.is_pinned()
     })
 }
 
@@ -181,7 +198,7 @@ pub struct RelayRatio {
 pub fn relay_ratios(entries: &[CaLoopEntry]) -> Vec<RelayRatio> {
     entries
         .iter()
-        .filter(|e| !e.reference && e.mode == Peer::Relay.mode() && e.ca_version == pinned())
+        .filter(|e| !e.reference && e.mode == Peer::Relay.mode() && e.is_pinned())
         .map(|relay| {
             let other = |peer| compared(entries, &relay.dataset, peer, relay.delay_ms_each_way);
             let in_tree = other(Peer::InTree);
@@ -429,8 +446,8 @@ pub fn goal_rows(metrics: &BTreeMap<String, Metric>) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The loop table, the hop's own cost, the relay's ratios and cost, the older release
-/// against the pinned one, and the RPCs per loop CA made to ours.
+/// The loop table, the hop's own cost, the relay's ratios and cost, the older release and the
+/// patched builds against the pinned release, and the RPCs per loop CA made to ours.
 pub fn render(entries: &[CaLoopEntry], hop: &[HopCalibration], relay: &[RelayRatio]) -> String {
     if entries.is_empty() {
         return String::new();
@@ -452,7 +469,7 @@ pub fn render(entries: &[CaLoopEntry], hop: &[HopCalibration], relay: &[RelayRat
             vec![
                 e.peer.clone(),
                 mode,
-                e.ca_version.clone(),
+                e.ca(),
                 format!(
                     "{} x {} {}",
                     e.groups,
@@ -492,7 +509,7 @@ pub fn render(entries: &[CaLoopEntry], hop: &[HopCalibration], relay: &[RelayRat
         &rows,
     ));
     out.push_str(&format!(
-        "(every setting but the references ran once per round, the rounds' orders shuffled from a fixed seed; references ran once after the rounds; p99 only from {P99_MIN_LOOPS} loops on; '>' a lower bound: no loop completed, the first had run that long; unneeded: the Nodes CA found removable at the end of a run, none removed)\n"
+        "(every setting but the references ran once per round, the rounds' orders shuffled from a fixed seed; references ran once after the rounds; p99 only from {P99_MIN_LOOPS} loops on; '>' a lower bound: no loop completed, the first had run that long; unneeded: the Nodes CA found removable at the end of a run, none removed; CA '<version> + <patch>': built with tests/upstream/patches/cluster-autoscaler-<version>/<patch>.patch alone, docs/upstream.md)\n"
     ));
     for h in hop {
         out.push_str(&format!(
@@ -543,25 +560,24 @@ pub fn render(entries: &[CaLoopEntry], hop: &[HopCalibration], relay: &[RelayRat
             &rows,
         ));
     }
-    out.push_str(&render_older(entries));
+    out.push_str(&render_against_pinned(entries));
     out.push_str(&render_rpcs(entries));
     out
 }
 
-/// Each entry of another release than the pinned one beside the pinned release's entry of the
-/// same setting.
-fn render_older(entries: &[CaLoopEntry]) -> String {
-    let version = pinned();
+/// Each entry of another release than the pinned one, or of a patched build, beside the pinned
+/// release's entry of the same setting: the median loops, the RPCs per loop and their ratio.
+fn render_against_pinned(entries: &[CaLoopEntry]) -> String {
     let mut out = String::new();
-    for older in entries.iter().filter(|e| e.ca_version != version) {
-        let Some(newer) = entries.iter().find(|e| {
-            e.ca_version == version
-                && e.dataset == older.dataset
-                && e.peer == older.peer
-                && e.mode == older.mode
-                && e.delay_ms_each_way == older.delay_ms_each_way
-                && e.qps == older.qps
-                && e.reference == older.reference
+    for other in entries.iter().filter(|e| !e.is_pinned()) {
+        let Some(base) = entries.iter().find(|e| {
+            e.is_pinned()
+                && e.dataset == other.dataset
+                && e.peer == other.peer
+                && e.mode == other.mode
+                && e.delay_ms_each_way == other.delay_ms_each_way
+                && e.qps == other.qps
+                && e.reference == other.reference
         }) else {
             continue;
         };
@@ -575,17 +591,17 @@ fn render_older(entries: &[CaLoopEntry]) -> String {
         };
         out.push_str(&format!(
             "CA {} against {} ({} {}, {}, {} ms each way): p50 {} ms{} against {} ms{} (ratio {})\n",
-            older.ca_version,
-            newer.ca_version,
-            older.peer,
-            older.mode,
-            older.dataset,
-            num(Some(older.delay_ms_each_way)),
-            bounded(older.loops.p50_or_bound(), older.loops.p50_is_bound()),
-            total(older),
-            bounded(newer.loops.p50_or_bound(), newer.loops.p50_is_bound()),
-            total(newer),
-            num(super::report::ratio(older.loops.p50_ms, newer.loops.p50_ms)),
+            other.ca(),
+            base.ca(),
+            other.peer,
+            other.mode,
+            other.dataset,
+            num(Some(other.delay_ms_each_way)),
+            bounded(other.loops.p50_or_bound(), other.loops.p50_is_bound()),
+            total(other),
+            bounded(base.loops.p50_or_bound(), base.loops.p50_is_bound()),
+            total(base),
+            num(super::report::ratio(other.loops.p50_ms, base.loops.p50_ms)),
         ));
     }
     if out.is_empty() {
@@ -596,14 +612,14 @@ fn render_older(entries: &[CaLoopEntry]) -> String {
 }
 
 /// RPCs per loop to ours, per dataset, release and mode without a hop (the count does not
-/// depend on the delay) and for every older release; the operator's own time for remote.
+/// depend on the delay) and for every older release and patched build; the operator's own time
+/// for remote.
 fn render_rpcs(entries: &[CaLoopEntry]) -> String {
-    let version = pinned();
     let mut out = String::new();
     for e in entries.iter().filter(|e| {
         !e.rpcs_per_loop.is_empty()
             && !e.reference
-            && (e.delay_ms_each_way == 0.0 || e.ca_version != version)
+            && (e.delay_ms_each_way == 0.0 || !e.is_pinned())
     }) {
         let total: f64 = e.rpcs_per_loop.values().sum();
         let by_method = e
@@ -619,7 +635,7 @@ fn render_rpcs(entries: &[CaLoopEntry]) -> String {
         out.push_str(&format!(
             "RPCs per loop to ours ({}, CA {}) at {} nodes, {} groups, {}: {} ({by_method}){predicted}\n",
             e.mode,
-            e.ca_version,
+            e.ca(),
             e.nodes,
             e.groups,
             e.workload,
@@ -659,6 +675,7 @@ mod tests {
             peer: mode.name().into(),
             mode: mode.mode().into(),
             ca_version: pinned(),
+            ca_patch: None,
             dataset: "200x25".into(),
             workload: "filled".into(),
             nodes: 5_000,
@@ -683,6 +700,47 @@ mod tests {
             relay_update_bytes_per_run: None,
             relay_update_bytes_per_s: None,
         }
+    }
+
+    #[test]
+    fn a_patched_build_is_compared_with_the_release_as_published_at_the_same_delay() {
+        let rpcs = |n: f64| BTreeMap::from([("NodeGroupGetOptions".to_string(), n)]);
+        let mut patched = entry(Peer::OursRemote, 0.25, 6_000.0);
+        patched.ca_patch = Some("startup-time-for-unready-nodes".into());
+        patched.rpcs_per_loop = rpcs(200.0);
+        let mut released = entry(Peer::OursRemote, 0.25, 12_000.0);
+        released.rpcs_per_loop = rpcs(10_000.0);
+        // The patched row first: the goals and the ratios still take the release as published.
+        let entries = vec![
+            patched,
+            released,
+            entry(Peer::InTree, 0.25, 10_000.0),
+            entry(Peer::OursRemote, 0.0, 3_000.0),
+        ];
+        let remote = compared(&entries, "200x25", Peer::OursRemote, 0.25).expect("remote");
+        assert_eq!(remote.ca_patch, None);
+        assert_eq!(remote.loops.p50_ms, Some(12_000.0));
+        let text = render(&entries, &[], &[]);
+        let version = pinned();
+        let line = format!(
+            "CA {version} + startup-time-for-unready-nodes against {version} (nodegroup-operator remote, 200x25, 0.250 ms each way): p50 6,000 ms, 200 RPCs per loop against 12,000 ms, 10,000 RPCs per loop (ratio 0.500)"
+        );
+        assert!(text.contains(&line), "{line:?} in {text}");
+        assert!(
+            text.contains(&format!(
+                "RPCs per loop to ours (remote, CA {version} + startup-time-for-unready-nodes) at 5000 nodes"
+            )),
+            "{text}"
+        );
+        // Its row in the loop table: min, median and max.
+        assert!(
+            text.lines().any(|l| l
+                .contains(&format!("{version} + startup-time-for-unready-nodes"))
+                && l.contains("5,400")
+                && l.contains("6,000")
+                && l.contains("7,200")),
+            "{text}"
+        );
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! ([`ca_loop`]) is compared across the ways it can reach Cluster API ([`ca_runs`]): ours
 //! remote, ours co-located, ours through `nodegroup-operator relay` ([`relay`]), in-tree
 //! `clusterapi`, and the example server; each without a network hop and through hops of the
-//! delays named ([`calibrate`] measures what the hop itself adds); CA 1.36.1, and CA 1.34.5 for
-//! ours remote and in-tree at one delay.
+//! delays named ([`calibrate`] measures what the hop itself adds); CA 1.36.1, CA 1.34.5 for
+//! ours remote and in-tree at one delay, and for ours remote at that delay CA 1.36.1 built with
+//! each patch of docs/upstream.md alone (what CA itself could change; never the product).
 //!
 //! Each dataset gets a fresh etcd + kube-apiserver with the Cluster API CRDs and static Ready
 //! Nodes ([`dataset`]); no Cluster API manager, kwok or controllers run, so nothing but the
@@ -104,6 +105,10 @@ pub struct CaOptions {
     /// An older cluster-autoscaler release (`1.<minor>.<patch>`) to run ours remote and
     /// in-tree with, at the delay given, beside the pinned release.
     pub older_release: Option<(String, f64)>,
+    /// The delay (ms each way) at which ours remote also runs with the pinned release built
+    /// with each of its source patches alone ([`CaRelease::source_patches`], docs/upstream.md),
+    /// beside the release as published; `None`: no patched builds.
+    pub patched_at_ms: Option<f64>,
 }
 
 impl BenchOptions {
@@ -134,6 +139,7 @@ impl BenchOptions {
                 },
                 references: true,
                 older_release: Some(("1.34.5".into(), 0.25)),
+                patched_at_ms: Some(0.25),
             },
             ca_at_largest: Some(CaOptions {
                 delays_ms: vec![0.0, 0.25],
@@ -145,6 +151,7 @@ impl BenchOptions {
                 },
                 references: false,
                 older_release: None,
+                patched_at_ms: None,
             }),
             ca_qps: (1000.0, 2000),
             reference_qps: vec![(5.0, 10)],
@@ -159,9 +166,10 @@ impl BenchOptions {
     }
 
     /// cluster-autoscaler's loop on the full run's main dataset at 0.25 ms each way, in the
-    /// full run's rounds (ours remote, co-located and through the relay, in-tree), with a
-    /// short read load and no growth datasets, references or older release: the loop's ratios
-    /// and the relay's memory in about half an hour on 2 cores instead of two and a half hours.
+    /// full run's rounds (ours remote, co-located and through the relay, in-tree, and ours
+    /// remote with each patched build of CA), with a short read load and no growth datasets,
+    /// references or older release: the loop's ratios, the relay's memory and what each patch
+    /// gives in about 40 minutes on 2 cores instead of two and a half hours.
     pub fn loop_goals() -> Self {
         let full = Self::full();
         Self {
@@ -177,6 +185,7 @@ impl BenchOptions {
                 delays_ms: vec![0.25],
                 references: false,
                 older_release: None,
+                patched_at_ms: Some(0.25),
                 ..full.ca.clone()
             },
             ca_at_largest: None,
@@ -185,8 +194,9 @@ impl BenchOptions {
     }
 
     /// Every code path on tiny datasets with short windows, one round: for `make test`, no
-    /// timing meaning. The older release and the largest dataset's loops are left out (their
-    /// binaries are not among `make test`'s peers; the code path is the main dataset's).
+    /// timing meaning. The older release, the patched builds and the largest dataset's loops
+    /// are left out (their binaries are not among `make test`'s peers; the code path is the
+    /// main dataset's, and the unit tests name and locate the patched binaries).
     pub fn smoke() -> Self {
         Self {
             main: DatasetSpec::filled(4, 3),
@@ -213,6 +223,7 @@ impl BenchOptions {
                 },
                 references: true,
                 older_release: None,
+                patched_at_ms: None,
             },
             ca_at_largest: None,
             ca_qps: (1000.0, 2000),
@@ -238,8 +249,25 @@ impl BenchOptions {
             )),
             None => None,
         };
+        let patched = match ca.patched_at_ms {
+            Some(delay_ms) => Some((
+                pinned
+                    .source_patches()
+                    .context("the patches of the pinned cluster-autoscaler release")?,
+                delay_ms,
+            )),
+            None => None,
+        };
         Ok(CaPlan {
-            settings: ca_runs::compared_settings(&ca.delays_ms, self.ca_qps, pinned, older),
+            settings: ca_runs::compared_settings(
+                &ca.delays_ms,
+                self.ca_qps,
+                pinned,
+                older,
+                patched
+                    .as_ref()
+                    .map(|(patches, delay_ms)| (patches.as_slice(), *delay_ms)),
+            ),
             rounds: ca.rounds,
             per_run: ca.per_run,
             seed: self.seed,
@@ -528,7 +556,7 @@ async fn single_cluster(
                 example: None,
             };
             let mut settings = ca_runs::run_rounds(&peers, plan, &label, say).await?;
-            for &setting in plan
+            for setting in plan
                 .references
                 .iter()
                 .filter(|s| s.peer != ca_runs::Peer::Example)
@@ -598,7 +626,7 @@ async fn single_cluster(
             socket: &socket,
             example: Some(example.grpc_address),
         };
-        for &setting in plan
+        for setting in plan
             .references
             .iter()
             .filter(|s| s.peer == ca_runs::Peer::Example)
@@ -722,6 +750,38 @@ pub(super) fn histogram_delta(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_full_and_loop_runs_compare_each_patched_build_with_the_release_and_smoke_does_not() {
+        let pinned = CaRelease::pinned().expect("CA_VERSION");
+        let patches = pinned.source_patches().expect("tests/upstream/patches");
+        assert!(!patches.is_empty());
+        for options in [BenchOptions::full(), BenchOptions::loop_goals()] {
+            let plan = options.ca_plan(&options.ca).expect("plan");
+            let patched: Vec<_> = plan
+                .settings
+                .iter()
+                .filter_map(|s| Some((s.patch.clone()?, s.peer, s.delay_ms, s.release)))
+                .collect();
+            let expected: Vec<_> = patches
+                .iter()
+                .map(|p| (p.clone(), ca_runs::Peer::OursRemote, 0.25, pinned))
+                .collect();
+            assert_eq!(patched, expected);
+            assert!(plan.settings.iter().any(|s| s.patch.is_none()
+                && s.release == pinned
+                && s.peer == ca_runs::Peer::OursRemote
+                && s.delay_ms == 0.25));
+            assert!(plan.references.iter().all(|s| s.patch.is_none()));
+        }
+        let full = BenchOptions::full();
+        let largest = full.ca_at_largest.as_ref().expect("largest");
+        let smoke = BenchOptions::smoke();
+        for (options, ca) in [(&full, largest), (&smoke, &smoke.ca)] {
+            let plan = options.ca_plan(ca).expect("plan");
+            assert!(plan.settings.iter().all(|s| s.patch.is_none()));
+        }
+    }
 
     #[test]
     fn histogram_deltas_read_one_series_between_two_scrapes() {

@@ -244,6 +244,15 @@ fn settings(options: &BenchOptions) -> BTreeMap<String, String> {
             format!("; CA {release} too, for ours remote and in-tree at {delay} ms each way")
         })
         .unwrap_or_default();
+    let pinned = CaRelease::pinned().map_or_else(|e| e.to_string(), |r| r.to_string());
+    let patched = ca
+        .patched_at_ms
+        .map(|delay| {
+            format!(
+                "; CA {pinned} built with each patch of tests/upstream/patches/cluster-autoscaler-{pinned}/ alone (docs/upstream.md; never the product), for ours remote at {delay} ms each way"
+            )
+        })
+        .unwrap_or_default();
     let largest = options
         .ca_at_largest
         .as_ref()
@@ -266,8 +275,7 @@ fn settings(options: &BenchOptions) -> BTreeMap<String, String> {
         (
             "cluster_autoscaler".into(),
             format!(
-                "cluster-autoscaler {}{older}, --scan-interval=1s --v=2 --scale-down-unneeded-time=24h --max-bulk-soft-taint-count=0 (scale-down candidates checked every loop, none removed or tainted); every compared run at {} whatever the provider, grpc_timeout 180s; at {:?} ms each way (0: no hop), in {} rounds (each setting once per round, in an order shuffled per round from seed {}) of {} loops after {} skipped per run{largest}; references once after the rounds (CA through the example server at the compared limits; ours remote and in-tree at {references}), {} loops after {} skipped",
-                CaRelease::pinned().map_or_else(|e| e.to_string(), |r| r.to_string()),
+                "cluster-autoscaler {pinned}{older}{patched}, --scan-interval=1s --v=2 --scale-down-unneeded-time=24h --max-bulk-soft-taint-count=0 (scale-down candidates checked every loop, none removed or tainted); every compared run at {} whatever the provider, grpc_timeout 180s; at {:?} ms each way (0: no hop), in {} rounds (each setting once per round, in an order shuffled per round from seed {}) of {} loops after {} skipped per run{largest}; references once after the rounds (CA through the example server at the compared limits; ours remote and in-tree at {references}), {} loops after {} skipped",
                 qps(options.ca_qps),
                 ca.delays_ms,
                 ca.rounds,
