@@ -11,7 +11,7 @@ fn repo() -> PathBuf {
 }
 
 /// The pages: README.md and every Markdown file of docs/.
-fn pages() -> Vec<PathBuf> {
+pub(crate) fn pages() -> Vec<PathBuf> {
     let mut pages = vec![repo().join("README.md")];
     let mut docs: Vec<PathBuf> = std::fs::read_dir(repo().join("docs"))
         .expect("docs/")

@@ -11,5 +11,6 @@ mod docs_commands;
 mod helm;
 mod proto;
 mod rbac;
+mod runnable_docs;
 mod uninstall;
 mod workflows;

@@ -150,7 +150,7 @@ async fn ours_left(workers: &TestNs) -> Vec<String> {
 /// outcome as the Job controller does: `Complete` (with `SuccessCriteriaMet`) or `Failed`
 /// (with `FailureTarget`, reason `BackoffLimitExceeded`), the conditions helm waits for.
 /// Returns the containers' output and how many ran.
-async fn run_job(client: &Client, job: &Job, log_dir: &Path) -> (String, usize) {
+pub(crate) async fn run_job(client: &Client, job: &Job, log_dir: &Path) -> (String, usize) {
     let namespace = job.namespace().unwrap();
     let name = job.name_any();
     let uid = job.uid().unwrap();
