@@ -101,7 +101,8 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
         /// Only cluster-autoscaler's loop on the main dataset at 0.25 ms each way, in the full
-        /// run's rounds: its ratios and the relay's memory, in about half an hour.
+        /// run's rounds: its ratios, the relay's memory and what each CA patch gives, in about
+        /// 40 minutes.
         #[arg(long, conflicts_with = "smoke")]
         loop_goals: bool,
         /// Only our server, on one dataset of `<groups>x<nodes>` (e.g. 1000x10): read

@@ -208,6 +208,16 @@ fn problems(
                         "--set {set}: helm splits at commas; quote a list as '{key}={{a,b}}'"
                     ));
                 }
+                // Inside braces helm splits at every comma too, so an item that is itself
+                // `k=v,k=v` arrives as several items.
+                if let Some(items) = value.strip_prefix('{').and_then(|v| v.strip_suffix('}'))
+                    && items.contains(',')
+                    && items.contains('=')
+                {
+                    out.push(format!(
+                        "--set {set}: helm splits a {{...}} list at every comma, also inside an item; give items with commas as --set-json '{key}=[\"a=1,b=2\"]'"
+                    ));
+                }
             }
         }
         // Diagrams and tables name the operator too; a command names a subcommand or a flag.
@@ -317,6 +327,14 @@ fn a_wrong_flag_value_namespace_or_target_is_found() {
     );
     assert!(
         check("helm install ngo charts/nodegroup-operator -n x --set 'grpc.port={a,b}'").is_empty()
+    );
+    assert_eq!(
+        check(
+            "helm install ngo charts/nodegroup-operator -n x --set 'grpc.port={clusterapi:namespace=capi,clusterName=prod}'"
+        )
+        .len(),
+        1,
+        "one item with a comma, which helm splits into two"
     );
     assert_eq!(
         check("nodegroup-operator relay --cluster=a/b --nope").len(),
