@@ -11,6 +11,7 @@ use super::model::{
     ClusterKey, MachineEntry, NodeGroup, ProviderIdOwners, Snapshot, WorkloadState,
 };
 use super::sharded::ShardedMap;
+use crate::capi::objects::ScalableKind;
 
 /// What a view holds besides its keyed tables: which Clusters are served, being deleted, and
 /// how far their Nodes were read.
@@ -114,10 +115,7 @@ impl ClusterView {
                 .map(|(c, s)| (c.clone(), s.clone()))
                 .collect(),
         };
-        let groups: BTreeMap<String, Arc<NodeGroup>> = snapshot
-            .groups
-            .iter()
-            .filter(|(_, g)| in_scope(&g.cluster))
+        let groups: BTreeMap<String, Arc<NodeGroup>> = groups_of(snapshot, scope)
             .map(|(id, g)| (id.clone(), g.clone()))
             .collect();
         // A machine resolves to a group only where that group is in scope, whichever Cluster
@@ -148,39 +146,31 @@ impl ClusterView {
     /// building either: the same Clusters in the header, the very same group objects of the
     /// scope, and machines and provider IDs untouched. Snapshots share what an update did not
     /// change, so a change in another Cluster (a Node's readiness there) costs a view here a
-    /// pointer comparison per group and shard. `false` says only that it may have changed.
+    /// few lookups and a pointer comparison per group of its own and per shard, however many
+    /// Clusters the snapshot holds. `false` says only that it may have changed.
     pub fn unchanged_between(
         before: &Snapshot,
         after: &Snapshot,
         scope: Option<&ClusterKey>,
     ) -> bool {
-        let in_scope = |cluster: &ClusterKey| scope.is_none_or(|s| s == cluster);
+        // The scope's header entries are looked up, not filtered out of every Cluster's.
         let header_same = before.nodes_per_cluster == after.nodes_per_cluster
-            && before
-                .clusters
-                .iter()
-                .filter(|c| in_scope(c))
-                .eq(after.clusters.iter().filter(|c| in_scope(c)))
-            && before
-                .deleting_clusters
-                .iter()
-                .filter(|c| in_scope(c))
-                .eq(after.deleting_clusters.iter().filter(|c| in_scope(c)))
-            && before
-                .workload
-                .iter()
-                .filter(|(c, _)| in_scope(c))
-                .eq(after.workload.iter().filter(|(c, _)| in_scope(c)));
-        let groups_same = before
-            .groups
-            .iter()
-            .filter(|(_, g)| in_scope(&g.cluster))
+            && match scope {
+                Some(cluster) => {
+                    before.clusters.contains(cluster) == after.clusters.contains(cluster)
+                        && before.deleting_clusters.contains(cluster)
+                            == after.deleting_clusters.contains(cluster)
+                        && before.workload.get(cluster) == after.workload.get(cluster)
+                }
+                None => {
+                    before.clusters == after.clusters
+                        && before.deleting_clusters == after.deleting_clusters
+                        && before.workload == after.workload
+                }
+            };
+        let groups_same = groups_of(before, scope)
             .map(|(id, g)| (id, Arc::as_ptr(g)))
-            .eq(after
-                .groups
-                .iter()
-                .filter(|(_, g)| in_scope(&g.cluster))
-                .map(|(id, g)| (id, Arc::as_ptr(g))));
+            .eq(groups_of(after, scope).map(|(id, g)| (id, Arc::as_ptr(g))));
         header_same
             && groups_same
             && before.machines.same_shards(&after.machines)
@@ -257,4 +247,31 @@ fn apply_table<V>(table: &mut BTreeMap<String, V>, changes: TableChanges<V>) {
         table.remove(&key);
     }
     table.extend(changes.upserts);
+}
+
+/// The groups `scope` may read, in id order: a Cluster's are found by their ids'
+/// `<kind>/<namespace>/` prefixes (a group's Cluster is in the group's namespace), without
+/// visiting other namespaces' groups.
+fn groups_of<'a>(
+    snapshot: &'a Snapshot,
+    scope: Option<&'a ClusterKey>,
+) -> Box<dyn Iterator<Item = (&'a String, &'a Arc<NodeGroup>)> + 'a> {
+    let Some(cluster) = scope else {
+        return Box::new(snapshot.groups.iter());
+    };
+    let mut kinds: Vec<ScalableKind> = ScalableKind::ALL.into();
+    kinds.push(ScalableKind::NodePool);
+    kinds.sort_by_key(|kind| kind.as_str());
+    Box::new(
+        kinds
+            .into_iter()
+            .flat_map(move |kind| {
+                let prefix = format!("{kind}/{}/", cluster.namespace);
+                snapshot
+                    .groups
+                    .range::<String, _>(prefix.clone()..)
+                    .take_while(move |(id, _)| id.starts_with(&prefix))
+            })
+            .filter(move |(_, group)| group.cluster == *cluster),
+    )
 }
