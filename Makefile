@@ -97,7 +97,7 @@ bench:
 ## cluster-autoscaler's loop alone on bench's main dataset at 0.25 ms each way, in its rounds (ours
 ## remote, co-located, through the relay, in-tree, and ours remote with CA 1.36.1 built with each
 ## patch of docs/upstream.md): the loop's ratios, the relay's memory and what each patch gives in
-## about 40 minutes; writes target/bench/loop-goals.json.
+## about an hour (56 minutes on 2 cores on 2026-11-28); writes target/bench/loop-goals.json.
 bench-loop:
 	$(UPSTREAM) etcd kube capi cluster-autoscaler example-server cluster-autoscaler-patched
 	$(CARGO) build --release --locked -p ngo-sandbox -p nodegroup-operator --bins

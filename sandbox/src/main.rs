@@ -102,7 +102,7 @@ enum Command {
         out: Option<PathBuf>,
         /// Only cluster-autoscaler's loop on the main dataset at 0.25 ms each way, in the full
         /// run's rounds: its ratios, the relay's memory and what each CA patch gives, in about
-        /// 40 minutes.
+        /// an hour.
         #[arg(long, conflicts_with = "smoke")]
         loop_goals: bool,
         /// Only our server, on one dataset of `<groups>x<nodes>` (e.g. 1000x10): read

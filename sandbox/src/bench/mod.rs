@@ -169,7 +169,7 @@ impl BenchOptions {
     /// full run's rounds (ours remote, co-located and through the relay, in-tree, and ours
     /// remote with each patched build of CA), with a short read load and no growth datasets,
     /// references or older release: the loop's ratios, the relay's memory and what each patch
-    /// gives in about 40 minutes on 2 cores instead of two and a half hours.
+    /// gives in about an hour on 2 cores instead of three.
     pub fn loop_goals() -> Self {
         let full = Self::full();
         Self {
