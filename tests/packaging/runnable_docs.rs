@@ -423,19 +423,10 @@ async fn the_runnable_blocks_of_the_readme_and_docs_run_against_the_sandbox() {
     let hook_output = std::sync::Mutex::new(String::new());
     let mut stand_in = async || {
         for job in jobs.list(&hooks).await.unwrap() {
-            let uid = job.uid().unwrap();
-            let finished = job
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c.type_ == "Complete" || c.type_ == "Failed")
-                });
-            if finished || ran_jobs.contains(&uid) || job.metadata.deletion_timestamp.is_some() {
+            if !uninstall::hook_is_due(&job, &ran_jobs) {
                 continue;
             }
-            ran_jobs.push(uid);
+            ran_jobs.push(job.uid().unwrap());
             let (output, attempts) = uninstall::run_job(&client, &job, &logs).await;
             let report = format!("hook Job {} ({attempts} runs):\n{output}", job.name_any());
             hook_output.lock().unwrap().push_str(&report);

@@ -144,6 +144,24 @@ async fn ours_left(workers: &TestNs) -> Vec<String> {
     left
 }
 
+/// Whether the stand-in runs hook Job `job` now: not finished, not run already (`ran` holds
+/// the uids run) and not being deleted. A Job of an earlier attempt, kept failed until helm
+/// replaces it, is not run.
+pub(crate) fn hook_is_due(job: &Job, ran: &[String]) -> bool {
+    let finished = job
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == "Complete" || c.type_ == "Failed")
+        });
+    let uid = job.metadata.uid.as_ref();
+    !finished
+        && uid.is_some_and(|uid| !ran.contains(uid))
+        && job.metadata.deletion_timestamp.is_none()
+}
+
 /// Stands in for the Job controller and the kubelet on hook Job `job`: runs its pod
 /// template's container until it succeeds or `backoffLimit` retries have failed (one after
 /// the other; the Job controller waits 10 s, 20 s, 40 s between them), then writes the
@@ -231,20 +249,10 @@ async fn helm_uninstall(client: &Client, namespace: &str, log_dir: &Path) -> Uni
     ];
     let (succeeded, helm_output) = helm::helm_standing_in(&args, async || {
         for job in jobs.list(&selector).await.unwrap() {
-            let uid = job.uid().unwrap();
-            let finished = job
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c.type_ == "Complete" || c.type_ == "Failed")
-                });
-            // A Job of an earlier attempt, kept failed until helm replaces it, is not run.
-            if finished || ran.contains(&uid) || job.metadata.deletion_timestamp.is_some() {
+            if !hook_is_due(&job, &ran) {
                 continue;
             }
-            ran.push(uid);
+            ran.push(job.uid().unwrap());
             let (output, n) = run_job(client, &job, log_dir).await;
             hook_output.push_str(&output);
             attempts += n;
