@@ -23,17 +23,6 @@ fn pages() -> Vec<PathBuf> {
     pages
 }
 
-/// GitHub's anchor for a heading: lower case, punctuation but `-` and `_` dropped, spaces as `-`.
-fn anchor(heading: &str) -> String {
-    heading
-        .trim()
-        .to_lowercase()
-        .chars()
-        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
-        .map(|c| if c == ' ' { '-' } else { c })
-        .collect()
-}
-
 /// The anchors of the headings of `text`, outside code blocks.
 fn anchors(text: &str) -> BTreeSet<String> {
     let mut fenced = false;
@@ -42,7 +31,9 @@ fn anchors(text: &str) -> BTreeSet<String> {
         if line.starts_with("```") {
             fenced = !fenced;
         } else if !fenced && line.starts_with('#') {
-            out.insert(anchor(line.trim_start_matches('#')));
+            out.insert(ngo_testbed::markdown::github_anchor(
+                line.trim_start_matches('#'),
+            ));
         }
     }
     out
@@ -106,9 +97,14 @@ fn every_relative_link_of_the_readme_and_docs_resolves() {
 
 #[test]
 fn anchors_follow_githubs_rules() {
-    assert_eq!(anchor(" Tolerated values"), "tolerated-values");
     assert_eq!(
-        anchor(" Behaviour compared with the in-tree `clusterapi` provider"),
+        ngo_testbed::markdown::github_anchor(" Tolerated values"),
+        "tolerated-values"
+    );
+    assert_eq!(
+        ngo_testbed::markdown::github_anchor(
+            " Behaviour compared with the in-tree `clusterapi` provider"
+        ),
         "behaviour-compared-with-the-in-tree-clusterapi-provider"
     );
     assert_eq!(
@@ -257,7 +253,7 @@ fn every_section_the_chart_names_exists() {
             let page_text = std::fs::read_to_string(repo().join(format!("{page}.md")))
                 .unwrap_or_else(|e| panic!("{file} names {page}.md: {e}"));
             assert!(
-                anchors(&page_text).contains(&anchor(heading)),
+                anchors(&page_text).contains(&ngo_testbed::markdown::github_anchor(heading)),
                 "{file} names section {heading:?} of {page}.md, which has no such heading"
             );
             named += 1;

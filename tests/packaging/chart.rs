@@ -1656,18 +1656,6 @@ fn the_dashboard_queries_name_only_metrics_the_operator_exports() {
     }
 }
 
-/// GitHub's anchor for a heading (as sandbox/tests/docs.rs): lower case, punctuation but `-`
-/// and `_` dropped, spaces as `-`.
-fn github_anchor(heading: &str) -> String {
-    heading
-        .trim()
-        .to_lowercase()
-        .chars()
-        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
-        .map(|c| if c == ' ' { '-' } else { c })
-        .collect()
-}
-
 /// The `###` headings of the `## <section>` of a Markdown page, outside code blocks.
 fn subsections(text: &str, section: &str) -> Vec<String> {
     let mut fenced = false;
@@ -1810,10 +1798,16 @@ fn alerts_select_the_releases_series_and_link_their_runbooks() {
         let url = rule["annotations"]["runbook_url"]
             .as_str()
             .unwrap_or_default();
-        assert_eq!(url, format!("{base}#{}", github_anchor(alert)), "{alert}");
+        assert_eq!(
+            url,
+            format!("{base}#{}", ngo_testbed::markdown::github_anchor(alert)),
+            "{alert}"
+        );
         let anchor = url.split_once('#').unwrap().1;
         assert!(
-            runbooks.iter().any(|h| github_anchor(h) == anchor),
+            runbooks
+                .iter()
+                .any(|h| ngo_testbed::markdown::github_anchor(h) == anchor),
             "{alert}: no heading with anchor #{anchor} under 'Alert runbooks' in docs/operations.md: {runbooks:?}"
         );
         alerts.push(alert.to_string());

@@ -59,18 +59,6 @@ struct Block {
     script: String,
 }
 
-/// GitHub's anchor for a heading: lower case, punctuation but `-` and `_` dropped, spaces as `-`
-/// (as sandbox/tests/docs.rs resolves links).
-fn anchor(heading: &str) -> String {
-    heading
-        .trim()
-        .to_lowercase()
-        .chars()
-        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
-        .map(|c| if c == ' ' { '-' } else { c })
-        .collect()
-}
-
 /// The marked blocks of `text`, or the line and the fault of a marker that marks no shell block
 /// (so that a misplaced marker is not silently a block that never runs).
 fn blocks(text: &str) -> Result<Vec<Block>, (usize, String)> {
@@ -143,7 +131,7 @@ fn blocks(text: &str) -> Result<Vec<Block>, (usize, String)> {
             ));
         }
         if line.starts_with('#') {
-            section = anchor(line.trim_start_matches('#'));
+            section = ngo_testbed::markdown::github_anchor(line.trim_start_matches('#'));
         }
     }
     match marked {

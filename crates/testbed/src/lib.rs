@@ -27,6 +27,7 @@ pub mod infra_provider;
 pub mod json_shape;
 pub mod kwok;
 pub mod localpod;
+pub mod markdown;
 pub mod node_apiserver;
 pub mod pki;
 pub mod process;
