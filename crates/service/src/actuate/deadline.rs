@@ -9,6 +9,8 @@
 //!   mark behind. Its Machine marks carry the end of that period, after which the sweeper may
 //!   roll them back.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -33,13 +35,16 @@ pub fn answer_margin(wait: Duration) -> Duration {
     (wait / 5).min(ANSWER_MARGIN)
 }
 
-/// Bounds of one mutation.
-#[derive(Clone, Copy, Debug)]
+/// Bounds of one mutation. Clones share what the mutation has seen of its writes.
+#[derive(Clone, Debug)]
 pub struct MutationDeadline {
     answer_until: Instant,
     start_until: Instant,
     finish_until: Instant,
     finish_unix: i64,
+    /// The longest write of this mutation so far, in microseconds (see
+    /// [`MutationDeadline::wrote`]).
+    slowest_write_micros: Arc<AtomicU64>,
 }
 
 impl MutationDeadline {
@@ -55,6 +60,7 @@ impl MutationDeadline {
             start_until: now + wait,
             finish_until: now + finish,
             finish_unix: jiff::Timestamp::now().as_second() + finish.as_secs() as i64 + 1,
+            slowest_write_micros: Arc::default(),
         }
     }
 
@@ -71,11 +77,25 @@ impl MutationDeadline {
     }
 
     /// [`MutationDeadline::may_answer`] for a write expected to take `round_trip` (as long
-    /// as the read just before it took): its outcome, not only its start, must come before
-    /// the answer's margin. On a slow API server a write sent in time but answered after the
-    /// client's deadline would remove a node its client was told had failed.
+    /// as the read just before it took), or as long as this mutation's slowest write so far
+    /// if that took longer (a write waits for etcd to persist it, a read does not): its
+    /// outcome, not only its start, must come before the answer's margin. On a slow or
+    /// loaded API server a write sent in time but answered after the client's deadline
+    /// would remove a node its client was told had failed.
     pub fn may_answer_within(&self, round_trip: Duration) -> bool {
-        Instant::now() + round_trip < self.answer_until
+        Instant::now() + round_trip.max(self.slowest_write()) < self.answer_until
+    }
+
+    /// Records that one of this mutation's writes took `took`.
+    pub fn wrote(&self, took: Duration) {
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.slowest_write_micros
+            .fetch_max(micros, Ordering::Relaxed);
+    }
+
+    /// The longest write of this mutation so far.
+    fn slowest_write(&self) -> Duration {
+        Duration::from_micros(self.slowest_write_micros.load(Ordering::Relaxed))
     }
 
     /// True while a begun change may still be written or rolled back.
@@ -154,6 +174,17 @@ mod tests {
         assert!(
             !d.may_answer_within(Duration::from_millis(850)),
             "a write taking 850 ms ends after the 800 ms the client leaves for writes"
+        );
+    }
+
+    #[test]
+    fn a_write_is_expected_to_take_as_long_as_the_slowest_write_before_it() {
+        let d = MutationDeadline::new(Some(Duration::from_secs(1)));
+        assert!(d.may_answer_within(Duration::from_millis(10)));
+        d.clone().wrote(Duration::from_millis(850));
+        assert!(
+            !d.may_answer_within(Duration::from_millis(10)),
+            "a fast read does not make the next write fast after a write took 850 ms"
         );
     }
 

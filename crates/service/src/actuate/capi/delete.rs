@@ -48,6 +48,9 @@ pub struct Deleted {
     /// Machines answered OK without knowing whether they go, with the reason (see
     /// `Removed::InDoubt`).
     pub in_doubt: Vec<String>,
+    /// Names of the group's Machines this request lowered replicas for, which still carry
+    /// our scale-down finalizer ([`CapiActuator::release_finalizers`] takes it off).
+    pub lowered_machines: Vec<String>,
 }
 
 /// How often a request waiting for another live request's mark looks again.
@@ -228,6 +231,7 @@ impl CapiActuator {
                     Removed::Lowered(to) => {
                         deleted.removed += 1;
                         deleted.target = Some(to);
+                        deleted.lowered_machines.push(name.clone());
                     }
                     Removed::AlreadyApplied | Removed::Deleting => {}
                     Removed::InDoubt(why) => {

@@ -128,10 +128,14 @@ impl CapiActuator {
                 });
             }
             let body = self.machine_patch_body(&machine, &patch);
-            match api
+            let write = std::time::Instant::now();
+            let written = api
                 .patch(name, &PatchParams::default(), &Patch::Merge(&body))
-                .await
-            {
+                .await;
+            if let Some(deadline) = deadline {
+                deadline.wrote(write.elapsed());
+            }
+            match written {
                 Ok(_) => return Ok(then),
                 // A conflict means "decide again on the newer object", never "give up".
                 Err(kube::Error::Api(status)) if status.code == 409 => {

@@ -171,10 +171,14 @@ impl CapiActuator {
             if replicas != current {
                 patch["spec"] = json!({ "replicas": replicas });
             }
-            match api
+            let write = std::time::Instant::now();
+            let written = api
                 .patch(&group.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
+                .await;
+            if let Some(deadline) = deadline {
+                deadline.wrote(write.elapsed());
+            }
+            match written {
                 Ok(_) => return Ok(then),
                 Err(kube::Error::Api(status)) if status.code == 409 => {
                     attempt += 1;

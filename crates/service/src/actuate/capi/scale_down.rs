@@ -84,7 +84,8 @@ pub enum Released {
 
 impl CapiActuator {
     /// One attempt at removing Machine `namespace/name` of `group` for `request`: claim,
-    /// mark, decrement, then our finalizer off. A failure after the claim releases it (see
+    /// mark, decrement (our finalizer comes off after the answer: [`Self::release_finalizers`]).
+    /// A failure after the claim releases it (see
     /// [`Self::release`]); when the release finds the decrement applied (its reply was lost),
     /// the removal succeeded.
     pub(super) async fn remove_machine(
@@ -256,10 +257,10 @@ impl CapiActuator {
             .await;
         fault::point("delete-nodes:after-decrement").await;
         match decremented {
-            Ok(Ok(removed)) => {
-                self.unfinalize(&group.namespace, name).await;
-                Attempt::Finished(Ok(removed))
-            }
+            // Our finalizer comes off after the answer is sent (see
+            // [`Self::release_finalizers`]): the answer waits for no write that does not
+            // decide it.
+            Ok(Ok(removed)) => Attempt::Finished(Ok(removed)),
             Ok(Err(refused)) | Err(refused) => Attempt::Finished(
                 self.fail(&target, group.min, name, &mark, refused, true)
                     .await,
@@ -552,9 +553,21 @@ impl CapiActuator {
         }))
     }
 
+    /// Takes our scale-down finalizer off Machines of `namespace` that a DeleteNodes lowered
+    /// replicas for (`Deleted::lowered_machines`). Run once the answer is on its way: two
+    /// more round trips to the API server per Machine before answering could carry an OK past
+    /// the client's deadline, which cluster-autoscaler takes for an error while the Machine
+    /// goes. A Machine left with the finalizer (the operator stopped first) is the sweeper's.
+    pub async fn release_finalizers(&self, namespace: &str, machines: &[String]) {
+        for name in machines {
+            self.unfinalize(namespace, name).await;
+        }
+    }
+
     /// Removes our finalizer from a Machine whose decrement is applied. A failure is left to
     /// the sweeper: the finalizer only delays the Machine's disappearance.
     pub(super) async fn unfinalize(&self, namespace: &str, name: &str) {
+        fault::point("scale-down:before-unfinalize").await;
         let result = self
             .update_machine(namespace, name, None, |machine| {
                 Ok(if protocol::unfinalize(machine) {

@@ -14,6 +14,7 @@ use ngo_index::capi::keys::GPU_LABEL;
 use ngo_index::index::NodeGroupLookup;
 use ngo_index::template;
 use prost::Message as _;
+use tracing::Instrument as _;
 
 #[tonic::async_trait]
 impl CloudProvider for CloudProviderService {
@@ -249,12 +250,10 @@ impl CloudProvider for CloudProviderService {
                 let id = group.id.clone();
                 let target = match &self.writes {
                     Writes::Local(actuator) => {
-                        let actuator = actuator.clone();
+                        let (actuator, bounds) = (actuator.clone(), deadline.clone());
                         Some(
                             self.detached(async move {
-                                actuator
-                                    .increase_size(&group, request.delta, &deadline)
-                                    .await
+                                actuator.increase_size(&group, request.delta, &bounds).await
                             })
                             .await?,
                         )
@@ -328,15 +327,23 @@ impl CloudProvider for CloudProviderService {
                     )));
                 }
                 let id = group.id.clone();
+                let mutations = self.mutations.clone();
+                let bounds = deadline.clone();
                 let deleted = self
                     .detached(async move {
                         let request = actuator.request_id();
                         let deleted = actuator
-                            .delete_nodes(&snapshot, &group, &nodes, &request, &deadline)
+                            .delete_nodes(&snapshot, &group, &nodes, &request, &bounds)
                             .await?;
+                        let (finalizers, namespace) = (actuator.clone(), group.namespace.clone());
+                        let lowered = deleted.lowered_machines.clone();
+                        mutations.spawn(
+                            async move { finalizers.release_finalizers(&namespace, &lowered).await }
+                                .in_current_span(),
+                        );
                         // A NodePool's cloud removes the instances: report what it refused.
                         actuator
-                            .await_pool_removals(&group, &deleted.pool_removals, &deadline)
+                            .await_pool_removals(&group, &deleted.pool_removals, &bounds)
                             .await?;
                         Ok(deleted)
                     })
@@ -364,16 +371,11 @@ impl CloudProvider for CloudProviderService {
                 let id = group.id.clone();
                 let target = match &self.writes {
                     Writes::Local(actuator) => {
-                        let actuator = actuator.clone();
+                        let (actuator, bounds) = (actuator.clone(), deadline.clone());
                         Some(
                             self.detached(async move {
                                 actuator
-                                    .decrease_target_size(
-                                        &snapshot,
-                                        &group,
-                                        request.delta,
-                                        &deadline,
-                                    )
+                                    .decrease_target_size(&snapshot, &group, request.delta, &bounds)
                                     .await
                             })
                             .await?,
