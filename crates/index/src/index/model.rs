@@ -364,37 +364,56 @@ impl ProviderIdOwner {
 /// Who owns one provider ID in each Cluster whose objects carry it. A provider ID is resolved
 /// only among the objects of one Cluster, so a tenant's object naming another cluster's
 /// provider ID cannot take over or hide that cluster's node.
+///
+/// A slice sorted by Cluster, one entry per Cluster: nearly every provider ID has one owner,
+/// and one per machine is held by every snapshot (a one-entry `BTreeMap` allocates a node
+/// for eleven).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(
     from = "Vec<(ClusterKey, ProviderIdOwner)>",
     into = "Vec<(ClusterKey, ProviderIdOwner)>"
 )]
-pub struct ProviderIdOwners(pub(crate) BTreeMap<ClusterKey, ProviderIdOwner>);
+pub struct ProviderIdOwners(Box<[(ClusterKey, ProviderIdOwner)]>);
+
+impl FromIterator<(ClusterKey, ProviderIdOwner)> for ProviderIdOwners {
+    /// Sorted by Cluster; of two entries for one Cluster, the later one is kept.
+    fn from_iter<I: IntoIterator<Item = (ClusterKey, ProviderIdOwner)>>(owners: I) -> Self {
+        let unique: BTreeMap<ClusterKey, ProviderIdOwner> = owners.into_iter().collect();
+        Self(unique.into_iter().collect())
+    }
+}
 
 impl From<Vec<(ClusterKey, ProviderIdOwner)>> for ProviderIdOwners {
     fn from(owners: Vec<(ClusterKey, ProviderIdOwner)>) -> Self {
-        Self(owners.into_iter().collect())
+        owners.into_iter().collect()
     }
 }
 
 impl From<ProviderIdOwners> for Vec<(ClusterKey, ProviderIdOwner)> {
     fn from(owners: ProviderIdOwners) -> Self {
-        owners.0.into_iter().collect()
+        owners.0.into_vec()
     }
 }
 
 impl ProviderIdOwners {
+    /// No Cluster's objects carry the provider ID.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The entry of `cluster`.
+    fn entry(&self, cluster: &ClusterKey) -> Option<&(ClusterKey, ProviderIdOwner)> {
+        self.0
+            .binary_search_by(|(c, _)| c.cmp(cluster))
+            .ok()
+            .map(|at| &self.0[at])
+    }
+
     /// The owners within `scope` (`None`: all of them).
     pub(crate) fn restricted(&self, scope: Option<&ClusterKey>) -> Self {
         match scope {
             None => self.clone(),
-            Some(cluster) => Self(
-                self.0
-                    .get_key_value(cluster)
-                    .map(|(c, o)| (c.clone(), o.clone()))
-                    .into_iter()
-                    .collect(),
-            ),
+            Some(cluster) => Self(self.entry(cluster).cloned().into_iter().collect()),
         }
     }
 
@@ -403,12 +422,12 @@ impl ProviderIdOwners {
     /// Borrowed where one owner answers, so a lookup copies nothing.
     fn within(&self, cluster: Option<&ClusterKey>) -> Option<Cow<'_, ProviderIdOwner>> {
         match cluster {
-            Some(cluster) => self.0.get(cluster).map(Cow::Borrowed),
-            None => match self.0.len() {
-                0 => None,
-                1 => self.0.values().next().map(Cow::Borrowed),
-                _ => Some(Cow::Owned(ProviderIdOwner::Ambiguous(
-                    self.0.values().map(ProviderIdOwner::claimants).sum(),
+            Some(cluster) => self.entry(cluster).map(|(_, o)| Cow::Borrowed(o)),
+            None => match &*self.0 {
+                [] => None,
+                [(_, only)] => Some(Cow::Borrowed(only)),
+                all => Some(Cow::Owned(ProviderIdOwner::Ambiguous(
+                    all.iter().map(|(_, o)| o.claimants()).sum(),
                 ))),
             },
         }

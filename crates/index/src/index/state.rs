@@ -950,7 +950,7 @@ impl IndexState {
         for (cluster, key) in annotated {
             owners.insert(cluster, ProviderIdOwner::Machine(key.clone()));
         }
-        (!owners.is_empty()).then_some(ProviderIdOwners(owners))
+        (!owners.is_empty()).then(|| owners.into_iter().collect::<ProviderIdOwners>())
     }
 
     /// Other machines of `m`'s cluster with `m`'s provider ID (a collision NodeGroupForNode

@@ -131,7 +131,7 @@ impl ClusterView {
             .iter()
             .filter_map(|(id, owners)| {
                 let kept = owners.restricted(scope);
-                (!kept.0.is_empty()).then(|| (id.clone(), kept))
+                (!kept.is_empty()).then(|| (id.clone(), kept))
             })
             .collect();
         Self {
