@@ -255,12 +255,14 @@ impl CapiActuator {
                 },
             )
             .await;
-        fault::point("delete-nodes:after-decrement").await;
         match decremented {
             // Our finalizer comes off after the answer is sent (see
             // [`Self::release_finalizers`]): the answer waits for no write that does not
             // decide it.
-            Ok(Ok(removed)) => Attempt::Finished(Ok(removed)),
+            Ok(Ok(removed)) => {
+                fault::point("delete-nodes:after-decrement").await;
+                Attempt::Finished(Ok(removed))
+            }
             Ok(Err(refused)) | Err(refused) => Attempt::Finished(
                 self.fail(&target, group.min, name, &mark, refused, true)
                     .await,
