@@ -45,6 +45,11 @@ struct Uninstall {
 /// the hook acts there only (`--namespace`), whatever the other tests of this binary left in
 /// theirs.
 async fn install(client: &Client, release_namespace: &str) -> TestNs {
+    install_with(client, release_namespace, &[]).await
+}
+
+/// [`install`] with more `values` (helm's `--set` arguments).
+async fn install_with(client: &Client, release_namespace: &str, values: &[&str]) -> TestNs {
     Api::<Namespace>::all(client.clone())
         .create(
             &PostParams::default(),
@@ -63,7 +68,10 @@ async fn install(client: &Client, release_namespace: &str) -> TestNs {
                 "--set-json=autoDiscovery=[\"clusterapi:namespace={}\"]",
                 workers.name
             ),
-        ],
+        ]
+        .into_iter()
+        .chain(values.iter().map(|v| v.to_string()))
+        .collect::<Vec<_>>(),
     );
     workers
 }
@@ -109,6 +117,38 @@ fn mark(deadline: i64, released: bool) -> ScaleDownMark {
 
 fn node_pools(workers: &TestNs) -> Api<DynamicObject> {
     workers.api(&ApiResource::erase::<ngo_api::NodePool>(&()))
+}
+
+/// NodePool `np` of `workers`, with our finalizer and server `cherryservers://42` (`np-0`) in
+/// its status, as the operator leaves a pool with one server; returns the NodePools' API.
+async fn node_pool_with_a_server(workers: &TestNs) -> Api<DynamicObject> {
+    let pools = node_pools(workers);
+    pools
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodePool",
+                "metadata": {"name": "np", "finalizers": [POOL_FINALIZER]},
+                "spec": {"replicas": 1, "minSize": 0, "maxSize": 2, "clusterName": "c1",
+                    "cherryServers": {"credentialsSecretRef": {"name": "cherry", "key": "token"},
+                        "projectId": 1, "region": "eu_nord_1", "plan": "B1-1-1gb-20s-shared",
+                        "image": "ubuntu_22_04", "userData": "#cloud-config"}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    pools
+        .patch_status(
+            "np",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"instances": [
+                {"id": "42", "providerID": "cherryservers://42", "hostname": "np-0"}
+            ]}})),
+        )
+        .await
+        .unwrap();
+    pools
 }
 
 /// Every object of `workers` that still carries one of our finalizers or scale-down
@@ -386,32 +426,7 @@ async fn helm_uninstall_stops_with_the_operator_installed_while_a_scale_down_may
     let deadline = now() + 600;
     deleting_machine(&workers, "m-scaling", &mark(deadline, false)).await;
     // A NodePool with a server in the cloud.
-    let pools = node_pools(&workers);
-    pools
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodePool",
-                "metadata": {"name": "np", "finalizers": [POOL_FINALIZER]},
-                "spec": {"replicas": 1, "minSize": 0, "maxSize": 2, "clusterName": "c1",
-                    "cherryServers": {"credentialsSecretRef": {"name": "cherry", "key": "token"},
-                        "projectId": 1, "region": "eu_nord_1", "plan": "B1-1-1gb-20s-shared",
-                        "image": "ubuntu_22_04", "userData": "#cloud-config"}}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    pools
-        .patch_status(
-            "np",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"instances": [
-                {"id": "42", "providerID": "cherryservers://42", "hostname": "np-0"}
-            ]}})),
-        )
-        .await
-        .unwrap();
+    let pools = node_pool_with_a_server(&workers).await;
     let before = ours_left(&workers).await;
 
     // --- The hook fails after its retries; helm stops before deleting anything.
@@ -506,4 +521,52 @@ async fn helm_uninstall_stops_with_the_operator_installed_while_a_scale_down_may
     );
     assert_eq!(ours_left(&workers).await, Vec::<String>::new());
     assert_eq!(operator_installed(&client, "ngo-held").await, [false; 3]);
+}
+
+/// With `uninstall.orphanCloudServers=true` the hook releases a NodePool too: its finalizer
+/// goes, its servers are listed as left in the cloud, and `helm uninstall` goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_uninstall_with_orphan_cloud_servers_releases_a_node_pool_and_lists_its_servers() {
+    let _serial = SERIAL.lock().await;
+    let client = testbed::controlplane::client_for(&helm::plane().kubeconfig)
+        .await
+        .unwrap();
+    let logs = tempfile::Builder::new()
+        .prefix("ngo-uninstall-orphan-")
+        .tempdir()
+        .unwrap();
+    let workers = install_with(
+        &client,
+        "ngo-orphan",
+        &["--set=uninstall.orphanCloudServers=true"],
+    )
+    .await;
+    let ns = workers.name.clone();
+    let pools = node_pool_with_a_server(&workers).await;
+
+    let uninstall = helm_uninstall(&client, "ngo-orphan", logs.path()).await;
+    assert!(
+        uninstall.succeeded,
+        "helm uninstall:\n{}\nhook:\n{}",
+        uninstall.helm_output, uninstall.hook_output
+    );
+    assert_eq!(uninstall.attempts, 1, "{}", uninstall.hook_output);
+    for line in [
+        format!("released NodePool {ns}/np"),
+        "left in the cloud: cherryservers://42".to_string(),
+        "1 released, 0 kept, 0 held".to_string(),
+    ] {
+        assert!(
+            uninstall.hook_output.contains(&line),
+            "{line}\nin the hook's output:\n{}",
+            uninstall.hook_output
+        );
+    }
+    let pool = pools.get("np").await.expect("the NodePool stays");
+    assert!(
+        pool.metadata.finalizers.unwrap_or_default().is_empty(),
+        "its finalizer is released"
+    );
+    assert_eq!(ours_left(&workers).await, Vec::<String>::new());
+    assert_eq!(operator_installed(&client, "ngo-orphan").await, [false; 3]);
 }
