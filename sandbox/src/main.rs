@@ -106,9 +106,10 @@ enum Command {
         #[arg(long, conflicts_with = "smoke")]
         loop_goals: bool,
         /// Only our server, on one dataset of `<groups>x<nodes>` (e.g. 1000x10): read
-        /// metrics, memory, propagation and the single-Machine change, no peers and no
-        /// cluster-autoscaler; prints the raw figures (for work on the operator).
-        #[arg(long, value_name = "GROUPSxNODES", conflicts_with = "smoke")]
+        /// metrics, memory, propagation and the single-Machine change, then the same reads
+        /// through a relay; no peers and no cluster-autoscaler; prints the raw figures (for
+        /// work on the operator). With --smoke, the smoke run's short load.
+        #[arg(long, value_name = "GROUPSxNODES")]
         ours_only: Option<String>,
     },
     /// Measure the management topology at scale: the operator's memory, CPU and Node change
@@ -224,6 +225,7 @@ fn main() -> anyhow::Result<()> {
             runtime.block_on(chaos(sandbox, &options, min_scale_downs))
         }
         Command::Bench {
+            smoke,
             out,
             ours_only: Some(shape),
             ..
@@ -231,7 +233,12 @@ fn main() -> anyhow::Result<()> {
             let out = out.unwrap_or_else(|| {
                 ngo_testbed::workspace_root().join("target/bench/ours-only.json")
             });
-            bench_ours(&runtime, &shape, &out, started)
+            let options = if smoke {
+                ngo_sandbox::bench::BenchOptions::smoke()
+            } else {
+                ngo_sandbox::bench::BenchOptions::full()
+            };
+            bench_ours(&runtime, &shape, &options, &out, started)
         }
         Command::Bench {
             smoke,
@@ -494,10 +501,11 @@ fn bench(
 fn bench_ours(
     runtime: &tokio::runtime::Runtime,
     shape: &str,
+    options: &ngo_sandbox::bench::BenchOptions,
     out: &std::path::Path,
     started: Instant,
 ) -> anyhow::Result<()> {
-    use ngo_sandbox::bench::{self, BenchOptions, dataset::DatasetSpec, report::MachineInfo};
+    use ngo_sandbox::bench::{self, dataset::DatasetSpec, report::MachineInfo};
     let (groups, nodes) = shape
         .split_once('x')
         .and_then(|(g, n)| Some((g.parse().ok()?, n.parse().ok()?)))
@@ -512,7 +520,7 @@ fn bench_ours(
     let run = bench::run_ours(
         runtime,
         DatasetSpec::single(groups, nodes),
-        &BenchOptions::full(),
+        options,
         &|line| say(started, line),
     )?;
     let figures = serde_json::to_string_pretty(&run)?;

@@ -210,3 +210,39 @@ fn bench_smoke_writes_every_metric_with_ratios_and_goals() {
         );
     }
 }
+
+/// `--ours-only` on a tiny dataset with the smoke load: our server's figures, then the same
+/// reads through a relay it feeds, with the relay's memory.
+#[test]
+fn ours_only_measures_our_server_and_the_reads_through_a_relay() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("ours-only.json");
+    let run = Command::new(env!("CARGO_BIN_EXE_ngo-sandbox"))
+        .args(["bench", "--smoke", "--ours-only", "3x2", "--out"])
+        .arg(&out)
+        .stdin(Stdio::null())
+        .output()
+        .expect("ngo-sandbox bench runs");
+    assert!(
+        run.status.success(),
+        "bench --ours-only failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let results: Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("results written"))
+            .expect("results are JSON");
+    for server in ["ours", "relay"] {
+        let figures = &results[server];
+        assert_eq!(figures["groups_seen"], 3, "{server}: {figures}");
+        assert!(
+            figures["node_group_for_node"]["ok"].as_u64() > Some(0)
+                && figures["node_group_for_node"]["errors"] == 0,
+            "{server}: {figures}"
+        );
+        assert!(
+            figures["rss_after_mib"].as_f64() > Some(1.0),
+            "{server}: {figures}"
+        );
+    }
+    assert_eq!(results["relay"]["name"], "relay");
+}

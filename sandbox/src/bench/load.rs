@@ -49,6 +49,27 @@ pub async fn connect(
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
 }
 
+/// Opens one HTTP/2 connection in plaintext to the Unix socket `path` (the co-located mode's,
+/// or a relay's), as cluster-autoscaler's `unix://` address does.
+pub async fn connect_unix(path: &Path) -> anyhow::Result<Client> {
+    let socket = path.to_path_buf();
+    // The URI is not dialled: every connection goes to the socket.
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let socket = socket.clone();
+            async move {
+                tokio::net::UnixStream::connect(socket)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+        .with_context(|| format!("connecting to {}", path.display()))?;
+    Ok(CloudProviderClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
 /// One RPC of a load: called with a client and a random number (to pick a node or group),
 /// resolves to the RPC's outcome.
 pub type Call = Arc<

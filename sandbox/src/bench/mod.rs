@@ -298,6 +298,9 @@ pub struct DatasetRun {
     pub index: Option<IndexRun>,
     /// cluster-autoscaler's main loop per setup (main dataset).
     pub ca: Option<CaRuns>,
+    /// `--ours-only`: the same read load through a relay fed by our server (its Unix
+    /// socket, in plaintext), with the relay's own memory.
+    pub relay: Option<ServerFigures>,
 }
 
 /// The single-Machine change series and what the operator's own metrics said meanwhile
@@ -531,6 +534,12 @@ async fn single_cluster(
     };
     drop(ours_target);
     let label = spec.label();
+    let relay = if role == Role::OursOnly {
+        say(&format!("dataset {label}: the same load through a relay"));
+        Some(through_relay(plane, &pki, &operator, all.clone(), options).await?)
+    } else {
+        None
+    };
     let mut ca = match &plan {
         Some(plan) => {
             let hop = if role == Role::Main {
@@ -585,6 +594,7 @@ async fn single_cluster(
             propagation,
             index,
             ca: None,
+            relay,
         });
     }
 
@@ -646,6 +656,7 @@ async fn single_cluster(
         propagation,
         index,
         ca,
+        relay: None,
     })
 }
 
@@ -703,6 +714,38 @@ fn start_operator(
     options.name = "nodegroup-operator".into();
     OperatorProcess::start(&options, pki, &plane.log_dir)
         .with_context(|| format!("starting {}", options.binary.display()))
+}
+
+/// `options`' read load through a relay streaming `operator`'s view of the dataset's Cluster
+/// (`visible`: its groups), on `options.connections` connections to the relay's socket.
+async fn through_relay(
+    plane: &ControlPlane,
+    pki: &GrpcPki,
+    operator: &OperatorProcess,
+    visible: std::sync::Arc<Vec<dataset::GroupData>>,
+    options: &BenchOptions,
+) -> anyhow::Result<ServerFigures> {
+    let mut process = relay::RelayProcess::start(
+        plane.dir(),
+        &plane.log_dir,
+        pki,
+        operator.grpc_address,
+        "relay-ours-only",
+    )?;
+    let mut clients = Vec::with_capacity(options.connections);
+    for _ in 0..options.connections {
+        clients.push(load::connect_unix(&process.socket).await?);
+    }
+    let target = Target {
+        name: "relay".into(),
+        pid: process.pid(),
+        clients,
+        visible: vec![visible; options.connections],
+    };
+    let figures = server::measure(&target, &options.load, false).await;
+    drop(target);
+    process.stop(Duration::from_secs(5));
+    figures
 }
 
 async fn connect_all(

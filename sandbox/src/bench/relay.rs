@@ -90,6 +90,11 @@ impl RelayProcess {
         })
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
     /// Its resident memory now (`VmRSS`), MiB.
     pub fn rss_mib(&self) -> anyhow::Result<f64> {
         super::server::rss_mib(self.process.id())
