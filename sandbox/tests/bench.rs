@@ -24,25 +24,36 @@ const METRICS: &[&str] = &[
     "index_single_change_p50_ms",
 ];
 
-#[test]
-fn bench_smoke_writes_every_metric_with_ratios_and_goals() {
+/// Runs `ngo-sandbox bench` with `args`, which must succeed; returns the results it wrote
+/// and what it printed.
+fn bench(args: &[&str]) -> (Value, String) {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("results.json");
     let run = Command::new(env!("CARGO_BIN_EXE_ngo-sandbox"))
-        .args(["bench", "--smoke", "--out"])
+        .arg("bench")
+        .args(args)
+        .arg("--out")
         .arg(&out)
         .stdin(Stdio::null())
         .output()
         .expect("ngo-sandbox bench runs");
-    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
     eprintln!("{stdout}");
     assert!(
         run.status.success(),
-        "bench --smoke failed: {}",
+        "bench {args:?} failed: {}",
         String::from_utf8_lossy(&run.stderr)
     );
     let text = std::fs::read_to_string(&out).expect("results written");
-    let results: Value = serde_json::from_str(&text).expect("results are JSON");
+    (
+        serde_json::from_str(&text).expect("results are JSON"),
+        stdout,
+    )
+}
+
+#[test]
+fn bench_smoke_writes_every_metric_with_ratios_and_goals() {
+    let (results, stdout) = bench(&["--smoke"]);
 
     // cluster-autoscaler's loop with every peer: a median, or the lower bound of a loop that
     // did not end in the window.
@@ -215,22 +226,7 @@ fn bench_smoke_writes_every_metric_with_ratios_and_goals() {
 /// reads through a relay it feeds, with the relay's memory.
 #[test]
 fn ours_only_measures_our_server_and_the_reads_through_a_relay() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let out = dir.path().join("ours-only.json");
-    let run = Command::new(env!("CARGO_BIN_EXE_ngo-sandbox"))
-        .args(["bench", "--smoke", "--ours-only", "3x2", "--out"])
-        .arg(&out)
-        .stdin(Stdio::null())
-        .output()
-        .expect("ngo-sandbox bench runs");
-    assert!(
-        run.status.success(),
-        "bench --ours-only failed: {}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let results: Value =
-        serde_json::from_str(&std::fs::read_to_string(&out).expect("results written"))
-            .expect("results are JSON");
+    let (results, _) = bench(&["--smoke", "--ours-only", "3x2"]);
     for server in ["ours", "relay"] {
         let figures = &results[server];
         assert_eq!(figures["groups_seen"], 3, "{server}: {figures}");

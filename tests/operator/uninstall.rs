@@ -4,8 +4,7 @@
 use std::collections::BTreeMap;
 
 use kube::ResourceExt;
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::discovery::ApiResource;
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use nodegroup_operator::ngo_index::capi::scale_down::{
     FINALIZER, LEDGER_ANNOTATION, Ledger, MARK_ANNOTATION, ScaleDownMark,
 };
@@ -117,30 +116,7 @@ async fn release_finalizers_frees_what_outlives_the_operator_and_nothing_else() 
             .await
             .expect("ledger");
     }
-    let pools = ns.api(&ApiResource::erase::<nodegroup_operator::ngo_api::NodePool>(&()));
-    let pool: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodePool",
-        "metadata": {"name": "np", "finalizers": [POOL_FINALIZER]},
-        "spec": {"replicas": 1, "minSize": 0, "maxSize": 2, "clusterName": "c1",
-            "cherryServers": {"credentialsSecretRef": {"name": "cherry", "key": "token"},
-                "projectId": 1, "region": "eu_nord_1", "plan": "B1-1-1gb-20s-shared",
-                "image": "ubuntu_22_04", "userData": "#cloud-config"}}
-    }))
-    .unwrap();
-    pools
-        .create(&PostParams::default(), &pool)
-        .await
-        .expect("pool");
-    pools
-        .patch_status(
-            "np",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"instances": [
-                {"id": "42", "providerID": "cherryservers://42", "hostname": "np-0"}
-            ]}})),
-        )
-        .await
-        .expect("pool status");
+    let pools = ns.node_pool_with_a_server().await;
 
     let untouched = || async {
         vec![

@@ -14,7 +14,7 @@ use std::path::Path;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
 use kube::{Client, ResourceExt};
 use ngo_testbed as testbed;
@@ -38,6 +38,19 @@ struct Uninstall {
     helm_output: String,
     hook_output: String,
     attempts: usize,
+}
+
+impl Uninstall {
+    /// Fails unless the hook printed each of `lines`.
+    fn assert_hook_printed(&self, lines: &[String]) {
+        for line in lines {
+            assert!(
+                self.hook_output.contains(line),
+                "{line}\nin the hook's output:\n{}",
+                self.hook_output
+            );
+        }
+    }
 }
 
 /// Installs the chart as `RELEASE` into namespace `release_namespace` (created here), with
@@ -113,42 +126,6 @@ fn mark(deadline: i64, released: bool) -> ScaleDownMark {
         preexisting: false,
         released,
     }
-}
-
-fn node_pools(workers: &TestNs) -> Api<DynamicObject> {
-    workers.api(&ApiResource::erase::<ngo_api::NodePool>(&()))
-}
-
-/// NodePool `np` of `workers`, with our finalizer and server `cherryservers://42` (`np-0`) in
-/// its status, as the operator leaves a pool with one server; returns the NodePools' API.
-async fn node_pool_with_a_server(workers: &TestNs) -> Api<DynamicObject> {
-    let pools = node_pools(workers);
-    pools
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodePool",
-                "metadata": {"name": "np", "finalizers": [POOL_FINALIZER]},
-                "spec": {"replicas": 1, "minSize": 0, "maxSize": 2, "clusterName": "c1",
-                    "cherryServers": {"credentialsSecretRef": {"name": "cherry", "key": "token"},
-                        "projectId": 1, "region": "eu_nord_1", "plan": "B1-1-1gb-20s-shared",
-                        "image": "ubuntu_22_04", "userData": "#cloud-config"}}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    pools
-        .patch_status(
-            "np",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"instances": [
-                {"id": "42", "providerID": "cherryservers://42", "hostname": "np-0"}
-            ]}})),
-        )
-        .await
-        .unwrap();
-    pools
 }
 
 /// Every object of `workers` that still carries one of our finalizers or scale-down
@@ -366,19 +343,13 @@ async fn helm_uninstall_runs_the_hook_which_lets_a_machine_deleted_for_a_scale_d
     );
     assert_eq!(uninstall.attempts, 1, "{}", uninstall.hook_output);
     let ns = &workers.name;
-    for line in [
+    uninstall.assert_hook_printed(&[
         format!(
             "released Machine {ns}/m-deleted: finalizer {FINALIZER} removed, annotation {MARK_ANNOTATION} removed"
         ),
         format!("released MachineDeployment {ns}/md: annotation {LEDGER_ANNOTATION} removed"),
         "2 released, 0 kept, 0 held".to_string(),
-    ] {
-        assert!(
-            uninstall.hook_output.contains(&line),
-            "{line}\nin the hook's output:\n{}",
-            uninstall.hook_output
-        );
-    }
+    ]);
     assert_eq!(
         workers
             .api(&machines())
@@ -426,7 +397,7 @@ async fn helm_uninstall_stops_with_the_operator_installed_while_a_scale_down_may
     let deadline = now() + 600;
     deleting_machine(&workers, "m-scaling", &mark(deadline, false)).await;
     // A NodePool with a server in the cloud.
-    let pools = node_pool_with_a_server(&workers).await;
+    let pools = workers.node_pool_with_a_server().await;
     let before = ours_left(&workers).await;
 
     // --- The hook fails after its retries; helm stops before deleting anything.
@@ -542,7 +513,7 @@ async fn helm_uninstall_with_orphan_cloud_servers_releases_a_node_pool_and_lists
     )
     .await;
     let ns = workers.name.clone();
-    let pools = node_pool_with_a_server(&workers).await;
+    let pools = workers.node_pool_with_a_server().await;
 
     let uninstall = helm_uninstall(&client, "ngo-orphan", logs.path()).await;
     assert!(
@@ -551,17 +522,11 @@ async fn helm_uninstall_with_orphan_cloud_servers_releases_a_node_pool_and_lists
         uninstall.helm_output, uninstall.hook_output
     );
     assert_eq!(uninstall.attempts, 1, "{}", uninstall.hook_output);
-    for line in [
+    uninstall.assert_hook_printed(&[
         format!("released NodePool {ns}/np"),
         "left in the cloud: cherryservers://42".to_string(),
         "1 released, 0 kept, 0 held".to_string(),
-    ] {
-        assert!(
-            uninstall.hook_output.contains(&line),
-            "{line}\nin the hook's output:\n{}",
-            uninstall.hook_output
-        );
-    }
+    ]);
     let pool = pools.get("np").await.expect("the NodePool stays");
     assert!(
         pool.metadata.finalizers.unwrap_or_default().is_empty(),

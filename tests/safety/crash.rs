@@ -185,6 +185,49 @@ impl Group {
             .items
     }
 
+    /// Names of every Machine, those being deleted too.
+    pub async fn machine_names(&self) -> BTreeSet<String> {
+        self.machines().await.iter().map(|m| m.name_any()).collect()
+    }
+
+    /// Starts this test binary's sweeping operator paused for `secs` at fault point `point`
+    /// (`NGO_FAULT_PAUSE_AT`); returns its log and a gRPC client of it.
+    pub async fn start_paused_at(
+        &mut self,
+        point: &str,
+        secs: u64,
+    ) -> (
+        PathBuf,
+        proto::cloud_provider_client::CloudProviderClient<tonic::transport::Channel>,
+    ) {
+        let mut options = self.sweeping_operator();
+        options.env = vec![
+            ("NGO_FAULT_PAUSE_AT".into(), point.into()),
+            ("NGO_FAULT_PAUSE_SECS".into(), secs.to_string()),
+        ];
+        self.cluster.start_operator(&options).expect("operator");
+        let operator = self.cluster.operator().expect("operator");
+        let (log, address) = (operator.log_path().to_path_buf(), operator.grpc_address);
+        let client = self.cluster.pki.connect(address).await.expect("client");
+        (log, client)
+    }
+
+    /// A DeleteNodes of this group naming Machine `name` (provider ID `pid`), whose client
+    /// waits `timeout`.
+    pub fn delete_request(
+        &self,
+        name: &str,
+        pid: &str,
+        timeout: Duration,
+    ) -> tonic::Request<proto::NodeGroupDeleteNodesRequest> {
+        let mut request = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
+            id: self.id.clone(),
+            nodes: vec![node(name, pid)],
+        });
+        request.set_timeout(timeout);
+        request
+    }
+
     /// Names of the Machines not being deleted.
     pub async fn live_machines(&self) -> BTreeSet<String> {
         self.machines()
@@ -494,12 +537,7 @@ async fn an_operator_killed_at_any_step_of_delete_nodes_strands_no_mark() {
             );
             gone.insert(victim.clone());
             poll(&format!("{victim} deleted and only it"), || async {
-                let names: BTreeSet<String> = group
-                    .machines()
-                    .await
-                    .iter()
-                    .map(|m| m.name_any())
-                    .collect();
+                let names = group.machine_names().await;
                 (!names.contains(&victim) && others.is_subset(&names)).then_some(())
             })
             .await;

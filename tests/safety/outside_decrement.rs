@@ -8,11 +8,10 @@
 use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use ngo_service::proto;
 use ngo_testbed::capi;
 use serde_json::json;
 
-use crate::crash::{Group, node, paused_at_fault_point, poll};
+use crate::crash::{Group, paused_at_fault_point, poll};
 
 /// Starts a DeleteNodes for the group's first machine with a client deadline of `timeout`,
 /// paused after its mark for `pause`; lowers replicas by one as a person would; waits until
@@ -24,23 +23,10 @@ async fn lowered_between_mark_and_decrement(
 ) -> (Result<(), tonic::Status>, String, Group) {
     let mut group = Group::new(prefix, 4).await;
     let (victim, pid) = group.running().await[0].clone();
-    let mut options = group.sweeping_operator();
-    options.env = vec![
-        (
-            "NGO_FAULT_PAUSE_AT".into(),
-            "delete-nodes:after-mark".into(),
-        ),
-        ("NGO_FAULT_PAUSE_SECS".into(), pause.as_secs().to_string()),
-    ];
-    group.cluster.start_operator(&options).expect("operator");
-    let operator = group.cluster.operator().expect("operator");
-    let (log, address) = (operator.log_path().to_path_buf(), operator.grpc_address);
-    let mut client = group.cluster.pki.connect(address).await.expect("client");
-    let mut request = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
-        id: group.id.clone(),
-        nodes: vec![node(&victim, &pid)],
-    });
-    request.set_timeout(timeout);
+    let (log, mut client) = group
+        .start_paused_at("delete-nodes:after-mark", pause.as_secs())
+        .await;
+    let request = group.delete_request(&victim, &pid, timeout);
     group.ca_asks(&[&victim]).await;
     let call = tokio::spawn(async move { client.node_group_delete_nodes(request).await });
     paused_at_fault_point("the request paused after its mark", &log).await;

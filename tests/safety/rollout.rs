@@ -8,7 +8,6 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use ngo_service::proto;
 use ngo_testbed::capi;
@@ -147,12 +146,7 @@ async fn no_machine_goes_for_a_scale_down_named_during_a_rollout_and_the_named_o
         .cloned()
         .collect();
     let left = poll("the named machine gone", || async {
-        let names: BTreeSet<String> = group
-            .machines()
-            .await
-            .iter()
-            .map(|m| m.name_any())
-            .collect();
+        let names = group.machine_names().await;
         (!names.contains(&new_name)).then_some(names)
     })
     .await;

@@ -10,13 +10,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use kube::ResourceExt;
-use ngo_service::proto;
 use ngo_testbed::ca_client::CaClient;
 use ngo_testbed::proxy::{LatencyProxy, kubeconfig_via};
 use serde_json::json;
 
-use crate::crash::{Group, node, paused_at_fault_point, poll, sandbox};
+use crate::crash::{Group, paused_at_fault_point, poll, sandbox};
 
 /// Every chunk a client sends to the API server waits this long.
 const API_DELAY: Duration = Duration::from_millis(100);
@@ -141,13 +139,7 @@ async fn ten_nodes_named_at_once_past_cas_deadline_on_a_slow_api_server_go_only_
     ));
 
     poll("exactly the ten victims gone", || async {
-        let names: BTreeSet<String> = group
-            .machines()
-            .await
-            .iter()
-            .map(|m| m.name_any())
-            .collect();
-        (names == keep).then_some(())
+        (group.machine_names().await == keep).then_some(())
     })
     .await;
     assert_eq!(group.replicas().await, replicas - 10, "replicas exact");
@@ -172,23 +164,10 @@ async fn an_ok_reaches_the_client_before_the_finalizer_comes_off() {
     const TIMEOUT: Duration = Duration::from_secs(3);
     let mut group = Group::new("slow-unfinalize", 3).await;
     let (victim, pid) = group.running().await[0].clone();
-    let mut options = group.sweeping_operator();
-    options.env = vec![
-        (
-            "NGO_FAULT_PAUSE_AT".into(),
-            "scale-down:before-unfinalize".into(),
-        ),
-        ("NGO_FAULT_PAUSE_SECS".into(), "6".into()),
-    ];
-    group.cluster.start_operator(&options).expect("operator");
-    let operator = group.cluster.operator().expect("operator");
-    let (log, address) = (operator.log_path().to_path_buf(), operator.grpc_address);
-    let mut client = group.cluster.pki.connect(address).await.expect("client");
-    let mut request = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
-        id: group.id.clone(),
-        nodes: vec![node(&victim, &pid)],
-    });
-    request.set_timeout(TIMEOUT);
+    let (log, mut client) = group
+        .start_paused_at("scale-down:before-unfinalize", 6)
+        .await;
+    let request = group.delete_request(&victim, &pid, TIMEOUT);
     group.ca_asks(&[&victim]).await;
     let asked = Instant::now();
     let answer = client.node_group_delete_nodes(request).await.map(|_| ());
@@ -198,13 +177,7 @@ async fn an_ok_reaches_the_client_before_the_finalizer_comes_off() {
     answer.expect("OK within the client's deadline, before the finalizer comes off");
     paused_at_fault_point("the finalizer's removal held up", &log).await;
     poll("the victim gone once the finalizer is off", || async {
-        let names: BTreeSet<String> = group
-            .machines()
-            .await
-            .iter()
-            .map(|m| m.name_any())
-            .collect();
-        (!names.contains(&victim)).then_some(())
+        (!group.machine_names().await.contains(&victim)).then_some(())
     })
     .await;
     assert_eq!(group.replicas().await, 2, "replicas lowered once");

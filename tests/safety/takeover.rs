@@ -9,11 +9,10 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use ngo_index::capi::scale_down::{LEDGER_ANNOTATION, Ledger, MARK_ANNOTATION, ScaleDownMark};
-use ngo_service::proto;
 use ngo_testbed::capi;
 use serde_json::json;
 
-use crate::crash::{DELETE_MACHINE, Group, node, paused_at_fault_point};
+use crate::crash::{DELETE_MACHINE, Group, paused_at_fault_point};
 
 /// The stand-in for the request that claimed and marked the machine after ours was released.
 const LIVE_HOLDER: &str = "live-holder";
@@ -24,23 +23,8 @@ async fn a_request_released_while_running_takes_over_no_live_mark() {
     let running = group.running().await;
     let (victim, pid) = running[0].clone();
 
-    let mut options = group.sweeping_operator();
-    options.env = vec![
-        (
-            "NGO_FAULT_PAUSE_AT".into(),
-            "delete-nodes:after-claim".into(),
-        ),
-        ("NGO_FAULT_PAUSE_SECS".into(), "6".into()),
-    ];
-    group.cluster.start_operator(&options).expect("operator");
-    let operator = group.cluster.operator().expect("operator");
-    let (log, address) = (operator.log_path().to_path_buf(), operator.grpc_address);
-    let mut client = group.cluster.pki.connect(address).await.expect("client");
-    let mut request = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
-        id: group.id.clone(),
-        nodes: vec![node(&victim, &pid)],
-    });
-    request.set_timeout(Duration::from_secs(30));
+    let (log, mut client) = group.start_paused_at("delete-nodes:after-claim", 6).await;
+    let request = group.delete_request(&victim, &pid, Duration::from_secs(30));
     group.ca_asks(&[&victim]).await;
     let call = tokio::spawn(async move { client.node_group_delete_nodes(request).await });
     paused_at_fault_point("the request paused after its claim", &log).await;

@@ -209,6 +209,37 @@ impl TestNs {
         Api::namespaced_with(self.client.clone(), &self.name, ar)
     }
 
+    /// NodePool `np` on the Cherry Servers backend, with the reconciler's finalizer and server
+    /// `cherryservers://42` (`np-0`) in its status, as the operator leaves a pool with one
+    /// server (no operator acts on it here); returns the NodePools' API.
+    pub async fn node_pool_with_a_server(&self) -> Api<DynamicObject> {
+        let node_pools = ApiResource::erase::<nodegroup_operator::ngo_api::NodePool>(&());
+        self.create(
+            &node_pools,
+            json!({
+                "apiVersion": "autoscaling.nodegroup.dev/v1alpha1", "kind": "NodePool",
+                "metadata": {"name": "np", "finalizers": [nodegroup_operator::nodepool::reconciler::FINALIZER]},
+                "spec": {"replicas": 1, "minSize": 0, "maxSize": 2, "clusterName": "c1",
+                    "cherryServers": {"credentialsSecretRef": {"name": "cherry", "key": "token"},
+                        "projectId": 1, "region": "eu_nord_1", "plan": "B1-1-1gb-20s-shared",
+                        "image": "ubuntu_22_04", "userData": "#cloud-config"}}
+            }),
+        )
+        .await;
+        let pools = self.api(&node_pools);
+        pools
+            .patch_status(
+                "np",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"instances": [
+                    {"id": "42", "providerID": "cherryservers://42", "hostname": "np-0"}
+                ]}})),
+            )
+            .await
+            .expect("the NodePool's status");
+        pools
+    }
+
     async fn create(&self, ar: &ApiResource, body: Value) -> DynamicObject {
         let obj: DynamicObject = serde_json::from_value(body).expect("fixture");
         let name = obj.name_any();

@@ -249,6 +249,14 @@ fn apply_table<V>(table: &mut BTreeMap<String, V>, changes: TableChanges<V>) {
     table.extend(changes.upserts);
 }
 
+/// Every kind a group id starts with, in the order their ids sort.
+const KINDS_IN_ID_ORDER: [ScalableKind; 4] = [
+    ScalableKind::MachineDeployment,
+    ScalableKind::MachinePool,
+    ScalableKind::MachineSet,
+    ScalableKind::NodePool,
+];
+
 /// The groups `scope` may read, in id order: a Cluster's are found by their ids'
 /// `<kind>/<namespace>/` prefixes (a group's Cluster is in the group's namespace), without
 /// visiting other namespaces' groups.
@@ -259,11 +267,8 @@ fn groups_of<'a>(
     let Some(cluster) = scope else {
         return Box::new(snapshot.groups.iter());
     };
-    let mut kinds: Vec<ScalableKind> = ScalableKind::ALL.into();
-    kinds.push(ScalableKind::NodePool);
-    kinds.sort_by_key(|kind| kind.as_str());
     Box::new(
-        kinds
+        KINDS_IN_ID_ORDER
             .into_iter()
             .flat_map(move |kind| {
                 let prefix = format!("{kind}/{}/", cluster.namespace);
@@ -274,4 +279,17 @@ fn groups_of<'a>(
             })
             .filter(move |(_, group)| group.cluster == *cluster),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_in_id_order_are_every_kind_as_group_ids_sort() {
+        let mut every: Vec<ScalableKind> = ScalableKind::ALL.into();
+        every.push(ScalableKind::NodePool);
+        every.sort_by_key(|kind| kind.as_str());
+        assert_eq!(KINDS_IN_ID_ORDER.to_vec(), every);
+    }
 }

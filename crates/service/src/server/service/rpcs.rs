@@ -332,11 +332,11 @@ impl CloudProvider for CloudProviderService {
                 let deleted = self
                     .detached(async move {
                         let request = actuator.request_id();
-                        let deleted = actuator
+                        let mut deleted = actuator
                             .delete_nodes(&snapshot, &group, &nodes, &request, &bounds)
                             .await?;
                         let (finalizers, namespace) = (actuator.clone(), group.namespace.clone());
-                        let lowered = deleted.lowered_machines.clone();
+                        let lowered = std::mem::take(&mut deleted.lowered_machines);
                         mutations.spawn(
                             async move { finalizers.release_finalizers(&namespace, &lowered).await }
                                 .in_current_span(),
