@@ -1603,7 +1603,12 @@ async fn a_short_seeded_chaos_round_deletes_no_node_cluster_autoscaler_did_not_g
         results.by_person,
         results.by_rollout
     );
-    assert!(results.violations.is_empty(), "{:#?}", results.violations);
+    assert!(
+        results.violations.is_empty(),
+        "{:#?}\nwhat happened, in order:\n{}",
+        results.violations,
+        results.journal.join("\n")
+    );
     assert!(
         results.scale_downs > 0,
         "cluster-autoscaler scaled nothing down"

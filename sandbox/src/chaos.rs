@@ -89,6 +89,9 @@ pub struct ChaosResults {
     /// Deletions of Machines of an older MachineSet during a rollout (Cluster API's, by
     /// design).
     pub by_rollout: Vec<String>,
+    /// Every DeleteNodes cluster-autoscaler made, as the tap saw it (see [`Tap::journal`]),
+    /// and the outside actions, in the order they came.
+    pub journal: Vec<String>,
 }
 
 /// An action to undo later (a pause, a stall, an annotation).
@@ -229,8 +232,12 @@ pub async fn run(
     let auditor = Arc::new(auditor);
     let socket = scratch.join("ca.sock");
     let tap = Tap::start(&socket, connect(&mut cluster).await?, auditor.clone())?;
-    let ca = cluster.colocated_autoscaler(&socket)?;
+    let mut ca = cluster.colocated_autoscaler(&socket)?;
     cluster.start_autoscaler(&ca)?;
+    // Each process started again logs to a file of its own (`<name>-<n>.log`): the log of
+    // the one that took a decision survives the restarts after it.
+    let (operator_log, ca_log) = (operator.name.clone(), ca.name.clone());
+    let mut restarts = 0u32;
     println!(
         "chaos: namespace {ns}, {} groups, seed {}, {:?}, faults {}",
         groups.len(),
@@ -243,6 +250,7 @@ pub async fn run(
     let mut actions: BTreeMap<String, u64> = BTreeMap::new();
     let mut undo: Vec<(Instant, Undo)> = Vec::new();
     let mut rollouts = 0u32;
+    let mut acted: Vec<(Duration, String)> = Vec::new();
     let started = Instant::now();
     let deadline = started + options.duration;
     while Instant::now() < deadline {
@@ -367,6 +375,8 @@ pub async fn run(
             82..=89 => {
                 cluster.kill_operator();
                 tokio::time::sleep(Duration::from_secs(rng.random_range(1..5))).await;
+                restarts += 1;
+                operator.name = format!("{operator_log}-{restarts}");
                 cluster.start_operator(&operator)?;
                 tap.retarget(connect(&mut cluster).await?);
                 "operator_kill"
@@ -391,11 +401,14 @@ pub async fn run(
                 // OK for left to the new process's start-up clean-up.
                 tokio::task::block_in_place(|| cluster.stop_autoscaler());
                 auditor.ca_stopped();
+                restarts += 1;
+                ca.name = format!("{ca_log}-{restarts}");
                 cluster.start_autoscaler(&ca)?;
                 "ca_restart"
             }
         };
         *actions.entry(kind.to_string()).or_default() += 1;
+        acted.push((tap.since_start(), format!("action {kind} on {name}")));
     }
     for (_, action) in undo {
         revert(&client, ns, &cherry, action).await;
@@ -427,10 +440,30 @@ pub async fn run(
         residue: auditor.residue(),
         by_person: auditor.by_person(),
         by_rollout: auditor.by_rollout(),
+        journal: journal(tap.journal(), &acted),
     };
     cluster.stop_autoscaler();
     cluster.stop_operator();
     Ok(results)
+}
+
+/// The tap's journal and the actions taken (`acted`, each with its time since the tap
+/// started), merged in time order.
+fn journal(tap: Vec<String>, acted: &[(Duration, String)]) -> Vec<String> {
+    let time = |line: &str| {
+        line.split('s')
+            .next()
+            .and_then(|t| t.parse::<f64>().ok())
+            .unwrap_or_default()
+    };
+    let mut lines: Vec<(f64, String)> = tap.into_iter().map(|l| (time(&l), l)).collect();
+    lines.extend(
+        acted
+            .iter()
+            .map(|(at, what)| (at.as_secs_f64(), format!("{:.3}s {what}", at.as_secs_f64()))),
+    );
+    lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+    lines.into_iter().map(|(_, line)| line).collect()
 }
 
 /// The NodePool `np` (min 1, max 5) on the Cherry Servers emulator `cherry`, with its

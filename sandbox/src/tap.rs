@@ -28,6 +28,10 @@ struct Shared {
     upstream: Mutex<CloudProviderClient<Channel>>,
     auditor: Arc<DeletionAuditor>,
     counts: Mutex<TapCounts>,
+    /// When the tap started: the journal's time origin.
+    started: std::time::Instant,
+    /// One line per DeleteNodes settled: when it came, whom it named, what CA heard.
+    journal: Mutex<Vec<String>>,
 }
 
 /// The tap; see the module documentation. Stops serving when dropped.
@@ -53,6 +57,8 @@ impl Tap {
             upstream: Mutex::new(upstream),
             auditor,
             counts: Mutex::new(TapCounts::default()),
+            started: std::time::Instant::now(),
+            journal: Mutex::new(Vec::new()),
         });
         let service =
             proto::cloud_provider_server::CloudProviderServer::new(Service(shared.clone()));
@@ -81,6 +87,17 @@ impl Tap {
     /// What was counted so far.
     pub fn counts(&self) -> TapCounts {
         *lock(&self.shared.counts)
+    }
+
+    /// Time since the tap started (the journal's clock).
+    pub fn since_start(&self) -> std::time::Duration {
+        self.shared.started.elapsed()
+    }
+
+    /// Every DeleteNodes so far, one line each: seconds since the tap started when it came,
+    /// how long it took, the nodes it named and what CA heard (for a failure's report).
+    pub fn journal(&self) -> Vec<String> {
+        lock(&self.shared.journal).clone()
     }
 
     /// The socket CA dials.
@@ -176,6 +193,7 @@ struct Asked {
     shared: Arc<Shared>,
     names: Vec<String>,
     settled: bool,
+    at: std::time::Instant,
 }
 
 impl Asked {
@@ -185,6 +203,7 @@ impl Asked {
             shared,
             names,
             settled: false,
+            at: std::time::Instant::now(),
         }
     }
 
@@ -196,7 +215,23 @@ impl Asked {
         } else {
             self.shared.auditor.heard(&self.names, answer.is_ok());
         }
+        let heard = match (answer, lost) {
+            (Ok(_), _) => "OK".to_string(),
+            (Err(status), true) => format!("no answer ({:?}: {})", status.code(), status.message()),
+            (Err(status), false) => format!("{:?}: {}", status.code(), status.message()),
+        };
+        self.note(&heard);
         self.count(answer.is_ok());
+    }
+
+    fn note(&self, heard: &str) {
+        let line = format!(
+            "{:.3}s +{}ms DeleteNodes {:?}: {heard}",
+            self.at.duration_since(self.shared.started).as_secs_f64(),
+            self.at.elapsed().as_millis(),
+            self.names
+        );
+        lock(&self.shared.journal).push(line);
     }
 
     fn count(&self, ok: bool) {
@@ -214,6 +249,7 @@ impl Drop for Asked {
     fn drop(&mut self) {
         if !self.settled {
             self.shared.auditor.heard_nothing(&self.names);
+            self.note("no answer (the call was dropped: CA's deadline or connection)");
             self.count(false);
         }
     }

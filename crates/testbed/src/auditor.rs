@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Event, Node, Pod, Taint};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiResource;
 use kube::runtime::watcher;
@@ -198,6 +198,7 @@ impl DeletionAuditor {
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, machines);
         let nodes: Api<Node> = Api::all(nodes_client.clone());
         let pods: Api<Pod> = Api::all(nodes_client.clone());
+        let events_api: Api<Event> = Api::all(nodes_client.clone());
         let client_for_sets = client.clone();
         let shared = record.clone();
         let watch = tokio::spawn(async move {
@@ -222,6 +223,7 @@ impl DeletionAuditor {
                     Some(_) => undrained_pods(&pods, node_name).await,
                     None => Vec::new(),
                 };
+                let events = node_events(&events_api, node_name).await;
                 let mut record = lock(&shared);
                 record.deleted += 1;
                 record.deleting.insert(node_name.to_string());
@@ -235,7 +237,7 @@ impl DeletionAuditor {
                 }
                 if let Some(why) = why {
                     let line = format!(
-                        "Machine {} (node {node_name}) deleted: {why} (CA's latest answer: {latest:?})",
+                        "Machine {} (node {node_name}) deleted: {why} (CA's latest answer: {latest:?}; the node's events: {events})",
                         machine.name_any()
                     );
                     let deployment = machine
@@ -573,7 +575,8 @@ fn watch_nodes(
     node_filter: NodeFilter,
 ) -> tokio::task::JoinHandle<()> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::all(client);
+    let pods: Api<Pod> = Api::all(client.clone());
+    let events_api: Api<Event> = Api::all(client);
     let config = watcher::Config::default().labels(selector);
     tokio::spawn(async move {
         let mut events = watcher(nodes, config).boxed();
@@ -597,6 +600,7 @@ fn watch_nodes(
                 continue;
             }
             let undrained = undrained_pods(&pods, &name).await;
+            let events = node_events(&events_api, &name).await;
             let mut record = lock(&record);
             record.deleted += 1;
             record.deleting.insert(name.clone());
@@ -608,7 +612,9 @@ fn watch_nodes(
             let Some(why) = why else {
                 continue;
             };
-            let line = format!("Node {name} deleted: {why} (CA's latest answer: {latest:?})");
+            let line = format!(
+                "Node {name} deleted: {why} (CA's latest answer: {latest:?}; its events: {events})"
+            );
             let group = group_label
                 .as_ref()
                 .and_then(|l| node.labels().get(l).cloned());
@@ -660,6 +666,50 @@ async fn of_an_older_revision(client: &Client, machine: &DynamicObject) -> bool 
     let set_revision = revision(sets.get_opt(&set).await.ok().flatten());
     let current = revision(deployments.get_opt(&deployment).await.ok().flatten());
     matches!((set_revision, current), (Some(s), Some(d)) if s < d)
+}
+
+/// The Events about Node `node` (cluster-autoscaler records why it gave a node up there:
+/// `ScaleDownFailed` with the error it heard), oldest first, for a violation's line: what CA
+/// itself said, beside what the auditor was told.
+async fn node_events(events: &Api<Event>, node: &str) -> String {
+    let params = kube::api::ListParams::default().fields(&format!(
+        "involvedObject.kind=Node,involvedObject.name={node}"
+    ));
+    let Ok(list) = events.list(&params).await else {
+        return "(not readable)".into();
+    };
+    let mut items: Vec<(String, String)> = list
+        .items
+        .iter()
+        .map(|e| {
+            let at = e
+                .last_timestamp
+                .as_ref()
+                .map(|t| t.0.to_string())
+                .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
+                .unwrap_or_default();
+            let line = format!(
+                "{at} {} {}: {}",
+                e.source
+                    .as_ref()
+                    .and_then(|s| s.component.clone())
+                    .or_else(|| e.reporting_component.clone())
+                    .unwrap_or_default(),
+                e.reason.clone().unwrap_or_default(),
+                e.message.clone().unwrap_or_default()
+            );
+            (at, line)
+        })
+        .collect();
+    if items.is_empty() {
+        return "none".into();
+    }
+    items.sort();
+    items
+        .into_iter()
+        .map(|(_, line)| line)
+        .collect::<Vec<_>>()
+        .join(" | ")
 }
 
 /// Pods bound to `node` that CA would have evicted before deleting it: not terminating, not
