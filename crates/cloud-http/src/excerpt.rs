@@ -1,6 +1,7 @@
-//! What of a cloud's answer may go into a message: the endpoint's text reaches a NodePool's
-//! conditions and Events, cluster-autoscaler's RPC errors and the logs, so it is cut short
-//! and stripped of control characters (terminal escapes, line breaks that forge log lines).
+//! What of a remote party's text may go into a message: a cloud endpoint's answer (or a
+//! tenant's API server's error) reaches conditions and Events, cluster-autoscaler's RPC errors
+//! and the logs, so it is cut short and stripped of control characters (terminal escapes, line
+//! breaks that forge log lines).
 
 /// Most characters of an endpoint's text kept in a message.
 pub const MAX_EXCERPT_CHARS: usize = 200;
@@ -8,7 +9,12 @@ pub const MAX_EXCERPT_CHARS: usize = 200;
 /// `text` for a message: control characters replaced by spaces, runs of whitespace made
 /// one, and cut at [`MAX_EXCERPT_CHARS`] characters, saying how long it was.
 pub fn excerpt(text: &str) -> String {
-    let mut clean = String::with_capacity(text.len().min(MAX_EXCERPT_CHARS * 4));
+    excerpt_within(text, MAX_EXCERPT_CHARS)
+}
+
+/// [`excerpt`] cut at `max_chars` characters instead.
+pub fn excerpt_within(text: &str, max_chars: usize) -> String {
+    let mut clean = String::with_capacity(text.len().min(max_chars * 4));
     let mut kept = 0usize;
     let mut space = false;
     let mut cut = false;
@@ -26,7 +32,7 @@ pub fn excerpt(text: &str) -> String {
         } else {
             space = false;
         }
-        if kept == MAX_EXCERPT_CHARS {
+        if kept == max_chars {
             cut = true;
             break;
         }

@@ -140,6 +140,17 @@ impl SharedHealth {
     }
 }
 
+/// Most characters of a workload cluster's error kept where it is reported (logs, the
+/// Cluster's condition and Events, cluster-autoscaler's errors): the text quotes what the
+/// tenant's API server answered.
+pub(super) const MAX_REPORTED_CHARS: usize = 512;
+
+/// [`reason`] as it may be reported: control characters replaced, cut at
+/// [`MAX_REPORTED_CHARS`] characters. Decisions read [`reason`], whole.
+pub(super) fn reported(reason: &str) -> String {
+    ngo_cloud_http::excerpt::excerpt_within(reason, MAX_REPORTED_CHARS)
+}
+
 /// `error` and its causes (kube's errors name the cause of a failed request only there), each
 /// once.
 pub(super) fn reason(error: &dyn std::error::Error) -> String {

@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::client::READ_TIMEOUT;
-use super::health::{SharedHealth, reason};
+use super::health::{SharedHealth, reason, reported};
 use super::limits::{
     ReadLimits, SLOW_LIST_BACKOFF, TOO_MANY_NODES_BACKOFF, over_node_cap, oversized,
 };
@@ -152,6 +152,7 @@ pub(super) async fn watch_nodes(
                     listing_since = Some(Instant::now());
                     continue;
                 }
+                let reason = reported(&reason);
                 if health.state() == WorkloadState::Synced {
                     tracing::warn!(%cluster, kubeconfig = %health.kubeconfig, %reason, "Node watch of workload cluster failed; retrying");
                 } else {
