@@ -1484,6 +1484,31 @@ async fn every_difference_from_the_in_tree_clusterapi_provider_is_listed() {
         &mut tally,
     )
     .await;
+    // A paused group with an invalid bound, alone: in-tree parses the bounds before it looks
+    // at the pause, so its NodeGroups lists nothing again (D1); its node maps to no group on
+    // either side.
+    let ms = o
+        .deployment(
+            "pausedbad",
+            Some(1),
+            json!({MIN: "x", MAX: "3", PAUSED: "true"}),
+            "template",
+        )
+        .await;
+    o.machine("pausedbad-0", &ms, true, true, json!({"phase": "Running"}))
+        .await;
+    check_step(
+        "a paused group with an invalid bound",
+        &ns,
+        &discovery,
+        &config,
+        &mut tally,
+    )
+    .await;
+    ns.api(&machine_deployments())
+        .delete("pausedbad", &DeleteParams::default())
+        .await
+        .unwrap();
     operator.shutdown().await.unwrap();
 
     // Step 8. Auto-discovery with a label, on a MachineDeployment (not on its MachineSet) and on
