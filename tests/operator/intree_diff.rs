@@ -12,7 +12,9 @@
 //! with every annotation CA's in-tree unit tests use (`clusterapi_*_test.go`) and edge values
 //! (whitespace, out-of-range and negative integers, empty values, bad quantities), scaling, a
 //! failed Machine, a deleted Machine, a Machine registered before `nodeRef`, an orphaned Machine,
-//! annotation edits, `spec.replicas` unset, and an auto-discovery spec with a label. After each
+//! a Node found through Cluster API's annotations, a template without `status.nodeInfo`,
+//! annotation edits, `spec.replicas` unset, a paused group with an invalid bound, and an
+//! auto-discovery spec with a label. After each
 //! step every answer of one side is compared with the other's; every difference must be explained
 //! by a row of the behaviour-difference table of docs/migration.md ([`ROWS`], matched by the
 //! row's id), and every row whose test column names this file must explain at least one
@@ -781,6 +783,20 @@ const ROWS: &[Row] = &[
                 && first_not_running
         },
     },
+    // D26: an infrastructure template without `status.nodeInfo`: in-tree's template node gets
+    // empty architecture and OS labels (an empty system info overrides the defaults); we keep
+    // the defaults.
+    Row {
+        id: "D26",
+        always: true,
+        explains: |d, _| {
+            matches!(
+                label_key(d),
+                Some("kubernetes.io/arch" | "kubernetes.io/os")
+            ) && d.intree == ""
+                && d.operator.as_str().is_some_and(|v| !v.is_empty())
+        },
+    },
 ];
 
 // ----- running both providers ------------------------------------------------------------------
@@ -1292,6 +1308,49 @@ async fn every_difference_from_the_in_tree_clusterapi_provider_is_listed() {
     .await;
     let alone = o.machine_set("alone", 1, json!({MIN: "0", MAX: "2"})).await;
     o.machine("alone-0", &alone, true, true, json!({"phase": "Running"}))
+        .await;
+    // A Node found only through Cluster API's annotations naming its Machine, which has no
+    // provider ID yet (TestControllerFindMachineFromNodeAnnotation).
+    let annotated = o
+        .machine_set("annotated", 1, json!({MIN: "0", MAX: "2"}))
+        .await;
+    o.machine(
+        "annotated-0",
+        &annotated,
+        false,
+        false,
+        json!({"phase": "Provisioning"}),
+    )
+    .await;
+    ns.node(
+        "annotated-0",
+        &format!("test:////{n}-annotated-0"),
+        BTreeMap::from([
+            (
+                "cluster.x-k8s.io/machine".to_string(),
+                "annotated-0".to_string(),
+            ),
+            ("cluster.x-k8s.io/cluster-namespace".to_string(), n.clone()),
+        ]),
+    )
+    .await;
+    // Scale from zero on an infrastructure template that reports no `status.nodeInfo`: the
+    // architecture and OS labels fall back to the defaults on both sides.
+    let bare: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "TestMachineTemplate",
+        "metadata": {"name": "bare", "namespace": n}, "spec": {"template": {"spec": {}}}
+    }))
+    .unwrap();
+    templates.create(&Default::default(), &bare).await.unwrap();
+    templates
+        .patch_status(
+            "bare",
+            &Default::default(),
+            &Patch::Merge(json!({"status": {"capacity": {"cpu": "2", "memory": "8Gi"}}})),
+        )
+        .await
+        .unwrap();
+    o.deployment("bare", Some(0), json!({MIN: "0", MAX: "3"}), "bare")
         .await;
     let pool_pids = [
         format!("test:////{n}-pool-0"),
