@@ -1334,8 +1334,8 @@ async fn every_difference_from_the_in_tree_clusterapi_provider_is_listed() {
         ]),
     )
     .await;
-    // Scale from zero on an infrastructure template that reports no `status.nodeInfo`: the
-    // architecture and OS labels fall back to the defaults on both sides.
+    // Scale from zero on an infrastructure template that reports no `status.nodeInfo` (D26), and
+    // a GPU in its capacity.
     let bare: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "TestMachineTemplate",
         "metadata": {"name": "bare", "namespace": n}, "spec": {"template": {"spec": {}}}
@@ -1346,7 +1346,9 @@ async fn every_difference_from_the_in_tree_clusterapi_provider_is_listed() {
         .patch_status(
             "bare",
             &Default::default(),
-            &Patch::Merge(json!({"status": {"capacity": {"cpu": "2", "memory": "8Gi"}}})),
+            &Patch::Merge(
+                json!({"status": {"capacity": {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"}}}),
+            ),
         )
         .await
         .unwrap();
