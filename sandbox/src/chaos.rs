@@ -377,7 +377,9 @@ pub async fn run(
                 tokio::time::sleep(Duration::from_secs(rng.random_range(1..5))).await;
                 restarts += 1;
                 operator.name = format!("{operator_log}-{restarts}");
-                cluster.start_operator(&operator)?;
+                // Starting blocks until the process is ready: off the runtime's workers, so
+                // the tap keeps relaying CA's calls meanwhile.
+                tokio::task::block_in_place(|| cluster.start_operator(&operator))?;
                 tap.retarget(connect(&mut cluster).await?);
                 "operator_kill"
             }
@@ -403,7 +405,7 @@ pub async fn run(
                 auditor.ca_stopped();
                 restarts += 1;
                 ca.name = format!("{ca_log}-{restarts}");
-                cluster.start_autoscaler(&ca)?;
+                tokio::task::block_in_place(|| cluster.start_autoscaler(&ca))?;
                 "ca_restart"
             }
         };

@@ -137,18 +137,25 @@ impl Record {
     }
 
     /// Files `line`, a removal neither a person's nor a rollout's: residue when CA's restart
-    /// removed the taint of a node answered OK (`restarted`), when no answer reached CA, or
-    /// (passive) when nothing ran on it (`drained`); a violation otherwise.
+    /// removed the taint of a node answered OK (`restarted`), when no answer reached CA (as
+    /// the tap saw it, or by CA's own event, `late`: see [`late_answer`]), or (passive) when
+    /// nothing ran on it (`drained`); a violation otherwise.
     fn residue_or_violation(
         &mut self,
         line: String,
         restarted: bool,
         latest: Option<Answer>,
         drained: bool,
+        late: Option<String>,
     ) {
-        if restarted && matches!(latest, Some(Answer::Ok | Answer::Pending)) {
+        let answered_ok = matches!(latest, Some(Answer::Ok | Answer::Pending));
+        if restarted && answered_ok {
             self.residue.push(format!(
                 "{line} (its taint was removed by a restart of cluster-autoscaler)"
+            ));
+        } else if let Some(word) = late.filter(|_| answered_ok && !self.passive) {
+            self.residue.push(format!(
+                "{line} (the answer reached the tap but not cluster-autoscaler in time; its own event: {word})"
             ));
         } else if latest == Some(Answer::Lost) {
             self.residue.push(format!(
@@ -237,8 +244,9 @@ impl DeletionAuditor {
                 }
                 if let Some(why) = why {
                     let line = format!(
-                        "Machine {} (node {node_name}) deleted: {why} (CA's latest answer: {latest:?}; the node's events: {events})",
-                        machine.name_any()
+                        "Machine {} (node {node_name}) deleted: {why} (CA's latest answer: {latest:?}; the node's events: {})",
+                        machine.name_any(),
+                        quoted(&events)
                     );
                     let deployment = machine
                         .labels()
@@ -255,7 +263,14 @@ impl DeletionAuditor {
                             .by_person
                             .push(format!("{line} (replicas lowered by a person)"));
                     } else {
-                        record.residue_or_violation(line, restarted, latest, undrained.is_empty());
+                        let late = (!tainted).then(|| late_answer(&events)).flatten();
+                        record.residue_or_violation(
+                            line,
+                            restarted,
+                            latest,
+                            undrained.is_empty(),
+                            late,
+                        );
                     }
                 }
             }
@@ -613,7 +628,8 @@ fn watch_nodes(
                 continue;
             };
             let line = format!(
-                "Node {name} deleted: {why} (CA's latest answer: {latest:?}; its events: {events})"
+                "Node {name} deleted: {why} (CA's latest answer: {latest:?}; its events: {})",
+                quoted(&events)
             );
             let group = group_label
                 .as_ref()
@@ -626,7 +642,8 @@ fn watch_nodes(
                     .push(format!("{line} (replicas lowered by a person)"));
             } else {
                 let restarted = record.cleaned_by_restart.contains(&name);
-                record.residue_or_violation(line, restarted, latest, undrained.is_empty());
+                let late = (!is_tainted(&node)).then(|| late_answer(&events)).flatten();
+                record.residue_or_violation(line, restarted, latest, undrained.is_empty(), late);
             }
         }
     })
@@ -668,48 +685,95 @@ async fn of_an_older_revision(client: &Client, machine: &DynamicObject) -> bool 
     matches!((set_revision, current), (Some(s), Some(d)) if s < d)
 }
 
-/// The Events about Node `node` (cluster-autoscaler records why it gave a node up there:
-/// `ScaleDownFailed` with the error it heard), oldest first, for a violation's line: what CA
-/// itself said, beside what the auditor was told.
-async fn node_events(events: &Api<Event>, node: &str) -> String {
+/// One Event about a Node, as a violation's line quotes it and [`late_answer`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeEvent {
+    /// When it last happened (RFC 3339, so that text order is time order; seconds only).
+    pub at: String,
+    /// Who recorded it (`cluster-autoscaler`, `node-controller`, ...).
+    pub component: String,
+    pub reason: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for NodeEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} {}: {}",
+            self.at, self.component, self.reason, self.message
+        )
+    }
+}
+
+/// The Events about Node `node`, oldest first: cluster-autoscaler records there why it gave a
+/// node up (`ScaleDownFailed` with the error it heard), beside what the auditor was told.
+async fn node_events(events: &Api<Event>, node: &str) -> Vec<NodeEvent> {
     let params = kube::api::ListParams::default().fields(&format!(
         "involvedObject.kind=Node,involvedObject.name={node}"
     ));
     let Ok(list) = events.list(&params).await else {
-        return "(not readable)".into();
+        return Vec::new();
     };
-    let mut items: Vec<(String, String)> = list
+    let mut items: Vec<NodeEvent> = list
         .items
         .iter()
-        .map(|e| {
-            let at = e
+        .map(|e| NodeEvent {
+            at: e
                 .last_timestamp
                 .as_ref()
                 .map(|t| t.0.to_string())
                 .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
-                .unwrap_or_default();
-            let line = format!(
-                "{at} {} {}: {}",
-                e.source
-                    .as_ref()
-                    .and_then(|s| s.component.clone())
-                    .or_else(|| e.reporting_component.clone())
-                    .unwrap_or_default(),
-                e.reason.clone().unwrap_or_default(),
-                e.message.clone().unwrap_or_default()
-            );
-            (at, line)
+                .unwrap_or_default(),
+            component: e
+                .source
+                .as_ref()
+                .and_then(|s| s.component.clone())
+                .or_else(|| e.reporting_component.clone())
+                .unwrap_or_default(),
+            reason: e.reason.clone().unwrap_or_default(),
+            message: e.message.clone().unwrap_or_default(),
         })
         .collect();
-    if items.is_empty() {
+    items.sort_by(|a, b| a.at.cmp(&b.at));
+    items
+}
+
+/// `events` for a violation's line.
+fn quoted(events: &[NodeEvent]) -> String {
+    if events.is_empty() {
         return "none".into();
     }
-    items.sort();
-    items
-        .into_iter()
-        .map(|(_, line)| line)
+    events
+        .iter()
+        .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(" | ")
+}
+
+/// cluster-autoscaler's own word that no answer reached it in time, when its newest word
+/// about deleting the node (`ScaleDown`, `ScaleDownFailed`) is a failure naming its own
+/// deadline or a broken connection: CA untainted the node for an answer the tap saw come
+/// back (the answer reached the tap before the tap's copy of CA's deadline passed, and CA
+/// after its own). As for [`Answer::Lost`], a removal then is U1's residue. A failure
+/// recorded in the same second as another word is taken as the newer (CA marks a node, then
+/// fails to delete it; it never succeeds and fails for one node at once).
+pub fn late_answer(events: &[NodeEvent]) -> Option<String> {
+    let words = events.iter().filter(|e| {
+        e.component == "cluster-autoscaler"
+            && (e.reason == "ScaleDown" || e.reason == "ScaleDownFailed")
+    });
+    let newest = words.max_by(|a, b| {
+        a.at.cmp(&b.at)
+            .then_with(|| (a.reason == "ScaleDownFailed").cmp(&(b.reason == "ScaleDownFailed")))
+    })?;
+    let no_answer = [
+        "code = DeadlineExceeded",
+        "code = Canceled",
+        "code = Unavailable",
+    ];
+    (newest.reason == "ScaleDownFailed" && no_answer.iter().any(|c| newest.message.contains(c)))
+        .then(|| newest.to_string())
 }
 
 /// Pods bound to `node` that CA would have evicted before deleting it: not terminating, not
@@ -770,6 +834,86 @@ mod tests {
         assert_eq!(record.judge("n", true, true), None, "named again");
         record.saw("n", false);
         assert_eq!(record.judge("n", false, false), None, "no node, no pods");
+    }
+
+    fn event(at: &str, component: &str, reason: &str, message: &str) -> NodeEvent {
+        NodeEvent {
+            at: at.into(),
+            component: component.into(),
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    const MARKED: &str = "marked the node as toBeDeleted/unschedulable";
+    const LATE: &str = "failed to delete empty node: failed to delete nodes from group g: rpc error: code = DeadlineExceeded desc = context deadline exceeded";
+
+    #[test]
+    fn cluster_autoscalers_own_event_tells_an_answer_that_came_too_late() {
+        let ca = |at, reason, message| event(at, "cluster-autoscaler", reason, message);
+        let registered = event(
+            "2026-12-07T20:00:00Z",
+            "node-controller",
+            "RegisteredNode",
+            "",
+        );
+        assert_eq!(late_answer(&[]), None, "no word of CA's");
+        assert_eq!(late_answer(std::slice::from_ref(&registered)), None);
+        let failed_late = [
+            registered.clone(),
+            ca("2026-12-07T20:01:00Z", "ScaleDown", MARKED),
+            ca("2026-12-07T20:01:10Z", "ScaleDownFailed", LATE),
+        ];
+        assert!(late_answer(&failed_late).is_some_and(|w| w.contains("DeadlineExceeded")));
+        let same_second = [
+            ca("2026-12-07T20:01:00Z", "ScaleDownFailed", LATE),
+            ca("2026-12-07T20:01:00Z", "ScaleDown", MARKED),
+        ];
+        assert!(
+            late_answer(&same_second).is_some(),
+            "a failure in the second of its marking is the newer"
+        );
+        let succeeded = [
+            ca("2026-12-07T20:01:00Z", "ScaleDown", MARKED),
+            ca(
+                "2026-12-07T20:01:02Z",
+                "ScaleDown",
+                "nodes removed by cluster autoscaler",
+            ),
+        ];
+        assert_eq!(late_answer(&succeeded), None, "CA heard the OK");
+        let named_again = [
+            ca("2026-12-07T20:01:10Z", "ScaleDownFailed", LATE),
+            ca("2026-12-07T20:02:00Z", "ScaleDown", MARKED),
+            ca(
+                "2026-12-07T20:02:01Z",
+                "ScaleDown",
+                "nodes removed by cluster autoscaler",
+            ),
+        ];
+        assert_eq!(late_answer(&named_again), None, "a later OK decides");
+        let refused = [ca(
+            "2026-12-07T20:01:10Z",
+            "ScaleDownFailed",
+            "failed to delete empty node: rpc error: code = FailedPrecondition desc = not held",
+        )];
+        assert_eq!(late_answer(&refused), None, "an answer, not its absence");
+    }
+
+    #[test]
+    fn a_late_answer_by_cas_own_event_is_residue_and_only_after_an_ok() {
+        let mut record = Record::default();
+        let word = Some("CA's own event".to_string());
+        record.residue_or_violation("ok".into(), false, Some(Answer::Ok), true, word.clone());
+        assert_eq!(record.residue.len(), 1);
+        record.residue_or_violation("error".into(), false, Some(Answer::Error), true, word);
+        assert_eq!(
+            record.violations,
+            ["error"],
+            "CA's error answer stays a violation"
+        );
+        record.residue_or_violation("ok, no word".into(), false, Some(Answer::Ok), true, None);
+        assert_eq!(record.violations.len(), 2);
     }
 
     #[test]
