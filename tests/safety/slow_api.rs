@@ -20,6 +20,11 @@ use crate::crash::{Group, paused_at_fault_point, poll, sandbox};
 const API_DELAY: Duration = Duration::from_millis(100);
 /// cluster-autoscaler's per-RPC timeout in this test (its default is 5 s).
 const CA_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest the fast phase may go without a victim deleted. Ten calls on one group queue on its
+/// lock, and each needs a few writes within CA's 1 s: on a machine the other safety tests load
+/// (the soak writes beside this test for 45 s), a round may end with every call timed out, and
+/// CA simply tries again. Liveness is the claim: the victims go once writes keep up again.
+const FAST_PHASE_PATIENCE: Duration = Duration::from_secs(90);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_nodes_named_at_once_past_cas_deadline_on_a_slow_api_server_go_only_with_an_ok() {
@@ -117,21 +122,19 @@ async fn ten_nodes_named_at_once_past_cas_deadline_on_a_slow_api_server_go_only_
 
     // Fast again: CA's next loops delete every victim, each with an OK.
     proxy.set_delay(Duration::ZERO);
-    let mut idle_rounds = 0;
+    let mut last_progress = Instant::now();
     let mut number = 3;
     while !left.is_empty() {
         assert!(
-            idle_rounds < 5,
-            "no victim deleted in 5 rounds in a row: {left:?}"
+            last_progress.elapsed() < FAST_PHASE_PATIENCE,
+            "no victim deleted for {FAST_PHASE_PATIENCE:?} ({number} rounds so far): {left:?}"
         );
         let before = left.len();
         (left, _, _) = round(left, number).await;
         number += 1;
-        idle_rounds = if left.len() < before {
-            0
-        } else {
-            idle_rounds + 1
-        };
+        if left.len() < before {
+            last_progress = Instant::now();
+        }
     }
     group.log(&format!(
         "10 nodes deleted in {number} rounds, {:.1}s",
