@@ -1086,6 +1086,29 @@ impl Objects<'_> {
     }
 
     /// A MachineSet owned by no MachineDeployment.
+    /// A `TestMachineTemplate` `name` whose status is `status` (what Cluster API's
+    /// infrastructure providers report: capacity, system info).
+    async fn infrastructure_template(&self, name: &str, status: Value) {
+        let template: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "TestMachineTemplate",
+            "metadata": {"name": name, "namespace": self.ns.name}, "spec": {"template": {"spec": {}}}
+        }))
+        .unwrap();
+        let templates = self.ns.api(&test_machine_templates());
+        templates
+            .create(&Default::default(), &template)
+            .await
+            .unwrap();
+        templates
+            .patch_status(
+                name,
+                &Default::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .unwrap();
+    }
+
     async fn machine_set(&self, name: &str, replicas: i64, annotations: Value) -> DynamicObject {
         let labels =
             json!({"cluster.x-k8s.io/cluster-name": "c1", "cluster.x-k8s.io/set-name": name});
@@ -1220,27 +1243,12 @@ async fn every_difference_from_the_in_tree_clusterapi_provider_is_listed() {
     let discovery = format!("clusterapi:namespace={n}");
 
     // The infrastructure template every group names: cpu, memory and the node's system info.
-    let template: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "TestMachineTemplate",
-        "metadata": {"name": "template", "namespace": n}, "spec": {"template": {"spec": {}}}
-    }))
-    .unwrap();
-    let templates = ns.api(&test_machine_templates());
-    templates
-        .create(&Default::default(), &template)
-        .await
-        .unwrap();
-    templates
-        .patch_status(
-            "template",
-            &Default::default(),
-            &Patch::Merge(
-                json!({"status": {"capacity": {"cpu": "4", "memory": "16Gi"},
-                "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"}}}),
-            ),
-        )
-        .await
-        .unwrap();
+    o.infrastructure_template(
+        "template",
+        json!({"capacity": {"cpu": "4", "memory": "16Gi"},
+            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"}}),
+    )
+    .await;
 
     // Step 1. The corpus of CA's in-tree tests (clusterapi_*_test.go): bounds, replicas, the
     // capacity, labels, taints and autoscaling-options annotations; a MachineSet alone, a
@@ -1336,22 +1344,11 @@ async fn every_difference_from_the_in_tree_clusterapi_provider_is_listed() {
     .await;
     // Scale from zero on an infrastructure template that reports no `status.nodeInfo` (D26), and
     // a GPU in its capacity.
-    let bare: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "TestMachineTemplate",
-        "metadata": {"name": "bare", "namespace": n}, "spec": {"template": {"spec": {}}}
-    }))
-    .unwrap();
-    templates.create(&Default::default(), &bare).await.unwrap();
-    templates
-        .patch_status(
-            "bare",
-            &Default::default(),
-            &Patch::Merge(
-                json!({"status": {"capacity": {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"}}}),
-            ),
-        )
-        .await
-        .unwrap();
+    o.infrastructure_template(
+        "bare",
+        json!({"capacity": {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"}}),
+    )
+    .await;
     o.deployment("bare", Some(0), json!({MIN: "0", MAX: "3"}), "bare")
         .await;
     let pool_pids = [
