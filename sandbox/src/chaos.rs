@@ -442,29 +442,23 @@ pub async fn run(
         residue: auditor.residue(),
         by_person: auditor.by_person(),
         by_rollout: auditor.by_rollout(),
-        journal: journal(tap.journal(), &acted),
+        journal: journal(tap.journal(), acted),
     };
     cluster.stop_autoscaler();
     cluster.stop_operator();
     Ok(results)
 }
 
-/// The tap's journal and the actions taken (`acted`, each with its time since the tap
-/// started), merged in time order.
-fn journal(tap: Vec<String>, acted: &[(Duration, String)]) -> Vec<String> {
-    let time = |line: &str| {
-        line.split('s')
-            .next()
-            .and_then(|t| t.parse::<f64>().ok())
-            .unwrap_or_default()
-    };
-    let mut lines: Vec<(f64, String)> = tap.into_iter().map(|l| (time(&l), l)).collect();
+/// The tap's journal and the actions taken (`acted`), each with its time since the tap
+/// started, merged in time order.
+fn journal(tap: Vec<(Duration, String)>, acted: Vec<(Duration, String)>) -> Vec<String> {
+    let mut lines = tap;
     lines.extend(
         acted
-            .iter()
-            .map(|(at, what)| (at.as_secs_f64(), format!("{:.3}s {what}", at.as_secs_f64()))),
+            .into_iter()
+            .map(|(at, what)| (at, format!("{:.3}s {what}", at.as_secs_f64()))),
     );
-    lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+    lines.sort_by_key(|(at, _)| *at);
     lines.into_iter().map(|(_, line)| line).collect()
 }
 

@@ -30,8 +30,9 @@ struct Shared {
     counts: Mutex<TapCounts>,
     /// When the tap started: the journal's time origin.
     started: std::time::Instant,
-    /// One line per DeleteNodes settled: when it came, whom it named, what CA heard.
-    journal: Mutex<Vec<String>>,
+    /// One line per DeleteNodes settled (when it came, whom it named, what CA heard), with
+    /// when it came since `started`.
+    journal: Mutex<Vec<(std::time::Duration, String)>>,
 }
 
 /// The tap; see the module documentation. Stops serving when dropped.
@@ -94,9 +95,10 @@ impl Tap {
         self.shared.started.elapsed()
     }
 
-    /// Every DeleteNodes so far, one line each: seconds since the tap started when it came,
-    /// how long it took, the nodes it named and what CA heard (for a failure's report).
-    pub fn journal(&self) -> Vec<String> {
+    /// Every DeleteNodes so far, one line each with when it came since the tap started: the
+    /// line says that too, how long it took, the nodes it named and what CA heard (for a
+    /// failure's report).
+    pub fn journal(&self) -> Vec<(std::time::Duration, String)> {
         lock(&self.shared.journal).clone()
     }
 
@@ -225,13 +227,14 @@ impl Asked {
     }
 
     fn note(&self, heard: &str) {
+        let came = self.at.duration_since(self.shared.started);
         let line = format!(
             "{:.3}s +{}ms DeleteNodes {:?}: {heard}",
-            self.at.duration_since(self.shared.started).as_secs_f64(),
+            came.as_secs_f64(),
             self.at.elapsed().as_millis(),
             self.names
         );
-        lock(&self.shared.journal).push(line);
+        lock(&self.shared.journal).push((came, line));
     }
 
     fn count(&self, ok: bool) {
