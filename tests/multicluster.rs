@@ -920,11 +920,32 @@ fn reachable_metric(w: &World, cluster: &AutoscaledCluster) -> Option<bool> {
 /// Co-located beside A's cluster-autoscaler (`--cluster`), an operator in the management
 /// topology reads A's kubeconfig Secret and connects to A's workload cluster only: B's
 /// connection, whose Secret it could read, is never made (the shared operator, unscoped,
-/// makes it in the same time).
+/// makes it in the same time). Of Cluster API's objects it holds A's alone, also where
+/// another Cluster's share A's namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_co_located_operator_connects_to_its_own_workload_cluster_only() {
     let _one = ONE_AT_A_TIME.lock().await;
     let mut w = World::new("sidecar", 1, 1).await;
+    // A stranger's MachineDeployment in A's namespace, labelled with its Cluster's name as
+    // Cluster API's webhooks and controllers label every one.
+    let mut stranger = capi::machine_deployment(
+        &w.a.namespace,
+        "stranger",
+        "w-stranger",
+        0,
+        json!({}),
+        ngo_sandbox::environment::WORKER_TEMPLATE,
+    )
+    .expect("md");
+    stranger.labels_mut().insert("pool".into(), "w".into());
+    Api::<DynamicObject>::namespaced_with(
+        w.management.clone(),
+        &w.a.namespace,
+        &capi::machine_deployments(),
+    )
+    .create(&PostParams::default(), &stranger)
+    .await
+    .expect("create the stranger's md");
     let options = operator_of_both(
         &w,
         vec![format!("--cluster={}/ca", w.a.namespace)],
@@ -960,9 +981,10 @@ async fn a_co_located_operator_connects_to_its_own_workload_cluster_only() {
         !series.iter().any(|l| l.contains(&w.b.namespace)),
         "the sidecar of A connected to B's workload cluster: {series:?}"
     );
-    // It reads nothing outside A's namespace (its RBAC can be a Role there): the shared
-    // operator holds both Clusters' scalable resources (a MachineDeployment and its MachineSet
-    // each), the sidecar A's alone.
+    // It reads nothing outside A's namespace (its RBAC can be a Role there), nor the
+    // stranger's objects inside it: the shared operator holds both Clusters' scalable
+    // resources (a MachineDeployment and its MachineSet each) and the stranger's, the sidecar
+    // A's alone.
     let scalables = |admin: std::net::SocketAddr| -> u64 {
         ngo_testbed::process::http_get(admin, "/metrics")
             .unwrap_or_default()
@@ -973,8 +995,9 @@ async fn a_co_located_operator_connects_to_its_own_workload_cluster_only() {
     };
     let (shared, own) = (scalables(w.admin), scalables(sidecar));
     assert!(
-        own > 0 && shared == 2 * own,
-        "the shared operator holds {shared} scalable resources of A and B, the sidecar of A {own}"
+        own == 2 && shared > 2 * own,
+        "the shared operator holds {shared} scalable resources of A, B and the stranger, the \
+         sidecar of A {own} (A's MachineDeployment and MachineSet alone)"
     );
 }
 

@@ -101,10 +101,18 @@ impl Watches {
             (None, Some(list)) => list.iter().cloned().map(Some).collect(),
             (None, None) => vec![None],
         };
+        // Scoped by configuration, of Cluster API's objects only the served Cluster's: Cluster
+        // API's controllers and webhooks label each Machine, MachineSet, MachineDeployment and
+        // MachinePool with its `spec.clusterName`, so another Cluster's in the same namespace
+        // are never read (nor held in memory).
+        let cluster_selector = only_cluster
+            .as_ref()
+            .map(|only| format!("{}={}", keys.cluster_name_label, only.name));
+        let only_labels = cluster_selector.as_deref();
         let dynamic = |tasks: &mut JoinSet<anyhow::Result<()>>, ar: &ApiResource, track: Track| {
             scoped_stores(
                 tasks,
-                (&client, &scopes, ar.clone()),
+                (&client, &scopes, only_labels, ar.clone()),
                 (changes.clone(), track),
                 shutdown.clone(),
                 trim_dynamic,
@@ -121,7 +129,7 @@ impl Watches {
             machine_kind.clone(),
             scoped_stores(
                 tasks,
-                (&client, &scopes, machine_kind),
+                (&client, &scopes, only_labels, machine_kind),
                 (changes.clone(), Track::Machines),
                 shutdown.clone(),
                 |_: &mut WatchedMachine| {},

@@ -60,10 +60,11 @@ where
 }
 
 /// Reflectors for a kind described by `dyntype`, one per scope (a namespace, or `None` for
-/// all).
+/// all), each listing and watching only objects that match `labels` (a label selector) when
+/// one is given.
 pub(super) fn scoped_stores<K>(
     tasks: &mut JoinSet<anyhow::Result<()>>,
-    (client, scopes, dyntype): (&Client, &[Option<String>], K::DynamicType),
+    (client, scopes, labels, dyntype): (&Client, &[Option<String>], Option<&str>, K::DynamicType),
     recording: (Arc<Changes>, Track),
     shutdown: CancellationToken,
     trim: fn(&mut K),
@@ -86,9 +87,14 @@ where
                     Some(ns) => Api::<K>::namespaced_with(client.clone(), ns, &dyntype),
                     None => Api::<K>::all_with(client.clone(), &dyntype),
                 };
-                spawn_reflector(
+                let config = watcher::Config::default().any_semantic();
+                let config = match labels {
+                    Some(selector) => config.labels(selector),
+                    None => config,
+                };
+                spawn_reflector_with(
                     tasks,
-                    api,
+                    (api, config),
                     dyntype.clone(),
                     recording.clone(),
                     shutdown.clone(),
