@@ -168,8 +168,8 @@ pub(super) fn self_contained(text: &str) -> Result<(), String> {
         }
     }
     for (name, server) in servers {
-        if !server.starts_with("https://") {
-            refused.push(format!("cluster {name:?}: a server that is not https://"));
+        if let Err(why) = server_address(&server) {
+            refused.push(format!("cluster {name:?}: {why}"));
         }
     }
     if refused.is_empty() {
@@ -179,6 +179,70 @@ pub(super) fn self_contained(text: &str) -> Result<(), String> {
             "a workload cluster's kubeconfig must carry its server, CA, and credentials inline and verify TLS; refused (not among the fields the operator understands): {}",
             refused.join(", ")
         ))
+    }
+}
+
+/// Addresses where clouds serve an instance's metadata and credentials outside the link-local
+/// range: Alibaba Cloud's (100.100.100.200) and AWS's over IPv6 (fd00:ec2::254).
+const INSTANCE_METADATA: [std::net::IpAddr; 2] = [
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(100, 100, 100, 200)),
+    std::net::IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+];
+
+/// Checks a kubeconfig's `server`: `https://` and a host with an optional port, nothing else
+/// (no user part, path or query), and no address an API server cannot have that the operator's
+/// pod can reach: link-local (instance metadata and credentials on every cloud), the other
+/// instance-metadata addresses, unspecified or multicast. Loopback, private addresses and DNS
+/// names are accepted: a DNS name is not resolved here, and whatever answers must still prove
+/// itself with a certificate of the kubeconfig's own CA.
+fn server_address(server: &str) -> Result<(), String> {
+    let Some(rest) = server.strip_prefix("https://") else {
+        return Err("a server that is not https://".to_string());
+    };
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.contains(['/', '?', '#']) {
+        return Err(format!(
+            "server {server:?} has a path or query (only https://host[:port])"
+        ));
+    }
+    if authority.contains('@') {
+        return Err(format!("server {server:?} has a user part"));
+    }
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, _)| host),
+    };
+    if host.is_empty() {
+        return Err(format!("server {server:?} names no host"));
+    }
+    let Ok(ip) = host.parse::<std::net::IpAddr>() else {
+        return Ok(());
+    };
+    let ip = match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+        v4 => v4,
+    };
+    let kind = if INSTANCE_METADATA.contains(&ip) {
+        Some("an instance metadata address")
+    } else if ip.is_unspecified() {
+        Some("an unspecified address")
+    } else if ip.is_multicast() {
+        Some("a multicast address")
+    } else if match ip {
+        std::net::IpAddr::V4(v4) => v4.is_link_local() || v4.is_broadcast(),
+        std::net::IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    } {
+        Some("a link-local address (where clouds serve instance metadata)")
+    } else {
+        None
+    };
+    match kind {
+        Some(kind) => Err(format!(
+            "server {server:?} is {kind}, which no workload API server has"
+        )),
+        None => Ok(()),
     }
 }
 
@@ -248,6 +312,46 @@ mod tests {
         ] {
             let error = self_contained(&kubeconfig(cluster, user)).expect_err(named);
             assert!(error.contains(named), "{named}: {error}");
+        }
+    }
+
+    /// A server address no API server has: the link-local range and the other addresses where
+    /// clouds serve instance metadata and credentials, an unspecified or a multicast address, or
+    /// a URL with a path,
+    /// query or user part. A loopback or private address and a DNS name stay accepted.
+    #[test]
+    fn a_kubeconfig_server_at_a_metadata_or_unspecified_address_is_refused() {
+        for (server, named) in [
+            ("https://169.254.169.254", "link-local"),
+            ("https://169.254.170.2:443", "link-local"),
+            ("https://[fe80::1]:6443", "link-local"),
+            ("https://[fd00:ec2::254]", "instance metadata"),
+            ("https://100.100.100.200", "instance metadata"),
+            ("https://0.0.0.0:6443", "unspecified"),
+            ("https://[::]:6443", "unspecified"),
+            ("https://224.0.0.1:6443", "multicast"),
+            ("https://10.0.0.1:6443/api/v1/namespaces", "path"),
+            ("https://10.0.0.1:6443?x=1", "path"),
+            ("https://user@10.0.0.1:6443", "user"),
+            ("https://", "host"),
+        ] {
+            let cluster = format!("    server: {server}\n    certificate-authority-data: Y2E=");
+            let error = self_contained(&kubeconfig(&cluster, "    token: abc")).expect_err(server);
+            assert!(error.contains(named), "{server}: {error}");
+        }
+        for server in [
+            "https://127.0.0.1:6443",
+            "https://10.0.0.1:6443/",
+            "https://[2001:db8::1]:6443",
+            "https://cp.example.com",
+            "https://192.168.1.10:6443",
+        ] {
+            let cluster = format!("    server: {server}\n    certificate-authority-data: Y2E=");
+            assert_eq!(
+                self_contained(&kubeconfig(&cluster, "    token: abc")),
+                Ok(()),
+                "{server}"
+            );
         }
     }
 
