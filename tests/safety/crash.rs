@@ -308,6 +308,26 @@ impl Group {
             .is_some()
     }
 
+    /// The running operator's log lines that name any of `names` (the last 60), and the
+    /// group's ledger: what a failed assertion about those Machines quotes.
+    pub async fn story_of(&mut self, names: &[&String]) -> String {
+        let log = self
+            .cluster
+            .operator()
+            .map(|o| std::fs::read_to_string(o.log_path()).unwrap_or_default())
+            .unwrap_or_default();
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|line| names.iter().any(|n| line.contains(n.as_str())))
+            .collect();
+        let tail = &lines[lines.len().saturating_sub(60)..];
+        format!(
+            "ledger: {}\noperator log about them:\n{}",
+            self.ledger().await,
+            tail.join("\n")
+        )
+    }
+
     pub async fn ledger(&self) -> String {
         let md = Api::<DynamicObject>::namespaced_with(
             self.client.clone(),

@@ -5,7 +5,8 @@
 //! cluster-autoscaler's own externalgrpc client (its default 5 s deadline, a retry after an
 //! error); after each round every
 //! Machine gone is one a DeleteNodes named, and once the faults stop and the sweeper has run,
-//! no claim or mark is left, replicas equal the machines, and every node answered OK is gone.
+//! no claim or mark is left, replicas equal the machines, and every node answered OK is gone
+//! (once named again, as CA's later loop names a node still standing under its taint).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -128,10 +129,46 @@ async fn scale_down_through_a_lying_api_server_deletes_only_named_machines() {
     let gone = deleted(&group, &initial).await;
     let wrong: Vec<&String> = gone.difference(&named).collect();
     assert!(wrong.is_empty(), "seed {seed}: wrong deletions {wrong:?}");
+    // An OK in doubt (its mark's write failed and so did the release) leaves the node
+    // standing: CA keeps it tainted, and once the taint is older than its
+    // MaxCloudProviderNodeDeletionTime (5 minutes) the node no longer counts as being deleted
+    // and a later loop names it again. That loop, now, with the faults off:
+    let standing: Vec<(String, String)> = group
+        .running()
+        .await
+        .into_iter()
+        .filter(|(name, _)| answered_ok.contains(name))
+        .collect();
+    if !standing.is_empty() {
+        let ca = CaClient::start(&config, &scratch.join("ca-again.log")).expect("CA's client");
+        for (victim, pid) in &standing {
+            group.ca_asks(&[victim]).await;
+            let node = json!({"providerID": pid, "name": victim});
+            let result = ca
+                .call(json!({"call": "DeleteNodes", "group": group.id, "nodes": [node]}))
+                .await;
+            group
+                .ca_got_from_client(&[victim], &result, CA_TIMEOUT)
+                .await;
+            assert!(
+                result.get("error").is_none(),
+                "seed {seed}: {victim} named again after an OK, with no fault: {result}"
+            );
+        }
+        let _ = ca.finish().await;
+        // Cluster API deletes them within the settling time (the assertion below quotes the
+        // operator's log when one stays).
+        let until = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < until && !answered_ok.is_subset(&deleted(&group, &initial).await) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let gone = deleted(&group, &initial).await;
     let kept: Vec<&String> = answered_ok.difference(&gone).collect();
     assert!(
         kept.is_empty(),
-        "seed {seed}: answered OK but not deleted: {kept:?}"
+        "seed {seed}: answered OK but not deleted: {kept:?}\n{}",
+        group.story_of(&kept).await
     );
 
     let mut by_kind: BTreeMap<Fault, usize> = BTreeMap::new();
@@ -140,11 +177,13 @@ async fn scale_down_through_a_lying_api_server_deletes_only_named_machines() {
     }
     group.log(&format!(
         "seed {seed}: {rounds} rounds in {:.0}s, {} writes forwarded, faults injected {by_kind:?}, \
-         answers {answers:?}, {} deleted ({} answered OK), wrong deletions 0",
+         answers {answers:?}, {} deleted ({} answered OK, {} of them named again), wrong \
+         deletions 0",
         started.elapsed().as_secs_f64(),
         proxy.forwarded(),
         gone.len(),
         answered_ok.len(),
+        standing.len(),
     ));
     assert!(
         !by_kind.is_empty() || rounds == 0,
