@@ -292,6 +292,11 @@ struct RunArgs {
     /// served. The default is three times Kubernetes' largest supported cluster.
     #[arg(long, default_value_t = 15_000, value_parser = clap::value_parser!(u32).range(1..))]
     workload_max_nodes: u32,
+    /// With `--workload-nodes=cluster-secrets`: most pages of one LIST from a workload cluster
+    /// (Nodes come 500 to a page); a server handing out fresh `continue` tokens beyond it is
+    /// reported and listed again later.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    workload_max_list_pages: u32,
     /// With `--workload-nodes=cluster-secrets`: longest a whole LIST of a workload cluster's
     /// Nodes may take, every page included; a slower one is reported and listed again later.
     #[arg(long, default_value_t = 180, value_parser = clap::value_parser!(u32).range(1..))]
@@ -462,6 +467,7 @@ impl RunArgs {
                     response_bytes: (self.workload_max_response_mib as usize) << 20,
                     watch_line_bytes: (self.workload_max_watch_line_mib as usize) << 20,
                     nodes: self.workload_max_nodes as usize,
+                    list_pages: self.workload_max_list_pages as usize,
                     list_deadline: Duration::from_secs(u64::from(self.workload_list_deadline_secs)),
                 }),
                 "kubeconfig" => WorkloadNodes::Kubeconfig(self.workload_kubeconfig.clone()),

@@ -1310,7 +1310,7 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
         (Hostility::EndlessList, Some("--workload-max-response-mib")),
         (
             Hostility::EndlessContinue,
-            Some("--workload-list-deadline-secs"),
+            Some("--workload-max-list-pages"),
         ),
         (
             Hostility::EndlessWatchLine,

@@ -53,6 +53,7 @@ fn the_workload_read_limits_come_from_their_flags() {
     assert_eq!(
         limits(&[
             "--workload-max-nodes=100",
+            "--workload-max-list-pages=7",
             "--workload-list-deadline-secs=5",
             "--workload-max-response-mib=8",
             "--workload-max-watch-line-mib=2",
@@ -61,11 +62,13 @@ fn the_workload_read_limits_come_from_their_flags() {
             response_bytes: 8 << 20,
             watch_line_bytes: 2 << 20,
             nodes: 100,
+            list_pages: 7,
             list_deadline: Duration::from_secs(5),
         })
     );
     for zero in [
         "--workload-max-nodes=0",
+        "--workload-max-list-pages=0",
         "--workload-list-deadline-secs=0",
         "--workload-max-response-mib=0",
     ] {

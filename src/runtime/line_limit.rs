@@ -49,7 +49,7 @@ pub struct LineLimited<S> {
 }
 
 /// True when `request` opens a watch (`watch=true` or `watch=1` in its query).
-fn is_watch<B>(request: &http::Request<B>) -> bool {
+pub(crate) fn is_watch<B>(request: &http::Request<B>) -> bool {
     request
         .uri()
         .query()

@@ -11,6 +11,7 @@ pub mod memory;
 pub mod metrics;
 pub mod nodes;
 mod pacing;
+mod page_limit;
 pub mod placement;
 mod pool_watches;
 mod ready;

@@ -16,7 +16,8 @@ pub(super) const READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A client whose every response body is cut at [`ReadLimits::response_bytes`] (the API server is a
 /// tenant's, and kube's client reads a LIST answer, or a watch line, whole, however long),
-/// whose watch lines are cut shorter still ([`crate::runtime::line_limit`]), and
+/// whose watch lines are cut shorter still ([`crate::runtime::line_limit`]), whose lists end at
+/// [`ReadLimits::list_pages`] pages ([`crate::runtime::page_limit`]), and
 /// whose requests are paced ([`crate::runtime::pacing`]: kube's watcher reopens a watch that ended
 /// cleanly at once, and follows every 410 with a LIST, so a server doing either in a loop
 /// would otherwise keep the operator busy reconnecting).
@@ -33,10 +34,13 @@ pub(super) fn bounded_client(
         crate::runtime::pacing::BURST,
         crate::runtime::pacing::PER_SECOND,
     );
+    // Outermost: a page beyond the limit neither waits for pacing nor goes out.
+    let pages = crate::runtime::page_limit::PageLimitLayer::new(limits.list_pages);
     Ok(kube::client::ClientBuilder::try_from(config)?
         .with_layer(&limit)
         .with_layer(&lines)
         .with_layer(&pace)
+        .with_layer(&pages)
         .build())
 }
 
@@ -57,12 +61,18 @@ pub(super) fn bound(config: &mut kube::Config) {
 /// plain-HTTP server answering every request with `router`.
 #[cfg(test)]
 pub(super) async fn client_of(router: axum::Router) -> Client {
+    client_within(router, &ReadLimits::default()).await
+}
+
+/// As [`client_of`], with `limits`.
+#[cfg(test)]
+pub(super) async fn client_within(router: axum::Router, limits: &ReadLimits) -> Client {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router).await });
     let mut config = kube::Config::new(format!("http://{address}").parse().unwrap());
     bound(&mut config);
-    bounded_client(config, &ReadLimits::default()).unwrap()
+    bounded_client(config, limits).unwrap()
 }
 
 #[cfg(test)]

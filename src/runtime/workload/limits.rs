@@ -28,6 +28,10 @@ pub struct ReadLimits {
     pub watch_line_bytes: usize,
     /// Most Nodes kept. Default 15,000: three times Kubernetes' largest supported cluster.
     pub nodes: usize,
+    /// Most pages of one LIST. Default 100: 15,000 Nodes come in 30 pages of 500, and a
+    /// server answering each page with a fresh `continue` token is stopped at the 101st
+    /// instead of paging until the list's deadline.
+    pub list_pages: usize,
     /// Longest a whole LIST of the Nodes may take, every page included: the read timeout
     /// bounds the wait for each next byte, not the list, and a tenant's server may send one
     /// byte every few seconds forever. Default 180 s: 15,000 Nodes at a few MB/s list in
@@ -41,6 +45,7 @@ impl Default for ReadLimits {
             response_bytes: 64 << 20,
             watch_line_bytes: crate::runtime::line_limit::MAX_WATCH_LINE_BYTES,
             nodes: 15_000,
+            list_pages: 100,
             list_deadline: Duration::from_secs(180),
         }
     }
@@ -53,6 +58,11 @@ pub(super) fn oversized(reason: &str, limits: &ReadLimits) -> Option<String> {
         Some(format!(
             "an answer was larger than {} MiB (--workload-max-response-mib)",
             limits.response_bytes >> 20
+        ))
+    } else if reason.contains("pages (fresh continue tokens)") {
+        Some(format!(
+            "a list ran to more than {} pages (--workload-max-list-pages)",
+            limits.list_pages
         ))
     } else if reason.contains("a watch event line longer than") {
         Some(format!(

@@ -192,6 +192,71 @@ mod tests {
     use super::*;
     use ngo_index::index::ClusterKey;
 
+    /// A server answering every page of the Node list with no Node and a fresh `continue`
+    /// token: the list is stopped at the page limit, long before its deadline, and reported
+    /// naming the flag.
+    #[tokio::test]
+    async fn a_tenants_endless_continue_tokens_are_stopped_at_the_page_limit_and_reported() {
+        let pages = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = pages.clone();
+        let router = axum::Router::new().fallback(move || {
+            let n = counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move {
+                (
+                    [("content-type", "application/json")],
+                    format!(
+                        r#"{{"kind":"NodeList","apiVersion":"v1","metadata":{{"resourceVersion":"1","continue":"page-{n}"}},"items":[]}}"#
+                    ),
+                )
+            }
+        });
+        let limits = ReadLimits {
+            list_pages: 5,
+            list_deadline: Duration::from_secs(120),
+            ..ReadLimits::default()
+        };
+        let client = super::super::client::client_within(router, &limits).await;
+        let health = Arc::new(SharedHealth {
+            cluster: ClusterKey {
+                namespace: "tenant".into(),
+                name: "paging".into(),
+            },
+            kubeconfig: "test".into(),
+            health: Mutex::new(Health::new(Instant::now())),
+            serving: AtomicBool::new(true),
+            changes: Arc::default(),
+        });
+        let shutdown = CancellationToken::new();
+        let watching = tokio::spawn(watch_nodes(
+            client,
+            reflector::store::Writer::default(),
+            (health.clone(), limits),
+            Arc::new(Notify::new()),
+            shutdown.clone(),
+        ));
+        let started = Instant::now();
+        let state = loop {
+            let state = health.state();
+            if matches!(state, WorkloadState::NeverSynced(_))
+                || started.elapsed() > Duration::from_secs(30)
+            {
+                break state;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        shutdown.cancel();
+        let _ = watching.await;
+        match state {
+            WorkloadState::NeverSynced(reason) => assert!(
+                reason.starts_with("a list ran to more than 5 pages (--workload-max-list-pages)"),
+                "{reason}"
+            ),
+            other => panic!("after {:?}: {other:?}", started.elapsed()),
+        }
+        let sent = pages.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(sent, 5, "pages the server was asked for");
+    }
+
     /// A server sending its Node list one byte every half second (never long enough apart
     /// for the read timeout): the list is abandoned at the deadline and the cluster reported.
     #[tokio::test]
