@@ -297,6 +297,11 @@ struct RunArgs {
     /// reported and listed again later.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     workload_max_list_pages: u32,
+    /// With `--workload-nodes=cluster-secrets`: most MiB the operator holds for one workload
+    /// cluster's Nodes (what it keeps of each: name, provider ID, labels, capacity); a cluster
+    /// beyond it is reported and listed again later.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    workload_max_node_mib: u32,
     /// With `--workload-nodes=cluster-secrets`: longest a whole LIST of a workload cluster's
     /// Nodes may take, every page included; a slower one is reported and listed again later.
     #[arg(long, default_value_t = 180, value_parser = clap::value_parser!(u32).range(1..))]
@@ -468,6 +473,7 @@ impl RunArgs {
                     watch_line_bytes: (self.workload_max_watch_line_mib as usize) << 20,
                     nodes: self.workload_max_nodes as usize,
                     list_pages: self.workload_max_list_pages as usize,
+                    node_bytes: (self.workload_max_node_mib as usize) << 20,
                     list_deadline: Duration::from_secs(u64::from(self.workload_list_deadline_secs)),
                 }),
                 "kubeconfig" => WorkloadNodes::Kubeconfig(self.workload_kubeconfig.clone()),

@@ -54,6 +54,7 @@ fn the_workload_read_limits_come_from_their_flags() {
         limits(&[
             "--workload-max-nodes=100",
             "--workload-max-list-pages=7",
+            "--workload-max-node-mib=3",
             "--workload-list-deadline-secs=5",
             "--workload-max-response-mib=8",
             "--workload-max-watch-line-mib=2",
@@ -63,12 +64,14 @@ fn the_workload_read_limits_come_from_their_flags() {
             watch_line_bytes: 2 << 20,
             nodes: 100,
             list_pages: 7,
+            node_bytes: 3 << 20,
             list_deadline: Duration::from_secs(5),
         })
     );
     for zero in [
         "--workload-max-nodes=0",
         "--workload-max-list-pages=0",
+        "--workload-max-node-mib=0",
         "--workload-list-deadline-secs=0",
         "--workload-max-response-mib=0",
     ] {

@@ -32,6 +32,29 @@ impl WatchedNode {
         Arc::make_mut(&mut self.view).cluster = Some(cluster.clone());
     }
 
+    /// About how many bytes the cache holds for this Node: its strings, and a fixed cost per
+    /// map entry and per Node (allocation headers, the map's nodes, the view's fields).
+    pub fn kept_bytes(&self) -> usize {
+        /// What a map entry costs beside its key and value strings.
+        const ENTRY: usize = 64;
+        /// What a Node costs beside its strings (`WatchedNode`, its `Arc`, the store's key).
+        const NODE: usize = 512;
+        let view = &self.view;
+        let entries = |map: &std::collections::BTreeMap<String, String>| -> usize {
+            map.iter().map(|(k, v)| k.len() + v.len() + ENTRY).sum()
+        };
+        NODE + 2 * view.name.len()
+            + self
+                .metadata
+                .resource_version
+                .as_ref()
+                .map_or(0, String::len)
+            + view.provider_id.as_ref().map_or(0, String::len)
+            + entries(&view.annotations)
+            + entries(&view.labels)
+            + entries(&view.capacity)
+    }
+
     /// A hash of what the index reads: a Node event that leaves it unchanged (a heartbeat, an
     /// image list) needs no index update.
     pub fn fingerprint(&self) -> u64 {
@@ -41,9 +64,62 @@ impl WatchedNode {
     }
 }
 
+/// Longest Node name (a DNS subdomain, as the API server validates it).
+const MAX_NAME_BYTES: usize = 253;
+/// Longest provider ID kept: the longest real ones (Azure's scale-set instances) come to about
+/// 250 bytes.
+const MAX_PROVIDER_ID_BYTES: usize = 2048;
+/// Longest value of a kept annotation (a Machine's name, a namespace).
+const MAX_ANNOTATION_VALUE_BYTES: usize = 253;
+
+/// Why a Node no API server would send is refused: the fields kept whole (its name, provider
+/// ID, resourceVersion and the annotations the index reads) are bounded, as a tenant's server
+/// could otherwise make each Node as large as a watch line.
+fn unreal(node: &Node) -> Option<String> {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    if name.len() > MAX_NAME_BYTES {
+        return Some(format!(
+            "a Node name of {} bytes (at most {MAX_NAME_BYTES})",
+            name.len()
+        ));
+    }
+    let version = node
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or_default();
+    if version.len() > MAX_NAME_BYTES {
+        return Some(format!(
+            "Node {name}: a resourceVersion of {} bytes",
+            version.len()
+        ));
+    }
+    let provider_id = node.spec.as_ref().and_then(|s| s.provider_id.as_deref());
+    if let Some(id) = provider_id.filter(|id| id.len() > MAX_PROVIDER_ID_BYTES) {
+        return Some(format!(
+            "Node {name}: a providerID of {} bytes (at most {MAX_PROVIDER_ID_BYTES})",
+            id.len()
+        ));
+    }
+    node.annotations()
+        .iter()
+        .find(|(key, value)| read_annotation(key) && value.len() > MAX_ANNOTATION_VALUE_BYTES)
+        .map(|(key, value)| {
+            format!(
+                "Node {name}: annotation {key} of {} bytes (at most {MAX_ANNOTATION_VALUE_BYTES})",
+                value.len()
+            )
+        })
+}
+
 impl<'de> Deserialize<'de> for WatchedNode {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let node = Node::deserialize(deserializer)?;
+        if let Some(why) = unreal(&node) {
+            return Err(serde::de::Error::custom(format!(
+                "refused {why}: no API server sends such a Node"
+            )));
+        }
         let view = node_view(&node, None);
         Ok(Self {
             metadata: ObjectMeta {
@@ -274,6 +350,49 @@ mod tests {
         assert!(capacity.len() <= MAX_CAPACITY_ENTRIES, "{}", capacity.len());
         assert_eq!(capacity.get("cpu").map(String::as_str), Some("4"));
         assert!(!capacity.contains_key("long"));
+    }
+
+    /// The fields kept whole are bounded: a Node with any of them beyond what an API server
+    /// sends is refused (its page fails to decode, and the cluster is reported), not kept.
+    #[test]
+    fn a_node_no_api_server_would_send_is_refused_not_kept() {
+        let refused = |change: &dyn Fn(&mut serde_json::Value), named: &str| {
+            let mut node = node_json();
+            change(&mut node);
+            let error = serde_json::from_value::<WatchedNode>(node)
+                .expect_err(named)
+                .to_string();
+            assert!(
+                error.contains(named) && error.contains("no API server sends such a Node"),
+                "{named}: {error}"
+            );
+        };
+        refused(
+            &|n| n["metadata"]["name"] = "n".repeat(254).into(),
+            "a Node name of 254 bytes",
+        );
+        refused(
+            &|n| n["spec"]["providerID"] = "p".repeat(1 << 20).into(),
+            "a providerID of 1048576 bytes",
+        );
+        refused(
+            &|n| n["metadata"]["annotations"]["cluster.x-k8s.io/machine"] = "m".repeat(300).into(),
+            "annotation cluster.x-k8s.io/machine of 300 bytes",
+        );
+        refused(
+            &|n| n["metadata"]["resourceVersion"] = "7".repeat(1000).into(),
+            "a resourceVersion of 1000 bytes",
+        );
+        let mut longest = node_json();
+        longest["metadata"]["name"] = "n".repeat(253).into();
+        longest["spec"]["providerID"] = "p".repeat(2048).into();
+        longest["metadata"]["annotations"]["cluster.x-k8s.io/machine"] = "m".repeat(253).into();
+        let kept: WatchedNode = serde_json::from_value(longest).expect("at the bounds");
+        assert!(
+            kept.kept_bytes() > 253 + 2048 + 253,
+            "{}",
+            kept.kept_bytes()
+        );
     }
 
     #[test]

@@ -28,6 +28,11 @@ pub struct ReadLimits {
     pub watch_line_bytes: usize,
     /// Most Nodes kept. Default 15,000: three times Kubernetes' largest supported cluster.
     pub nodes: usize,
+    /// Most bytes the cache holds for the cluster's Nodes ([`WatchedNode::kept_bytes`]).
+    /// Default 128 MiB: a Node with kubelet's labels comes to about 3 KiB, so 15,000 of them
+    /// to about 45 MiB; without it a tenant's 15,000 Nodes with 16 KiB of labels each would
+    /// hold 240 MiB.
+    pub node_bytes: usize,
     /// Most pages of one LIST. Default 100: 15,000 Nodes come in 30 pages of 500, and a
     /// server answering each page with a fresh `continue` token is stopped at the 101st
     /// instead of paging until the list's deadline.
@@ -45,6 +50,7 @@ impl Default for ReadLimits {
             response_bytes: 64 << 20,
             watch_line_bytes: crate::runtime::line_limit::MAX_WATCH_LINE_BYTES,
             nodes: 15_000,
+            node_bytes: 128 << 20,
             list_pages: 100,
             list_deadline: Duration::from_secs(180),
         }
@@ -59,6 +65,11 @@ pub(super) fn oversized(reason: &str, limits: &ReadLimits) -> Option<String> {
             "an answer was larger than {} MiB (--workload-max-response-mib)",
             limits.response_bytes >> 20
         ))
+    } else if reason.contains("no API server sends such a Node") {
+        Some(
+            "a Node had a field longer than any API server sends (name, providerID, or Cluster API's machine annotation)"
+                .to_string(),
+        )
     } else if reason.contains("pages (fresh continue tokens)") {
         Some(format!(
             "a list ran to more than {} pages (--workload-max-list-pages)",
@@ -104,9 +115,111 @@ pub(super) fn over_node_cap(
     }
 }
 
+/// The bytes the cache holds for one cluster's Nodes ([`WatchedNode::kept_bytes`]): counted
+/// per list while one is under way and, once listed, over the Nodes known.
+#[derive(Debug, Default)]
+pub(super) struct KeptBytes {
+    /// Each Node of the list under way.
+    listing: HashMap<String, usize>,
+    listing_total: usize,
+    /// Each Node known since the last complete list.
+    live: HashMap<String, usize>,
+    live_total: usize,
+}
+
+impl KeptBytes {
+    /// The bytes when `event` takes the cluster beyond `max`.
+    pub(super) fn over(
+        &mut self,
+        event: &watcher::Event<WatchedNode>,
+        max: usize,
+    ) -> Option<usize> {
+        let name = |node: &WatchedNode| node.metadata.name.clone().unwrap_or_default();
+        match event {
+            watcher::Event::Init => {
+                self.listing.clear();
+                self.listing_total = 0;
+                None
+            }
+            watcher::Event::InitApply(node) => {
+                let size = node.kept_bytes();
+                let before = self.listing.insert(name(node), size).unwrap_or_default();
+                self.listing_total = self.listing_total - before + size;
+                (self.listing_total > max).then_some(self.listing_total)
+            }
+            watcher::Event::InitDone => {
+                self.live = std::mem::take(&mut self.listing);
+                self.live_total = std::mem::take(&mut self.listing_total);
+                None
+            }
+            watcher::Event::Apply(node) => {
+                let size = node.kept_bytes();
+                let total = self.live_total
+                    - self.live.get(&name(node)).copied().unwrap_or_default()
+                    + size;
+                if total > max {
+                    return Some(total);
+                }
+                self.live.insert(name(node), size);
+                self.live_total = total;
+                None
+            }
+            watcher::Event::Delete(node) => {
+                if let Some(size) = self.live.remove(&name(node)) {
+                    self.live_total -= size;
+                }
+                None
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cluster_whose_nodes_hold_more_bytes_than_the_budget_is_stopped_at_the_first_one_beyond() {
+        let node = |name: &str, label_bytes: usize| -> WatchedNode {
+            serde_json::from_value(serde_json::json!({"metadata": {
+                "name": name, "labels": {"example.com/l": "v".repeat(label_bytes.min(63))}}}))
+            .unwrap()
+        };
+        let size = node("n00", 60).kept_bytes();
+        let max = 10 * size;
+        let mut kept = KeptBytes::default();
+        assert_eq!(kept.over(&watcher::Event::Init, max), None);
+        for k in 0..10 {
+            let event = watcher::Event::InitApply(node(&format!("n{k:02}"), 60));
+            assert_eq!(kept.over(&event, max), None, "node {k}");
+        }
+        let beyond = watcher::Event::InitApply(node("n10", 60));
+        assert_eq!(kept.over(&beyond, max), Some(11 * size));
+        // A new list counts again; once listed, a Node growing past the budget stops it, a
+        // Node replaced by one as large does not, and a deleted one frees its bytes.
+        assert_eq!(kept.over(&watcher::Event::Init, max), None);
+        for k in 0..10 {
+            let event = watcher::Event::InitApply(node(&format!("n{k:02}"), 60));
+            assert_eq!(kept.over(&event, max), None);
+        }
+        assert_eq!(kept.over(&watcher::Event::InitDone, max), None);
+        assert_eq!(
+            kept.over(&watcher::Event::Apply(node("n03", 60)), max),
+            None
+        );
+        assert!(
+            kept.over(&watcher::Event::Apply(node("n11", 60)), max)
+                .is_some()
+        );
+        assert_eq!(
+            kept.over(&watcher::Event::Delete(node("n04", 60)), max),
+            None
+        );
+        assert_eq!(
+            kept.over(&watcher::Event::Apply(node("n11", 60)), max),
+            None
+        );
+    }
 
     #[test]
     fn a_cluster_listing_more_nodes_than_the_cap_is_stopped_at_the_first_one_beyond() {

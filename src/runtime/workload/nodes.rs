@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::client::READ_TIMEOUT;
 use super::health::{SharedHealth, reason, reported};
 use super::limits::{
-    ReadLimits, SLOW_LIST_BACKOFF, TOO_MANY_NODES_BACKOFF, over_node_cap, oversized,
+    KeptBytes, ReadLimits, SLOW_LIST_BACKOFF, TOO_MANY_NODES_BACKOFF, over_node_cap, oversized,
 };
 use crate::runtime::changes::Track;
 use crate::runtime::nodes::WatchedNode;
@@ -56,6 +56,8 @@ pub(super) async fn watch_nodes(
     let mut seen: HashMap<String, u64> = HashMap::new();
     // Nodes of the list under way.
     let mut listing = 0usize;
+    // Bytes cached of the cluster's Nodes.
+    let mut kept = KeptBytes::default();
     // Since when the watcher is listing (it opened, a list began, or it must list again),
     // until the list is done or watch events come.
     let mut listing_since = Some(Instant::now());
@@ -109,10 +111,25 @@ pub(super) async fn watch_nodes(
         }
         match event {
             Some(Ok(event)) => {
-                if let Some(count) = over_node_cap(&event, &mut listing, &seen, limits.nodes) {
+                let beyond = over_node_cap(&event, &mut listing, &seen, limits.nodes)
+                    .map(|count| {
+                        format!(
+                            "the cluster lists more than {} Nodes ({count} so far; --workload-max-nodes)",
+                            limits.nodes
+                        )
+                    })
+                    .or_else(|| {
+                        kept.over(&event, limits.node_bytes).map(|bytes| {
+                            format!(
+                                "the cluster's Nodes come to more than {} MiB as cached ({} KiB so far; --workload-max-node-mib)",
+                                limits.node_bytes >> 20,
+                                bytes >> 10
+                            )
+                        })
+                    });
+                if let Some(beyond) = beyond {
                     let reason = format!(
-                        "the cluster lists more than {} Nodes ({count} so far; --workload-max-nodes); it is listed again in {}s",
-                        limits.nodes,
+                        "{beyond}; it is listed again in {}s",
                         TOO_MANY_NODES_BACKOFF.as_secs()
                     );
                     writer.apply_watcher_event(&watcher::Event::Init);
@@ -123,6 +140,7 @@ pub(super) async fn watch_nodes(
                         return;
                     }
                     listing = 0;
+                    kept = KeptBytes::default();
                     stream = open();
                     listing_since = Some(Instant::now());
                     continue;
@@ -191,6 +209,102 @@ mod tests {
     use super::super::health::Health;
     use super::*;
     use ngo_index::index::ClusterKey;
+
+    /// Watches Nodes from a local server answering every request with `router`, until the
+    /// cluster is reported or synced (or 30 s pass); its state then.
+    async fn reported_state(router: axum::Router, limits: ReadLimits) -> WorkloadState {
+        let client = super::super::client::client_within(router, &limits).await;
+        let health = Arc::new(SharedHealth {
+            cluster: ClusterKey {
+                namespace: "tenant".into(),
+                name: "hostile".into(),
+            },
+            kubeconfig: "test".into(),
+            health: Mutex::new(Health::new(Instant::now())),
+            serving: AtomicBool::new(true),
+            changes: Arc::default(),
+        });
+        let shutdown = CancellationToken::new();
+        let watching = tokio::spawn(watch_nodes(
+            client,
+            reflector::store::Writer::default(),
+            (health.clone(), limits),
+            Arc::new(Notify::new()),
+            shutdown.clone(),
+        ));
+        let started = Instant::now();
+        let state = loop {
+            let state = health.state();
+            if matches!(state, WorkloadState::NeverSynced(_) | WorkloadState::Synced)
+                || started.elapsed() > Duration::from_secs(30)
+            {
+                break state;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        shutdown.cancel();
+        let _ = watching.await;
+        state
+    }
+
+    /// A Node list of `count` Nodes, each with `label_bytes` of valid labels.
+    fn node_list(count: usize, label_bytes: usize) -> String {
+        let labels: serde_json::Map<String, serde_json::Value> = (0..label_bytes / 80)
+            .map(|k| (format!("example.com/l{k:05}"), "v".repeat(60).into()))
+            .collect();
+        let items: Vec<serde_json::Value> = (0..count)
+            .map(|k| serde_json::json!({"metadata": {"name": format!("n{k}"), "labels": labels}}))
+            .collect();
+        serde_json::json!({"kind": "NodeList", "apiVersion": "v1",
+            "metadata": {"resourceVersion": "1"}, "items": items})
+        .to_string()
+    }
+
+    /// 200 Nodes with 12 KiB of labels each (2.4 MiB kept) against a 1 MiB budget: the cluster
+    /// is reported naming the flag; the same Nodes with a few labels each are listed.
+    #[tokio::test]
+    async fn a_tenants_nodes_beyond_the_byte_budget_are_not_kept_and_reported() {
+        let serve = |list: String| {
+            axum::Router::new().fallback(move || {
+                let list = list.clone();
+                async move { ([("content-type", "application/json")], list) }
+            })
+        };
+        let limits = ReadLimits {
+            node_bytes: 1 << 20,
+            ..ReadLimits::default()
+        };
+        match reported_state(serve(node_list(200, 12 * 1024)), limits).await {
+            WorkloadState::NeverSynced(reason) => assert!(
+                reason.starts_with("the cluster's Nodes come to more than 1 MiB as cached")
+                    && reason.contains("--workload-max-node-mib"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let state = reported_state(serve(node_list(200, 400)), limits).await;
+        assert_eq!(state, WorkloadState::Synced, "small Nodes fit the budget");
+    }
+
+    /// A Node whose provider ID is a megabyte fails its page, and the cluster is reported.
+    #[tokio::test]
+    async fn a_tenants_node_with_a_megabyte_provider_id_is_refused_and_reported() {
+        let list = serde_json::json!({"kind": "NodeList", "apiVersion": "v1",
+            "metadata": {"resourceVersion": "1"},
+            "items": [{"metadata": {"name": "n"}, "spec": {"providerID": "p".repeat(1 << 20)}}]})
+        .to_string();
+        let router = axum::Router::new().fallback(move || {
+            let list = list.clone();
+            async move { ([("content-type", "application/json")], list) }
+        });
+        match reported_state(router, ReadLimits::default()).await {
+            WorkloadState::NeverSynced(reason) => assert!(
+                reason.starts_with("a Node had a field longer than any API server sends"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
 
     /// A server answering every page of the Node list with no Node and a fresh `continue`
     /// token: the list is stopped at the page limit, long before its deadline, and reported
