@@ -51,6 +51,8 @@ pub enum Fallback {
     ItemSkipped(String),
     /// The item is kept as written, as upstream keeps it.
     KeptAsWritten(String),
+    /// This many more items had warnings, not listed one by one (see [`MAX_ITEM_WARNINGS`]).
+    More(usize),
 }
 
 impl fmt::Display for Fallback {
@@ -59,18 +61,23 @@ impl fmt::Display for Fallback {
             Fallback::Ignored => f.write_str("ignored, as if unset"),
             Fallback::ItemSkipped(item) => write!(f, "item {} skipped", quoted(item)),
             Fallback::KeptAsWritten(item) => write!(f, "item {} kept as written", quoted(item)),
+            Fallback::More(count) => write!(f, "{count} more items skipped or kept as written"),
         }
     }
 }
 
+/// Item warnings kept per list annotation (labels, taints); the rest are counted in one more.
+pub const MAX_ITEM_WARNINGS: usize = 8;
+
 /// An annotation value that could not be used as written. The group is still served; the
 /// warning says what was wrong and what applies instead.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
-#[error("annotation {key}={}: {reason}; {fallback}", quoted(value))]
+#[error("annotation {key}={value}: {reason}; {fallback}")]
 pub struct AnnotationWarning {
     /// The annotation key.
     pub key: String,
-    /// The whole value found.
+    /// The value found, quoted and cut short ([`quoted`]): a tenant's value may be as long
+    /// as the API server allows, and one list gives many warnings.
     pub value: String,
     /// What is wrong with it.
     pub reason: String,
@@ -82,7 +89,7 @@ impl AnnotationWarning {
     fn new(key: &str, value: &str, reason: impl Into<String>, fallback: Fallback) -> Self {
         Self {
             key: key.into(),
-            value: value.into(),
+            value: quoted(value),
             reason: reason.into(),
             fallback,
         }
@@ -434,7 +441,23 @@ pub fn parse_label_list(
         }
         out.insert(k.to_string(), v.to_string());
     }
-    (out, warnings)
+    (out, bounded(key, value, warnings))
+}
+
+/// `warnings` of one list annotation, the first [`MAX_ITEM_WARNINGS`] of them and one that
+/// counts the rest.
+fn bounded(key: &str, value: &str, mut warnings: Vec<AnnotationWarning>) -> Vec<AnnotationWarning> {
+    if warnings.len() > MAX_ITEM_WARNINGS {
+        let more = warnings.len() - MAX_ITEM_WARNINGS;
+        warnings.truncate(MAX_ITEM_WARNINGS);
+        warnings.push(AnnotationWarning::new(
+            key,
+            value,
+            "items with warnings beyond the first few",
+            Fallback::More(more),
+        ));
+    }
+    warnings
 }
 
 /// Taint effects the scheduler acts on (and "" for a key-only taint).
@@ -476,7 +499,7 @@ pub fn parse_taint_list(key: &str, value: &str) -> (Vec<Taint>, Vec<AnnotationWa
             )),
         }
     }
-    (out, warnings)
+    (out, bounded(key, value, warnings))
 }
 
 /// One `key[=value][:Effect]` item, with upstream `parseTaint`'s grammar.

@@ -578,3 +578,38 @@ mod properties {
         }
     }
 }
+
+/// A tenant's label or taint list of many bad items costs a bounded report: a few item
+/// warnings (each quoting the value cut short) and one that counts the rest, not a copy of the
+/// whole value per item (a 256 KiB `a,a,a,…` made 128 Ki copies of 256 KiB).
+#[test]
+fn a_list_of_many_bad_items_gives_a_bounded_report() {
+    let value = "a,".repeat(128 * 1024);
+    let key = "capacity.cluster-autoscaler.kubernetes.io/labels";
+    let (labels, warnings) = parse_label_list(key, &value);
+    assert!(labels.is_empty());
+    let (taints, taint_warnings) = parse_taint_list(key, &"k=v=w:NoSchedule,".repeat(16 * 1024));
+    assert!(taints.is_empty());
+    for warnings in [&warnings, &taint_warnings] {
+        assert!(
+            warnings.len() <= MAX_ITEM_WARNINGS + 1,
+            "{} warnings",
+            warnings.len()
+        );
+        let text: usize = warnings.iter().map(|w| w.to_string().len()).sum();
+        let held: usize = warnings.iter().map(|w| w.value.len()).sum();
+        assert!(
+            text < 8 * 1024 && held < 2 * 1024,
+            "{text} bytes shown, {held} held"
+        );
+        let last = warnings.last().expect("warnings").to_string();
+        assert!(last.contains("more items"), "{last}");
+    }
+    // A few bad items are each reported, with the value as shown before.
+    let (_, few) = parse_label_list(key, "a=b,c,d");
+    assert_eq!(few.len(), 2);
+    assert_eq!(
+        few[0].to_string(),
+        "annotation capacity.cluster-autoscaler.kubernetes.io/labels=\"a=b,c,d\": label \"c\" is not key=value; item \"c\" skipped"
+    );
+}
