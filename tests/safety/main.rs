@@ -13,6 +13,7 @@ mod apiserver;
 mod concurrency;
 mod crash;
 mod faults;
+mod forged;
 mod outside_decrement;
 mod rollout;
 mod shutdown;

@@ -12,6 +12,13 @@ use crate::events::Severity;
 use ngo_index::capi::scale_down::ScaleDownMark;
 use ngo_index::capi::scale_down::protocol;
 
+/// The group `id` names when it is in `namespace`, the Machine's: Cluster API's owner
+/// references do not cross namespaces, so a record naming a group elsewhere was written by
+/// hand (a tenant may forge one on its own Machine) and must not lead the operator there.
+fn group_of_machine(id: &str, namespace: &str) -> Option<GroupKey> {
+    GroupKey::parse(id).filter(|group| group.namespace == namespace)
+}
+
 /// What the sweeper did with one record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resolution {
@@ -77,7 +84,7 @@ impl CapiActuator {
         name: &str,
         group: Option<&str>,
     ) -> Result<Resolution, ActuateError> {
-        if let Some(group) = group.and_then(GroupKey::parse)
+        if let Some(group) = group.and_then(|g| group_of_machine(g, namespace))
             && self
                 .ledger_of(&group)
                 .await?
@@ -102,7 +109,9 @@ impl CapiActuator {
 
     /// Resolves the record `mark` on Machine `namespace/name` against its group's ledger:
     /// clears it once the decrement is applied, releases a mark whose request holds no
-    /// claim once it expired, and removes old released records. `min`: the minimum of the
+    /// claim once it expired, and removes old released records. A mark naming a group of
+    /// another namespace is no request's (a Machine and its group share one): once expired it
+    /// is removed from this Machine, and nothing of that namespace is read or written. `min`: the minimum of the
     /// mark's group, for a roll-forward (`None`: not served).
     pub async fn resolve_mark(
         &self,
@@ -113,7 +122,7 @@ impl CapiActuator {
         margin: i64,
     ) -> Result<Resolution, ActuateError> {
         let now = jiff::Timestamp::now().as_second();
-        let group = GroupKey::parse(&mark.group);
+        let group = group_of_machine(&mark.group, namespace);
         let entry = match &group {
             Some(group) => self
                 .ledger_of(group)
@@ -143,9 +152,9 @@ impl CapiActuator {
                     }
                     Ok(released.into())
                 }
-                // A mark naming no group we know: its request cannot complete.
+                // A mark naming no group of this namespace: its request cannot complete.
                 None => {
-                    self.clear_record(namespace, name, &mark.request, true)
+                    self.clear_record(namespace, name, &mark.request, mark.released)
                         .await?;
                     Ok(Resolution::RolledBack)
                 }
