@@ -22,7 +22,7 @@ use crate::{duration, quantity};
 
 /// An annotation value we cannot use: only the min/max bounds produce these.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
-#[error("annotation {key}={value:?}: {reason}")]
+#[error("annotation {key}={}: {reason}", quoted(value))]
 pub struct AnnotationError {
     /// The annotation key.
     pub key: String,

@@ -751,8 +751,9 @@ impl IndexState {
                     Ok(r) => Some(r),
                     Err(_) => {
                         return Some(format!(
-                            "MachineSet {ns}/{} has an unparseable {REVISION_ANNOTATION} {text:?}",
-                            ms.name
+                            "MachineSet {ns}/{} has an unparseable {REVISION_ANNOTATION} {}",
+                            ms.name,
+                            crate::quoted::quoted(text)
                         ));
                     }
                 },

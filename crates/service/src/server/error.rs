@@ -147,12 +147,17 @@ fn transport_failure(error: &ProviderError) -> Option<&'static str> {
 }
 
 /// `message` cut to [`MAX_MESSAGE_BYTES`] on a character boundary, saying how much was cut.
-fn bounded(mut message: String) -> String {
-    if message.len() <= MAX_MESSAGE_BYTES {
+fn bounded(message: String) -> String {
+    cut_to(message, MAX_MESSAGE_BYTES)
+}
+
+/// `message` cut to `max` bytes on a character boundary, saying how much was cut.
+pub(crate) fn cut_to(mut message: String, max: usize) -> String {
+    if message.len() <= max {
         return message;
     }
     let total = message.len();
-    let mut end = MAX_MESSAGE_BYTES;
+    let mut end = max;
     while !message.is_char_boundary(end) {
         end -= 1;
     }
@@ -200,6 +205,25 @@ impl From<ProviderError> for Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tenant's text in a log line or a message: cut on a character boundary, saying how
+    /// much was cut; short text is left whole.
+    #[test]
+    fn long_text_is_cut_on_a_character_boundary_saying_how_much() {
+        let huge = format!("MachineDeployment/ns/md: {}", "é".repeat(1 << 19));
+        let cut = cut_to(huge.clone(), 1024);
+        assert!(cut.len() < 1100, "{}", cut.len());
+        assert!(
+            cut.ends_with(&format!(
+                "... ({} of {} bytes cut)",
+                huge.len() - 1023,
+                huge.len()
+            )),
+            "{}",
+            &cut[1000..]
+        );
+        assert_eq!(cut_to("short".into(), 1024), "short");
+    }
 
     #[test]
     fn codes_follow_the_contract() {

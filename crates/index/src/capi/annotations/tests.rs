@@ -613,3 +613,14 @@ fn a_list_of_many_bad_items_gives_a_bounded_report() {
         "annotation capacity.cluster-autoscaler.kubernetes.io/labels=\"a=b,c,d\": label \"c\" is not key=value; item \"c\" skipped"
     );
 }
+
+/// A bound's error quotes a tenant's value cut short: it reaches the log and the policy's
+/// status whole otherwise.
+#[test]
+fn a_bad_bound_is_quoted_cut_short() {
+    let huge = "9".repeat(100_000);
+    let error = bounds(Some(&huge), Some("3")).expect_err("not an i32");
+    let text = error.to_string();
+    assert!(text.len() < 400, "{} bytes", text.len());
+    assert!(text.contains("(100000 bytes)"), "{text}");
+}

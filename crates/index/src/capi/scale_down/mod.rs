@@ -191,7 +191,12 @@ impl<'de> Deserialize<'de> for Ledger {
             .map(|(key, value)| {
                 serde_json::from_value(value)
                     .map(|entry| (key.clone(), entry))
-                    .map_err(|e| serde::de::Error::custom(format!("entry {key:?}: {e}")))
+                    .map_err(|e| {
+                        serde::de::Error::custom(format!(
+                            "entry {}: {e}",
+                            crate::quoted::quoted(&key)
+                        ))
+                    })
             })
             .collect::<Result<_, _>>()?;
         Ok(Self { entries })

@@ -33,6 +33,10 @@ const TARGET_SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// Annotation on template nodes naming their group, so pricing can find it again.
 pub const TEMPLATE_GROUP_ANNOTATION: &str = "autoscaling.nodegroup.dev/node-group";
 
+/// Most bytes of what a mutation asked for (its group and node ids) in its log lines: one
+/// DeleteNodes may name nodes up to the 4 MiB request limit.
+const MAX_ASKED_LOG_BYTES: usize = 1024;
+
 /// The longest node group id that can exist: `<Kind>/<namespace>/<name>` with the longest
 /// kind, a namespace (a DNS label, 63 bytes) and an object name (a DNS subdomain, 253 bytes).
 /// Longer ids are refused as malformed instead of looked up and echoed back.
@@ -357,6 +361,8 @@ impl CloudProviderService {
             .metrics
             .unanswered(method)
             .client_deadline(caller.timeout);
+        // What a tenant's CA asked (group ids, node ids), as logged: up to 4 MiB as sent.
+        let asked = asked.map(|text| super::error::cut_to(text, MAX_ASKED_LOG_BYTES));
         let asked_text = asked.as_deref().unwrap_or_default();
         let result = body.instrument(span.clone()).await.map_err(|error| {
             let status = Status::from(error);
