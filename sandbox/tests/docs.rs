@@ -276,3 +276,247 @@ fn the_readme_stays_at_most_200_lines() {
         "README.md has {lines} lines; move reference material to docs/"
     );
 }
+
+/// Whether a key named in a row (`prefix/{a,b}`, `prefix-*` or the key) covers `key`.
+fn covers_key(named: &str, key: &str) -> bool {
+    if let Some(prefix) = named.strip_suffix('*') {
+        return key.starts_with(prefix);
+    }
+    if let (Some(open), Some(inner)) = (named.find('{'), named.strip_suffix('}')) {
+        let prefix = &named[..open];
+        return inner[open + 1..]
+            .split(',')
+            .any(|leaf| format!("{prefix}{}", leaf.trim()) == key);
+    }
+    named == key
+}
+
+/// The string constants `pub const NAME: &str = "value";` of a source file, as (name, value).
+fn string_constants(path: &str) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(repo().join(path)).expect(path);
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("pub const "))
+        .filter(|l| l.contains(": &str = \""))
+        .filter_map(|l| {
+            let name = l.split(':').next()?.trim().to_string();
+            let value = l.split('"').nth(1)?.to_string();
+            Some((name, value))
+        })
+        .collect()
+}
+
+/// Every annotation, label and finalizer key the operator reads from Cluster API objects,
+/// Nodes or a CA's nodes, with the default Cluster API group: the `{group}/...` keys of
+/// `CapiKeys`, the key constants, and the capacity names the annotation parser asks for.
+fn cluster_api_keys() -> Vec<String> {
+    let group = ngo_index::capi::keys::DEFAULT_GROUP;
+    let keys_rs = std::fs::read_to_string(repo().join("crates/index/src/capi/keys.rs")).unwrap();
+    let mut keys: Vec<String> = keys_rs
+        .lines()
+        .filter_map(|l| l.split("format!(\"{group}/").nth(1))
+        .filter_map(|rest| rest.split('"').next())
+        .map(|rest| format!("{group}/{rest}"))
+        .collect();
+    // Not keys the operator reads: the group itself, a label it writes into answers, and the
+    // prefix the capacity names below complete.
+    let not_read = ["DEFAULT_GROUP", "GPU_LABEL", "CAPACITY_PREFIX"];
+    for file in [
+        "crates/index/src/capi/keys.rs",
+        "crates/index/src/capi/scale_down/mod.rs",
+        "crates/service/src/server/service/mod.rs",
+    ] {
+        keys.extend(
+            string_constants(file)
+                .into_iter()
+                .filter(|(name, _)| {
+                    !not_read.contains(&name.as_str())
+                        && (name.ends_with("_ANNOTATION")
+                            || name.ends_with("_PREFIX")
+                            || name == "FINALIZER")
+                })
+                .map(|(_, value)| value),
+        );
+    }
+    let parser =
+        std::fs::read_to_string(repo().join("crates/index/src/capi/annotations.rs")).unwrap();
+    for call in [
+        "quantity(\"",
+        "integer(\"",
+        "get(\"",
+        "(\"dra-driver",
+        "(\"csi-driver",
+    ] {
+        for rest in parser.split(call).skip(1) {
+            let name = format!(
+                "{}{}",
+                call.strip_prefix('(')
+                    .map_or("", |c| c.trim_start_matches('"')),
+                rest.split('"').next().unwrap_or_default()
+            );
+            keys.push(format!("{}{name}", ngo_index::capi::keys::CAPACITY_PREFIX));
+        }
+    }
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// The fields of every request cluster-autoscaler sends (`Message.field`, `Message.list[].field`,
+/// a request without fields by its name), read from the proto: each message of this file is
+/// followed into its fields, other types are leaves.
+fn grpc_request_fields() -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join("proto/externalgrpc.proto")).unwrap();
+    let mut messages: std::collections::BTreeMap<String, Vec<(String, String, bool)>> =
+        Default::default();
+    let mut current: Option<String> = None;
+    let mut depth = 0;
+    let mut requests = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.starts_with("//")) {
+        if let Some(rest) = line.strip_prefix("rpc ") {
+            let request = rest.split('(').nth(1).and_then(|r| r.split(')').next());
+            requests.extend(request.map(str::to_string));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("message ") {
+            let name = rest
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            messages.entry(name.clone()).or_default();
+            if !line.ends_with("{}") {
+                current = Some(name);
+                depth = 1;
+            }
+            continue;
+        }
+        let Some(message) = &current else { continue };
+        if line.ends_with('{') {
+            depth += 1;
+            continue;
+        }
+        if line.starts_with('}') {
+            depth -= 1;
+            if depth == 0 {
+                current = None;
+            }
+            continue;
+        }
+        if depth != 1 || !line.contains('=') {
+            continue;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let (repeated, kind, name) = match words.as_slice() {
+            ["repeated", kind, name, ..] => (true, *kind, *name),
+            [kind, name, ..] if !kind.starts_with("map<") => (false, *kind, *name),
+            _ => (
+                false,
+                "map",
+                line.split('>')
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .unwrap_or_default(),
+            ),
+        };
+        messages.get_mut(message).expect("the message").push((
+            name.to_string(),
+            kind.to_string(),
+            repeated,
+        ));
+    }
+    fn fields_of(
+        messages: &std::collections::BTreeMap<String, Vec<(String, String, bool)>>,
+        message: &str,
+        path: &str,
+        out: &mut Vec<String>,
+    ) {
+        let fields = &messages[message];
+        if fields.is_empty() {
+            out.push(path.to_string());
+        }
+        for (name, kind, repeated) in fields {
+            let path = format!("{path}.{name}{}", if *repeated { "[]" } else { "" });
+            if messages.contains_key(kind) {
+                fields_of(messages, kind, &path, out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for request in &requests {
+        fields_of(&messages, request, request, &mut out);
+    }
+    out
+}
+
+/// Every key the operator reads from Cluster API objects or Nodes, and every field of every
+/// request a tenant's cluster-autoscaler sends, has a row in docs/security.md: a new
+/// annotation or proto field without a rule fails here.
+#[test]
+fn every_cluster_api_key_and_grpc_request_field_has_a_row() {
+    let doc = std::fs::read_to_string(repo().join("docs/security.md")).unwrap();
+    let first_cells: Vec<&str> = doc
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| ---"))
+        .filter_map(|row| row.split(" | ").next())
+        .collect();
+    let named = |filter: &dyn Fn(&str) -> bool| -> Vec<String> {
+        first_cells
+            .iter()
+            .filter(|cell| filter(cell))
+            .flat_map(|cell| cell.split('`').skip(1).step_by(2).map(str::to_string))
+            .collect()
+    };
+
+    let keys = cluster_api_keys();
+    for expected in [
+        "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size",
+        "capacity.cluster-autoscaler.kubernetes.io/taints",
+        "capacity.cluster-autoscaler.kubernetes.io/dra-driver",
+        ngo_index::capi::scale_down::LEDGER_ANNOTATION,
+        ngo_index::capi::keys::PAUSED_ANNOTATION,
+    ] {
+        assert!(keys.iter().any(|k| k == expected), "{expected}: {keys:?}");
+    }
+    let tokens = named(&|_| true);
+    let missing: Vec<&String> = keys
+        .iter()
+        .filter(|key| !tokens.iter().any(|t| covers_key(t, key)))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "keys without a row in docs/security.md: {missing:?}"
+    );
+
+    let fields = grpc_request_fields();
+    for expected in [
+        "NodeGroupDeleteNodesRequest.nodes[].providerID",
+        "PricingPodPriceRequest.startTime.seconds",
+        "NodeGroupsRequest",
+        "NodeGroupAutoscalingOptionsRequest.defaults.scaleDownUnneededTime.duration",
+    ] {
+        assert!(
+            fields.iter().any(|f| f == expected),
+            "{expected}: {fields:?}"
+        );
+    }
+    let grpc = named(&|cell| cell.contains("gRPC"));
+    let missing: Vec<&String> = fields
+        .iter()
+        .filter(|field| !grpc.iter().any(|t| covers(t, field)))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "gRPC request fields without a row in docs/security.md: {missing:?}"
+    );
+}
+
+#[test]
+fn a_row_covers_keys_by_wildcard_list_or_name() {
+    assert!(covers_key("a.io/options-*", "a.io/options-x"));
+    assert!(covers_key("a.io/{cpu,memory}", "a.io/memory"));
+    assert!(!covers_key("a.io/{cpu,memory}", "a.io/gpu"));
+    assert!(covers_key("a.io/x", "a.io/x"));
+    assert!(!covers_key("a.io/x", "a.io/xy"));
+}
