@@ -17,6 +17,27 @@ use ngo_index::capi::objects::InfraRef;
 /// How long to wait before retrying an infrastructure template kind that could not be watched.
 pub(super) const TEMPLATE_RETRY: Duration = Duration::from_secs(60);
 
+/// Whether the operator watches the kind `infra` names: an infrastructure provider's machine
+/// template or machine pool (`infrastructure.<Cluster API group>`, or a group below it, and
+/// a kind ending in `Template` or `MachinePool`). A tenant writes the reference, and the
+/// operator's RBAC may read more than templates (Nodes, Pods, Secrets in some topologies):
+/// any other kind would be listed, watched and held by the operator every tenant shares.
+fn template_kind_allowed(infra: &InfraRef, capi_group: &str) -> Result<(), String> {
+    let provider_group = format!("infrastructure.{capi_group}");
+    let group_ok =
+        infra.group == provider_group || infra.group.ends_with(&format!(".{provider_group}"));
+    let kind_ok = infra.kind.ends_with("Template") || infra.kind.ends_with("MachinePool");
+    if group_ok && kind_ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}/{} is not an infrastructure machine template or machine pool (a kind ending in Template or MachinePool of {provider_group}); not read",
+            ngo_index::quoted::quoted(&infra.group),
+            ngo_index::quoted::quoted(&infra.kind)
+        ))
+    }
+}
+
 impl Watches {
     /// Starts reflectors for infrastructure template kinds referenced by served resources.
     pub(super) fn ensure_template_watches<'a>(
@@ -34,6 +55,12 @@ impl Watches {
                 Some(TemplateWatch::Starting | TemplateWatch::Watching(_)) => continue,
                 Some(TemplateWatch::Failed(at, _)) if at.elapsed() < TEMPLATE_RETRY => continue,
                 _ => {}
+            }
+            if let Err(reason) = template_kind_allowed(infra, &self.inner.keys.group) {
+                // Retried (and refused again, with no request) after TEMPLATE_RETRY.
+                tracing::warn!(group = %infra.group, kind = %infra.kind, %reason, "not watching an infrastructure reference");
+                watches.insert(key, TemplateWatch::Failed(Instant::now(), reason));
+                continue;
             }
             watches.insert(key, TemplateWatch::Starting);
             tokio::spawn(self.clone().watch_template(infra.clone()));
@@ -103,7 +130,9 @@ impl Watches {
                         ar.clone(),
                         (inner.changes.clone(), Track::Context),
                         inner.shutdown.clone(),
-                        |_| {},
+                        |template: &mut DynamicObject| {
+                            kube::ResourceExt::managed_fields_mut(template).clear()
+                        },
                         None,
                     )
                 })
@@ -141,4 +170,65 @@ async fn resolve_kind(client: &Client, infra: &InfraRef) -> Result<ApiResource, 
                 .find(|ar| ar.kind == infra.kind)
         })
         .ok_or_else(|| format!("kind {} is not served in {versions:?}", infra.kind))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(group: &str, kind: &str) -> InfraRef {
+        InfraRef {
+            group: group.into(),
+            version: None,
+            kind: kind.into(),
+            name: "t".into(),
+        }
+    }
+
+    /// A tenant's reference to a kind that is no infrastructure template (a Pod, a Secret, a
+    /// Node, another provider's cluster object) is not watched.
+    #[test]
+    fn only_infrastructure_templates_and_machine_pools_are_watched() {
+        let capi = "cluster.x-k8s.io";
+        for (group, kind) in [
+            ("infrastructure.cluster.x-k8s.io", "DockerMachineTemplate"),
+            ("infrastructure.cluster.x-k8s.io", "AWSMachinePool"),
+            ("infrastructure.cluster.x-k8s.io", "TestMachineTemplate"),
+            (
+                "ipam.infrastructure.cluster.x-k8s.io",
+                "VSphereMachineTemplate",
+            ),
+        ] {
+            assert_eq!(
+                template_kind_allowed(&reference(group, kind), capi),
+                Ok(()),
+                "{group}/{kind}"
+            );
+        }
+        for (group, kind) in [
+            ("", "Pod"),
+            ("", "Secret"),
+            ("", "Node"),
+            ("infrastructure.cluster.x-k8s.io", "AWSCluster"),
+            ("bootstrap.cluster.x-k8s.io", "KubeadmConfigTemplate"),
+            ("cluster.x-k8s.io", "MachineTemplate"),
+            (
+                "infrastructure.cluster.x-k8s.io.evil.example",
+                "XMachineTemplate",
+            ),
+            ("autoscaling.nodegroup.dev", "NodePoolTemplate"),
+        ] {
+            let refused = template_kind_allowed(&reference(group, kind), capi)
+                .expect_err(&format!("{group}/{kind}"));
+            assert!(refused.contains("not read"), "{refused}");
+        }
+        assert_eq!(
+            template_kind_allowed(
+                &reference("infrastructure.custom.io", "XMachineTemplate"),
+                "custom.io"
+            ),
+            Ok(()),
+            "the group follows --capi-group"
+        );
+    }
 }
