@@ -280,7 +280,9 @@ impl TestNs {
         let labels = json!({"cluster.x-k8s.io/cluster-name": "c1", "cluster.x-k8s.io/deployment-name": name});
         let body = json!({
             "apiVersion": format!("cluster.x-k8s.io/{CAPI_VERSION}"), "kind": "MachineDeployment",
-            "metadata": {"name": name, "namespace": self.name, "annotations": annotations},
+            // The cluster-name label as Cluster API's webhook and controller set it.
+            "metadata": {"name": name, "namespace": self.name, "annotations": annotations,
+                "labels": {"cluster.x-k8s.io/cluster-name": "c1"}},
             "spec": {
                 "clusterName": "c1", "replicas": replicas,
                 "selector": {"matchLabels": labels},
@@ -322,7 +324,8 @@ impl TestNs {
     ) -> DynamicObject {
         let body = json!({
             "apiVersion": format!("cluster.x-k8s.io/{CAPI_VERSION}"), "kind": "MachinePool",
-            "metadata": {"name": name, "namespace": self.name, "annotations": annotations},
+            "metadata": {"name": name, "namespace": self.name, "annotations": annotations,
+                "labels": {"cluster.x-k8s.io/cluster-name": "c1"}},
             "spec": {"clusterName": "c1", "replicas": replicas, "providerIDList": provider_ids,
                 "template": self.template("c1", &json!({}), json!({}))}
         });
