@@ -1269,6 +1269,9 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
     use ngo_testbed::hostile_apiserver::{HostileApiServer, Hostility};
     /// The chart's memory limit (`resources.limits.memory`).
     const CHART_LIMIT_KIB: u64 = 512 * 1024;
+    /// How long cluster-autoscaler runs before a scale-up is timed: its start and first
+    /// loops are not the operator's.
+    const CA_SETTLES: Duration = Duration::from_secs(8);
     let _one = ONE_AT_A_TIME.lock().await;
     let mut w = World::new("hostile", 1, 1).await;
     let hostile = HostileApiServer::start().await.expect("hostile server");
@@ -1298,9 +1301,21 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
     // Below 20 ms a p99 on this 2-core machine is noise: the API servers, Cluster API, kwok
     // and the test share it, and one 64 MiB answer read in a window moves its 1% tail.
     let floor = Duration::from_millis(20);
+    // A's scale-up without hostility: from two pods that need a node each to replicas 2, its
+    // cluster-autoscaler running for a while already (it stops after, so that it adds no load
+    // below).
+    let nodes_a = w.a.nodes_client().await.expect("a");
+    w.start_autoscaler('a');
+    tokio::time::sleep(CA_SETTLES).await;
+    let started = Instant::now();
+    w.load_a(&nodes_a, 2, "A scaled up by A's autoscaler, B honest")
+        .await;
+    let scale_up_baseline = started.elapsed();
+    w.a.stop_autoscaler();
     eprintln!(
-        "without hostility: A's NodeGroups p99 {:?}, operator RSS {} KiB",
+        "without hostility: A's NodeGroups p99 {:?}, A's scale-up {:.1}s, operator RSS {} KiB",
         p99(&baseline),
+        scale_up_baseline.as_secs_f64(),
         baseline_rss
     );
     let mut report = Vec::new();
@@ -1385,13 +1400,76 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
             })
             .await;
             eprintln!("{mode:?}: B's WorkloadClustersReachable: {message}");
+            // And an Event on B's policy, as `kubectl describe` shows it.
+            poll(
+                &format!("a Warning Event on B's policy naming {bound}"),
+                || async {
+                    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+                        w.management.clone(),
+                        &w.b.namespace,
+                    )
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                    events
+                        .items
+                        .iter()
+                        .any(|e| {
+                            e.reason.as_deref() == Some("WorkloadClusterUnreachable")
+                                && e.note.as_deref().is_some_and(|n| n.contains(bound))
+                        })
+                        .then_some(())
+                        .ok_or_else(|| format!("{} Events, none naming it", events.items.len()))
+                },
+            )
+            .await;
         }
     }
-    hostile.set(Hostility::Honest);
-    // A still scales with B's server hostile a moment ago.
-    let nodes_a = w.a.nodes_client().await.expect("a");
+    // A's scale-up while B's server sends an endless LIST to a fresh operator: within twice
+    // its time without hostility, plus CA's scan interval (1 s: where in its loop CA sees the
+    // pods is chance).
+    hostile.set(Hostility::EndlessList);
+    restart_operator_with(&mut w, &["--workload-list-deadline-secs=10"]);
+    let a = connect_as(&w, &a_cert).await;
+    poll("A served by the restarted operator", || async {
+        a.clone()
+            .node_groups(ngo_service::proto::NodeGroupsRequest {})
+            .await
+            .ok()
+            .filter(|g| g.get_ref().node_groups.len() == 1)
+            .map(|_| ())
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
     w.start_autoscaler('a');
-    w.load_a(&nodes_a, 2, "A scaled up by A's autoscaler").await;
+    tokio::time::sleep(CA_SETTLES).await;
+    let started = Instant::now();
+    workload::scale(
+        &nodes_a,
+        SYSTEM_NAMESPACE,
+        &format!("load-{}", w.a.namespace),
+        3,
+    )
+    .await
+    .expect("three pods");
+    poll("A scaled up by A's autoscaler, B hostile", || async {
+        let r = w.replicas(&w.a).await;
+        (r == 3).then_some(()).ok_or(format!("replicas {r}"))
+    })
+    .await;
+    let scale_up_hostile = started.elapsed();
+    let line = format!(
+        "A's scale-up {:.1}s with B's endless LIST (baseline {:.1}s)",
+        scale_up_hostile.as_secs_f64(),
+        scale_up_baseline.as_secs_f64()
+    );
+    eprintln!("{line}");
+    report.push(line);
+    assert!(
+        scale_up_hostile <= scale_up_baseline * 2 + Duration::from_secs(1),
+        "A's scale-up took {scale_up_hostile:?} with B hostile, {scale_up_baseline:?} without"
+    );
+    hostile.set(Hostility::Honest);
     eprintln!("hostile server report:\n{}", report.join("\n"));
 }
 
