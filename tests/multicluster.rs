@@ -1249,7 +1249,7 @@ async fn node_groups_latencies(
             .expect("A is served");
         assert_eq!(groups.into_inner().node_groups.len(), 1, "A's group");
         latencies.push(start.elapsed());
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(15)).await;
     }
     latencies.sort();
     latencies
@@ -1260,7 +1260,7 @@ fn p99(sorted: &[Duration]) -> Duration {
 }
 
 /// Tenant B's workload API server turns hostile, mode after mode (an endless LIST, endless
-/// `continue` tokens, an endless watch line, megabyte labels, a LIST dripping a byte a second,
+/// `continue` tokens, an endless watch line, megabyte labels, a LIST dripping a byte every 20 s,
 /// watches that end at once): the operator's memory stays under the chart's limit, tenant A's
 /// RPCs stay within twice their latency without the hostile tenant, B is reported, and A's
 /// cluster-autoscaler still scales A.
@@ -1296,10 +1296,12 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
             .ok_or(format!("{} requests", hostile.requests()))
     })
     .await;
-    let baseline = node_groups_latencies(&a, 200).await;
+    let baseline = node_groups_latencies(&a, 1000).await;
     let baseline_rss = rss_kib(pid);
     // Below 20 ms a p99 on this 2-core machine is noise: the API servers, Cluster API, kwok
-    // and the test share it, and one 64 MiB answer read in a window moves its 1% tail.
+    // and the test share it. Measured: the Drip mode, in which B's server is asked 3 times in
+    // the window, gave A 13.7 ms against 5.6 ms without it; the p99 of 1,000 calls without
+    // hostility ranged from 5 to 21 ms between runs.
     let floor = Duration::from_millis(20);
     // A's scale-up without hostility: from two pods that need a node each to replicas 2, its
     // cluster-autoscaler running for a while already (it stops after, so that it adds no load
@@ -1363,7 +1365,7 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
             });
             (peak, task)
         };
-        let latencies = node_groups_latencies(&a, 300).await;
+        let latencies = node_groups_latencies(&a, 1000).await;
         sampling.1.abort();
         let peak = sampling.0.load(std::sync::atomic::Ordering::Relaxed);
         let requests = hostile.requests() - before;

@@ -39,7 +39,8 @@ pub enum Hostility {
     EndlessWatchLine,
     /// 100 Nodes, each with a label and an annotation of 1 MiB.
     HugeLabels,
-    /// A LIST sent one byte a second, forever.
+    /// A LIST sent one byte every 20 s, forever: never silent long enough for a client's
+    /// 30 s read timeout.
     Drip,
     /// Every watch ends at once, empty (kube's watcher reopens it without backoff).
     ClosingWatch,
@@ -59,7 +60,8 @@ pub struct HostileApiServer {
     pub address: SocketAddr,
     ca_pem: String,
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+    /// Ends the serving thread.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl HostileApiServer {
@@ -77,7 +79,8 @@ impl HostileApiServer {
         .with_no_client_auth()
         .with_single_cert(certs, key)?;
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
         let address = listener.local_addr()?;
         let shared = Arc::new(Shared {
             mode: Mutex::new(Hostility::Honest),
@@ -85,7 +88,16 @@ impl HostileApiServer {
             pages: AtomicU64::new(0),
         });
         let serving = shared.clone();
-        let task = tokio::spawn(async move {
+        // Served on a thread of its own: what it sends (hundreds of MiB) costs the test's
+        // runtime, which times the other tenant's RPCs, nothing.
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let serve = async move {
+            let Ok(listener) = TcpListener::from_std(listener) else {
+                return;
+            };
             let mut connections = JoinSet::new();
             loop {
                 while connections.try_join_next().is_some() {}
@@ -109,12 +121,22 @@ impl HostileApiServer {
                         .await;
                 });
             }
-        });
+        };
+        std::thread::Builder::new()
+            .name("hostile-apiserver".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    tokio::select! {
+                        _ = stopped => {}
+                        _ = serve => {}
+                    }
+                });
+            })?;
         Ok(Self {
             address,
             ca_pem: ca.cert_pem.clone(),
             shared,
-            task,
+            stop: Some(stop),
         })
     }
 
@@ -142,7 +164,9 @@ impl HostileApiServer {
 
 impl Drop for HostileApiServer {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 }
 
@@ -256,7 +280,7 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Body> {
                 )
             })
             .chain(stream::unfold((), |()| async {
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(Duration::from_secs(20)).await;
                 Some((Bytes::from_static(b" "), ()))
             })),
         )),

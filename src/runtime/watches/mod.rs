@@ -177,11 +177,16 @@ impl Watches {
             }
             NodeSource::ClusterSecrets { only, limits } => {
                 let workload = WorkloadClusters::new(limits);
-                tasks.spawn(workload.clone().run(
-                    client.clone(),
-                    (clusters.0.clone(), only),
-                    changes.clone(),
-                    shutdown.clone(),
+                // Tenants' API servers are read on a thread of their own, apart from the
+                // runtime that answers cluster-autoscaler.
+                tasks.spawn(super::workload::on_own_thread(
+                    "workload-reads",
+                    workload.clone().run(
+                        client.clone(),
+                        (clusters.0.clone(), only),
+                        changes.clone(),
+                        shutdown.clone(),
+                    ),
                 ));
                 NodeStores::PerCluster(workload)
             }

@@ -51,12 +51,14 @@
 mod client;
 mod connection;
 mod health;
+mod isolation;
 mod kubeconfig;
 mod limits;
 mod nodes;
 mod probe;
 mod rotation;
 
+pub use isolation::on_own_thread;
 pub use limits::ReadLimits;
 
 use std::collections::{BTreeMap, HashMap};
