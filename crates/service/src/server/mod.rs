@@ -4,6 +4,7 @@
 pub mod convert;
 mod error;
 pub mod identity;
+pub mod in_flight;
 pub mod options;
 pub mod rate_limit;
 pub mod relay_stream;

@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 
 use super::error::ProviderError;
 use super::identity::{self, IdentityError, IdentitySource, Scope};
+use super::in_flight::{InFlight, InFlightCall, MAX_CALLS_IN_FLIGHT};
 use super::rate_limit::{Admission, RateLimit, RateLimiter};
 use super::request_id;
 use crate::actuate::deadline::parse_grpc_timeout;
@@ -55,6 +56,8 @@ pub struct CloudProviderService {
     identity: IdentitySource,
     /// Each certificate-named Cluster's request budget; `None`: unlimited.
     rate_limits: Option<RateLimiter>,
+    /// Each certificate-named Cluster's calls under way (with `rate_limits`).
+    in_flight: Option<Arc<InFlight>>,
 }
 
 type RpcResult<T> = Result<Response<T>, Status>;
@@ -120,6 +123,7 @@ impl CloudProviderService {
             mutations,
             identity: IdentitySource::Off,
             rate_limits: None,
+            in_flight: None,
         }
     }
 
@@ -143,6 +147,7 @@ impl CloudProviderService {
             mutations: TaskTracker::new(),
             identity: IdentitySource::Fixed(cluster),
             rate_limits: None,
+            in_flight: None,
         }
     }
 
@@ -150,22 +155,33 @@ impl CloudProviderService {
     /// Cluster, whichever method); a caller over it gets `RESOURCE_EXHAUSTED` before anything
     /// is read or written. Callers not scoped by a certificate (scoping off, `--cluster`) are
     /// not limited: they are the only tenant there.
+    /// Each such Cluster may also have at most [`MAX_CALLS_IN_FLIGHT`] calls under way at once.
     pub fn rate_limited(mut self, limit: RateLimit) -> Self {
         self.rate_limits = Some(RateLimiter::new(limit));
+        self.in_flight = Some(InFlight::new(MAX_CALLS_IN_FLIGHT));
         self
     }
 
     /// Spends one request of the caller's budget, or says why it may not be served now.
-    fn admit(&self, method: &str, caller: &Caller) -> Result<(), Status> {
+    /// The call counts as under way until the returned guard is dropped.
+    fn admit(&self, method: &str, caller: &Caller) -> Result<Option<InFlightCall>, Status> {
         let (Some(limiter), Ok(Scope::Cluster(cluster))) = (&self.rate_limits, &caller.scope)
         else {
-            return Ok(());
+            return Ok(None);
         };
         if !self.identity.needs_certificate() {
-            return Ok(());
+            return Ok(None);
         }
         match limiter.admit(cluster, Instant::now()) {
-            Admission::Admitted => Ok(()),
+            Admission::Admitted => match &self.in_flight {
+                None => Ok(None),
+                Some(table) => table.enter(cluster).map(Some).ok_or_else(|| {
+                    Status::resource_exhausted(format!(
+                        "Cluster {cluster} has {} calls under way, the most one Cluster may have at once; retry when one has ended",
+                        table.max()
+                    ))
+                }),
+            },
             Admission::Refused { retry_after, first } => {
                 let limit = limiter.limit();
                 if first {
@@ -352,11 +368,15 @@ impl CloudProviderService {
             tracing::debug_span!("rpc", method, request_id = %request_id::of(caller.client_request_id.as_deref()), caller = %who)
         };
         let start = Instant::now();
-        if let Err(refused) = self.admit(method, caller) {
-            self.metrics
-                .observe_rpc(method, refused.code(), start.elapsed());
-            return Err(refused);
-        }
+        // Held until the call is answered (or its future dropped).
+        let _under_way = match self.admit(method, caller) {
+            Ok(call) => call,
+            Err(refused) => {
+                self.metrics
+                    .observe_rpc(method, refused.code(), start.elapsed());
+                return Err(refused);
+            }
+        };
         let mut unanswered = self
             .metrics
             .unanswered(method)
