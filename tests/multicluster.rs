@@ -602,24 +602,7 @@ impl Hostile {
             "{}",
             condition.message
         );
-        let events = poll("an Event on B's policy", || async {
-            let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
-                w.management.clone(),
-                &w.b.namespace,
-            )
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-            events
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.reason.as_deref() == Some("WorkloadClusterUnreachable")
-                        && e.note.as_deref().is_some_and(|n| n.contains("tokenFile"))
-                })
-                .ok_or_else(|| "none yet".to_string())
-        })
-        .await;
+        let events = unreachable_event_naming(w, "tokenFile").await;
         eprintln!("refused: {}", events.note.unwrap_or_default());
         // The operator re-reads the Secret every 30 s; give it a moment more than a reconcile.
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -832,6 +815,54 @@ async fn an_unreachable_workload_cluster_affects_only_its_own_groups() {
             .any(|e| e.reason.as_deref() == Some("WorkloadClusterUnreachable")),
         "an Event on B's policy"
     );
+}
+
+/// The Warning Event `WorkloadClusterUnreachable` on B's policy whose note names `naming`,
+/// once the operator has written it.
+async fn unreachable_event_naming(w: &World, naming: &str) -> k8s_openapi::api::events::v1::Event {
+    poll(
+        &format!("a Warning Event on B's policy naming {naming}"),
+        || async {
+            let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+                w.management.clone(),
+                &w.b.namespace,
+            )
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+            let count = events.items.len();
+            events
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("WorkloadClusterUnreachable")
+                        && e.note.as_deref().is_some_and(|n| n.contains(naming))
+                })
+                .ok_or_else(|| format!("{count} Events, none naming it"))
+        },
+    )
+    .await
+}
+
+/// A fresh operator (a list deadline of 10 s, for the hostile suite) and A's client of it (its
+/// certificate `cert`), once it serves A's group.
+async fn restarted_serving_a(
+    w: &mut World,
+    cert: &(std::path::PathBuf, std::path::PathBuf),
+) -> ngo_service::proto::cloud_provider_client::CloudProviderClient<tonic::transport::Channel> {
+    restart_operator_with(w, &["--workload-list-deadline-secs=10"]);
+    let a = connect_as(w, cert).await;
+    poll("A served by the restarted operator", || async {
+        a.clone()
+            .node_groups(ngo_service::proto::NodeGroupsRequest {})
+            .await
+            .ok()
+            .filter(|g| g.get_ref().node_groups.len() == 1)
+            .map(|_| ())
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    a
 }
 
 /// The address of workload cluster `index`'s API server.
@@ -1340,19 +1371,8 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
         // A fresh operator for each mode: it lists B's Nodes at once, into the mode (an
         // earlier mode's backoff does not hide this one).
         hostile.set(mode);
-        restart_operator_with(&mut w, &["--workload-list-deadline-secs=10"]);
+        let a = restarted_serving_a(&mut w, &a_cert).await;
         let pid = w.a.operator().expect("operator").pid();
-        let a = connect_as(&w, &a_cert).await;
-        poll("A served by the restarted operator", || async {
-            a.clone()
-                .node_groups(ngo_service::proto::NodeGroupsRequest {})
-                .await
-                .ok()
-                .filter(|g| g.get_ref().node_groups.len() == 1)
-                .map(|_| ())
-                .ok_or_else(|| "not yet".to_string())
-        })
-        .await;
         let before = hostile.requests();
         let sampling = {
             let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -1403,46 +1423,14 @@ async fn a_hostile_workload_api_server_costs_bounded_memory_and_other_tenants_no
             .await;
             eprintln!("{mode:?}: B's WorkloadClustersReachable: {message}");
             // And an Event on B's policy, as `kubectl describe` shows it.
-            poll(
-                &format!("a Warning Event on B's policy naming {bound}"),
-                || async {
-                    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
-                        w.management.clone(),
-                        &w.b.namespace,
-                    )
-                    .list(&ListParams::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                    events
-                        .items
-                        .iter()
-                        .any(|e| {
-                            e.reason.as_deref() == Some("WorkloadClusterUnreachable")
-                                && e.note.as_deref().is_some_and(|n| n.contains(bound))
-                        })
-                        .then_some(())
-                        .ok_or_else(|| format!("{} Events, none naming it", events.items.len()))
-                },
-            )
-            .await;
+            unreachable_event_naming(&w, bound).await;
         }
     }
     // A's scale-up while B's server sends an endless LIST to a fresh operator: within twice
     // its time without hostility, plus CA's scan interval (1 s: where in its loop CA sees the
     // pods is chance).
     hostile.set(Hostility::EndlessList);
-    restart_operator_with(&mut w, &["--workload-list-deadline-secs=10"]);
-    let a = connect_as(&w, &a_cert).await;
-    poll("A served by the restarted operator", || async {
-        a.clone()
-            .node_groups(ngo_service::proto::NodeGroupsRequest {})
-            .await
-            .ok()
-            .filter(|g| g.get_ref().node_groups.len() == 1)
-            .map(|_| ())
-            .ok_or_else(|| "not yet".to_string())
-    })
-    .await;
+    restarted_serving_a(&mut w, &a_cert).await;
     w.start_autoscaler('a');
     tokio::time::sleep(CA_SETTLES).await;
     let started = Instant::now();

@@ -329,37 +329,8 @@ mod tests {
             list_deadline: Duration::from_secs(120),
             ..ReadLimits::default()
         };
-        let client = super::super::client::client_within(router, &limits).await;
-        let health = Arc::new(SharedHealth {
-            cluster: ClusterKey {
-                namespace: "tenant".into(),
-                name: "paging".into(),
-            },
-            kubeconfig: "test".into(),
-            health: Mutex::new(Health::new(Instant::now())),
-            serving: AtomicBool::new(true),
-            changes: Arc::default(),
-        });
-        let shutdown = CancellationToken::new();
-        let watching = tokio::spawn(watch_nodes(
-            client,
-            reflector::store::Writer::default(),
-            (health.clone(), limits),
-            Arc::new(Notify::new()),
-            shutdown.clone(),
-        ));
         let started = Instant::now();
-        let state = loop {
-            let state = health.state();
-            if matches!(state, WorkloadState::NeverSynced(_))
-                || started.elapsed() > Duration::from_secs(30)
-            {
-                break state;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        shutdown.cancel();
-        let _ = watching.await;
+        let state = reported_state(router, limits).await;
         match state {
             WorkloadState::NeverSynced(reason) => assert!(
                 reason.starts_with("a list ran to more than 5 pages (--workload-max-list-pages)"),
